@@ -1,0 +1,78 @@
+"""Shared command-line plumbing: one-line errors, exit code 2, config flags."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from tfopt import config as config_lib
+from tfopt.errors import TfoptError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr and exit code 2."""
+
+    def error(self, message):  # noqa: D102 - argparse hook
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Adds the flags every training-like command shares (config file, overrides, common knobs)."""
+    g = parser.add_argument_group("configuration")
+    g.add_argument("--config", help="YAML or JSON config file; flags override its values")
+    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override any config value, e.g. --set data.cache=none (repeatable)")
+    g.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    g.add_argument("--strategy", help=f"one of: {', '.join(config_lib.STRATEGIES)}")
+    g.add_argument("--precision", help=f"one of: {', '.join(config_lib.PRECISIONS)}")
+    g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs (default 2)")
+    g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
+    g.add_argument("--dataset", help="mnist, fashion_mnist, digits, tfds:NAME[/CONFIG] or tfrecord:GLOB")
+    g.add_argument("--data-dir", help="where datasets are cached as TFRecord shards")
+    g.add_argument("--limit", type=int, help="use only the first N records of each split")
+    g.add_argument("--batch-size", type=int, help="global batch size (split across replicas)")
+    g.add_argument("--model", help="registered model name (cnn, tiny_cnn, mlp)")
+    g.add_argument("--epochs", type=int)
+    g.add_argument("--lr", type=float, help="learning rate")
+    g.add_argument("--scale-lr", action="store_true", default=None, help="multiply the learning rate by the replica count")
+    g.add_argument("--steps-per-epoch", type=int)
+    g.add_argument("--steps-per-execution", type=int, help="steps per tf.function call (0 = auto)")
+    g.add_argument("--output", "-o", help="run directory to write (default runs/latest)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+_FLAG_KEYS = {
+    "strategy": ("runtime", "strategy"), "precision": ("runtime", "precision"),
+    "cpu_replicas": ("runtime", "cpu_replicas"), "collective": ("runtime", "collective"),
+    "dataset": ("data", "dataset"), "data_dir": ("data", "data_dir"), "limit": ("data", "limit"),
+    "batch_size": ("data", "global_batch_size"), "model": ("model", "name"), "epochs": ("train", "epochs"),
+    "lr": ("train", "learning_rate"), "scale_lr": ("train", "scale_lr"),
+    "steps_per_epoch": ("train", "steps_per_epoch"), "steps_per_execution": ("train", "steps_per_execution"),
+    "output": ("train", "output_dir"),
+}
+
+
+def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
+    """Resolves the config: defaults < --config file < --set overrides < dedicated flags."""
+    cfg = config_lib.load(args.config) if args.config else config_lib.RunConfig()
+    cfg = config_lib.apply_overrides(cfg, args.set)
+    raw: dict[str, dict] = {}
+    for flag, (section, key) in _FLAG_KEYS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            raw.setdefault(section, {})[key] = value
+    if getattr(args, "quiet", False):
+        raw.setdefault("train", {})["verbose"] = 0
+    return config_lib.from_dict(raw, cfg)
+
+
+def run_main(prog: str, fn: Callable[[], int]) -> int:
+    """Runs a CLI body, turning a TfoptError into one line on stderr and exit code 2."""
+    try:
+        return fn()
+    except TfoptError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

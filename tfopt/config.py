@@ -1,0 +1,253 @@
+"""Run configuration: frozen dataclasses, strict YAML/JSON loading and CLI overrides.
+
+Configuration is plain data validated here, at the edge; inner code trusts it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tfopt.errors import ConfigError
+
+AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow here
+
+STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+CACHE_MODES = ("memory", "none", "file")
+COLLECTIVES = ("auto", "ring", "nccl")
+
+
+def default_data_dir() -> str:
+    """Returns the data cache directory: ``$TFOPT_DATA_DIR`` or ``~/.cache/tfopt``."""
+    return os.environ.get("TFOPT_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tfopt")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What data to read and how the tf.data pipeline reads it.
+
+    Every parallelism and buffer knob defaults to AUTOTUNE (-1); set a positive int to pin it.
+    """
+
+    dataset: str = "mnist"
+    data_dir: str = field(default_factory=default_data_dir)
+    num_shards: int = 8
+    global_batch_size: int = 128
+    limit: int = 0  # use only the first N records of each split (0 = all); for smoke runs
+    seed: int = 42
+    shuffle_buffer: int = 10000
+    cache: str = "memory"  # memory | none | file (under data_dir)
+    augment: str = "none"  # none | shift (random +-2 px translation, after batching)
+    interleave_cycle_length: int = AUTOTUNE
+    num_parallel_reads: int = AUTOTUNE
+    num_parallel_calls: int = AUTOTUNE
+    prefetch_buffer: int = AUTOTUNE
+    deterministic: bool = False
+    ram_budget_mb: int = 0  # 0 = tf.data default
+    feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
+    service_address: str = ""  # grpc://host:port of a tf.data service dispatcher; "" = in-process
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which registered model to build."""
+
+    name: str = "cnn"
+    dropout: float = 0.25
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Distribution strategy, devices and numeric precision."""
+
+    strategy: str = "mirrored"
+    cpu_replicas: int = 2  # logical CPU devices for `mirrored` on a machine without GPUs
+    precision: str = "float32"
+    collective: str = "auto"  # multi_worker_mirrored communication: auto | ring | nccl
+    startup_timeout: float = 120.0  # seconds a multi-worker start-up may take before failing
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The fit loop and what it writes."""
+
+    epochs: int = 3
+    learning_rate: float = 1e-3
+    scale_lr: bool = False  # multiply the learning rate by the number of replicas
+    steps_per_execution: int = 0  # 0 = auto
+    steps_per_epoch: int = 0  # 0 = one pass over the training split
+    output_dir: str = "runs/latest"
+    tensorboard: bool = True
+    verbose: int = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one ``python -m tfopt.train`` run needs."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        """Returns the config as nested plain dicts (JSON-serializable)."""
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {
+    ("runtime", "strategy"): STRATEGIES,
+    ("runtime", "precision"): PRECISIONS,
+    ("runtime", "collective"): COLLECTIVES,
+    ("data", "cache"): CACHE_MODES,
+    ("data", "augment"): ("none", "shift"),
+}
+
+
+def _field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
+    where = f"{section}.{key}"
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}={value!r} is not a boolean; use true or false")
+    if typ in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r} is not a number; give a {typ.__name__}")
+        try:
+            out = typ(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}={value!r} is not a {typ.__name__}; give a number") from None
+        if typ is int and isinstance(value, float) and value != out:
+            raise ConfigError(f"{where}={value!r} is not a whole number; give an int")
+        return out
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}={value!r} is not a string; give text")
+    return value
+
+
+def _validate(cfg: RunConfig) -> RunConfig:
+    for (section, key), choices in _CHOICES.items():
+        value = getattr(getattr(cfg, section), key)
+        if value not in choices:
+            raise ConfigError(f"{section}.{key}={value!r} is not valid; choose one of {', '.join(choices)}")
+    positive = {
+        ("data", "global_batch_size"), ("data", "num_shards"), ("runtime", "cpu_replicas"),
+        ("train", "epochs"), ("data", "shuffle_buffer"),
+    }
+    for section, key in positive:
+        value = getattr(getattr(cfg, section), key)
+        if value < 1:
+            raise ConfigError(f"{section}.{key}={value} must be >= 1; give a positive number")
+    for key in ("interleave_cycle_length", "num_parallel_reads", "num_parallel_calls", "prefetch_buffer"):
+        value = getattr(cfg.data, key)
+        if value == 0 or value < AUTOTUNE:
+            raise ConfigError(f"data.{key}={value} is not valid; give a positive int or -1 for AUTOTUNE")
+    for section, key in (("data", "limit"), ("train", "steps_per_execution"), ("train", "steps_per_epoch"),
+                         ("data", "ram_budget_mb")):
+        if getattr(getattr(cfg, section), key) < 0:
+            raise ConfigError(f"{section}.{key} must be >= 0 (0 = automatic); got {getattr(getattr(cfg, section), key)}")
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout={cfg.model.dropout} must be in [0, 1)")
+    if cfg.train.learning_rate <= 0:
+        raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
+    return cfg
+
+
+def from_dict(raw: Mapping[str, Any], base: RunConfig | None = None) -> RunConfig:
+    """Builds a RunConfig from nested dicts, rejecting unknown sections and keys.
+
+    Args:
+        raw: ``{"data": {...}, "model": {...}, "runtime": {...}, "train": {...}}``; any subset.
+        base: Values not given in ``raw`` come from here (defaults when None).
+
+    Returns:
+        A validated, frozen RunConfig.
+
+    Raises:
+        ConfigError: unknown section or key (the message lists the valid ones), wrong type
+            or a value outside its valid range.
+    """
+    base = base or RunConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a config must be a mapping of sections, got {type(raw).__name__}")
+    sections = {f.name: getattr(base, f.name) for f in dataclasses.fields(RunConfig)}
+    for section, values in raw.items():
+        if section not in sections:
+            raise ConfigError(f"unknown config section {section!r}; valid sections: {', '.join(sections)}")
+        if values is None:
+            continue
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"config section {section!r} must be a mapping of keys, got {values!r}")
+        current = sections[section]
+        types = _field_types(type(current))
+        updates = {}
+        for key, value in values.items():
+            if key not in types:
+                raise ConfigError(
+                    f"unknown key {section}.{key!s}; valid keys in {section!r}: {', '.join(types)}")
+            updates[key] = _coerce(section, key, value, types[key])
+        sections[section] = dataclasses.replace(current, **updates)
+    return _validate(RunConfig(**sections))
+
+
+def load(path: str, base: RunConfig | None = None) -> RunConfig:
+    """Loads a YAML (.yaml/.yml) or JSON (.json) config file strictly.
+
+    Args:
+        path: The file to read.
+        base: Defaults for keys the file does not set.
+
+    Returns:
+        A validated RunConfig.
+
+    Raises:
+        ConfigError: the file is missing, unparsable, or has unknown keys or bad values.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist; give the path of a .yaml or .json file")
+    if not path.endswith((".yaml", ".yml", ".json")):
+        raise ConfigError(f"config file {path!r} must end in .yaml, .yml or .json")
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        raw = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise ConfigError(f"config file {path!r} cannot be parsed: {first}; fix its syntax") from None
+    return from_dict(raw or {}, base)
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Applies ``section.key=value`` overrides (from ``--set``) on top of a config.
+
+    Args:
+        cfg: The config to start from.
+        overrides: Strings like ``"data.cache=none"``.
+
+    Returns:
+        A new validated RunConfig.
+
+    Raises:
+        ConfigError: malformed override, unknown key or bad value.
+    """
+    raw: dict[str, dict[str, str]] = {}
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        section, dot, key = name.strip().partition(".")
+        if not sep or not dot or not key:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value (e.g. data.cache=none)")
+        raw.setdefault(section, {})[key] = value.strip()
+    return from_dict(raw, cfg)
