@@ -1,0 +1,122 @@
+"""Saving and safely loading models: the one way every tfopt stage reads a model.
+
+Keras model files can carry code: an ``.h5`` or SavedModel with a ``Lambda`` layer stores
+Python bytecode, and a ``.keras`` config may name any importable module. Those are refused
+unless the user trusts the file (``--trust-model``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from typing import Any, Iterator
+
+from tfopt._keras import ensure_tf_keras, keras
+from tfopt.errors import ModelError
+from tfopt.fileio import atomic_dir, atomic_path
+
+_SAFE_MODULE_PREFIXES = ("keras", "tf_keras")
+_FIX = "pass --trust-model (trust_model=True) only if you trust where the file came from"
+
+
+def _walk(node: Any) -> Iterator[dict]:
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
+
+
+def _check_config(config: Any, path: str) -> None:
+    for node in _walk(config):
+        if node.get("class_name") == "Lambda":
+            name = node.get("config", {}).get("name", "?")
+            raise ModelError(f"{path} has a Lambda layer {name!r}, which runs stored Python code on load; {_FIX}")
+        module = node.get("module")
+        if isinstance(module, str) and module and not module.split(".")[0] in _SAFE_MODULE_PREFIXES:
+            raise ModelError(
+                f"{path} names the module {module!r} (class {node.get('class_name')!r}), which would be "
+                f"imported on load; {_FIX}")
+
+
+def _inspect(path: str) -> None:
+    if path.endswith(".keras"):
+        try:
+            with zipfile.ZipFile(path) as z:
+                config = json.loads(z.read("config.json"))
+        except (zipfile.BadZipFile, KeyError, ValueError) as e:
+            raise ModelError(f"{path} is not a valid .keras file ({e}); re-save the model") from None
+        _check_config(config, path)
+    elif path.endswith((".h5", ".hdf5")):
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            raw = f.attrs.get("model_config")
+        if raw is None:
+            raise ModelError(f"{path} holds no model config (weights only?); save the whole model")
+        _check_config(json.loads(raw if isinstance(raw, str) else raw.decode()), path)
+    elif os.path.isdir(path):
+        meta = os.path.join(path, "keras_metadata.pb")
+        if not os.path.exists(meta):
+            raise ModelError(f"{path} is a SavedModel without Keras metadata; save it with tf_keras")
+        with open(meta, "rb") as f:
+            if b'"class_name": "Lambda"' in f.read():
+                raise ModelError(f"{path} has a Lambda layer, which runs stored Python code on load; {_FIX}")
+    else:
+        raise ModelError(f"{path} is not a model file; give a .keras file, an .h5 file or a SavedModel directory")
+
+
+def load_model(path: str, *, trust_model: bool = False, custom_objects: dict | None = None,
+               compile: bool = False) -> "keras.Model":
+    """Loads a tf_keras model, refusing files that can run code unless trusted.
+
+    Args:
+        path: A ``.keras`` file, an ``.h5`` file, a SavedModel directory, or a tfopt run
+            directory (its ``model.keras`` is loaded).
+        trust_model: Skip the code checks and load with Keras safe mode off.
+        custom_objects: Extra classes for deserialization.
+        compile: Restore the training config too.
+
+    Returns:
+        The loaded tf_keras model.
+
+    Raises:
+        ModelError: the path is missing or not a model, or it can run code on load and is
+            not trusted.
+    """
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "model.keras")):
+        path = os.path.join(path, "model.keras")
+    if not os.path.exists(path):
+        raise ModelError(f"model {path!r} does not exist; give a .keras/.h5 file, a SavedModel or a run directory")
+    if not trust_model:
+        _inspect(path)
+    kwargs = {"custom_objects": custom_objects, "compile": compile}
+    if path.endswith(".keras"):
+        kwargs["safe_mode"] = not trust_model
+    try:
+        model = keras.models.load_model(path, **kwargs)
+    except (ValueError, TypeError, OSError) as e:
+        raise ModelError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
+    return ensure_tf_keras(model)
+
+
+def save_model(model: "keras.Model", out_dir: str) -> dict[str, str]:
+    """Saves ``model`` as ``out_dir/model.keras`` and ``out_dir/saved_model``, each atomically.
+
+    Args:
+        model: A tf_keras model.
+        out_dir: The run directory.
+
+    Returns:
+        ``{"keras": path, "saved_model": path}``.
+    """
+    ensure_tf_keras(model)
+    keras_path = os.path.join(out_dir, "model.keras")
+    with atomic_path(keras_path) as tmp:
+        model.save(tmp)
+    sm_path = os.path.join(out_dir, "saved_model")
+    with atomic_dir(sm_path) as tmp:
+        model.save(tmp, save_format="tf")
+    return {"keras": keras_path, "saved_model": sm_path}

@@ -1,0 +1,93 @@
+"""Model registry: small, real architectures built by name with tf_keras.
+
+Every model ends in a float32 softmax-free logits layer (``dtype="float32"``) so it stays
+numerically safe under the mixed_float16 / mixed_bfloat16 policies.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from tfopt._keras import keras
+from tfopt.errors import ConfigError
+
+Builder = Callable[..., "keras.Model"]
+_REGISTRY: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Decorator adding a model builder ``fn(input_shape, num_classes, dropout)`` to the registry."""
+
+    def wrap(fn: Builder) -> Builder:
+        _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def model_names() -> list[str]:
+    """Returns the registered model names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def _logits(x, num_classes: int):
+    return keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+
+
+@register("cnn")
+def cnn(input_shape, num_classes: int, dropout: float = 0.25) -> keras.Model:
+    """The default CNN: two 3x3 conv blocks with batch norm (momentum 0.9, so short runs get usable statistics), then a dense head (~0.2M params)."""
+    inputs = keras.Input(shape=input_shape, name="image")
+    x = inputs
+    for i, filters in enumerate((32, 64)):
+        x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}")(x)
+        x = keras.layers.BatchNormalization(momentum=0.9, name=f"bn{i}")(x)
+        x = keras.layers.ReLU(name=f"relu{i}")(x)
+        x = keras.layers.MaxPooling2D(name=f"pool{i}")(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    x = keras.layers.Dropout(dropout, name="dropout")(x)
+    x = keras.layers.Dense(64, activation="relu", name="fc")(x)
+    return keras.Model(inputs, _logits(x, num_classes), name="cnn")
+
+
+@register("tiny_cnn")
+def tiny_cnn(input_shape, num_classes: int, dropout: float = 0.0) -> keras.Model:
+    """A ~20k-parameter CNN: one 12-filter conv, pooling and a linear head."""
+    inputs = keras.Input(shape=input_shape, name="image")
+    x = keras.layers.Conv2D(12, 3, activation="relu", name="conv0")(inputs)
+    x = keras.layers.MaxPooling2D(name="pool0")(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    if dropout:
+        x = keras.layers.Dropout(dropout, name="dropout")(x)
+    return keras.Model(inputs, _logits(x, num_classes), name="tiny_cnn")
+
+
+@register("mlp")
+def mlp(input_shape, num_classes: int, dropout: float = 0.25) -> keras.Model:
+    """A two-hidden-layer perceptron on flattened pixels."""
+    inputs = keras.Input(shape=input_shape, name="image")
+    x = keras.layers.Flatten(name="flatten")(inputs)
+    for i, units in enumerate((256, 128)):
+        x = keras.layers.Dense(units, activation="relu", name=f"fc{i}")(x)
+        if dropout:
+            x = keras.layers.Dropout(dropout, name=f"dropout{i}")(x)
+    return keras.Model(inputs, _logits(x, num_classes), name="mlp")
+
+
+def build_model(name: str, input_shape, num_classes: int, dropout: float = 0.25) -> keras.Model:
+    """Builds a registered model; call it inside ``strategy.scope()``.
+
+    Args:
+        name: A registered model name (see ``model_names()``).
+        input_shape: ``(H, W, C)`` of one example.
+        num_classes: Number of output logits.
+        dropout: Dropout rate for models that use it.
+
+    Returns:
+        An uncompiled tf_keras functional model that outputs float32 logits.
+
+    Raises:
+        ConfigError: ``name`` is not registered.
+    """
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
+    return _REGISTRY[name](tuple(input_shape), num_classes, dropout)
