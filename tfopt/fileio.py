@@ -20,14 +20,14 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def write_text(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` atomically (temp file in the same directory, then rename)."""
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` atomically (temp file in the same directory, fsync, rename)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -35,6 +35,11 @@ def write_text(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes UTF-8 ``text`` to ``path`` atomically."""
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: str, obj: Any) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from tfopt._keras import tf
 from tfopt.errors import DataError
+from tfopt.fileio import write_bytes
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -46,22 +47,6 @@ def sha256_file(path: str) -> str:
 def file_size(path: str) -> int:
     """Returns the size of a file in bytes (local or any filesystem ``tf.io.gfile`` reads)."""
     return tf.io.gfile.stat(path).length
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temporary file in the same directory and a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager
@@ -211,7 +196,7 @@ def read_manifest(directory: str) -> dict | None:
 def write_manifest(directory: str, manifest: dict) -> None:
     """Writes ``manifest.json`` into ``directory`` atomically."""
     manifest = dict(manifest, format=FORMAT_VERSION)
-    write_atomic(os.path.join(directory, MANIFEST),
+    write_bytes(os.path.join(directory, MANIFEST),
                  json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
 
 

@@ -25,6 +25,7 @@ from tfopt.config import DataConfig
 from tfopt.data import shards
 from tfopt.data.builtin import SPLITS, plan_splits, records_needed
 from tfopt.errors import DataError
+from tfopt.fileio import write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def restore_fashion_mnist(debian_dir: str, manual_dir: str) -> bool:
         with open(src, "rb") as f:
             data = f.read()
         header = b"\x1f\x8b\x08\x08" + struct.pack("<I", mtime) + b"\x00\x03" + name[:-3].encode() + b"\0"
-        shards.write_atomic(target, header + data[_deflate_offset(data, src):])
+        write_bytes(target, header + data[_deflate_offset(data, src):])
     return True
 
 
