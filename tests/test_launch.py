@@ -1,0 +1,236 @@
+"""The local launcher and the start-up watchdog, with real processes.
+
+Plain-Python children keep most tests under a second; the TensorFlow cluster tests (MWMS,
+ParameterServer, a watchdog firing inside a real MWMS start-up) are marked slow. They run in
+a private network namespace when ``unshare -n`` and ``ip`` are usable (root on Linux), since
+TensorFlow servers listen unauthenticated on all interfaces.
+"""
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tfopt.errors import ConfigError
+from tfopt.launch import free_ports, launch, main, make_cluster
+from tfopt.runtime.tf_config import parse_tf_config
+from tfopt.runtime.watchdog import timeout_message
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HELPER = os.path.join(ROOT, "tests", "dist_worker.py")
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def py(code: str) -> list[str]:
+    """A command running ``code`` with the task's TF_CONFIG task as ``task``."""
+    prelude = "import json, os, sys, time\ntask = json.loads(os.environ['TF_CONFIG'])['task']\n"
+    return [sys.executable, "-c", prelude + textwrap.dedent(code)]
+
+
+def run_launch(command, **kwargs):
+    out = io.StringIO()
+    start = time.monotonic()
+    code = launch(command, out=out, env=ENV, **kwargs)
+    return code, out.getvalue(), time.monotonic() - start
+
+
+def _isolation_prefix() -> list[str]:
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")):
+        return []
+    probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"], capture_output=True)
+    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] if probe.returncode == 0 else []
+
+
+ISOLATED = _isolation_prefix()
+
+
+# ---------------------------------------------------------------- cluster helpers
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = free_ports(4)
+    assert len(set(ports)) == 4
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_make_cluster_shapes():
+    assert list(make_cluster(2)) == ["worker"]
+    cluster = make_cluster(2, ps=1, chief=True)
+    assert {k: len(v) for k, v in cluster.items()} == {"chief": 1, "worker": 2, "ps": 1}
+    info = parse_tf_config(json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}))
+    assert len(info.peers()) == 3
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(workers=0), "--workers=0"),
+    (dict(workers=2, ps=1), "--ps=1 needs --chief"),
+    (dict(workers=-1, chief=True), "must be >= 0"),
+])
+def test_make_cluster_rejects(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        make_cluster(**kwargs)
+
+
+# ---------------------------------------------------------------- job semantics
+
+def test_two_workers_each_get_their_tf_config():
+    code, out, _ = run_launch(py("print('task', task['type'], task['index'])"), workers=2)
+    assert code == 0
+    assert "[worker:0] task worker 0" in out and "[worker:1] task worker 1" in out
+
+
+def test_failing_worker_stops_the_others_quickly():
+    code, out, elapsed = run_launch(py("""
+        if task['index'] == 1:
+            print('failing'); sys.exit(7)
+        time.sleep(60)
+    """), workers=2, grace=1.0)
+    assert code == 7
+    assert "[worker:1] failing" in out
+    assert elapsed < 10
+
+
+def test_sigterm_ignoring_task_is_killed_after_grace():
+    code, _, elapsed = run_launch(py("""
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if task['index'] == 1:
+            time.sleep(0.5); sys.exit(1)
+        time.sleep(60)
+    """), workers=2, grace=0.5)
+    assert code == 1
+    assert elapsed < 10
+
+
+def test_killed_task_gives_shell_style_code():
+    code, _, _ = run_launch(py("os.kill(os.getpid(), 9)"), workers=1)
+    assert code == 128 + 9
+
+
+def test_timeout_returns_124(capfd):
+    code, _, elapsed = run_launch(py("time.sleep(60)"), workers=2, timeout=1.0, grace=1.0)
+    assert code == 124
+    assert elapsed < 10
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--timeout=1s" in err[0] and "worker:0" in err[0]
+
+
+def test_chief_exit_ends_parameter_server_job():
+    code, out, elapsed = run_launch(py("""
+        if task['type'] == 'chief':
+            time.sleep(0.3); print('chief done'); sys.exit(0)
+        time.sleep(60)  # a worker/ps server never exits by itself
+    """), workers=2, ps=1, chief=True, grace=1.0)
+    assert code == 0 and "[chief:0] chief done" in out
+    assert elapsed < 10
+
+
+def test_cli_errors_exit_2(capsys):
+    assert main(["--workers", "2"]) == 2
+    assert "no command to launch" in capsys.readouterr().err
+    assert main(["--workers", "1", "--ps", "1", "--", "true"]) == 2
+    assert "--ps=1 needs --chief" in capsys.readouterr().err
+
+
+def test_missing_program_is_a_config_error():
+    with pytest.raises(ConfigError, match="'/nonexistent/prog'"):
+        launch(["/nonexistent/prog"], workers=2, out=io.StringIO())
+
+
+def test_ctrl_c_stops_children():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--",
+         *py("print('pid', os.getpid(), flush=True); time.sleep(60)")],
+        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    pids = [int(proc.stdout.readline().split()[-1]) for _ in range(2)]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 130
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+# ---------------------------------------------------------------- watchdog (no TensorFlow)
+
+def test_timeout_message_names_only_unreachable_peers():
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        up = f"127.0.0.1:{listening.getsockname()[1]}"
+        down = f"127.0.0.1:{free_ports(1)[0]}"
+        line = timeout_message(5, [up, down])
+    assert f"unreachable peers: {down} (connection refused)" in line
+    assert up not in line
+    assert "--startup-timeout" in line and "\n" not in line
+
+
+WATCHED = """
+import sys, time
+from tfopt.runtime.watchdog import StartupWatchdog
+with StartupWatchdog(float(sys.argv[1]), sys.argv[2:]):
+    time.sleep(float(sys.argv[1]) * 20)
+print("finished")
+"""
+
+
+def test_watchdog_fires_with_exit_3():
+    peer = f"127.0.0.1:{free_ports(1)[0]}"
+    done = subprocess.run([sys.executable, "-c", WATCHED, "0.5", peer], env=ENV, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 3
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and peer in lines[0] and "within 0.5s" in lines[0]
+    assert "finished" not in done.stdout
+
+
+def test_watchdog_silent_when_block_finishes():
+    done = subprocess.run([sys.executable, "-c", WATCHED.replace("* 20", "* 0"), "5", "127.0.0.1:1"],
+                          env=ENV, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "finished" and done.stderr == ""
+
+
+# ---------------------------------------------------------------- real TensorFlow clusters
+
+def _launch_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([*ISOLATED, sys.executable, "-m", "tfopt.launch", *args], env=ENV, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_two_processes():
+    done = _launch_cli(["--workers", "2", "--timeout", "120", "--",
+                        sys.executable, HELPER, "multi_worker_mirrored", "60"], timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    for i in range(2):
+        assert f"[worker:{i}] RESULT worker:{i} replicas=2 sum=2" in done.stdout
+
+
+@pytest.mark.slow
+def test_watchdog_fires_when_peer_never_starts():
+    ports = free_ports(2)
+    tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": 0}}
+    done = subprocess.run([*ISOLATED, sys.executable, HELPER, "multi_worker_mirrored", "4"],
+                          env=dict(ENV, TF_CONFIG=json.dumps(tf_config)), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 3, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("tfopt:")]
+    assert len(lines) == 1
+    assert f"unreachable peers: 127.0.0.1:{ports[1]} (connection refused)" in lines[0]
+    assert f"127.0.0.1:{ports[0]}" not in lines[0]
+
+
+@pytest.mark.slow
+def test_parameter_server_chief_two_workers_one_ps():
+    done = _launch_cli(["--chief", "--workers", "2", "--ps", "1", "--timeout", "150", "--grace", "1", "--",
+                        sys.executable, HELPER, "parameter_server"], timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "[chief:0] RESULT chief:0 counter=4" in done.stdout
+    assert "[ps:0] tfopt: ps:0 server listening" in done.stdout

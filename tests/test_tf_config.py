@@ -1,0 +1,131 @@
+"""TF_CONFIG parsing and validation: a table of good and bad configs."""
+import json
+
+import pytest
+
+from tfopt.errors import ClusterError, ConfigError
+from tfopt.runtime.tf_config import ClusterInfo, cluster_from_env, parse_tf_config, validate_for_strategy
+
+W2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+PS = {"chief": ["127.0.0.1:2220"], "worker": ["127.0.0.1:2222", "127.0.0.1:2223"], "ps": ["127.0.0.1:2230"]}
+CW = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]}
+
+
+def tf_config(cluster, task_type="worker", index=0, **extra) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}, **extra})
+
+
+GOOD = [
+    # (TF_CONFIG, strategy, task_type, index, is_chief, num_workers, peers)
+    (tf_config(W2, "worker", 0), "multi_worker_mirrored", "worker", 0, True, 2, ["127.0.0.1:2223"]),
+    (tf_config(W2, "worker", 1), "multi_worker_mirrored", "worker", 1, False, 2, ["127.0.0.1:2222"]),
+    (tf_config(PS, "chief", 0), "parameter_server", "chief", 0, True, 2,
+     ["127.0.0.1:2222", "127.0.0.1:2223", "127.0.0.1:2230"]),
+    (tf_config(PS, "ps", 0), "parameter_server", "ps", 0, False, 2,
+     ["127.0.0.1:2220", "127.0.0.1:2222", "127.0.0.1:2223"]),
+    (tf_config(CW, "worker", 0), "multi_worker_mirrored", "worker", 0, False, 1, ["10.0.0.1:2222"]),
+    (tf_config(CW, "chief", 0), "multi_worker_mirrored", "chief", 0, True, 1, ["10.0.0.2:2222"]),
+    (tf_config({"worker": ["localhost:1"]}, "worker", 0), "mirrored", "worker", 0, True, 1, []),
+]
+
+
+@pytest.mark.parametrize("text,strategy,task_type,index,chief,num_workers,peers", GOOD)
+def test_good_configs(text, strategy, task_type, index, chief, num_workers, peers):
+    info = parse_tf_config(text)
+    assert isinstance(info, ClusterInfo)
+    assert (info.task_type, info.task_index, info.is_chief, info.num_workers) == (task_type, index, chief, num_workers)
+    assert info.peers() == peers
+    assert info.rpc_layer == "grpc"
+    validate_for_strategy(info, strategy)
+    assert parse_tf_config(json.dumps(info.to_dict())) == info  # round trip
+
+
+@pytest.mark.parametrize("text", [None, "", "   "])
+def test_unset_is_none(text):
+    assert parse_tf_config(text) is None
+
+
+def test_from_env_and_peers_by_role():
+    info = cluster_from_env({"TF_CONFIG": tf_config(PS, "worker", 1)})
+    assert info.address == "127.0.0.1:2223"
+    assert info.peers(("chief", "worker")) == ["127.0.0.1:2220", "127.0.0.1:2222"]
+    assert cluster_from_env({}) is None
+
+
+BAD = [
+    # (id, TF_CONFIG, substrings the one-line message must contain)
+    ("bad-json", '{"cluster": ', ["not valid JSON", '{"cluster": ']),
+    ("not-object", "[1, 2]", ["[1, 2]", "not an object"]),
+    ("string", '"worker"', ["'worker'", "not an object"]),
+    ("missing-cluster", json.dumps({"task": {"type": "worker", "index": 0}}), ["'cluster'"]),
+    ("missing-task", json.dumps({"cluster": W2}), ["'task'"]),
+    ("unknown-top-key", json.dumps({"cluster": W2, "task": {"type": "worker", "index": 0}, "tasks": 1}),
+     ["'tasks'", "cluster, task"]),
+    ("cluster-not-object", json.dumps({"cluster": ["a:1"], "task": {"type": "worker", "index": 0}}),
+     ["['a:1']", "not an object"]),
+    ("unknown-role", tf_config({"workers": ["h:1"]}, "workers"), ["'workers'", "chief, worker, ps, evaluator"]),
+    ("empty-role", tf_config({"worker": []}), ["cluster.worker=[]", "non-empty"]),
+    ("role-not-list", tf_config({"worker": "h:1"}), ["cluster.worker='h:1'", "non-empty list"]),
+    ("no-port", tf_config({"worker": ["localhost"]}), ["'localhost'", "no port"]),
+    ("empty-port", tf_config({"worker": ["localhost:"]}), ["'localhost:'", "no port"]),
+    ("no-host", tf_config({"worker": [":2222"]}), ["':2222'", "no host"]),
+    ("port-0", tf_config({"worker": ["h:0"]}), ["'h:0'", "1..65535"]),
+    ("port-70000", tf_config({"worker": ["h:70000"]}), ["'h:70000'", "70000", "1..65535"]),
+    ("port-abc", tf_config({"worker": ["h:abc"]}), ["'h:abc'", "'abc'", "not an integer"]),
+    ("address-not-string", tf_config({"worker": [2222]}), ["cluster.worker[0]=2222", "host:port"]),
+    ("duplicate-address", tf_config({"chief": ["h:1"], "worker": ["h:2", "h:1"]}, "chief"),
+     ["'h:1'", "chief[0]", "worker[1]"]),
+    ("two-chiefs", tf_config({"chief": ["h:1", "h:2"], "worker": ["h:3"]}, "chief"), ["2 chiefs", "'h:1'", "'h:2'"]),
+    ("task-type-not-in-cluster", tf_config(W2, "chief"), ["task.type='chief'", "worker"]),
+    ("task-no-type", json.dumps({"cluster": W2, "task": {"index": 0}}), ["no \"type\""]),
+    ("task-no-index", json.dumps({"cluster": W2, "task": {"type": "worker"}}), ["no \"index\"", "0..1"]),
+    ("task-not-object", json.dumps({"cluster": W2, "task": "worker"}), ["task='worker'"]),
+    ("index-out-of-range", tf_config(W2, "worker", 3), ["task.index=3", "'worker'", "2 tasks: 0..1", "fix the index"]),
+    ("index-negative", tf_config(W2, "worker", -1), ["task.index=-1", "0..1"]),
+    ("index-string", tf_config(W2, "worker", "0"), ["task.index='0'", "not an integer"]),
+    ("index-float", tf_config(W2, "worker", 1.0), ["task.index=1.0", "not an integer"]),
+    ("index-bool", tf_config(W2, "worker", True), ["task.index=True", "not an integer"]),
+]
+
+
+@pytest.mark.parametrize("text,expected", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_configs(text, expected):
+    with pytest.raises(ClusterError) as err:
+        parse_tf_config(text)
+    message = str(err.value)
+    assert "\n" not in message
+    for part in expected:
+        assert part in message, f"{part!r} not in {message!r}"
+
+
+MISMATCH = [
+    # (id, cluster dict or None, task type, strategy, substrings)
+    ("mirrored-multi-task", W2, "worker", "mirrored", ["2-task cluster", "worker:2", "'mirrored'",
+                                                       "multi_worker_mirrored"]),
+    ("one-device-multi-task", CW, "chief", "one_device", ["'one_device'", "unset TF_CONFIG"]),
+    ("mwms-with-ps", PS, "chief", "multi_worker_mirrored", ["ps", "'multi_worker_mirrored'", "parameter_server"]),
+    ("mwms-evaluator-only", {"evaluator": ["h:1"]}, "evaluator", "multi_worker_mirrored", ["no worker"]),
+    ("ps-without-tf-config", None, None, "parameter_server", ["needs TF_CONFIG", "tfopt.launch"]),
+    ("ps-without-ps", CW, "chief", "parameter_server", ["a ps", "'parameter_server'"]),
+    ("ps-without-chief", {"worker": ["h:1"], "ps": ["h:2"]}, "worker", "parameter_server", ["a chief"]),
+]
+
+
+@pytest.mark.parametrize("cluster,task_type,strategy,expected", [m[1:] for m in MISMATCH],
+                         ids=[m[0] for m in MISMATCH])
+def test_strategy_mismatch(cluster, task_type, strategy, expected):
+    info = parse_tf_config(tf_config(cluster, task_type)) if cluster else None
+    with pytest.raises(ClusterError) as err:
+        validate_for_strategy(info, strategy)
+    for part in expected:
+        assert part in str(err.value), f"{part!r} not in {str(err.value)!r}"
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored", "multi_worker_mirrored"])
+def test_single_process_strategies_accept_no_tf_config(strategy):
+    validate_for_strategy(None, strategy)
+
+
+def test_unknown_strategy_lists_valid_names():
+    with pytest.raises(ConfigError, match="'mirorred'.*one_device, mirrored, multi_worker_mirrored, parameter_server"):
+        validate_for_strategy(None, "mirorred")

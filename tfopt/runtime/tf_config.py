@@ -1,0 +1,260 @@
+"""TF_CONFIG parsing and validation, done before TensorFlow ever sees the variable.
+
+TensorFlow's own errors for a malformed TF_CONFIG arrive late (at strategy creation or at the
+first collective), are spread over several lines, or never come at all (a wrong address makes
+start-up hang). This module checks the JSON once, at the edge, and raises a one-line
+:class:`~tfopt.errors.ClusterError` that quotes the bad value, the valid choices and the fix.
+
+It deliberately imports no TensorFlow, so the launcher and the CLIs can use it cheaply.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from tfopt.errors import ClusterError, ConfigError
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+TOP_LEVEL_KEYS = ("cluster", "task", "rpc_layer", "environment")
+TASK_KEYS = ("type", "index", "trial")
+STRATEGY_NAMES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
+
+_EXAMPLE = '{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "task": {"type": "worker", "index": 0}}'
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """A validated TF_CONFIG: the cluster and this process's task in it.
+
+    Attributes:
+        cluster: Role (``chief``, ``worker``, ``ps``, ``evaluator``) -> task addresses.
+        task_type: This process's role.
+        task_index: This process's index within its role.
+        rpc_layer: The RPC protocol TensorFlow servers use.
+    """
+
+    cluster: dict[str, tuple[str, ...]]
+    task_type: str
+    task_index: int
+    rpc_layer: str = "grpc"
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the chief task, or for worker 0 when the cluster has no chief."""
+        if self.task_type == "chief":
+            return True
+        return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.cluster
+
+    @property
+    def num_workers(self) -> int:
+        """The number of ``worker`` tasks (the chief, ps and evaluator are not counted)."""
+        return len(self.cluster.get("worker", ()))
+
+    @property
+    def address(self) -> str:
+        """This task's own ``host:port``."""
+        return self.cluster[self.task_type][self.task_index]
+
+    @property
+    def num_tasks(self) -> int:
+        """The number of tasks in the whole cluster, all roles included."""
+        return sum(len(addresses) for addresses in self.cluster.values())
+
+    def peers(self, roles: Iterable[str] | None = None) -> list[str]:
+        """Returns every address in the cluster except this task's own.
+
+        Args:
+            roles: Only list tasks of these roles (e.g. ``("chief", "worker")`` for the peers
+                a MultiWorkerMirroredStrategy start-up waits for). None lists all roles.
+
+        Returns:
+            ``host:port`` strings in role order chief, worker, ps, evaluator.
+        """
+        own = self.address
+        wanted = ROLES if roles is None else tuple(roles)
+        return [a for role in ROLES if role in wanted for a in self.cluster.get(role, ()) if a != own]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the TF_CONFIG dict this info was parsed from (JSON-serializable)."""
+        out: dict[str, Any] = {
+            "cluster": {role: list(addresses) for role, addresses in self.cluster.items()},
+            "task": {"type": self.task_type, "index": self.task_index},
+        }
+        if self.rpc_layer != "grpc":
+            out["rpc_layer"] = self.rpc_layer
+        return out
+
+
+def _check_address(role: str, i: int, address: Any) -> str:
+    where = f"TF_CONFIG cluster.{role}[{i}]"
+    if not isinstance(address, str):
+        raise ClusterError(f"{where}={address!r} is not a string; give \"host:port\" such as \"127.0.0.1:2222\"")
+    host, sep, port = address.rpartition(":")
+    if not sep or not port:
+        example = f"{address.rstrip(':') or 'localhost'}:2222"
+        raise ClusterError(f"{where}={address!r} has no port; give \"host:port\" such as \"{example}\"")
+    if not host:
+        raise ClusterError(f"{where}={address!r} has no host; give \"host:port\" such as \"localhost{address}\"")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ClusterError(f"{where}={address!r} has port {port!r}, which is not an integer; "
+                           "give a port number in 1..65535") from None
+    if not 1 <= number <= 65535:
+        raise ClusterError(f"{where}={address!r} has port {number}, outside 1..65535; give a valid port")
+    return address
+
+
+def _check_cluster(cluster: Any) -> dict[str, tuple[str, ...]]:
+    if not isinstance(cluster, dict):
+        raise ClusterError(f"TF_CONFIG cluster={cluster!r} is not an object; give role -> address list, "
+                           f"e.g. {_EXAMPLE}")
+    if not cluster:
+        raise ClusterError(f"TF_CONFIG cluster is empty; list at least one role ({', '.join(ROLES)}) "
+                           "with its addresses")
+    out: dict[str, tuple[str, ...]] = {}
+    seen: dict[str, str] = {}
+    for role, addresses in cluster.items():
+        if role not in ROLES:
+            raise ClusterError(f"TF_CONFIG cluster role {role!r} is unknown; valid roles: {', '.join(ROLES)}")
+        if not isinstance(addresses, list) or not addresses:
+            raise ClusterError(f"TF_CONFIG cluster.{role}={addresses!r} must be a non-empty list of \"host:port\" "
+                               f"strings; give e.g. [\"127.0.0.1:2222\"] or remove the role")
+        for i, address in enumerate(addresses):
+            _check_address(role, i, address)
+            if address in seen:
+                raise ClusterError(f"TF_CONFIG address {address!r} is used twice ({seen[address]} and "
+                                   f"{role}[{i}]); give every task its own host:port")
+            seen[address] = f"{role}[{i}]"
+        out[role] = tuple(addresses)
+    if len(out.get("chief", ())) > 1:
+        raise ClusterError(f"TF_CONFIG has {len(out['chief'])} chiefs {list(out['chief'])}; at most one chief "
+                           "is allowed: make the others workers")
+    return out
+
+
+def _check_task(task: Any, cluster: dict[str, tuple[str, ...]]) -> tuple[str, int]:
+    if not isinstance(task, dict):
+        raise ClusterError(f"TF_CONFIG task={task!r} is not an object; "
+                           "give e.g. {\"type\": \"worker\", \"index\": 0}")
+    unknown = [k for k in task if k not in TASK_KEYS]
+    if unknown:
+        raise ClusterError(f"TF_CONFIG task key {unknown[0]!r} is unknown; valid keys: {', '.join(TASK_KEYS)}")
+    if "type" not in task:
+        raise ClusterError(f"TF_CONFIG task={task!r} has no \"type\"; give one of the cluster's roles: "
+                           f"{', '.join(cluster)}")
+    task_type = task["type"]
+    if task_type not in cluster:
+        raise ClusterError(f"TF_CONFIG task.type={task_type!r} is not a role of the cluster; "
+                           f"choose one of {', '.join(cluster)} or add it to cluster")
+    n = len(cluster[task_type])
+    if "index" not in task:
+        raise ClusterError(f"TF_CONFIG task={task!r} has no \"index\"; give an index in 0..{n - 1}")
+    index = task["index"]
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ClusterError(f"TF_CONFIG task.index={index!r} is not an integer; give an index in 0..{n - 1}")
+    if not 0 <= index < n:
+        raise ClusterError(f"TF_CONFIG task.index={index} is out of range for {task_type!r} "
+                           f"({n} task{'s' if n != 1 else ''}: 0..{n - 1}); fix the index")
+    return task_type, index
+
+
+def parse_tf_config(text: str | None) -> ClusterInfo | None:
+    """Parses and validates a TF_CONFIG string.
+
+    Args:
+        text: The TF_CONFIG JSON, e.g. ``os.environ.get("TF_CONFIG")``.
+
+    Returns:
+        The validated cluster, or None when ``text`` is None or blank (single process).
+
+    Raises:
+        ClusterError: invalid JSON, not an object, missing or unknown keys, an unknown role,
+            an empty role, a bad ``host:port``, a duplicate address, more than one chief, a
+            task type not in the cluster or a task index out of range. One line, quoting the
+            bad value.
+    """
+    if text is None or not text.strip():
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        snippet = text if len(text) <= 60 else text[:57] + "..."
+        raise ClusterError(f"TF_CONFIG={snippet!r} is not valid JSON ({e}); give a JSON object like "
+                           f"{_EXAMPLE}") from None
+    if not isinstance(raw, dict):
+        raise ClusterError(f"TF_CONFIG={raw!r} is a JSON {type(raw).__name__}, not an object; "
+                           f"give an object like {_EXAMPLE}")
+    unknown = [k for k in raw if k not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise ClusterError(f"TF_CONFIG key {unknown[0]!r} is unknown; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+    for key in ("cluster", "task"):
+        if key not in raw:
+            raise ClusterError(f"TF_CONFIG has no {key!r} key; it needs both \"cluster\" and \"task\", "
+                               f"e.g. {_EXAMPLE}")
+    cluster = _check_cluster(raw["cluster"])
+    task_type, task_index = _check_task(raw["task"], cluster)
+    rpc_layer = raw.get("rpc_layer") or "grpc"
+    if not isinstance(rpc_layer, str):
+        raise ClusterError(f"TF_CONFIG rpc_layer={rpc_layer!r} is not a string; give \"grpc\" or remove it")
+    return ClusterInfo(cluster=cluster, task_type=task_type, task_index=task_index, rpc_layer=rpc_layer)
+
+
+def cluster_from_env(environ: dict[str, str] | None = None) -> ClusterInfo | None:
+    """Returns the validated ``TF_CONFIG`` of the environment, or None when it is unset."""
+    return parse_tf_config((os.environ if environ is None else environ).get("TF_CONFIG"))
+
+
+def _describe(info: ClusterInfo) -> str:
+    return ", ".join(f"{role}:{len(a)}" for role, a in info.cluster.items())
+
+
+def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
+    """Checks that a cluster suits a strategy, before any TensorFlow work.
+
+    * ``one_device`` / ``mirrored`` run in one process: a TF_CONFIG of more than one task is
+      refused (it would silently train N unsynchronised copies).
+    * ``multi_worker_mirrored`` needs ``worker`` tasks (plus an optional chief or evaluator)
+      and no ``ps``. Without TF_CONFIG it runs as a single worker, as TensorFlow does.
+    * ``parameter_server`` needs exactly one chief, at least one worker and at least one ps.
+
+    Args:
+        info: The parsed TF_CONFIG, or None when unset.
+        strategy: A strategy name (see ``tfopt.config.STRATEGIES``).
+
+    Raises:
+        ConfigError: unknown strategy name.
+        ClusterError: the cluster does not fit the strategy.
+    """
+    if strategy not in STRATEGY_NAMES:
+        raise ConfigError(f"runtime.strategy={strategy!r} is not valid; choose one of {', '.join(STRATEGY_NAMES)}")
+    if strategy in ("one_device", "mirrored"):
+        if info is not None and info.num_tasks > 1:
+            raise ClusterError(
+                f"TF_CONFIG describes a {info.num_tasks}-task cluster ({_describe(info)}) but strategy "
+                f"{strategy!r} runs in one process; use multi_worker_mirrored or parameter_server, or unset TF_CONFIG")
+        return
+    if strategy == "multi_worker_mirrored":
+        if info is None:
+            return
+        if "ps" in info.cluster:
+            raise ClusterError(
+                f"TF_CONFIG has ps tasks ({_describe(info)}) but strategy 'multi_worker_mirrored' uses no "
+                "parameter servers; remove the ps role or use strategy parameter_server")
+        if "worker" not in info.cluster and "chief" not in info.cluster:
+            raise ClusterError(
+                f"TF_CONFIG cluster ({_describe(info)}) has no worker or chief for strategy "
+                "'multi_worker_mirrored'; add a \"worker\" list")
+        return
+    # parameter_server
+    if info is None:
+        raise ClusterError("strategy 'parameter_server' needs TF_CONFIG with a chief, workers and ps tasks; "
+                           "set TF_CONFIG or start the job with "
+                           "`python -m tfopt.launch --chief --workers 2 --ps 1 -- ...`")
+    missing = [f"a {role}" for role in ("chief", "worker", "ps") if role not in info.cluster]
+    if missing:
+        raise ClusterError(
+            f"TF_CONFIG cluster ({_describe(info)}) lacks {' and '.join(missing)} for strategy 'parameter_server'; "
+            "it needs one chief, >= 1 worker and >= 1 ps")
