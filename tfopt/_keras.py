@@ -9,8 +9,31 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402
+
+
+def _import_quietly():
+    # TensorFlow's C++ start-up notices (oneDNN, CUDA probing) go to fd 2 before its log level
+    # applies; hide them unless the user asked for TF's info logs (TF_CPP_MIN_LOG_LEVEL=0).
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
+        import tensorflow
+        import tf_keras
+
+        return tensorflow, tf_keras
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow
+        import tf_keras
+
+        return tensorflow, tf_keras
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+tf, keras = _import_quietly()
 
 from tfopt.errors import ModelError  # noqa: E402
 

@@ -77,6 +77,7 @@ class TrainConfig:
 
     epochs: int = 3
     learning_rate: float = 1e-3
+    lr_schedule: str = "cosine"  # constant | cosine (decays to 0 over all training steps)
     scale_lr: bool = False  # multiply the learning rate by the number of replicas
     steps_per_execution: int = 0  # 0 = auto
     steps_per_epoch: int = 0  # 0 = one pass over the training split
@@ -105,6 +106,7 @@ _CHOICES = {
     ("runtime", "collective"): COLLECTIVES,
     ("data", "cache"): CACHE_MODES,
     ("data", "augment"): ("none", "shift"),
+    ("train", "lr_schedule"): ("constant", "cosine"),
 }
 
 

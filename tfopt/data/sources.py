@@ -90,6 +90,16 @@ def _resolve(cfg: DataConfig) -> _Source:
                     f"{', '.join(sorted(_REGISTRY))}, or {' or '.join(_FORMS)}")
 
 
+def check(cfg: DataConfig) -> None:
+    """Validates ``cfg.dataset`` (and a ``tfrecord:`` feature spec) without reading any data.
+
+    Raises:
+        DataError: unknown source or malformed name.
+        ConfigError: a bad ``data.feature_spec``.
+    """
+    _resolve(cfg)
+
+
 def dataset_dir(cfg: DataConfig) -> str:
     """Returns the directory ``prepare(cfg)`` materializes into."""
     source = _resolve(cfg)

@@ -73,6 +73,12 @@ def mlp(input_shape, num_classes: int, dropout: float = 0.25) -> keras.Model:
     return keras.Model(inputs, _logits(x, num_classes), name="mlp")
 
 
+def check_model_name(name: str) -> None:
+    """Raises ConfigError naming the valid choices when ``name`` is not a registered model."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
+
+
 def build_model(name: str, input_shape, num_classes: int, dropout: float = 0.25) -> keras.Model:
     """Builds a registered model; call it inside ``strategy.scope()``.
 
@@ -88,6 +94,5 @@ def build_model(name: str, input_shape, num_classes: int, dropout: float = 0.25)
     Raises:
         ConfigError: ``name`` is not registered.
     """
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
+    check_model_name(name)
     return _REGISTRY[name](tuple(input_shape), num_classes, dropout)

@@ -1,0 +1,103 @@
+"""One epoch on a slice of real MNIST under every strategy, plus the CLI's handling of bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfopt import config as C
+from tfopt.train import train
+
+SLICE = {"dataset": "mnist", "limit": 3000, "global_batch_size": 64, "num_shards": 4}
+
+
+def _cfg(tmp_path, strategy, **train_kw):
+    return C.from_dict({"data": SLICE, "runtime": {"strategy": strategy},
+                        "train": {"epochs": 1, "output_dir": str(tmp_path / "run"), "verbose": 0, **train_kw}})
+
+
+def _check_run(run_dir, strategy, replicas, min_accuracy=0.7):
+    run = json.load(open(os.path.join(run_dir, "run.json")))
+    assert run["strategy"]["name"] == strategy and run["strategy"]["num_replicas"] == replicas
+    assert run["data"]["splits"] == {"train": 3000, "validation": 3000, "test": 3000}
+    assert run["metrics"]["test_accuracy"] > min_accuracy, run["metrics"]  # chance is 0.1
+    assert run["train"]["examples_per_sec"] > 0
+    for name in ("model.keras", "saved_model", "metrics.csv", "metrics.json", "tensorboard"):
+        assert os.path.exists(os.path.join(run_dir, name)), name
+    assert not [f for f in os.listdir(run_dir) if f.startswith(".tmp")]
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, replicas", [("one_device", 1), ("mirrored", 2)])
+def test_one_epoch_in_process(tmp_path, strategy, replicas):
+    run = train(_cfg(tmp_path, strategy))
+    assert run == json.load(open(tmp_path / "run" / "run.json"))
+    _check_run(tmp_path / "run", strategy, replicas)
+    assert run["versions"]["tf_keras"].startswith("2.")
+
+
+def _launch(tmp_path, strategy, *launch_args, timeout=300):
+    cmd = [sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "240", "--",
+           sys.executable, "-m", "tfopt.train", "--strategy", strategy, "--limit", "3000", "--batch-size", "64",
+           "--epochs", "1", "--quiet", "-o", str(tmp_path / "run"), "--set", "data.num_shards=4"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _done_lines(out):
+    return [json.loads(line.split("tfopt.train: done ", 1)[1]) for line in out.splitlines() if "tfopt.train: done " in line]
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_two_real_processes(tmp_path):
+    proc = _launch(tmp_path, "multi_worker_mirrored", "--workers", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done = _done_lines(proc.stdout + proc.stderr)
+    assert sorted(d["task"] for d in done) == ["worker:0", "worker:1"]
+    assert done[0]["weights_sha256"] == done[1]["weights_sha256"]
+    run = _check_run(tmp_path / "run", "multi_worker_mirrored", 2)
+    assert run["strategy"]["num_workers"] == 2
+    # Only the chief writes: no worker scratch left behind in the run directory.
+    assert not [p for p, _, _ in os.walk(tmp_path / "run") if "workertemp" in p]
+
+
+@pytest.mark.slow
+def test_parameter_server_real_cluster(tmp_path):
+    proc = _launch(tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # One replica per worker on CPU; asynchronous updates learn less in 46 steps than synchronous ones.
+    run = _check_run(tmp_path / "run", "parameter_server", 1, min_accuracy=0.5)
+    assert run["strategy"]["num_workers"] == 2
+    assert run["strategy"]["class"] == "ParameterServerStrategyV2"
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "tfopt.train", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args, env, needle", [
+    (["--strategy", "tpu"], None, "'tpu' is not valid; choose one of one_device, mirrored"),
+    (["--epochs", "many"], None, "invalid int value: 'many'"),
+    (["--model", "resnet9000", "--limit", "64"], None, "unknown model 'resnet9000'"),
+    (["--config", "nope.yaml"], None, "config file 'nope.yaml' does not exist"),
+    (["--strategy", "multi_worker_mirrored"], {"TF_CONFIG": "{not json"}, "TF_CONFIG"),
+    (["--dataset", "imagenet42"], None, "imagenet42"),
+])
+def test_cli_bad_input_one_line_exit_2(tmp_path, args, env, needle):
+    proc = _cli(*args, "-o", str(tmp_path / "run"), env=env)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_print_config_resolves_file_then_flags():
+    proc = _cli("--config", "pipelines/mnist_cnn.yaml", "--precision", "mixed_bfloat16", "--set", "train.epochs=9",
+                "--print-config")
+    assert proc.returncode == 0, proc.stderr
+    cfg = json.loads(proc.stdout)
+    assert cfg["runtime"]["precision"] == "mixed_bfloat16" and cfg["train"]["epochs"] == 9
+    assert cfg["train"]["output_dir"] == "runs/mnist_cnn"
