@@ -49,7 +49,6 @@ class DataConfig:
     deterministic: bool = False
     ram_budget_mb: int = 0  # 0 = tf.data default
     feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
-    service_address: str = ""  # grpc://host:port of a tf.data service dispatcher; "" = in-process
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,18 @@
+import subprocess
+import sys
+
+from tfopt.__main__ import main
+
+
+def test_console_script_dispatch(capsys):
+    assert main([]) == 2
+    assert main(["--help"]) == 0
+    assert main(["deploy"]) == 2
+    assert "unknown command 'deploy'; choose one of train, launch" in capsys.readouterr().err
+
+
+def test_console_script_runs_a_subcommand():
+    proc = subprocess.run([sys.executable, "-m", "tfopt", "train", "--print-config", "--epochs", "4"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert '"epochs": 4' in proc.stdout
