@@ -15,7 +15,8 @@ from tfopt._keras import ensure_tf_keras, keras
 from tfopt.errors import ModelError
 from tfopt.fileio import atomic_dir, atomic_path
 
-_SAFE_MODULE_PREFIXES = ("keras", "tf_keras")
+# tfmot wrappers (QAT, pruning, clustering) are registered Keras classes of a known library.
+_SAFE_MODULE_PREFIXES = ("keras", "tf_keras", "tensorflow_model_optimization")
 _FIX = "pass --trust-model (trust_model=True) only if you trust where the file came from"
 
 

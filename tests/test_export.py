@@ -1,0 +1,363 @@
+"""TFLite export on a real MNIST model: every mode converts and evaluates, int8 I/O quantization,
+the fidelity gate with selective quantization, the benchmark, and one-line errors for bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfopt._keras import keras, tf
+from tfopt.errors import ConfigError, DataError, ModelError
+from tfopt.export import benchmark, fidelity, parse_modes, tflite
+from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split
+from tfopt.export.runner import BenchSettings, ExportSettings, export_run
+from tfopt.fileio import write_json
+from tfopt.models.io import save_model
+from tfopt.runs import load_run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST_BENCH = BenchSettings(threads=(1, 2), runs=10, warmup=2)
+
+
+@pytest.fixture(scope="module")
+def run(mnist_run):
+    return load_run(mnist_run)
+
+
+@pytest.fixture(scope="module")
+def model(run):
+    return run.load_model()
+
+
+@pytest.fixture(scope="module")
+def calibration(run):
+    return tflite.calibration_batches(run.config.data, 4)
+
+
+@pytest.fixture(scope="module")
+def test_set(run, model):
+    x, y = load_split(run.config.data, "test", 1000)
+    return x, y, keras_outputs(model, x)
+
+
+@pytest.fixture(scope="module")
+def exported(mnist_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "out"
+    settings = ExportSettings(calibration_steps=4, eval_limit=500, bench=FAST_BENCH)
+    return export_run(mnist_run, settings, out_dir=str(out)), out
+
+
+@pytest.mark.slow
+def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
+    record, out = exported
+    rows = {r["mode"]: r for r in record["modes"]}
+    assert list(rows) == list(tflite.MODES)
+    for mode, row in rows.items():
+        ev = row["eval"]
+        assert ev["examples"] == 500
+        assert ev["accuracy"] > 0.9, (mode, ev)  # chance is 0.1
+        assert ev["agreement"] >= 0.97, (mode, ev)
+        assert abs(ev["accuracy_delta_pt"] - 100 * (ev["accuracy"] - ev["keras_accuracy"])) < 1e-6
+        assert row["gate"]["passed"], (mode, row["gate"])
+        assert os.path.getsize(out / row["file"]) == row["size_bytes"] > 0
+        assert 0 < row["gzip_bytes"] <= row["size_bytes"] * 1.01
+        for key in ("xnnpack/1t", "xnnpack/2t"):
+            assert 0 < row["latency"][key]["p50_ms"] <= row["latency"][key]["p95_ms"]
+    assert rows["float32"]["eval"]["max_abs_error"] < 1e-3  # same float math as Keras
+    assert rows["float32"]["kernels"]["delegated_ops"] == rows["float32"]["kernels"]["total_ops"]
+    # int8 weights are 4x smaller than float32, float16 2x (plus a little graph overhead)
+    f32 = rows["float32"]["size_bytes"]
+    assert rows["int8"]["size_bytes"] < f32 / 3.5 and rows["dynamic"]["size_bytes"] < f32 / 3.5
+    assert f32 / 2.2 < rows["float16"]["size_bytes"] < f32 / 1.8
+    on_disk = json.loads((out / "export.json").read_text())
+    assert on_disk["modes"] == record["modes"] and on_disk["model"]["params"] == 220522
+    assert (out / "export.md").read_text().count("\n| ") == len(rows) + 1
+    assert (out / "export.png").read_bytes()[:4] == b"\x89PNG"
+    assert not [p for p in os.listdir(out) if p.startswith(".tmp")]
+    assert "export" not in os.listdir(mnist_run)  # -o given: the input run is untouched
+    header = record["table"].splitlines()[0]
+    for column in ("mode", "size", "gzip", "p50 xnnpack/1t", "p95 xnnpack/2t", "accuracy", "Δ vs Keras", "agreement"):
+        assert column in header
+
+
+@pytest.mark.slow
+def test_calibration_is_deterministic_and_from_the_training_pipeline(run, calibration):
+    again = tflite.calibration_batches(run.config.data, 4)
+    assert len(calibration) == 4 and calibration[0].shape == (run.config.data.global_batch_size, 28, 28, 1)
+    assert all(np.array_equal(a, b) for a, b in zip(calibration, again))
+    train_x, _ = load_split(run.config.data, "train")
+    # Shuffled (not the first records of the split) and made of training images only.
+    assert not np.array_equal(calibration[0], train_x[:len(calibration[0])])
+    assert any(np.array_equal(calibration[0][0], img) for img in train_x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("io_type", ["int8", "uint8"])
+def test_int8_io_quantization_is_applied_with_the_tensor_scale(model, calibration, test_set, exported, io_type):
+    x, y, ref = test_set
+    quant = TFLiteModel(tflite.convert(model, "int8", calibration=calibration,
+                                       options=tflite.ConvertOptions(io=io_type)).content)
+    # The exported int8 model: same run, same 4 calibration batches, float I/O.
+    floatio = TFLiteModel(str(exported[1] / "model_int8.tflite"))
+    assert floatio.input_dtype == np.float32
+    assert quant.input_dtype == np.dtype(io_type) and quant.output_dtype == np.dtype(io_type)
+    scale, zp = quant.quantization("input")
+    assert scale == pytest.approx(1 / 255, rel=1e-3)  # calibrated on images in [0, 1]
+    assert zp == (-128 if io_type == "int8" else 0)
+    expected = np.clip(np.round(x[:4] / scale + zp), np.iinfo(io_type).min, np.iinfo(io_type).max)
+    assert np.array_equal(quant.quantize_input(x[:4]), expected.astype(io_type))
+    # Same int8 graph inside: quantized I/O must reproduce the float-I/O outputs within one output step.
+    out_scale = quant.quantization("output")[0]
+    assert np.max(np.abs(quant.predict(x[:200]) - floatio.predict(x[:200]))) <= out_scale * 1.01
+    good = evaluate(quant, x, y, ref)
+    assert good.accuracy > 0.9 and good.agreement > 0.97
+    # A deliberately wrong scale (10x, or none at all: floats cast straight to integer codes) collapses it.
+    for wrong in (scale * 10, 1.0):
+        bad = evaluate(quant, x, y, ref, input_scale=wrong)
+        assert bad.accuracy < 0.5 and bad.agreement < 0.5, (wrong, bad)
+
+
+def _sensitive_run(run, tmp_path):
+    """A real MNIST MLP made quantization-sensitive with outlier weights on an always-black pixel.
+
+    Pixel (0, 0) is 0 in every MNIST image, so weights of 1000 on it change nothing in float; but
+    with per-channel int8 weights every other weight of each unit rounds to 0.
+    """
+    x, y = load_split(run.config.data, "train")
+    for split in ("train", "validation", "test"):
+        assert load_split(run.config.data, split)[0][:, 0, 0, :].max() == 0.0
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((28, 28, 1), name="image")
+    h = keras.layers.Dense(64, activation="relu", name="fc0")(keras.layers.Flatten(name="flatten")(inputs))
+    mlp = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+    mlp.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+    mlp.fit(x, y, epochs=1, batch_size=64, verbose=0)
+    kernel, bias = mlp.get_layer("fc0").get_weights()
+    kernel[0, :] = 1000.0
+    mlp.get_layer("fc0").set_weights([kernel, bias])
+    out = tmp_path / "sensitive_run"
+    save_model(mlp, str(out))
+    write_json(str(out / "run.json"), {"config": run.config.to_dict()})
+    return str(out)
+
+
+@pytest.mark.slow
+def test_gate_catches_a_quantization_sensitive_model_and_selective_quantization_fixes_it(run, tmp_path):
+    src = _sensitive_run(run, tmp_path)
+    settings = ExportSettings(modes=("int8",), calibration_steps=4, eval_limit=1000, search_limit=1000,
+                              bench=BenchSettings(threads=(1,), runs=5, warmup=1), plot=False)
+    record = export_run(src, settings, out_dir=str(tmp_path / "out"))
+    full, sel = record["modes"]
+    assert full["mode"] == "int8" and not full["gate"]["passed"]
+    assert full["eval"]["agreement"] < 0.5 and "agreement" in full["gate"]["reasons"][0]
+    assert sel["mode"] == "int8-selective" and sel["gate"]["passed"]
+    assert sel["eval"]["agreement"] >= 0.99 and sel["eval"]["accuracy"] > 0.85
+    ranking = sel["selective"]["ranking"]
+    assert "/fc0/" in ranking[0]["tensor_name"] and ranking[0]["rmse_over_scale"] > 10 * ranking[1]["rmse_over_scale"]
+    chosen = sel["selective"]["trials"][sel["selective"]["chosen"]]
+    assert len(chosen["float_layers"]) == 1 and "/fc0/" in chosen["float_layers"][0]
+    assert sel["size_bytes"] > full["size_bytes"]  # the trade-off: fc0's weights stay float32
+    assert "fc0" in record["notes"][0] and "passed" in record["notes"][0]
+    assert os.path.exists(tmp_path / "out" / "model_int8_selective.tflite")
+
+
+@pytest.mark.slow
+def test_float_layers_keep_named_layers_in_float(model, calibration, test_set):
+    x, y, ref = test_set
+    debugger = fidelity.quantization_debugger(model, calibration, calibration[:1])
+    ranking = fidelity.rank_layers(debugger)
+    assert {"conv0", "conv1", "fc"} <= set(fidelity.layer_names(ranking))
+    nodes = fidelity.nodes_for_layers(ranking, ["conv0"])
+    partial = TFLiteModel(fidelity.requantize(debugger, nodes))
+    ops = [op["op_name"] for op in partial.interpreter._get_ops_details()]
+    assert ops[:2] == ["CONV_2D", "QUANTIZE"]  # conv0 runs in float, then the rest is int8
+    assert evaluate(partial, x, y, ref).agreement > 0.97
+    with pytest.raises(ConfigError, match="'nope' is not a quantized layer.*conv0"):
+        fidelity.nodes_for_layers(ranking, ["nope"])
+
+
+@pytest.mark.slow
+def test_pruned_model_uses_the_sparse_encoding_only_when_smaller_and_runnable(test_set):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((28, 28, 1))
+    h = keras.layers.Dense(256, activation="relu")(keras.layers.Flatten()(inputs))
+    pruned = keras.Model(inputs, keras.layers.Dense(10)(h))
+    weights = []
+    for w in pruned.get_weights():
+        if w.ndim >= 2:  # magnitude pruning to 80% zeros, as tfmot's schedule ends
+            w[np.abs(w) < np.quantile(np.abs(w), 0.8)] = 0
+        weights.append(w)
+    pruned.set_weights(weights)
+    assert tflite.weight_sparsity(pruned) == pytest.approx(0.8, abs=0.01)
+    x, _, _ = test_set
+    # float16: the sparse file is much smaller and runs with the same outputs -> auto keeps it.
+    dense = tflite.convert(pruned, "float16", options=tflite.ConvertOptions(sparsity="off"))
+    auto = tflite.convert(pruned, "float16")
+    assert auto.sparse and len(auto.content) < 0.6 * len(dense.content) and "sparse encoding" in auto.notes[0]
+    assert np.allclose(TFLiteModel(auto.content).predict(x[:200]), TFLiteModel(dense.content).predict(x[:200]),
+                       atol=1e-4)
+    # dynamic range: smaller too, but LiteRT's XNNPACK delegate refuses sparse quantized kernels -> kept dense.
+    dyn = tflite.convert(pruned, "dynamic")
+    assert not dyn.sparse and "XNNPACK delegate refuses its sparse FULLY_CONNECTED" in dyn.notes[0]
+    with pytest.raises(tflite.ConversionError, match="sparse-encoded 'dynamic' model does not run"):
+        tflite.convert(pruned, "dynamic", options=tflite.ConvertOptions(sparsity="on"))
+
+
+def test_unconvertible_op_is_named_with_its_layer():
+    inputs = keras.Input((4, 4), name="m")
+    det = tf.linalg.det(inputs)  # MatrixDeterminant has no builtin TFLite kernel
+    m = keras.Model(inputs, keras.layers.Dense(2, name="head")(keras.layers.Reshape((1,))(det)))
+    with pytest.raises(tflite.ConversionError) as err:
+        tflite.convert(m, "float32")
+    msg = str(err.value)
+    assert "MatrixDeterminant (layer 'tf.linalg.det')" in msg and "--allow-select-tf-ops" in msg
+    assert "\n" not in msg
+    flex = tflite.convert(m, "float32", options=tflite.ConvertOptions(allow_select_tf_ops=True))
+    with pytest.raises(ModelError, match="FlexMatrixDeterminant.*no Flex delegate"):
+        TFLiteModel(flex.content)
+
+
+def test_mixed_precision_model_converts_as_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        inputs = keras.Input((28, 28, 1))
+        h = keras.layers.Flatten()(keras.layers.Conv2D(4, 3)(inputs))
+        m = keras.Model(inputs, keras.layers.Dense(10, dtype="float32")(h))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    x = np.random.default_rng(0).random((8, 28, 28, 1), dtype=np.float32)
+    out = TFLiteModel(tflite.convert(m, "float32").content).predict(x)
+    assert np.max(np.abs(out - m(x).numpy())) < 0.05  # bf16 Keras vs the float32 twin
+
+
+@pytest.mark.slow
+def test_bad_inputs_give_one_line_errors(exported, tmp_path):
+    record, out = exported
+    m = TFLiteModel(str(out / "model_int8.tflite"))
+    x = np.random.default_rng(0).random((3, 28, 28, 1), dtype=np.float32)
+    x[1, 5, 5, 0] = np.nan
+    cases = [
+        (x, "1 NaN/Inf value.*index \\(1, 5, 5, 0\\)"),
+        (np.full((2, 28, 28, 1), np.inf, np.float32), "NaN/Inf"),
+        (np.zeros((2, 28, 28), np.float32), "shape \\(2, 28, 28\\) does not match.*\\(N, 28, 28, 1\\)"),
+        (np.zeros((2, 32, 32, 1), np.float32), "shape \\(2, 32, 32, 1\\)"),
+        (np.array([["a"] * 28] * 2), "dtype <U1 is not numeric"),
+        (np.zeros((0, 28, 28, 1), np.float32), "empty"),
+    ]
+    for bad, pattern in cases:
+        with pytest.raises(DataError, match=pattern) as err:
+            m.predict(bad)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ModelError, match="does not exist"):
+        TFLiteModel(str(tmp_path / "missing.tflite"))
+    (tmp_path / "fake.tflite").write_bytes(b"not a flatbuffer at all")
+    with pytest.raises(ModelError, match="not a TFLite model"):
+        TFLiteModel(str(tmp_path / "fake.tflite"))
+    with pytest.raises(ConfigError, match="unknown mode 'int4'; choose one of float32, dynamic"):
+        parse_modes("float32,int4")
+    with pytest.raises(ConfigError, match="unknown io 'int16'"):
+        tflite.ConvertOptions(io="int16")
+    with pytest.raises(ConfigError, match="min agreement"):
+        fidelity.Thresholds(min_agreement=1.5)
+
+
+@pytest.mark.slow
+def test_benchmark_latency_kernels_sizes_and_keras_cost(exported, model):
+    _, out = exported
+    path = str(out / "model_float32.tflite")
+    fast = benchmark.latency(path, threads=1, runs=20, warmup=2)
+    assert 0 < fast["min_ms"] <= fast["p50_ms"] <= fast["p95_ms"] and fast["runs"] == 20
+    assert fast["kernels"]["delegate_partitions"] == 1 and fast["kernels"]["builtin_kernel_ops"] == []
+    plain = benchmark.latency(path, threads=2, runs=5, warmup=1, xnnpack=False)
+    assert plain["kernels"]["delegate_partitions"] == 0 and "CONV_2D" in plain["kernels"]["builtin_kernel_ops"]
+    content = open(path, "rb").read()
+    sizes = benchmark.file_sizes(content)
+    assert sizes["size_bytes"] == len(content) and sizes["gzip_bytes"] < len(content)
+    cost = benchmark.keras_cost(model)
+    # 2 x multiply-adds of conv0, conv1, fc and logits; the profiler adds BN/ReLU/bias ops on top.
+    macs = 28 * 28 * 32 * 9 + 14 * 14 * 64 * 32 * 9 + 3136 * 64 + 64 * 10
+    assert cost["params"] == 220522 and 2 * macs <= cost["flops"] <= 2 * macs * 1.02
+
+
+def _cli(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user runs it: native start-up notices must not leak
+    return subprocess.run([sys.executable, "-m", "tfopt.export", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--from", "/nonexistent/run"], "run directory '/nonexistent/run' does not exist"),
+    (["--from", ".", "--modes", "float32,int4"], "unknown mode 'int4'; choose one of"),
+    (["--from", ".", "--io", "int16"], "unknown io 'int16'; choose one of float, int8, uint8"),
+    (["--from", ".", "--modes", "float16", "--float-layers", "conv0"], "applies to int8"),
+    (["--benchmark", "missing.tflite"], "--benchmark 'missing.tflite': no such file"),
+    (["--evaluate", "missing.tflite", "--dataset", "mnist"], "--evaluate 'missing.tflite': no such file"),
+    (["--benchmark", "x.tflite", "--threads", "1,zero"], "thread count 'zero' is not an integer"),
+    (["--from", ".", "--calibration-steps", "0"], "--calibration-steps 0 must be >= 1"),
+    ([], "one of the arguments --from --evaluate --benchmark is required"),
+])
+def test_cli_user_errors_exit_2_with_one_line(args, needle, tmp_path):
+    if "x.tflite" in args:
+        (tmp_path / "x.tflite").write_bytes(b"")
+        args = [str(tmp_path / a) if a == "x.tflite" else a for a in args]
+    proc = _cli(*args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_export_int8_io_then_evaluate_and_benchmark(mnist_run, tmp_path):
+    out = tmp_path / "exp"
+    proc = _cli("--from", mnist_run, "--modes", "int8", "--io", "int8", "--calibration-steps", "2",
+                "--eval-limit", "300", "--runs", "5", "--warmup", "1", "--threads", "1", "--no-plot", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| int8 " in proc.stdout and "export.json" in proc.stdout
+    record = json.loads((out / "export.json").read_text())
+    assert record["modes"][0]["io"] == "int8" and record["settings"]["calibration_steps"] == 2
+    tfl = str(out / "model_int8.tflite")
+    bench = _cli("--benchmark", tfl, "--threads", "1,2", "--runs", "5", "--warmup", "1", "--kernels", "both",
+                 "-o", str(tmp_path / "b"))
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    assert "xnnpack/2t" in bench.stdout and "builtin/1t" in bench.stdout and "XNNPACK partition" in bench.stdout
+    assert set(json.loads((tmp_path / "b" / "benchmark.json").read_text())["latency"]) == {
+        "xnnpack/1t", "xnnpack/2t", "builtin/1t", "builtin/2t"}
+    # The CNN takes 28x28x1 images: 8x8 digits are refused with one line, not silently scored.
+    wrong = _cli("--evaluate", tfl, "--dataset", "digits", "--eval-limit", "50")
+    assert wrong.returncode == 2 and "does not match the model's input (N, 28, 28, 1)" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
+
+
+@pytest.mark.slow
+def test_cli_evaluate_on_mnist(exported, tmp_path):
+    _, out = exported
+    proc = _cli("--evaluate", str(out / "model_float16.tflite"), "--dataset", "mnist", "--eval-limit", "500",
+                "-o", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads((tmp_path / "evaluate.json").read_text())
+    assert row["eval"]["examples"] == 500 and row["eval"]["accuracy"] > 0.9 and row["dataset"] == "mnist"
+
+
+@pytest.mark.slow
+def test_qat_model_converts_to_int8_only(run, test_set):
+    import tensorflow_model_optimization as tfmot
+
+    x, y, _ = test_set
+    train_x, train_y = load_split(run.config.data, "train", 2048)
+    inputs = keras.Input((28, 28, 1), name="image")
+    h = keras.layers.Dense(64, activation="relu", name="fc0")(keras.layers.Flatten(name="flatten")(inputs))
+    qat = tfmot.quantization.keras.quantize_model(keras.Model(inputs, keras.layers.Dense(10, name="logits")(h)))
+    qat.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+    qat.fit(train_x, train_y, epochs=1, batch_size=64, verbose=0)
+    assert tflite.is_qat_model(qat)
+    with pytest.raises(ConfigError, match="QAT.*int8 only, not float32"):
+        tflite.check_modes_for(qat, ["float32", "int8"])
+    conv = tflite.convert(qat, "int8", options=tflite.ConvertOptions(io="int8"))  # no calibration needed
+    m = TFLiteModel(conv.content)
+    assert conv.qat and m.input_dtype == np.int8
+    result = evaluate(m, x, y, keras_outputs(qat, x))
+    assert result.agreement >= 0.98 and result.accuracy > 0.6  # 1 epoch on 2k images; chance is 0.1
+

@@ -1,0 +1,157 @@
+"""What a model costs: LiteRT latency, file size, gzip size, and the Keras model's params/FLOPs.
+
+Latency is measured in-process with the LiteRT interpreter at batch 1: the input is set once,
+then ``warmup`` untimed and ``runs`` timed ``invoke()`` calls; p50 and p95 are reported per thread
+count. ``kernel_report`` says which kernels run (how much of the graph the XNNPACK delegate took),
+because that decides whether int8 is faster than float on a CPU. ``litert_benchmark`` runs the
+``litert-benchmark`` command (the CompiledModel API) as a cross-check when it is installed.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from tfopt.errors import ConfigError
+from tfopt.export.evaluate import TFLiteModel
+
+GZIP_LEVEL = 9
+
+
+def file_sizes(content: bytes) -> dict:
+    """Raw and gzip (level 9) size in bytes: what the device stores and what a download costs."""
+    return {"size_bytes": len(content), "gzip_bytes": len(gzip.compress(content, GZIP_LEVEL, mtime=0))}
+
+
+def kernel_report(model: TFLiteModel) -> dict:
+    """Which kernels run: XNNPACK delegate partitions, delegated ops, and ops left on LiteRT's own kernels.
+
+    A delegate node covers the original nodes between its input and output tensors; they are
+    found by walking back from its outputs until its inputs.
+    """
+    ops = model.interpreter._get_ops_details()  # noqa: SLF001 - the only view of the execution plan
+    delegates = [op for op in ops if op["op_name"] == "DELEGATE"]
+    originals = [op for op in ops if op["op_name"] != "DELEGATE"]
+    producer = {int(t): op for op in originals for t in op["outputs"]}
+    delegated: set[int] = set()
+    for d in delegates:
+        boundary = {int(t) for t in d["inputs"]}
+        stack = [int(t) for t in d["outputs"]]
+        while stack:
+            t = stack.pop()
+            op = producer.get(t)
+            if t in boundary or op is None or op["index"] in delegated:
+                continue
+            delegated.add(op["index"])
+            stack.extend(int(i) for i in op["inputs"] if int(i) >= 0)
+    cpu_ops = [op["op_name"] for op in originals if op["index"] not in delegated]
+    return {"xnnpack": model.xnnpack, "delegate_partitions": len(delegates), "delegated_ops": len(delegated),
+            "total_ops": len(originals), "builtin_kernel_ops": sorted(set(cpu_ops))}
+
+
+def _example_input(model: TFLiteModel, seed: int = 0) -> np.ndarray:
+    shape = [1 if d < 0 else d for d in model.input_signature]
+    x = np.random.default_rng(seed).random(shape, dtype=np.float32)  # in [0, 1), like scaled images
+    return model.quantize_input(x)
+
+
+def latency(model: str | bytes, *, threads: int = 1, warmup: int = 20, runs: int = 200,
+            xnnpack: bool = True) -> dict:
+    """Batch-1 latency of one .tflite with the LiteRT interpreter.
+
+    Args:
+        model: A .tflite path or flatbuffer.
+        threads: Interpreter threads.
+        warmup: Untimed runs first (caches, lazy packing of weights).
+        runs: Timed runs.
+        xnnpack: Keep LiteRT's default XNNPACK delegate (False: builtin kernels only).
+
+    Returns:
+        ``{"p50_ms", "p95_ms", "mean_ms", "min_ms", "runs", "warmup", "threads", "kernels"}``.
+
+    Raises:
+        ConfigError: ``runs`` < 1 or ``warmup`` < 0.
+        ModelError: the model cannot be loaded.
+    """
+    if runs < 1 or warmup < 0:
+        raise ConfigError(f"runs={runs} must be >= 1 and warmup={warmup} >= 0 (--runs, --warmup)")
+    m = TFLiteModel(model, num_threads=threads, xnnpack=xnnpack)
+    q = _example_input(m)
+    m.invoke_raw(q)  # sets the input and sizes the tensors; later calls only invoke
+    invoke = m.interpreter.invoke
+    for _ in range(warmup):
+        invoke()
+    times = np.empty(runs)
+    clock = time.perf_counter
+    for i in range(runs):
+        t0 = clock()
+        invoke()
+        times[i] = clock() - t0
+    ms = times * 1e3
+    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "mean_ms": float(ms.mean()), "min_ms": float(ms.min()), "runs": runs, "warmup": warmup,
+            "threads": threads, "kernels": kernel_report(m)}
+
+
+def litert_benchmark(path: str, *, threads: int = 1, runs: int = 200, warmup: int = 20,
+                     timeout: float = 120.0) -> dict | None:
+    """Runs the ``litert-benchmark`` command and returns its JSON latency figures.
+
+    Returns None when the command is not installed or fails (it is a cross-check, not required).
+    """
+    exe = shutil.which("litert-benchmark")
+    if exe is None:
+        venv_exe = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "litert-benchmark")
+        exe = venv_exe if os.path.exists(venv_exe) else None
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="tfopt-litert-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        try:
+            proc = subprocess.run([exe, "--model", path, "--num_threads", str(threads), "--num_runs", str(runs),
+                                   "--warmup_runs", str(warmup), "--result_json", out],
+                                  capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if proc.returncode != 0 or not os.path.exists(out):
+            return None
+        with open(out, encoding="utf-8") as f:
+            latency_ms = json.load(f).get("latency", {})
+    return {"p50_ms": latency_ms.get("median_ms"), "p95_ms": latency_ms.get("p95_ms"),
+            "mean_ms": latency_ms.get("avg_ms"), "runs": runs, "threads": threads, "tool": "litert-benchmark"}
+
+
+def keras_cost(model) -> dict:
+    """Parameters and FLOPs (per example, multiply-add = 2) of a Keras model.
+
+    FLOPs come from TensorFlow's profiler on the model's frozen graph at batch 1.
+    """
+    from tfopt._keras import tf
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    shape = [1, *[int(d) for d in model.input_shape[1:]]]
+    flops = None
+    try:
+        fn = tf.function(lambda x: model(x, training=False)).get_concrete_function(
+            tf.TensorSpec(shape, tf.float32))
+        frozen = convert_variables_to_constants_v2(fn)
+        builder = tf.compat.v1.profiler.ProfileOptionBuilder
+        opts = builder(builder.float_operation()).with_empty_output().build()
+        previous = tf.get_logger().level
+        tf.get_logger().setLevel("ERROR")  # the v1 profiler warns about its own deprecation
+        try:
+            info = tf.compat.v1.profiler.profile(graph=frozen.graph, run_meta=tf.compat.v1.RunMetadata(),
+                                                 cmd="op", options=opts)
+        finally:
+            tf.get_logger().setLevel(previous)
+        flops = int(info.total_float_ops)
+    except Exception:  # a graph the profiler cannot walk: report params only
+        flops = None
+    return {"params": int(model.count_params()), "flops": flops}

@@ -1,0 +1,211 @@
+"""``python -m tfopt.export``: TFLite export, evaluation and latency benchmark.
+
+    python -m tfopt.export --from runs/mnist --modes float32,dynamic,float16,int8,int16x8
+    python -m tfopt.export --from runs/mnist_pqat --modes int8 --io int8 --calibration-steps 100
+    python -m tfopt.export --evaluate model.tflite --dataset mnist
+    python -m tfopt.export --benchmark model.tflite --threads 1,2
+
+Exit codes: 0 done; 1 a converted model failed the fidelity gate (artifacts and export.json are
+still written); 2 a user error (one line on stderr).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+
+from tfopt import cli
+from tfopt.errors import ConfigError, ModelError
+from tfopt.export import choices
+
+PROG = "tfopt.export"
+
+
+def _parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(prog="python -m tfopt.export", description=__doc__.splitlines()[0],
+                           epilog="exit codes: 0 done, 1 fidelity gate failed, 2 user error")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--from", dest="source", metavar="RUN", help="run directory to export (run.json + model.keras)")
+    what.add_argument("--evaluate", metavar="TFLITE", help="score a .tflite on a dataset's test split")
+    what.add_argument("--benchmark", metavar="TFLITE", help="measure a .tflite's latency and size")
+    g = p.add_argument_group("conversion (--from)")
+    g.add_argument("--modes", default=",".join(choices.MODES), help=f"comma-separated: {', '.join(choices.MODES)}")
+    g.add_argument("--io", default="float", help=f"int8 model input/output type: {', '.join(choices.IO_TYPES)}")
+    g.add_argument("--calibration-steps", type=int, default=25,
+                   help="representative batches drawn from the run's training pipeline (default 25)")
+    g.add_argument("--float-layers", default="", metavar="LAYER,...",
+                   help="also write an int8 model with these Keras layers kept in float (e.g. conv0)")
+    g.add_argument("--allow-select-tf-ops", action="store_true",
+                   help="let ops without a builtin kernel run as TF Select (Flex) ops")
+    g.add_argument("--sparsity", default="auto", help="sparse weight encoding: auto (when >= 50%% zeros and "
+                   "smaller), on, off")
+    g = p.add_argument_group("fidelity gate (--from)")
+    g.add_argument("--min-agreement", type=float, default=0.99, help="top-1 agreement with Keras (default 0.99)")
+    g.add_argument("--max-accuracy-drop", type=float, default=0.5, help="accuracy points it may lose (default 0.5)")
+    g.add_argument("--no-selective", action="store_true", help="do not retry a failing int8 with float layers")
+    g.add_argument("--max-float-layers", type=int, default=4, help="selective search bound (default 4)")
+    g.add_argument("--search-limit", type=int, default=2000, help="validation examples for the search")
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--eval-limit", type=int, default=0, help="score only the first N test examples (0 = all)")
+    g.add_argument("--dataset", default="mnist", help="--evaluate: mnist, fashion_mnist, digits, tfds:NAME, ...")
+    g.add_argument("--data-dir", help="--evaluate: dataset cache directory")
+    g.add_argument("--split", default="test", help="--evaluate: test or validation")
+    g.add_argument("--keras", metavar="MODEL", help="--evaluate/--benchmark: Keras model to compare with / cost")
+    g = p.add_argument_group("latency")
+    g.add_argument("--threads", default="1,2", help="interpreter thread counts (default 1,2)")
+    g.add_argument("--runs", type=int, default=200, help="timed runs per setting (default 200)")
+    g.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
+    g.add_argument("--kernels", default="xnnpack", help=f"{', '.join(choices.KERNELS)}: XNNPACK delegate "
+                   "(LiteRT's default) and/or builtin kernels only")
+    g.add_argument("--litert-benchmark", action="store_true", help="also run the litert-benchmark command")
+    p.add_argument("--output", "-o", help="output directory (default <RUN>/export; --evaluate/--benchmark: "
+                   "where to write their JSON, default none)")
+    p.add_argument("--no-plot", action="store_true", help="skip export.png")
+    p.add_argument("--trust-model", action="store_true",
+                   help="load models that can run code (Lambda layers, tfmot wrappers); only for files you trust")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def _check_args(args) -> None:
+    """Every flag validated before TensorFlow is imported, so mistakes fail in a blink."""
+    modes = choices.parse_modes(args.modes)
+    if args.float_layers.strip() and "int8" not in modes:
+        raise ConfigError(f"--float-layers {args.float_layers!r} applies to int8; add int8 to --modes")
+    choices.check_choice("io", args.io, choices.IO_TYPES, "--io")
+    choices.check_choice("sparsity", args.sparsity, choices.SPARSITY_CHOICES, "--sparsity")
+    choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
+    choices.check_choice("split", args.split, ("test", "validation"), "--split")
+    choices.parse_threads(args.threads)
+    for flag, value, low in (("--calibration-steps", args.calibration_steps, 1), ("--runs", args.runs, 1),
+                             ("--warmup", args.warmup, 0), ("--eval-limit", args.eval_limit, 0),
+                             ("--max-float-layers", args.max_float_layers, 1), ("--search-limit", args.search_limit, 0)):
+        if value < low:
+            raise ConfigError(f"{flag} {value} must be >= {low}")
+    if args.source is not None and not os.path.isdir(args.source):
+        raise ConfigError(f"run directory {args.source!r} does not exist; give the -o directory of a training run")
+    for flag, path in (("--evaluate", args.evaluate), ("--benchmark", args.benchmark)):
+        if path is not None and not os.path.isfile(path):
+            raise ModelError(f"{flag} {path!r}: no such file; give the path of a .tflite file")
+    if args.keras is not None and not os.path.exists(args.keras):
+        raise ModelError(f"--keras {args.keras!r} does not exist; give a .keras file or a run directory")
+
+
+# Start-up notices native libraries print on fd 2 (no GPU here, XNNPACK on, quantizer settings);
+# not messages for the user of this command.
+_NATIVE_NOISE = re.compile(r"XNNPACK delegate for CPU|cuInit|cuda_|fully_quantize: \d|absl::InitializeLog")
+
+
+@contextlib.contextmanager
+def _native_stderr_filtered():
+    """Routes fd 2 through a filter that drops known native start-up notices.
+
+    Python's own stderr (progress, the one-line error) still goes straight to the terminal;
+    other native lines are replayed when the block ends. TF_CPP_MIN_LOG_LEVEL=0 keeps everything.
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in ("", "0"):  # tfopt._keras defaults it to 2
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    python_stderr = sys.stderr
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        sys.stderr = open(saved, "w", closefd=False, buffering=1)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            sys.stderr = python_stderr
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            for line in capture.read().decode("utf-8", "replace").splitlines(keepends=True):
+                if not _NATIVE_NOISE.search(line):
+                    python_stderr.write(line)
+            python_stderr.flush()
+
+
+def _say(quiet: bool):
+    return None if quiet else (lambda msg: print(f"{PROG}: {msg}", file=sys.stderr, flush=True))
+
+
+def _body(args) -> int:
+    _check_args(args)
+    with _native_stderr_filtered():
+        return _work(args)
+
+
+def _work(args) -> int:
+    from tfopt.export import summary
+    from tfopt.export import runner
+    from tfopt.export.fidelity import Thresholds
+    from tfopt.export.tflite import ConvertOptions
+    from tfopt.fileio import write_json
+    from tfopt.runtime.strategy import is_chief
+    from tfopt.runtime.tf_config import parse_tf_config
+
+    if not is_chief(parse_tf_config(os.environ.get("TF_CONFIG"))):
+        print(f"{PROG}: not the chief task; the chief exports", file=sys.stderr)
+        return 0
+    bench = runner.BenchSettings(threads=tuple(choices.parse_threads(args.threads)), runs=args.runs,
+                                 warmup=args.warmup, kernels=args.kernels, litert_benchmark=args.litert_benchmark)
+    if args.source is not None:
+        settings = runner.ExportSettings(
+            modes=tuple(choices.parse_modes(args.modes)),
+            options=ConvertOptions(io=args.io, allow_select_tf_ops=args.allow_select_tf_ops, sparsity=args.sparsity),
+            calibration_steps=args.calibration_steps,
+            thresholds=Thresholds(min_agreement=args.min_agreement, max_accuracy_drop_pt=args.max_accuracy_drop),
+            selective=not args.no_selective, max_float_layers=args.max_float_layers,
+            float_layers=tuple(n.strip() for n in args.float_layers.split(",") if n.strip()), eval_limit=args.eval_limit,
+            search_limit=args.search_limit, bench=bench, plot=not args.no_plot, trust_model=args.trust_model)
+        record = runner.export_run(args.source, settings, out_dir=args.output, progress=_say(args.quiet))
+        print(record["table"])
+        for note in record["notes"]:
+            print(f"note: {note}")
+        print(f"{PROG}: wrote {os.path.join(record['output'], 'export.json')}")
+        failed = [r["mode"] for r in record["modes"] if r["gate"] and not r["gate"]["passed"]]
+        # A selective int8 that passes stands in for the plain int8 that failed.
+        if "int8" in failed and any(r["mode"] == "int8-selective" and r["gate"]["passed"] for r in record["modes"]):
+            failed.remove("int8")
+        if failed:
+            reasons = {r["mode"]: "; ".join(r["gate"]["reasons"]) for r in record["modes"] if r["mode"] in failed}
+            print(f"{PROG}: fidelity gate failed: " + ", ".join(f"{m} ({why})" for m, why in reasons.items()),
+                  file=sys.stderr)
+            return 1
+        return 0
+    if args.evaluate is not None:
+        from tfopt import config as config_lib
+
+        data = {"dataset": args.dataset}
+        if args.data_dir:
+            data["data_dir"] = args.data_dir
+        data_cfg = config_lib.from_dict({"data": data}).data
+        row = runner.evaluate_file(args.evaluate, data_cfg, limit=args.eval_limit, split=args.split,
+                                   keras_path=args.keras, trust_model=args.trust_model)
+        print(summary.export_table([row]))
+        if args.output:
+            write_json(os.path.join(args.output, "evaluate.json"), row)
+        return 0
+    row = runner.benchmark_file(args.benchmark, bench, keras_path=args.keras, trust_model=args.trust_model)
+    print(summary.export_table([row]))
+    for key, k in row["kernels"].items():
+        print(f"kernels {key}: {k['delegated_ops']}/{k['total_ops']} ops in {k['delegate_partitions']} XNNPACK "
+              f"partition(s); builtin kernels: {', '.join(k['builtin_kernel_ops']) or 'none'}")
+    if "keras" in row:
+        print(f"keras model: {row['keras']['params']} params, {row['keras']['flops']} FLOPs per example")
+    if args.output:
+        write_json(os.path.join(args.output, "benchmark.json"), row)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point of ``python -m tfopt.export``; returns the exit code."""
+    args = _parser().parse_args(argv)
+    return cli.run_main(PROG, lambda: _body(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Exporting a run: convert every mode, evaluate, gate, benchmark, write artifacts and export.json.
+
+``export_run`` is what ``python -m tfopt.export --from RUN`` does. For each mode: convert ->
+write ``model_<mode>.tflite`` atomically -> evaluate on the held-out test split against the Keras
+model -> fidelity gate -> (int8 failing the gate: selective quantization, searched on the
+validation split, the chosen model re-scored on test) -> latency per thread count and kernel
+setting. Then ``export.json``, ``export.md`` (the table) and ``export.png`` go next to the models.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import zipfile
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tfopt import __version__
+from tfopt._keras import keras
+from tfopt.config import DataConfig
+from tfopt.data.sources import prepare
+from tfopt.errors import ModelError
+from tfopt.export import benchmark as bench
+from tfopt.export import fidelity, summary, tflite
+from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
+from tfopt.export.evaluate import EvalResult, TFLiteModel, evaluate, keras_outputs, load_split, read_tflite
+from tfopt.fileio import write_bytes, write_json, write_text
+from tfopt.models.io import load_model
+from tfopt.runs import load_run
+
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How latency is measured."""
+
+    threads: tuple[int, ...] = (1, 2)
+    runs: int = 200
+    warmup: int = 20
+    kernels: str = "xnnpack"  # xnnpack (LiteRT's default) | builtin (no delegate) | both
+    litert_benchmark: bool = False  # also run the `litert-benchmark` command
+
+    def __post_init__(self):
+        check_choice("kernels", self.kernels, KERNELS, "--kernels")
+
+    def settings(self) -> list[tuple[str, bool, int]]:
+        """``(key, xnnpack, threads)`` for every measurement, e.g. ``("xnnpack/1t", True, 1)``."""
+        kinds = {"xnnpack": [True], "builtin": [False], "both": [True, False]}[self.kernels]
+        return [(f"{'xnnpack' if x else 'builtin'}/{t}t", x, t) for x in kinds for t in self.threads]
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """Everything ``export_run`` needs besides the run."""
+
+    modes: tuple[str, ...] = MODES
+    options: tflite.ConvertOptions = field(default_factory=tflite.ConvertOptions)
+    calibration_steps: int = 25
+    thresholds: fidelity.Thresholds = field(default_factory=fidelity.Thresholds)
+    selective: bool = True  # retry a failing int8 with the worst layers in float
+    max_float_layers: int = 4
+    float_layers: tuple[str, ...] = ()  # Keras layers to keep in float in an extra int8 model
+    eval_limit: int = 0  # test examples to score (0 = the whole split)
+    search_limit: int = 2000  # validation examples for the selective search
+    bench: BenchSettings = field(default_factory=BenchSettings)
+    plot: bool = True
+    trust_model: bool = False
+
+
+def _mentions(path: str, text: str) -> bool:
+    """True when the model file's stored config (.keras or .h5) contains ``text``."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                return text in z.read("config.json").decode("utf-8", "replace")
+        if path.endswith((".h5", ".hdf5")):
+            import h5py
+
+            with h5py.File(path, "r") as f:
+                raw = f.attrs.get("model_config")
+            return raw is not None and text in (raw if isinstance(raw, str) else raw.decode("utf-8", "replace"))
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return False
+    return False
+
+
+def load_source_model(path: str, trust_model: bool = False) -> "keras.Model":
+    """Loads a run's model; tfmot QAT / pruning wrappers are deserialized and pruning is stripped."""
+    if not _mentions(path, "tensorflow_model_optimization"):
+        return load_model(path, trust_model=trust_model)
+    import tensorflow_model_optimization as tfmot
+
+    # tfmot layers are importable code, so io.load_model asks for --trust-model before loading them.
+    custom: dict = {}
+    for scope in (tfmot.quantization.keras.quantize_scope(), tfmot.sparsity.keras.prune_scope()):
+        for objects in scope.custom_objects:
+            custom.update(objects)
+    model = load_model(path, trust_model=trust_model, custom_objects=custom)
+    if any(type(layer).__name__ == "PruneLowMagnitude" for layer in model.layers):
+        model = tfmot.sparsity.keras.strip_pruning(model)
+    return model
+
+
+def _latency(content: bytes, settings: BenchSettings, path: str) -> dict:
+    out = {}
+    for key, xnnpack, threads in settings.settings():
+        out[key] = bench.latency(content, threads=threads, warmup=settings.warmup, runs=settings.runs,
+                                 xnnpack=xnnpack)
+    if settings.litert_benchmark:
+        for t in settings.threads:
+            res = bench.litert_benchmark(path, threads=t, runs=settings.runs, warmup=settings.warmup)
+            if res is not None:
+                out[f"litert-benchmark/{t}t"] = res
+    return out
+
+
+def _row(mode: str, converted_io: str, file: str, content: bytes, result: EvalResult,
+         gate: fidelity.GateResult | None, latency: dict, **extra) -> dict:
+    kernels = next((v["kernels"] for v in latency.values() if "kernels" in v and v["kernels"]["xnnpack"]), None)
+    return {"mode": mode, "io": converted_io, "file": file, **bench.file_sizes(content), "eval": result.to_dict(),
+            "gate": gate.to_dict() if gate else None,
+            "latency": {k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()},
+            "kernels": kernels, **extra}
+
+
+def export_run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str | None = None,
+               progress: Callable[[str], None] | None = None) -> dict:
+    """Exports one run to .tflite in every requested mode and measures each.
+
+    Args:
+        run_dir: A run directory (``run.json`` + ``model.keras``).
+        settings: Modes, conversion options, gate, benchmark settings.
+        out_dir: Where artifacts go (default ``<run_dir>/export``).
+        progress: Called with one short line per step (e.g. ``print``), or None.
+
+    Returns:
+        The content of ``export.json``.
+
+    Raises:
+        TfoptError: bad run, data, options, or an unconvertible model.
+    """
+    say = progress or (lambda _msg: None)
+    modes = parse_modes(settings.modes)
+    run = load_run(run_dir)
+    out_dir = os.path.abspath(out_dir or os.path.join(run.path, "export"))
+    model = load_source_model(run.model_path, settings.trust_model)
+    qat = tflite.is_qat_model(model)
+    tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
+    data_cfg: DataConfig = run.config.data
+    info = prepare(data_cfg)
+    say(f"reading the test split of {data_cfg.dataset}")
+    x_test, y_test = load_split(data_cfg, "test", settings.eval_limit, info)
+    reference = keras_outputs(model, x_test)
+    calibration = None
+    if not qat and any(m in ("int8", "int16x8") for m in modes):
+        say(f"drawing {settings.calibration_steps} calibration batches from the training pipeline")
+        calibration = tflite.calibration_batches(data_cfg, settings.calibration_steps, info)
+    cost = bench.keras_cost(model)
+    rows: list[dict] = []
+    notes: list[str] = []
+    for i, mode in enumerate(modes, 1):
+        say(f"[{i}/{len(modes)}] {mode}: converting")
+        started = time.perf_counter()
+        conv = tflite.convert(model, mode, calibration=calibration, options=settings.options)
+        convert_s = time.perf_counter() - started
+        file = f"model_{mode}.tflite"
+        write_bytes(os.path.join(out_dir, file), conv.content)
+        say(f"[{i}/{len(modes)}] {mode}: evaluating on {len(y_test)} test examples")
+        result = evaluate(TFLiteModel(conv.content), x_test, y_test, reference)
+        gate = fidelity.check(result, settings.thresholds)
+        say(f"[{i}/{len(modes)}] {mode}: benchmarking")
+        latency = _latency(conv.content, settings.bench, os.path.join(out_dir, file))
+        rows.append(_row(mode, conv.io, file, conv.content, result, gate, latency, sparse=conv.sparse,
+                         qat=conv.qat, convert_seconds=round(convert_s, 2), notes=conv.notes))
+        if mode == "int8" and not gate.passed and settings.selective and not qat:
+            rows.append(_selective(model, calibration, conv, result, settings, data_cfg, info, x_test, y_test,
+                                   reference, out_dir, say, notes))
+        if mode == "int8" and settings.float_layers and not qat:
+            rows.append(_partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say))
+    created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    record = {
+        "tfopt_version": __version__, "created": created, "source": run.path,
+        "model": {"name": run.config.model.name, "qat": qat, **cost,
+                  "weight_sparsity": round(tflite.weight_sparsity(model), 4)},
+        "data": {"dataset": data_cfg.dataset, "test_examples": int(len(y_test)),
+                 "keras_test_accuracy": rows[0]["eval"]["keras_accuracy"] if rows else None},
+        "settings": _settings_dict(settings), "modes": rows, "notes": notes,
+    }
+    table = summary.export_table(rows)
+    record["table"] = table
+    write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.path}\n\n{table}\n")
+    if settings.plot:
+        record["plot"] = summary.plot(rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.path}")
+    write_json(os.path.join(out_dir, "export.json"), record)
+    record["output"] = out_dir
+    return record
+
+
+def _selective(model, calibration, conv, full: EvalResult, settings: ExportSettings, data_cfg, info, x_test, y_test,
+               reference, out_dir, say, notes) -> dict:
+    say("int8 failed the fidelity gate: ranking layers with the quantization debugger")
+    x_val, y_val = load_split(data_cfg, "validation", settings.search_limit, info)
+    ref_val = keras_outputs(model, x_val)
+
+    def score(content: bytes) -> EvalResult:
+        return evaluate(TFLiteModel(content), x_val, y_val, ref_val)
+
+    found = fidelity.selective_search(model, calibration, score, settings.thresholds, io_type=conv.io,
+                                      max_float_layers=settings.max_float_layers)
+    file = "model_int8_selective.tflite"
+    write_bytes(os.path.join(out_dir, file), found.content)
+    result = evaluate(TFLiteModel(found.content), x_test, y_test, reference)
+    gate = fidelity.check(result, settings.thresholds)
+    chosen = found.trials[found.chosen]
+    trade = (f"int8 failed the gate ({'; '.join(fidelity.check(full, settings.thresholds).reasons)}); leaving "
+             f"{len(chosen.float_layers)} layer(s) in float ({', '.join(chosen.float_layers)}) gives test agreement "
+             f"{result.agreement:.4f} and accuracy {100 * result.accuracy:.2f}% at {len(found.content) / 1024:.1f} KiB "
+             f"instead of {len(conv.content) / 1024:.1f} KiB: gate {'passed' if gate.passed else 'still failed'}")
+    notes.append(trade)
+    say(trade)
+    latency = _latency(found.content, settings.bench, os.path.join(out_dir, file))
+    return _row("int8-selective", _io_of(found.content), file, found.content, result, gate, latency,
+                selective={**found.to_dict(), "search_split": "validation", "search_examples": int(len(y_val))},
+                notes=[trade])
+
+
+def _io_of(content: bytes) -> str:
+    # The converter keeps float I/O when the first/last op stays float, whatever was asked.
+    dtype = TFLiteModel(content).input_dtype
+    return "float" if dtype.kind == "f" else str(dtype)
+
+
+def _partial(model, calibration, conv, settings: ExportSettings, x_test, y_test, reference, out_dir, say) -> dict:
+    layers = list(settings.float_layers)
+    say(f"int8 with {', '.join(layers)} kept in float")
+    debugger = fidelity.quantization_debugger(model, calibration, calibration[:1])
+    nodes = fidelity.nodes_for_layers(fidelity.rank_layers(debugger), layers)
+    content = fidelity.requantize(debugger, nodes, conv.io)
+    file = "model_int8_partial.tflite"
+    write_bytes(os.path.join(out_dir, file), content)
+    result = evaluate(TFLiteModel(content), x_test, y_test, reference)
+    latency = _latency(content, settings.bench, os.path.join(out_dir, file))
+    return _row(f"int8+float:{','.join(layers)}", _io_of(content), file, content, result,
+                fidelity.check(result, settings.thresholds), latency, float_layers=layers, float_nodes=nodes)
+
+
+def _settings_dict(settings: ExportSettings) -> dict:
+    d = dataclasses.asdict(settings)
+    d["modes"] = list(settings.modes)
+    d["float_layers"] = list(settings.float_layers)
+    d["bench"]["threads"] = list(settings.bench.threads)
+    return d
+
+
+def evaluate_file(path: str, data_cfg: DataConfig, *, limit: int = 0, split: str = "test",
+                  keras_path: str | None = None, trust_model: bool = False, threads: int | None = None) -> dict:
+    """``--evaluate``: scores one .tflite on a dataset split (and against a Keras model when given)."""
+    content = read_tflite(path)
+    model = TFLiteModel(content, num_threads=threads)
+    x, y = load_split(data_cfg, split, limit)
+    reference = keras_outputs(load_source_model(keras_path, trust_model), x) if keras_path else None
+    result = evaluate(model, x, y, reference)
+    return {"mode": os.path.basename(path), "io": str(model.input_dtype), "file": os.path.abspath(path),
+            **bench.file_sizes(content), "eval": result.to_dict(), "gate": None, "latency": {},
+            "dataset": data_cfg.dataset, "split": split}
+
+
+def benchmark_file(path: str, settings: BenchSettings, keras_path: str | None = None,
+                   trust_model: bool = False) -> dict:
+    """``--benchmark``: latency (per thread count and kernel setting) and sizes of one .tflite."""
+    content = read_tflite(path)
+    latency = _latency(content, settings, path)
+    out = {"mode": os.path.basename(path), "io": str(TFLiteModel(content).input_dtype),
+           "file": os.path.abspath(path), **bench.file_sizes(content),
+           "latency": {k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()},
+           "kernels": {k: v["kernels"] for k, v in latency.items() if "kernels" in v}}
+    if keras_path:
+        out["keras"] = bench.keras_cost(load_source_model(keras_path, trust_model))
+    return out
+

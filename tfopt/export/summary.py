@@ -1,0 +1,115 @@
+"""The export table (printed and stored as markdown) and the size / latency / accuracy plot."""
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, Sequence
+
+from tfopt.fileio import write_bytes
+
+
+def _kib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1024:.1f} KiB"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
+def _signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.2f}"
+
+
+def latency_keys(rows: Sequence[dict]) -> list[str]:
+    """The latency settings measured (e.g. ``xnnpack/1t``), in first-seen order."""
+    keys: list[str] = []
+    for row in rows:
+        for key in row.get("latency", {}):
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A padded GitHub-flavoured markdown table."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
+    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+                     + [line(r) for r in cells[1:]])
+
+
+def export_table(rows: Sequence[dict]) -> str:
+    """One line per exported model: mode, size, gzip size, p50/p95 per setting, accuracy, delta, agreement."""
+    keys = latency_keys(rows)
+    header = ["mode", "io", "size", "gzip", *[f"{p} {k} ms" for k in keys for p in ("p50", "p95")],
+              "accuracy", "Δ vs Keras (pt)", "agreement", "max |Δ|", "gate"]
+    body = []
+    for row in rows:
+        ev = row.get("eval") or {}
+        lat = row.get("latency", {})
+        gate = row.get("gate")
+        body.append([row["mode"], row.get("io", "float"), _kib(row.get("size_bytes")), _kib(row.get("gzip_bytes")),
+                     *[_ms((lat.get(k) or {}).get(p)) for k in keys for p in ("p50_ms", "p95_ms")],
+                     _pct(ev.get("accuracy")), _signed(ev.get("accuracy_delta_pt")), _pct(ev.get("agreement")),
+                     "-" if ev.get("max_abs_error") is None else f"{ev['max_abs_error']:.4f}",
+                     "-" if gate is None else ("pass" if gate["passed"] else "FAIL")])
+    return markdown_table(header, body)
+
+
+def plot(rows: Sequence[dict], path: str, title: str = "") -> str | None:
+    """Saves a PNG with size, p50 latency and accuracy per mode side by side; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    keys = latency_keys(rows)
+    names = [r["mode"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    axes[0].bar(names, [r["size_bytes"] / 1024 for r in rows], color="tab:blue", label="file")
+    axes[0].bar(names, [r["gzip_bytes"] / 1024 for r in rows], color="tab:cyan", width=0.4, label="gzip")
+    axes[0].set_ylabel("KiB")
+    axes[0].set_title("size")
+    axes[0].legend()
+    width = 0.8 / max(1, len(keys))
+    for i, key in enumerate(keys):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))]
+        axes[1].bar(xs, [((r.get("latency", {}).get(key) or {}).get("p50_ms") or 0) for r in rows],
+                    width=width, label=key)
+    axes[1].set_xticks(range(len(rows)), names)
+    axes[1].set_ylabel("ms (batch 1)")
+    axes[1].set_yscale("log")
+    axes[1].set_title("p50 latency")
+    if keys:
+        axes[1].legend(fontsize=8)
+    accs = [100 * ((r.get("eval") or {}).get("accuracy") or 0) for r in rows]
+    axes[2].bar(names, accs, color="tab:green")
+    keras_acc = next(((r.get("eval") or {}).get("keras_accuracy") for r in rows
+                      if (r.get("eval") or {}).get("keras_accuracy") is not None), None)
+    if keras_acc is not None:
+        axes[2].axhline(100 * keras_acc, color="k", ls="--", lw=1, label="Keras")
+        axes[2].legend()
+    low = min(accs + ([100 * keras_acc] if keras_acc is not None else [])) if accs else 0
+    axes[2].set_ylim(max(0, low - 2), 100)
+    axes[2].set_ylabel("%")
+    axes[2].set_title("test accuracy")
+    for ax in axes:
+        ax.tick_params(axis="x", labelrotation=30)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_bytes(path, buf.getvalue())
+    return os.path.basename(path)

@@ -1,0 +1,389 @@
+"""Keras -> .tflite conversion for every post-training quantization mode.
+
+Modes (``MODES``):
+
+- ``float32``: plain conversion, no quantization.
+- ``dynamic``: dynamic-range quantization (int8 weights, float activations quantized on the fly).
+- ``float16``: float16 weights, float32 compute.
+- ``int8``: full-integer quantization calibrated on a representative dataset; I/O stays float
+  or becomes int8/uint8 (``ConvertOptions.io``). A quantization-aware-trained (QAT) model
+  converts to int8 with the ranges it learned, no calibration needed.
+- ``int16x8``: 16-bit activations, 8-bit weights (calibrated; float I/O).
+
+The representative dataset is drawn deterministically from the run's own training pipeline
+(``calibration_batches``). Only TFLite builtin ops are allowed unless the caller opts into
+Select TF ops; an op without a builtin kernel becomes a ``ConversionError`` naming the op and
+the layer it comes from.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import re
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from tfopt._keras import keras, tf
+from tfopt.config import DataConfig
+from tfopt.data.pipeline import make_dataset
+from tfopt.data.sources import DatasetInfo
+from tfopt.errors import ConfigError, ModelError
+from tfopt.export.choices import IO_TYPES, MODES, SPARSITY_CHOICES, check_choice
+
+# Below this fraction of zero weights the sparse encoding costs more than it saves.
+SPARSITY_THRESHOLD = 0.5
+_IO_DTYPES = {"float": tf.float32, "int8": tf.int8, "uint8": tf.uint8}
+
+
+class ConversionError(ModelError):
+    """The TFLite converter cannot turn the model into the requested .tflite."""
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How to convert, beyond the mode.
+
+    Attributes:
+        io: ``float``, ``int8`` or ``uint8``: the input/output type of full-integer (``int8``)
+            models. Other modes keep float I/O.
+        allow_select_tf_ops: Let ops without a builtin kernel run as TF Select (Flex) ops; the
+            .tflite then needs the Flex delegate at run time.
+        sparsity: ``auto`` (try the sparse weight encoding when at least ``SPARSITY_THRESHOLD``
+            of the weights are zero, keep it if the file is smaller), ``on`` or ``off``.
+    """
+
+    io: str = "float"
+    allow_select_tf_ops: bool = False
+    sparsity: str = "auto"
+
+    def __post_init__(self):
+        check_choice("io", self.io, IO_TYPES, "--io")
+        check_choice("sparsity", self.sparsity, SPARSITY_CHOICES, "--sparsity")
+
+
+@dataclass
+class Converted:
+    """One converted model."""
+
+    mode: str
+    content: bytes
+    io: str  # the I/O type actually used: float unless int8 with int8/uint8 I/O
+    sparse: bool = False  # written with the sparse weight encoding
+    qat: bool = False  # converted from a quantization-aware-trained model
+    notes: list[str] = field(default_factory=list)
+
+
+def check_modes_for(model: "keras.Model", modes: Sequence[str]) -> None:
+    """Refuses modes a model cannot take (a QAT model converts to int8 only) before any work."""
+    if is_qat_model(model):
+        others = [m for m in modes if m != "int8"]
+        if others:
+            raise ConfigError(f"the model is quantization-aware trained (QAT): it converts to int8 only, not "
+                              f"{', '.join(others)}; use --modes int8 (export the float model for the other modes)")
+
+
+def calibration_batches(data_cfg: DataConfig, steps: int, info: DatasetInfo | None = None) -> list[np.ndarray]:
+    """Draws ``steps`` image batches from the run's training pipeline, deterministically.
+
+    The pipeline is the one the run trained on (same source, batch size, seed and shuffle), with
+    deterministic ordering forced, augmentation off (calibration must see the inputs inference
+    will see) and no cache (a partial pass would only be thrown away). Two calls give the same
+    batches.
+
+    Args:
+        data_cfg: The run's data config.
+        steps: How many batches (>= 1).
+        info: The prepared dataset, when already at hand.
+
+    Returns:
+        Up to ``steps`` float32 arrays ``[B, H, W, C]`` (fewer when the split is shorter).
+
+    Raises:
+        ConfigError: ``steps`` < 1.
+    """
+    if steps < 1:
+        raise ConfigError(f"calibration steps={steps} must be >= 1 (--calibration-steps)")
+    cfg = dataclasses.replace(data_cfg, deterministic=True, augment="none", cache="none")
+    ds = make_dataset(cfg, "train", training=True, info=info).take(steps)
+    return [np.asarray(x, dtype=np.float32) for x, _ in ds.as_numpy_iterator()]
+
+
+def representative_fn(batches: Sequence[np.ndarray]) -> Callable[[], Iterator[list[np.ndarray]]]:
+    """Returns the converter's ``representative_dataset`` over fixed batches."""
+
+    def gen():
+        for batch in batches:
+            yield [batch]
+
+    return gen
+
+
+def weight_sparsity(model: "keras.Model") -> float:
+    """Returns the fraction of exact zeros among the kernels (weights with >= 2 dims)."""
+    kernels = [w for w in model.get_weights() if w.ndim >= 2]
+    total = sum(w.size for w in kernels)
+    return float(sum(int(np.count_nonzero(w == 0)) for w in kernels) / total) if total else 0.0
+
+
+def is_qat_model(model: "keras.Model") -> bool:
+    """True when ``model`` holds tfmot quantization-aware-training layers."""
+    return any(type(layer).__name__ in ("QuantizeWrapper", "QuantizeWrapperV2", "QuantizeLayer")
+               for layer in model.layers)
+
+
+def _is_mixed(model: "keras.Model") -> bool:
+    return any(getattr(getattr(layer, "dtype_policy", None), "compute_dtype", "float32") not in ("float32", None)
+               for layer in model.layers)
+
+
+def float32_copy(model: "keras.Model") -> "keras.Model":
+    """Returns ``model`` rebuilt with float32 layers when it was built under a mixed policy.
+
+    TFLite has no bfloat16 kernels, and the float16 casts of a mixed_float16 model would end
+    up in the graph; the float32 twin with the same weights converts cleanly.
+    """
+    if not _is_mixed(model) or not isinstance(model, keras.Model) or not hasattr(model, "get_config"):
+        return model
+
+    def scrub(node):
+        if isinstance(node, dict):
+            if node.get("class_name") in ("Policy", "DTypePolicy") and isinstance(node.get("config"), dict):
+                return "float32"
+            return {k: ("float32" if k == "dtype" and isinstance(v, str) and v.startswith("mixed_") else scrub(v))
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [scrub(v) for v in node]
+        return node
+
+    copy = keras.Model.from_config(scrub(model.get_config()))
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def make_converter(model: "keras.Model", mode: str, *, calibration: Sequence[np.ndarray] | None = None,
+                   options: ConvertOptions = ConvertOptions(), sparse: bool = False) -> "tf.lite.TFLiteConverter":
+    """Returns a TFLiteConverter set up for ``mode`` (not yet run).
+
+    Args:
+        model: A float (or QAT) tf_keras model.
+        mode: One of ``MODES``.
+        calibration: Representative input batches; required for int8 (except QAT) and int16x8.
+        options: I/O type and op-set choices.
+        sparse: Add the sparse weight encoding (``Optimize.EXPERIMENTAL_SPARSITY``).
+
+    Raises:
+        ConfigError: unknown mode, missing calibration data, or a QAT model asked for a mode
+            other than int8.
+    """
+    check_choice("mode", mode, MODES, "--modes")
+    check_modes_for(model, [mode])
+    qat = is_qat_model(model)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    optimizations = [] if mode == "float32" else [tf.lite.Optimize.DEFAULT]
+    if sparse:
+        optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
+    converter.optimizations = optimizations
+    select = [tf.lite.OpsSet.SELECT_TF_OPS] if options.allow_select_tf_ops else []
+    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if mode == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    elif mode in ("int8", "int16x8"):
+        if not qat:
+            if not calibration:
+                raise ConfigError(f"mode {mode!r} needs calibration batches (the representative dataset); "
+                                  "give calibration steps >= 1")
+            converter.representative_dataset = representative_fn(calibration)
+        if mode == "int16x8":
+            ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+        elif not select and not qat:
+            # Full-integer: every op must have an int8 kernel, otherwise conversion fails loudly
+            # instead of silently leaving float islands. (A QAT model carries its own ranges; this
+            # op set would demand a representative dataset from it.)
+            ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if mode == "int8" and options.io != "float":
+            converter.inference_input_type = _IO_DTYPES[options.io]
+            converter.inference_output_type = _IO_DTYPES[options.io]
+    converter.target_spec.supported_ops = ops + select
+    return converter
+
+
+def flex_ops(model: "keras.Model") -> dict[str, list[str]]:
+    """Converts with Select TF ops allowed; returns the Flex ops the TFLite analyzer lists, with their layers.
+
+    Returns:
+        ``{op: [Keras layer names]}``; the layer comes from the op's output tensor name
+        (``model/<layer>/<Op>``).
+    """
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+    with quiet_native_stderr():
+        content = converter.convert()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        tf.lite.experimental.Analyzer.analyze(model_content=content)
+    text = buf.getvalue()
+    names = dict(re.findall(r"T#(\d+)\(([^)]*)\)", text))
+    found: dict[str, list[str]] = {}
+    for op, outputs in re.findall(r"Op#\d+ Flex(\w+)\([^)]*\) -> \[([^\]]*)\]", text):
+        layers = found.setdefault(op, [])
+        for t in re.findall(r"T#(\d+)", outputs):
+            parts = names.get(t, "").split("/")
+            if len(parts) >= 3 and parts[1] not in layers:
+                layers.append(parts[1])
+    return found
+
+
+def explain_error(error: Exception, model: "keras.Model", mode: str, options: ConvertOptions) -> str:
+    """Turns a converter failure into one line naming the unsupported op(s) and their layers."""
+    text = str(error)
+    ops = set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex op", text))
+    for line in re.findall(r"TF Select ops: ([^\n]+)", text):
+        ops.update(o.strip() for o in line.split(",") if o.strip())
+    layers: dict[str, list[str]] = {}
+    if not options.allow_select_tf_ops:
+        try:  # the analyzer names the ops that need TF kernels, and (via tensor names) their layers
+            layers = flex_ops(model)
+        except Exception:  # the analyzer path failed too; fall back to the converter's words
+            layers = {}
+        ops.update(layers)
+    if ops:
+        where = [f"{op} (layer {', '.join(map(repr, layers[op]))})" if layers.get(op) else op for op in sorted(ops)]
+        return (f"cannot convert to {mode!r} with TFLite builtin ops: {', '.join(where)} has no builtin TFLite "
+                "kernel; replace that layer, or pass --allow-select-tf-ops (the .tflite then needs the "
+                "TF Select/Flex delegate at run time)")
+    unsupported = re.findall(r"'(tf\.\w+|tfl\.\w+)' op ([^\n]+)", text)
+    if unsupported:
+        op, why = unsupported[0]
+        return f"cannot convert to {mode!r}: op {op} {why.strip()}; change that layer or pick another mode"
+    lines = [ln.strip() for ln in text.splitlines() if "error:" in ln]
+    detail = (lines[0].split("error:", 1)[1].strip() if lines else text.strip().splitlines()[0] if text.strip()
+              else type(error).__name__)
+    return f"cannot convert to {mode!r}: {detail[:300]}"
+
+
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """Hides what the converter's C++ side prints on fd 2 (MLIR diagnostics, quantizer notices).
+
+    Errors still surface: the converter's exception carries the same text, and ``explain_error``
+    turns it into one line. TF_CPP_MIN_LOG_LEVEL=0 keeps everything visible.
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in ("", "0"):  # tfopt._keras defaults it to 2
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _run(converter, model, mode: str, options: ConvertOptions) -> bytes:
+    try:
+        with warnings.catch_warnings():
+            # Says the float input has no min/max statistics: expected, the input is quantized by
+            # the calibrated QUANTIZE op (or the int8 input type) instead.
+            warnings.filterwarnings("ignore", message="Statistics for quantized inputs were expected")
+            with quiet_native_stderr():
+                return converter.convert()
+    except Exception as e:  # ConverterError and friends carry the op names in their text
+        raise ConversionError(explain_error(e, model, mode, options)) from None
+
+
+def convert(model: "keras.Model", mode: str, *, calibration: Sequence[np.ndarray] | None = None,
+            options: ConvertOptions = ConvertOptions()) -> Converted:
+    """Converts ``model`` to a .tflite flatbuffer for ``mode``.
+
+    Args:
+        model: A tf_keras model (float, pruned, or quantization-aware trained).
+        mode: One of ``MODES``.
+        calibration: Representative batches for int8 and int16x8 (see ``calibration_batches``).
+        options: I/O type, Select TF ops, sparse encoding.
+
+    Returns:
+        The flatbuffer and what was done to get it.
+
+    Raises:
+        ConfigError: bad mode/options, or no calibration data where needed.
+        ConversionError: the converter failed; the message names the unsupported op(s).
+    """
+    model = float32_copy(model)
+    qat = is_qat_model(model)
+    content = _run(make_converter(model, mode, calibration=calibration, options=options), model, mode, options)
+    notes: list[str] = []
+    sparse = False
+    zeros = weight_sparsity(model)
+    if options.sparsity == "on" or (options.sparsity == "auto" and zeros >= SPARSITY_THRESHOLD):
+        sparse_content = _run(make_converter(model, mode, calibration=calibration, options=options, sparse=True),
+                              model, mode, options)
+        problem = _sparse_problem(sparse_content, content, model, calibration)
+        if options.sparsity == "on" and problem:
+            raise ConversionError(f"the sparse-encoded {mode!r} model {problem}; use --sparsity off (or auto)")
+        if problem:
+            notes.append(f"sparse encoding ({zeros:.0%} zero weights) not used: it {problem}")
+        elif options.sparsity == "on" or len(sparse_content) < len(content):
+            notes.append(f"sparse encoding ({zeros:.0%} zero weights): {len(sparse_content)} bytes "
+                         f"instead of {len(content)}")
+            content, sparse = sparse_content, True
+        else:
+            notes.append(f"sparse encoding tried ({zeros:.0%} zero weights) but not smaller; kept dense")
+    io_type = options.io if mode == "int8" else "float"
+    return Converted(mode=mode, content=content, io=io_type, sparse=sparse, qat=qat, notes=notes)
+
+
+def _sparse_problem(sparse: bytes, dense: bytes, model: "keras.Model",
+                    calibration: Sequence[np.ndarray] | None) -> str | None:
+    """Why a sparse-encoded model cannot replace the dense one, or None when it can.
+
+    LiteRT's default XNNPACK delegate refuses some sparse quantized kernels (e.g. dynamic-range
+    and int8 CONV_2D / FULLY_CONNECTED in LiteRT 2.3): a smaller file that does not run is no gain.
+    """
+    from tfopt.export.evaluate import TFLiteModel
+
+    sample = (np.asarray(calibration[0][:4]) if calibration else
+              np.random.default_rng(0).random((2, *model.input_shape[1:]), dtype=np.float32))
+    try:
+        got = TFLiteModel(sparse).predict(sample)
+    except ModelError as e:
+        op = re.search(r"failed to delegate (\w+)", str(e))
+        why = f"the XNNPACK delegate refuses its sparse {op.group(1)}" if op else str(e).split(": ", 1)[-1][:120]
+        return f"does not run in the LiteRT interpreter ({why})"
+    want = TFLiteModel(dense).predict(sample)
+    if not np.allclose(got, want, rtol=1e-3, atol=1e-3):
+        return f"gives different outputs than the dense model (max diff {float(np.max(np.abs(got - want))):.3g})"
+    return None
+
+
+def modify_io(content: bytes, io_type: str) -> bytes:
+    """Sets the I/O type of a quantized flatbuffer (e.g. after selective quantization).
+
+    Uses the converter's own post-processing step (``tensorflow.lite.python.util``, not a public
+    API) because the quantization debugger only returns float-I/O models.
+    """
+    if io_type == "float":
+        return content
+    from tensorflow.lite.python import util as lite_util
+
+    absl = logging.getLogger("absl")
+    level = absl.level
+    # It warns when the first op stays float and the input keeps float: the caller reads the type back.
+    absl.setLevel(logging.ERROR)
+    try:
+        return bytes(lite_util.modify_model_io_type(content, _IO_DTYPES[io_type], _IO_DTYPES[io_type]))
+    except (ValueError, RuntimeError) as e:
+        raise ConversionError(f"cannot give the model {io_type} inputs/outputs ({str(e).splitlines()[0]}); "
+                              "use --io float") from None
+    finally:
+        absl.setLevel(level)
