@@ -1,0 +1,236 @@
+"""Small helpers shared by the benchmark scripts under bench/.
+
+Benchmarks print a markdown table and write JSON; they are not timed tests. Every figure
+they publish is a ratio measured side by side in one run, summarized by the median of
+several repeats.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Iterable, Sequence
+
+
+def median(values: Iterable[float]) -> float:
+    """Returns the median of the finite values, or NaN when there are none."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def usable_cores() -> int:
+    """Returns how many CPU cores this process may run on (its affinity, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def environment(tf=None) -> dict[str, Any]:
+    """Returns a JSON-serializable description of where the benchmark ran."""
+    env: dict[str, Any] = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "usable_cores": usable_cores(),
+        "host_cpu_count": os.cpu_count(),
+    }
+    if tf is not None:
+        env["tensorflow"] = tf.__version__
+    try:
+        import tf_keras
+
+        env["tf_keras"] = tf_keras.__version__
+    except ImportError:  # pragma: no cover - tfopt requires it
+        pass
+    return env
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def write_json_atomic(path: str, payload: Any) -> None:
+    """Writes ``payload`` as JSON to ``path`` atomically (temp file in the same dir + rename).
+
+    A reader never sees a half-written file, and an interrupted run leaves the previous
+    result intact.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2, sort_keys=False, default=_json_default, allow_nan=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars / arrays without importing numpy here
+    if hasattr(obj, "item") and callable(obj.item):
+        try:
+            return obj.item()
+        except (TypeError, ValueError):
+            pass
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Returns a GitHub-flavoured markdown table with padded columns."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+
+
+def status(ok: bool | None) -> str:
+    """Returns the pass/miss word for a target check (``n/a`` when it could not be judged)."""
+    if ok is None:
+        return "n/a"
+    return "pass" if ok else "MISS"
+
+
+class CpuSample:
+    """Context manager timing a block and estimating how busy OTHER processes kept the machine.
+
+    On a shared machine a slow sample often means another tenant took a core. Reads the
+    machine-wide busy time from /proc/stat (including hypervisor steal) and this process's own
+    CPU time; ``foreign`` is (machine busy - own) / (wall x cores), in [0, 1]. NaN when
+    /proc/stat is not available.
+    """
+
+    def __enter__(self):
+        self._stat0 = _proc_stat()
+        self._own0 = _own_cpu()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self._t0
+        self.own_cpu = _own_cpu() - self._own0
+        stat1 = _proc_stat()
+        if self._stat0 is None or stat1 is None or self.wall <= 0:
+            self.foreign = float("nan")
+        else:
+            busy = (stat1[0] - self._stat0[0]) / _CLK_TCK
+            self.foreign = min(1.0, max(0.0, (busy - self.own_cpu) / (self.wall * stat1[1])))
+        return False
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _proc_stat():
+    """(busy jiffies incl. steal, number of cpus) from /proc/stat, or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    fields = [int(v) for v in lines[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user/nice]
+    busy = sum(fields[:3]) + sum(fields[5:8])
+    ncpu = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
+    return busy, max(ncpu, 1)
+
+
+def foreign_load(seconds: float) -> float:
+    """Share of the machine's cores that other processes used over the next ``seconds``."""
+    with CpuSample() as s:
+        time.sleep(seconds)
+    return s.foreign
+
+
+class QuietGate:
+    """Keeps measurements away from other tenants' bursts on a shared machine.
+
+    ``run(unit)`` waits until other processes use at most ``threshold`` of the cores, runs
+    ``unit()`` -> ``(result, foreign_loads)``, and runs it again (at most ``retries`` times) when
+    a load exceeds ``threshold``. Waiting and re-runs share one time budget, ``max_wait``
+    seconds for the whole benchmark; once it is spent, units run as they come. The last attempt
+    is always kept (counted as disturbed if it was), so nothing is silently dropped.
+    """
+
+    def __init__(self, threshold: float = 0.15, retries: int = 1, max_wait: float = 90.0,
+                 enabled: bool = True):
+        self.threshold, self.retries, self.max_wait, self.enabled = threshold, retries, max_wait, enabled
+        self.spent = 0.0  # seconds spent waiting and re-running
+        self.units = 0
+        self.reruns = 0
+        self.disturbed = 0
+        self.kept_loads: list[float] = []
+
+    def _budget_left(self) -> bool:
+        return self.enabled and self.spent < self.max_wait
+
+    def wait(self) -> None:
+        while self._budget_left():
+            t0 = time.perf_counter()
+            load = foreign_load(0.3)
+            if not load > self.threshold:  # NaN (no /proc/stat) passes
+                return
+            time.sleep(0.7)
+            self.spent += time.perf_counter() - t0
+
+    def run(self, unit):
+        self.units += 1
+        attempt = 0
+        while True:
+            self.wait()
+            t0 = time.perf_counter()
+            result, loads = unit()
+            if attempt:
+                self.spent += time.perf_counter() - t0
+            worst = max((x for x in loads if x == x), default=0.0)
+            if worst <= self.threshold:
+                break
+            if attempt >= self.retries or not self._budget_left():
+                self.disturbed += 1
+                break
+            attempt += 1
+            self.reruns += 1
+        self.kept_loads.extend(loads)
+        return result
+
+    def summary(self) -> dict:
+        return {
+            "threshold": self.threshold, "enabled": self.enabled, "units": self.units,
+            "reruns": self.reruns, "kept_disturbed_units": self.disturbed,
+            "extra_seconds": round(self.spent, 1), "max_extra_seconds": self.max_wait,
+            "kept_foreign_load_median": median(self.kept_loads),
+            "kept_foreign_load_max": max((x for x in self.kept_loads if x == x), default=float("nan")),
+        }

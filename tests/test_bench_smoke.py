@@ -1,0 +1,35 @@
+"""Keeps the benchmarks runnable: each runs end to end in its tiny ``--smoke`` mode.
+
+This is not a performance test: it checks that the script runs, prints its table and writes
+well-formed JSON, never what the figures are.
+"""
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_ingestion_benchmark_smoke(tmp_path):
+    out = tmp_path / "ingestion.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    # a subprocess: the benchmark configures TensorFlow its own way (no logical-device split)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "bench", "ingestion.py"), "--smoke",
+         "--workdir", str(tmp_path / "work"), "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "| B1 ingestion" in proc.stdout and "AUTOTUNE gap" in proc.stdout
+
+    res = json.loads(out.read_text())
+    assert res["params"]["smoke"] is True
+    assert res["dataset"]["shards"] == 16
+    for key, target in res["targets"].items():
+        assert target["measured"] is not None, key
+        assert target["pass"] in (True, False, None), key
+    assert res["throughput"]["naive_epoch1_ips"] > 0 and res["throughput"]["tfopt_cached_ips"] > 0
+    assert res["input_bound"]["ideal_step_ms"] > 0
+    assert res["autotune"]["best_hand"] in res["autotune"]["sweep_best_ips"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]  # atomic write left no debris
