@@ -1,4 +1,4 @@
-"""One epoch on a slice of real MNIST under every strategy, plus the CLI's handling of bad input."""
+"""Short training on a slice of real MNIST under every strategy, plus the CLI's handling of bad input."""
 import json
 import os
 import subprocess
@@ -14,7 +14,7 @@ SLICE = {"dataset": "mnist", "limit": 3000, "global_batch_size": 64, "num_shards
 
 def _cfg(tmp_path, strategy, **train_kw):
     return C.from_dict({"data": SLICE, "runtime": {"strategy": strategy},
-                        "train": {"epochs": 1, "output_dir": str(tmp_path / "run"), "verbose": 0, **train_kw}})
+                        "train": {"epochs": 2, "output_dir": str(tmp_path / "run"), "verbose": 0, **train_kw}})
 
 
 def _check_run(run_dir, strategy, replicas, min_accuracy=0.7):
@@ -31,7 +31,7 @@ def _check_run(run_dir, strategy, replicas, min_accuracy=0.7):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy, replicas", [("one_device", 1), ("mirrored", 2)])
-def test_one_epoch_in_process(tmp_path, strategy, replicas):
+def test_two_epochs_in_process(tmp_path, strategy, replicas):
     run = train(_cfg(tmp_path, strategy))
     assert run == json.load(open(tmp_path / "run" / "run.json"))
     _check_run(tmp_path / "run", strategy, replicas)

@@ -1,2 +1,13 @@
 """tfopt: train TensorFlow models under any tf.distribute strategy and ship them to the edge."""
 __version__ = "0.1.0"
+
+__all__ = ["Distiller", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy, so that `import tfopt` (and every CLI's argument check) does not import TensorFlow.
+    if name == "Distiller":
+        from tfopt.models.distiller import Distiller
+
+        return Distiller
+    raise AttributeError(f"module 'tfopt' has no attribute {name!r}")

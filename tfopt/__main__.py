@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"train": "tfopt.train", "launch": "tfopt.launch", "export": "tfopt.export.cli"}
+COMMANDS = {"train": "tfopt.train", "launch": "tfopt.launch", "export": "tfopt.export.cli", "distill": "tfopt.distill"}
 
 
 def main(argv: list[str] | None = None) -> int:

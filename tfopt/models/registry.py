@@ -96,3 +96,28 @@ def build_model(name: str, input_shape, num_classes: int, dropout: float = 0.25)
     """
     check_model_name(name)
     return _REGISTRY[name](tuple(input_shape), num_classes, dropout)
+
+
+@register("mobilenet_tiny")
+def mobilenet_tiny(input_shape, num_classes: int, dropout: float = 0.0) -> keras.Model:
+    """A MobileNet-style block net (~10k params): a strided 3x3 stem, then depthwise-separable blocks.
+
+    Each block is a 3x3 depthwise conv and a 1x1 pointwise conv, each followed by batch norm
+    (momentum 0.9, like ``cnn``) and ReLU6, as in MobileNet v1; global average pooling feeds the
+    logits. Layer names (``stem_relu``, ``block{i}_pw_relu``) are stable for feature distillation.
+    """
+    inputs = keras.Input(shape=input_shape, name="image")
+    x = keras.layers.Conv2D(16, 3, strides=2, padding="same", use_bias=False, name="stem")(inputs)
+    x = keras.layers.BatchNormalization(momentum=0.9, name="stem_bn")(x)
+    x = keras.layers.ReLU(6.0, name="stem_relu")(x)
+    for i, (filters, stride) in enumerate(((32, 1), (64, 2), (64, 1))):
+        x = keras.layers.DepthwiseConv2D(3, strides=stride, padding="same", use_bias=False, name=f"block{i}_dw")(x)
+        x = keras.layers.BatchNormalization(momentum=0.9, name=f"block{i}_dw_bn")(x)
+        x = keras.layers.ReLU(6.0, name=f"block{i}_dw_relu")(x)
+        x = keras.layers.Conv2D(filters, 1, use_bias=False, name=f"block{i}_pw")(x)
+        x = keras.layers.BatchNormalization(momentum=0.9, name=f"block{i}_pw_bn")(x)
+        x = keras.layers.ReLU(6.0, name=f"block{i}_pw_relu")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    if dropout:
+        x = keras.layers.Dropout(dropout, name="dropout")(x)
+    return keras.Model(inputs, _logits(x, num_classes), name="mobilenet_tiny")

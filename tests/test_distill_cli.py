@@ -1,0 +1,150 @@
+"""``python -m tfopt.distill``: new run directories from trained teachers, under every strategy, with pruning."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfopt import config as C
+from tfopt.distill import main
+from tfopt.models.io import load_model
+from tfopt.train import train
+
+COMMON = ["--limit", "3000", "--batch-size", "64", "--epochs", "1", "--quiet", "--set", "data.num_shards=4",
+          "--set", "train.tensorboard=false"]
+
+
+def _tree_digest(path):
+    h = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(path)):
+        dirs.sort()
+        for name in sorted(files):
+            h.update(os.path.relpath(os.path.join(root, name), path).encode())
+            h.update(open(os.path.join(root, name), "rb").read())
+    return h.hexdigest()
+
+
+def _run_json(path):
+    return json.load(open(os.path.join(path, "run.json")))
+
+
+def _check_common(out, teacher_dir, strategy, replicas, min_accuracy):
+    run = _run_json(out)
+    teacher = _run_json(teacher_dir)
+    assert run["stage"] == "distill" and run["strategy"]["name"] == strategy
+    assert run["strategy"]["num_replicas"] == replicas
+    assert run["metrics"]["test_accuracy"] > min_accuracy, run["metrics"]  # chance is 0.1
+    # The teacher loaded and left exactly as trained: same digest as its own run recorded.
+    assert run["teachers"][0]["weights_sha256"] == teacher["weights_sha256"]
+    assert run["teachers"][0]["test_accuracy"] > 0.9 and run["model"]["name"] == "tiny_cnn"
+    assert run["model"]["teacher_to_student_params"] > 10
+    assert {"loss", "distillation_loss", "student_loss", "accuracy", "val_accuracy"} <= set(run["history"][0])
+    gap = run["gap"]
+    assert gap["teacher_minus_student_pt"] == pytest.approx(
+        100 * (gap["teacher_test_accuracy"] - gap["student_test_accuracy"]), abs=1e-3)
+    for name in ("model.keras", "saved_model", "metrics.csv", "metrics.json"):
+        assert os.path.exists(os.path.join(out, name)), name
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp")]
+    student = load_model(str(out))  # safe mode
+    assert student.name == "tiny_cnn" and student.count_params() == run["model"]["params"]
+    return run
+
+
+@pytest.mark.slow
+def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(tmp_path, mnist_run):
+    before = _tree_digest(mnist_run)
+    out = tmp_path / "distilled"
+    assert main(["--teacher", mnist_run, "--student", "tiny_cnn", "--temperature", "4", "--alpha", "0.9",
+                 "--strategy", "mirrored", "--lr", "0.003", "-o", str(out), *COMMON]) == 0
+    run = _check_common(out, mnist_run, "mirrored", 2, 0.6)
+    assert run["distill"]["temperature"] == 4.0 and run["distill"]["alpha"] == 0.9
+    assert run["teachers"][0]["weight"] == 1.0 and "pruning" not in run
+    assert _tree_digest(mnist_run) == before
+
+
+@pytest.mark.slow
+def test_two_teachers_weighted_by_accuracy_with_pruning(tmp_path, mnist_run):
+    # A second, weaker teacher: the same tiny student architecture trained 10 steps on labels alone.
+    weak = tmp_path / "weak"
+    train(C.from_dict({"data": {"dataset": "mnist", "limit": 3000, "global_batch_size": 64, "num_shards": 4},
+                       "model": {"name": "tiny_cnn"}, "runtime": {"strategy": "one_device"},
+                       "train": {"epochs": 1, "steps_per_epoch": 10, "output_dir": str(weak), "verbose": 0,
+                                 "tensorboard": False}}))
+    out = tmp_path / "pruned"
+    assert main(["--teacher", mnist_run, "--teacher", str(weak), "--teacher-weights", "accuracy",
+                 "--technique", "prune", "--sparsity", "0.75", "--baseline", str(weak), "--lr", "0.003",
+                 "--strategy", "one_device", "-o", str(out), *COMMON]) == 0
+    run = _check_common(out, mnist_run, "one_device", 1, 0.5)
+    strong_t, weak_t = run["teachers"]
+    assert strong_t["val_accuracy"] > weak_t["val_accuracy"] and strong_t["weight"] > weak_t["weight"]
+    assert strong_t["weight"] + weak_t["weight"] == pytest.approx(1.0)
+    assert run["gap"]["baseline_test_accuracy"] == pytest.approx(weak_t["test_accuracy"])
+    assert run["gap"]["gap_closed"] is not None
+    assert run["pruning"]["measured"]["overall"] == pytest.approx(0.75, abs=0.01)
+    student = load_model(str(out))
+    assert not [l for l in student.layers if "tensorflow_model_optimization" in type(l).__module__]
+    for name in ("conv0", "logits"):
+        assert np.mean(student.get_layer(name).kernel.numpy() == 0) == pytest.approx(0.75, abs=0.01)
+
+
+def _launch(tmp_path, mnist_run, strategy, *launch_args, extra=()):
+    cmd = [sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "240", "--",
+           sys.executable, "-m", "tfopt.distill", "--teacher", mnist_run, "--student", "tiny_cnn",
+           "--strategy", strategy, "--lr", "0.003", "-o", str(tmp_path / "run"), *COMMON, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def _done(out):
+    return [json.loads(line.split("tfopt.distill: done ", 1)[1]) for line in out.splitlines()
+            if "tfopt.distill: done " in line]
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_two_real_processes(tmp_path, mnist_run):
+    proc = _launch(tmp_path, mnist_run, "multi_worker_mirrored", "--workers", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done = _done(proc.stdout + proc.stderr)
+    assert sorted(d["task"] for d in done) == ["worker:0", "worker:1"]
+    assert done[0]["weights_sha256"] == done[1]["weights_sha256"]
+    run = _check_common(tmp_path / "run", mnist_run, "multi_worker_mirrored", 2, 0.6)
+    assert run["strategy"]["num_workers"] == 2 and run["weights_sha256"] == done[0]["weights_sha256"]
+
+
+@pytest.mark.slow
+def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run):
+    proc = _launch(tmp_path, mnist_run, "parameter_server", "--chief", "--workers", "2", "--ps", "1",
+                   extra=["--technique", "prune", "--sparsity", "0.5"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # Asynchronous updates learn less in 46 steps than synchronous ones (see test_train).
+    run = _check_common(tmp_path / "run", mnist_run, "parameter_server", 1, 0.3)
+    assert run["strategy"]["class"] == "ParameterServerStrategyV2"
+    assert run["pruning"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "no --teacher given"),
+    (["--teacher", "/nonexistent/run"], "'/nonexistent/run' is not a tfopt run directory"),
+    (["--teacher", "{run}", "--student", "resnet9000"], "unknown model 'resnet9000'; choose one of"),
+    (["--teacher", "{run}", "--alpha", "2"], "--alpha 2.0 must be in [0, 1]"),
+    (["--teacher", "{run}", "--temperature", "0"], "--temperature 0.0 must be > 0"),
+    (["--teacher", "{run}", "-o", "{run}"], "is an input run; a stage writes a NEW run directory"),
+    (["--teacher", "{run}", "--feature", "pool0"], "is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER"),
+    (["--teacher", "{run}", "--teacher-weights", "1,2"], "must be equal, accuracy or 1 comma-separated"),
+    (["--teacher", "{run}", "--technique", "quantize"], "choose one of none, prune"),
+    (["--teacher", "{run}", "--technique", "prune", "--sparsity", "1"], "--sparsity 1.0 must be in (0, 1)"),
+    (["--teacher", "{run}", "--student", "mlp", "--model", "cnn"], "disagree; give only --student"),
+    (["--teacher", "{run}", "--strategy", "one_device", "--dataset", "digits", "--limit", "100"],
+     "but 'digits' has (8, 8, 1) -> 10; pass the --dataset the teacher was trained on"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, mnist_run, capsys, args, needle):
+    out = tmp_path / "out"
+    argv = [a.replace("{run}", mnist_run) for a in args]
+    if "-o" not in argv:
+        argv += ["-o", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not out.exists()
