@@ -163,8 +163,8 @@ def train(cfg: RunConfig) -> dict | None:
         val = PlainValidation(copy, pipeline.make_dataset(cfg.data, "validation", training=False, info=info), chief)
         cbs, timer, logger = _callbacks(cfg, out_dir, chief, scratch, val)
         started = time.perf_counter()
-        history = model.fit(_train_data(cfg, strategy, info), epochs=cfg.train.epochs,
-                            steps_per_epoch=steps_per_epoch, callbacks=cbs, verbose=cfg.train.verbose if chief else 0)
+        model.fit(_train_data(cfg, strategy, info), epochs=cfg.train.epochs,
+                  steps_per_epoch=steps_per_epoch, callbacks=cbs, verbose=cfg.train.verbose if chief else 0)
         train_seconds = time.perf_counter() - started
         # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
         copy.set_weights(model.get_weights())

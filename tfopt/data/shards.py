@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import struct
-import tempfile
 import uuid
 from typing import Callable, Iterable, Iterator
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import zipfile
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,7 +18,6 @@ from tfopt import __version__
 from tfopt._keras import keras
 from tfopt.config import DataConfig
 from tfopt.data.sources import prepare
-from tfopt.errors import ModelError
 from tfopt.export import benchmark as bench
 from tfopt.export import fidelity, summary, tflite
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
@@ -67,36 +65,12 @@ class ExportSettings:
     trust_model: bool = False
 
 
-def _mentions(path: str, text: str) -> bool:
-    """True when the model file's stored config (.keras or .h5) contains ``text``."""
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as z:
-                return text in z.read("config.json").decode("utf-8", "replace")
-        if path.endswith((".h5", ".hdf5")):
-            import h5py
-
-            with h5py.File(path, "r") as f:
-                raw = f.attrs.get("model_config")
-            return raw is not None and text in (raw if isinstance(raw, str) else raw.decode("utf-8", "replace"))
-    except (OSError, KeyError, zipfile.BadZipFile):
-        return False
-    return False
-
-
 def load_source_model(path: str, trust_model: bool = False) -> "keras.Model":
-    """Loads a run's model; tfmot QAT / pruning wrappers are deserialized and pruning is stripped."""
-    if not _mentions(path, "tensorflow_model_optimization"):
-        return load_model(path, trust_model=trust_model)
-    import tensorflow_model_optimization as tfmot
-
-    # tfmot layers are importable code, so io.load_model asks for --trust-model before loading them.
-    custom: dict = {}
-    for scope in (tfmot.quantization.keras.quantize_scope(), tfmot.sparsity.keras.prune_scope()):
-        for objects in scope.custom_objects:
-            custom.update(objects)
-    model = load_model(path, trust_model=trust_model, custom_objects=custom)
+    """Loads a run's model (tfmot wrappers deserialized, see ``io.load_model``); pruning is stripped."""
+    model = load_model(path, trust_model=trust_model)
     if any(type(layer).__name__ == "PruneLowMagnitude" for layer in model.layers):
+        import tensorflow_model_optimization as tfmot
+
         model = tfmot.sparsity.keras.strip_pruning(model)
     return model
 

@@ -69,9 +69,44 @@ def _inspect(path: str) -> None:
         raise ModelError(f"{path} is not a model file; give a .keras file, an .h5 file or a SavedModel directory")
 
 
+def _mentions(path: str, text: str) -> bool:
+    """True when the model file's stored config (.keras, .h5 or SavedModel metadata) contains ``text``."""
+    try:
+        if os.path.isdir(path):
+            with open(os.path.join(path, "keras_metadata.pb"), "rb") as f:
+                return text.encode() in f.read()
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                return text in z.read("config.json").decode("utf-8", "replace")
+        if path.endswith((".h5", ".hdf5")):
+            import h5py
+
+            with h5py.File(path, "r") as f:
+                raw = f.attrs.get("model_config")
+            return raw is not None and text in (raw if isinstance(raw, str) else raw.decode("utf-8", "replace"))
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return False
+    return False
+
+
+def tfmot_objects() -> dict:
+    """tfmot's Keras classes (quantization, pruning, clustering), for deserializing wrapped models."""
+    import tensorflow_model_optimization as tfmot
+
+    custom: dict = {}
+    for scope in (tfmot.quantization.keras.quantize_scope(), tfmot.sparsity.keras.prune_scope(),
+                  tfmot.clustering.keras.cluster_scope()):
+        for objects in scope.custom_objects:
+            custom.update(objects)
+    return custom
+
+
 def load_model(path: str, *, trust_model: bool = False, custom_objects: dict | None = None,
                compile: bool = False) -> "keras.Model":
     """Loads a tf_keras model, refusing files that can run code unless trusted.
+
+    Models holding tfmot wrappers (a quantization-aware model, an unstripped pruned or
+    clustered one) load with tfmot's classes.
 
     Args:
         path: A ``.keras`` file, an ``.h5`` file, a SavedModel directory, or a tfopt run
@@ -93,6 +128,9 @@ def load_model(path: str, *, trust_model: bool = False, custom_objects: dict | N
         raise ModelError(f"model {path!r} does not exist; give a .keras/.h5 file, a SavedModel or a run directory")
     if not trust_model:
         _inspect(path)
+    if _mentions(path, "tensorflow_model_optimization"):
+        # Pruned, clustered and quantization-aware models deserialize only with tfmot's classes.
+        custom_objects = {**tfmot_objects(), **(custom_objects or {})}
     kwargs = {"custom_objects": custom_objects, "compile": compile}
     if path.endswith(".keras"):
         kwargs["safe_mode"] = not trust_model
