@@ -8,7 +8,7 @@ def test_console_script_dispatch(capsys):
     assert main([]) == 2
     assert main(["--help"]) == 0
     assert main(["deploy"]) == 2
-    assert "unknown command 'deploy'; choose one of train, launch, export, distill" in capsys.readouterr().err
+    assert "unknown command 'deploy'; choose one of train, launch, export, distill, optimize" in capsys.readouterr().err
 
 
 def test_console_script_runs_a_subcommand():

@@ -1,10 +1,11 @@
-"""The ``tfopt`` console script: ``tfopt train ...`` / ``tfopt launch ...``."""
+"""The ``tfopt`` console script: ``tfopt COMMAND ...`` = ``python -m tfopt.COMMAND ...``."""
 from __future__ import annotations
 
 import importlib
 import sys
 
-COMMANDS = {"train": "tfopt.train", "launch": "tfopt.launch", "export": "tfopt.export.cli", "distill": "tfopt.distill"}
+COMMANDS = {"train": "tfopt.train", "launch": "tfopt.launch", "export": "tfopt.export.cli", "distill": "tfopt.distill",
+            "optimize": "tfopt.optimize.cli"}
 
 
 def main(argv: list[str] | None = None) -> int:

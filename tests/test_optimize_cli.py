@@ -1,0 +1,102 @@
+"""``python -m tfopt.optimize`` end to end on a real run: outputs, export-readiness, one-line errors."""
+import json
+import os
+import numpy as np
+import pytest
+
+from optimize_fixtures import tiny_run_dir
+from tfopt.optimize.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return tiny_run_dir(tmp_path_factory)
+
+
+def _one_line_error(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and err[0].startswith("tfopt.optimize: error: "), err
+    return err[0]
+
+
+def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    _one_line_error(capsys, ["--from", str(tmp_path / "nope"), "--technique", "prune"],
+                    "is not a tfopt run directory")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "magic"],
+                    "technique 'magic' is not valid; choose one of prune, prune_2of4, qat, cluster, pqat, cqat, pcqat")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune", "-o", tiny_run], "is the input run")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune", "--sparsity", "1.2", "-o", out],
+                    "sparsity=1.2 must be in [0, 1)")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "cluster", "--centroid-init", "best", "-o", out],
+                    "centroid init 'best' is not valid; choose one of kmeans_plus_plus, density, linear, random")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune", "--strategy", "tpu", "-o", out],
+                    "runtime.strategy='tpu' is not valid")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune", "--layers", "conv9", "--strategy",
+                             "one_device", "--steps-per-epoch", "1", "-o", out], "layer 'conv9' is not in model")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune", "--policy", "xnnpack", "--strategy",
+                             "one_device", "--steps-per-epoch", "1", "-o", out],
+                    "pruning policy 'xnnpack' does not fit")
+    assert not os.path.exists(out)  # nothing written for a mistake
+
+
+def test_inspect_lists_every_layer(tiny_run, capsys):
+    assert main(["--from", tiny_run, "--inspect"]) == 0
+    text = capsys.readouterr().out
+    assert "model 'tiny_cnn': what tfmot can do with each layer" in text
+    for line in ("conv0", "pool0", "flatten", "logits"):
+        assert any(row.startswith(line + " ") for row in text.splitlines()), line
+
+
+@pytest.mark.slow
+def test_prune_mirrored_writes_a_new_run_ready_for_export(tiny_run, tmp_path, capsys):
+    out = tmp_path / "pruned"
+    before = (sorted(os.listdir(tiny_run)), open(os.path.join(tiny_run, "run.json")).read())
+    argv = ["--from", tiny_run, "--technique", "prune", "--sparsity", "0.8", "--strategy", "mirrored",
+            "--steps-per-epoch", "12", "--quiet", "-o", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "tfopt.optimize: done " in printed and "sparsity" in printed.splitlines()[0]  # the per-layer table
+    run = json.load(open(out / "run.json"))
+    assert run["strategy"] == {"name": "mirrored", "class": "MirroredStrategy", "num_replicas": 2, "num_workers": 1}
+    assert run["optimize"]["checks"]["sparsity"]["ok"] and run["optimize"]["sparsity"] == pytest.approx(0.8, abs=0.01)
+    assert run["optimize"]["gzip_ratio"] > 2.0  # 80% zeros compress
+    assert run["metrics"]["test_accuracy"] > 0.3 and run["source"]["run"] == os.path.abspath(tiny_run)
+    assert sorted(os.listdir(out)) == ["layers.json", "layers.txt", "model.keras", "run.json", "saved_model",
+                                       "tensorboard"]
+    events = [f for _, _, files in os.walk(out / "tensorboard") for f in files if f.startswith("events.out")]
+    assert events, "no pruning summaries"
+    # The next stage reads it like any run; the sparsity is in the saved weights themselves.
+    from tfopt.runs import load_run
+
+    model = load_run(str(out)).load_model()
+    kernel = model.get_layer("logits").kernel.numpy()
+    assert (kernel == 0).mean() == pytest.approx(0.8, abs=0.01)
+    assert (sorted(os.listdir(tiny_run)), open(os.path.join(tiny_run, "run.json")).read()) == before  # input intact
+
+
+@pytest.mark.slow
+def test_pqat_bfloat16_survives_int8_tflite_conversion(tiny_run, tmp_path, capsys):
+    out = tmp_path / "pqat"
+    assert main(["--from", tiny_run, "--technique", "pqat", "--precision", "mixed_bfloat16", "--strategy",
+                 "one_device", "--steps-per-epoch", "12", "--quiet", "--no-saved-model", "-o", str(out)]) == 0
+    run = json.load(open(out / "run.json"))
+    assert run["precision"] == "mixed_bfloat16" and len(run["optimize"]["precision_notes"]) == 2
+    phases = run["optimize"]["phases"]
+    assert [p["phase"] for p in phases] == ["prune", "qat"] and phases[1]["scheme"] == "prune_preserve"
+    assert phases[0]["compute_dtypes"]["pool0"] == "bfloat16"  # unwrapped layers keep the mixed policy
+    from tfopt._keras import tf
+    from tfopt.optimize.quantize import load_quantized_model
+
+    model = load_quantized_model(str(out / "model.keras"))
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=converter.convert())
+    interpreter.allocate_tensors()
+    int8_weights = [interpreter.get_tensor(d["index"]) for d in interpreter.get_tensor_details()
+                    if d["dtype"] == np.int8 and len(d["shape"]) == 2 and d["shape"][0] == 10]
+    assert int8_weights, "no int8 logits kernel in the TFLite model"
+    assert (int8_weights[0] == 0).mean() >= 0.79  # pruning survived QAT and int8 conversion

@@ -1,0 +1,212 @@
+"""``python -m tfopt.optimize``: prune, quantize-aware train or cluster a trained run.
+
+    python -m tfopt.optimize --from runs/mnist --technique prune --sparsity 0.8 --strategy mirrored
+    python -m tfopt.optimize --from runs/mnist --technique prune_2of4
+    python -m tfopt.optimize --from runs/mnist --technique pqat --precision mixed_bfloat16
+    python -m tfopt.optimize --from runs/mnist --inspect
+    python -m tfopt.launch --workers 2 -- python -m tfopt.optimize --from runs/mnist --technique qat \\
+        --strategy multi_worker_mirrored
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from tfopt import cli
+from tfopt import config as config_lib
+from tfopt.errors import ConfigError
+
+PROG = "tfopt.optimize"
+TECHNIQUE_NAMES = ("prune", "prune_2of4", "qat", "cluster", "pqat", "cqat", "pcqat")
+
+
+def _csv(text: str | None) -> tuple[str, ...]:
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
+
+
+def build_parser() -> cli.ArgumentParser:
+    """The argument parser (no TensorFlow import: ``--help`` stays fast)."""
+    p = cli.ArgumentParser(prog="python -m tfopt.optimize", description=__doc__.splitlines()[0],
+                           epilog="techniques: " + ", ".join(TECHNIQUE_NAMES))
+    p.add_argument("--from", dest="source", required=True, metavar="RUN_DIR", help="the trained run to optimize")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--technique", help="one technique, or several separated by commas (run in one job)")
+    what.add_argument("--inspect", action="store_true", help="list what each layer supports and exit")
+    p.add_argument("--output", "-o", help="new run directory (default <from>-<technique>); with several "
+                   "techniques, a parent directory holding one run per technique")
+    p.add_argument("--trust-model", action="store_true", help="load a model file that can run code (only if trusted)")
+    p.add_argument("--layers", help="comma-separated layer names to optimize (default: every supported layer)")
+    p.add_argument("--layer-types", help="comma-separated layer classes to optimize, e.g. Conv2D,Dense")
+    g = p.add_argument_group("pruning")
+    g.add_argument("--sparsity", type=float, default=0.8, help="target share of zero weights (default 0.8)")
+    g.add_argument("--schedule", default="constant", help="constant (ConstantSparsity) or polynomial (PolynomialDecay)")
+    g.add_argument("--initial-sparsity", type=float, default=0.0, help="polynomial schedule start (default 0)")
+    g.add_argument("--begin-step", type=int, default=0)
+    g.add_argument("--end-step", type=int, default=-1,
+                   help="-1 = end of the phase (constant) / two thirds into it (polynomial)")
+    g.add_argument("--frequency", type=int, default=0,
+                   help="mask update every N steps (default: ~20 per phase, at most every 100)")
+    g.add_argument("--policy", default="none", help="none or xnnpack (PruneForLatencyOnXNNPack)")
+    g = p.add_argument_group("clustering")
+    g.add_argument("--clusters", type=int, default=16, help="centroids per kernel (default 16)")
+    g.add_argument("--centroid-init", default="kmeans_plus_plus", help="kmeans_plus_plus, density, linear, random")
+    g.add_argument("--per-channel", action="store_true", help="one set of centroids per Conv2D output channel")
+    g = p.add_argument_group("fine-tuning")
+    g.add_argument("--strategy", help=f"one of: {', '.join(config_lib.STRATEGIES)} (default: the input run's)")
+    g.add_argument("--precision", help=f"one of: {', '.join(config_lib.PRECISIONS)} (default: the input run's)")
+    g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs")
+    g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
+    g.add_argument("--epochs", type=int, default=1, help="epochs per phase (default 1)")
+    g.add_argument("--phase-epochs", metavar="KIND=N[,...]",
+                   help="epochs of some phase kinds, e.g. prune=3,qat=1 (overrides --epochs for them)")
+    g.add_argument("--steps-per-epoch", type=int, default=0, help="0 = one pass over the training split")
+    g.add_argument("--lr", type=float, default=5e-4,
+                   help="fine-tuning learning rate (default 5e-4; cosine-decayed over each phase when the input "
+                   "run's train.lr_schedule is cosine, the default)")
+    g.add_argument("--batch-size", type=int, help="global batch size (default: the input run's)")
+    g.add_argument("--limit", type=int, help="use only the first N records of each split")
+    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard (pruning summaries) logs")
+    g.add_argument("--no-saved-model", action="store_true", help="write model.keras only (faster)")
+    g.add_argument("--report", metavar="FILE", help="also write a JSON list of each technique's outcome")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+_FLAGS = {"strategy": ("runtime", "strategy"), "precision": ("runtime", "precision"),
+          "cpu_replicas": ("runtime", "cpu_replicas"), "collective": ("runtime", "collective"),
+          "batch_size": ("data", "global_batch_size"), "limit": ("data", "limit")}
+
+
+def resolve_config(args, base: config_lib.RunConfig) -> config_lib.RunConfig:
+    """The input run's config, then ``--set`` overrides, then the dedicated flags."""
+    cfg = config_lib.apply_overrides(base, args.set)
+    raw: dict = {}
+    for flag, (section, key) in _FLAGS.items():
+        if getattr(args, flag) is not None:
+            raw.setdefault(section, {})[key] = getattr(args, flag)
+    raw.setdefault("train", {}).update(verbose=0 if args.quiet else 1)
+    return config_lib.from_dict(raw, cfg)
+
+
+def settings_for(args, technique: str, cfg: config_lib.RunConfig, run):
+    """The OptimizeSettings of one technique from the parsed flags.
+
+    Without ``--frequency`` the pruning masks are updated about 20 times per phase (at most
+    every 100 steps, the tfmot default for long runs).
+    """
+    from tfopt.optimize.cluster import ClusterSpec
+    from tfopt.optimize.common import Selection
+    from tfopt.optimize.prune import PruneSpec
+    from tfopt.optimize.runner import OptimizeSettings
+
+    records = int(run.record.get("data", {}).get("splits", {}).get("train", 0)) or 50000
+    if cfg.data.limit:
+        records = min(records, cfg.data.limit)
+    phase_epochs = _phase_epochs(args.phase_epochs)
+    epochs = dict(phase_epochs).get("prune", args.epochs)
+    steps = epochs * (args.steps_per_epoch or max(1, records // cfg.data.global_batch_size))
+    frequency = args.frequency or max(1, min(100, steps // 20))
+    selection = Selection(_csv(args.layers), _csv(args.layer_types))
+    prune = PruneSpec(sparsity=args.sparsity, schedule=args.schedule, initial_sparsity=args.initial_sparsity,
+                      begin_step=args.begin_step, end_step=args.end_step, frequency=frequency,
+                      policy=args.policy, selection=selection)
+    return OptimizeSettings(
+        technique=technique, prune=prune,
+        cluster=ClusterSpec(clusters=args.clusters, init=args.centroid_init, per_channel=args.per_channel,
+                            selection=selection),
+        qat_selection=selection, epochs=args.epochs, phase_epochs=phase_epochs, steps_per_epoch=args.steps_per_epoch,
+        learning_rate=args.lr,
+        tensorboard=not args.no_tensorboard, saved_model=not args.no_saved_model, trust_model=args.trust_model)
+
+
+def _phase_epochs(text: str | None) -> tuple[tuple[str, int], ...]:
+    out = []
+    for item in _csv(text):
+        kind, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ConfigError(f"--phase-epochs item {item!r} is not KIND=N; e.g. prune=3,qat=1")
+        out.append((kind.strip(), int(value)))
+    return tuple(out)
+
+
+def _serve_if_parameter_server_task(cfg: config_lib.RunConfig) -> None:
+    # A parameter-server worker/ps task only serves: start it before loading tfmot.
+    if cfg.runtime.strategy != "parameter_server":
+        return
+    from tfopt.runtime.tf_config import parse_tf_config, validate_for_strategy
+
+    cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
+    validate_for_strategy(cluster, "parameter_server")
+    if cluster.task_type in ("worker", "ps"):
+        from tfopt.runtime.strategy import run_server
+
+        run_server(cluster)
+
+
+def _outputs(args, techniques: tuple[str, ...]) -> list[str | None]:
+    if not args.output:
+        return [None] * len(techniques)
+    if len(techniques) == 1:
+        return [args.output]
+    return [os.path.join(args.output, t) for t in techniques]
+
+
+def _body(args) -> int:
+    from tfopt.runs import load_run
+
+    run = load_run(args.source)
+    if args.inspect:
+        from tfopt.optimize.inspect import format_report, inspect_model
+
+        print(format_report(inspect_model(run.load_model(trust_model=args.trust_model))))
+        return 0
+    names = _csv(args.technique)
+    for name in names:
+        if name not in TECHNIQUE_NAMES:
+            raise ConfigError(f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUE_NAMES)}")
+    cfg = resolve_config(args, run.config)
+    _serve_if_parameter_server_task(cfg)
+    from tfopt.optimize.runner import optimize_many
+
+    settings = [settings_for(args, t, cfg, run) for t in names]
+    results = optimize_many(args.source, cfg, settings, _outputs(args, names), keep_going=len(names) > 1)
+    for res in results:
+        if res.get("record"):
+            _print_result(res["record"], res["output"])
+        elif res["ok"]:  # a non-chief worker: it writes nothing, but says what it holds
+            info = {"technique": res["technique"], "weights_sha256": res["weights_sha256"]}
+            print(f"{PROG}: worker done {json.dumps(info)}", flush=True)
+        else:
+            print(f"{PROG}: {res['technique']}: error: {res['error']}", file=sys.stderr)
+    if args.report and any(r.get("record") for r in results):
+        from tfopt.fileio import write_json
+
+        write_json(args.report, [{k: v for k, v in r.items() if k != "record"} | _summary(r.get("record"))
+                                 for r in results])
+    return 0 if all(r["ok"] for r in results) else 2
+
+
+def _summary(record: dict | None) -> dict:
+    if not record:
+        return {}
+    opt = record["optimize"]
+    return {"weights_sha256": record["weights_sha256"], "test_accuracy": record["metrics"]["test_accuracy"],
+            "accuracy_delta": record["accuracy_delta"], "sparsity": opt["sparsity"], "clusters": opt["clusters"],
+            "gzip_ratio": opt["gzip_ratio"],
+            "checks": {k: v["ok"] for k, v in opt["checks"].items()}, "precision_notes": opt["precision_notes"],
+            "strategy": record["strategy"], "precision": record["precision"]}
+
+
+def _print_result(record: dict, out: str) -> None:
+    with open(os.path.join(out, "layers.txt"), encoding="utf-8") as f:
+        print(f.read().rstrip())
+    info = {"technique": record["optimize"]["technique"], "output": out, **_summary(record)}
+    print(f"{PROG}: done {json.dumps(info)}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m tfopt.optimize``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return cli.run_main(PROG, lambda: _body(args))

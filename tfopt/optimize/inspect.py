@@ -1,0 +1,99 @@
+"""What each layer of a model supports: prunable / quantizable / clusterable, or why not and the fix.
+
+    python -m tfopt.optimize --from runs/mnist --inspect
+
+A subclassed model or a Keras 3 model gets one sentence (what it is, why tfmot cannot rewrite it,
+what to do), never a traceback.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from tfopt._keras import keras
+from tfopt.errors import TfoptError
+from tfopt.optimize import cluster as cluster_lib
+from tfopt.optimize import prune as prune_lib
+from tfopt.optimize import quantize as quantize_lib
+from tfopt.optimize.common import check_model
+
+
+@dataclass
+class LayerSupport:
+    """One layer's support by each technique: ``yes``, ``no weights`` or ``no: <reason and fix>``."""
+
+    layer: str
+    type: str
+    params: int
+    prune: str
+    quantize: str
+    cluster: str
+
+
+@dataclass
+class Report:
+    """The inspection of a model: per-layer rows, or one sentence when the model cannot be inspected."""
+
+    model: str
+    layers: list[LayerSupport]
+    problem: str = ""
+
+    def to_dict(self) -> dict:
+        """JSON-ready data."""
+        return {"model": self.model, "problem": self.problem, "layers": [asdict(r) for r in self.layers]}
+
+
+def _verdict(reason: str | None, has_weights: bool) -> str:
+    if reason:
+        return "no: " + reason
+    return "yes" if has_weights else "no weights"
+
+
+def inspect_model(model) -> Report:
+    """Inspects ``model`` layer by layer.
+
+    Args:
+        model: Any object; tf_keras functional and Sequential models get per-layer rows.
+
+    Returns:
+        A Report. For a subclassed model, a Keras 3 model or a non-model, ``problem`` holds one
+        sentence and ``layers`` is empty.
+    """
+    name = getattr(model, "name", type(model).__name__)
+    try:
+        check_model(model)
+    except TfoptError as e:
+        return Report(model=str(name), layers=[], problem=str(e))
+    rows = []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        prune_reason = prune_lib.why_not_prunable(layer) if layer.weights else None
+        cluster_reason = cluster_lib.why_not_clusterable(layer) if layer.trainable_weights else None
+        prunable = prune_reason is None and prune_lib._has_prunable_weights(layer)
+        clusterable = cluster_reason is None and cluster_lib._has_weights(layer)
+        rows.append(LayerSupport(
+            layer=layer.name, type=type(layer).__name__, params=int(layer.count_params()),
+            prune=_verdict(prune_reason, prunable),
+            # Layers without weights still get their activations quantized.
+            quantize=_verdict(quantize_lib.why_not_quantizable(layer), True),
+            cluster=_verdict(cluster_reason, clusterable)))
+    return Report(model=str(name), layers=rows)
+
+
+def format_report(report: Report) -> str:
+    """Text for the terminal: a table, then the reasons and fixes for every ``no``."""
+    if report.problem:
+        return report.problem
+    header = ("layer", "type", "params", "prune", "quantize", "cluster")
+    short = [(r.layer, r.type, str(r.params), *(v if not v.startswith("no: ") else "NO" for v in
+                                                 (r.prune, r.quantize, r.cluster))) for r in report.layers]
+    widths = [max(len(x) for x in col) for col in zip(header, *short)]
+    fmt = "  ".join("{:<%d}" % w for w in widths)
+    lines = [f"model {report.model!r}: what tfmot can do with each layer", fmt.format(*header)]
+    lines += [fmt.format(*row) for row in short]
+    notes = [f"  {r.layer} ({kind}): {v[4:]}" for r in report.layers
+             for kind, v in (("prune", r.prune), ("quantize", r.quantize), ("cluster", r.cluster))
+             if v.startswith("no: ")]
+    if notes:
+        lines += ["", "why not, and the fix:"] + notes
+    return "\n".join(lines)

@@ -1,0 +1,164 @@
+"""One fine-tuning phase (prune, cluster or QAT) under a strategy and a precision policy.
+
+Every phase follows the PITFALLS rule: rebuild the model inside ``strategy.scope()`` (fresh
+variables, per-layer precision), wrap, compile, fit, then strip in that same scope. Its result
+is a strategy-free float32 model (or a default-scheme QAT model), which the next phase, the
+evaluation and the saving start from. Under MultiWorkerMirroredStrategy every worker runs every
+line here: reading the weights is a collective.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from tfopt._keras import keras
+from tfopt.config import RunConfig
+from tfopt.data import pipeline
+from tfopt.optimize import cluster as cluster_lib
+from tfopt.optimize import prune as prune_lib
+from tfopt.optimize import quantize as quantize_lib
+from tfopt.optimize.common import compute_dtypes, rebuild
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """How long and how fast each phase fine-tunes."""
+
+    epochs: int
+    steps_per_epoch: int
+    learning_rate: float
+    steps_per_execution: int
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of one phase."""
+        return self.epochs * self.steps_per_epoch
+
+
+@dataclass
+class Context:
+    """What the phases of one job share."""
+
+    cfg: RunConfig
+    strategy: object
+    info: object  # tfopt.data.DatasetInfo
+    chief: bool
+    log_dir: str | None = None
+    cache: dict = field(default_factory=dict)  # phase chain -> (result model, phase info)
+    phases_run: int = 0
+
+
+def _train_data(ctx: Context):
+    fn = pipeline.dataset_fn(ctx.cfg.data, "train", training=True, info=ctx.info)
+    if ctx.cfg.runtime.strategy == "parameter_server":
+        return keras.utils.experimental.DatasetCreator(fn)
+    return ctx.strategy.distribute_datasets_from_function(fn)
+
+
+def _compile(model, ctx: Context, ft: FineTune) -> None:
+    lr = ft.learning_rate
+    if ctx.cfg.train.lr_schedule == "cosine":  # the run's schedule, over this phase
+        lr = keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(1, ft.total_steps))
+    opt = keras.optimizers.Adam(lr)
+    if ctx.cfg.runtime.precision == "mixed_float16":
+        # compile() adds loss scaling only when the model's own policy is mixed_float16; QAT
+        # models are built float32 and may still hold float16 layers, so scale explicitly.
+        opt = keras.mixed_precision.LossScaleOptimizer(opt)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=ft.steps_per_execution)
+
+
+def _fit(ctx: Context, ft: FineTune, model, callbacks: list, kind: str) -> dict:
+    started = time.perf_counter()
+    history = model.fit(_train_data(ctx), epochs=ft.epochs, steps_per_epoch=ft.steps_per_epoch, callbacks=callbacks,
+                        verbose=ctx.cfg.train.verbose if ctx.chief else 0)
+    last = {k: float(v[-1]) for k, v in history.history.items() if v}
+    return {"phase": kind, "epochs": ft.epochs, "steps": ft.total_steps,
+            "seconds": round(time.perf_counter() - started, 3), **{f"train_{k}": round(v, 5) for k, v in last.items()},
+            "compute_dtypes": compute_dtypes(model)}
+
+
+def _log_dir(ctx: Context, kind: str) -> str | None:
+    if not ctx.log_dir:
+        return None
+    ctx.phases_run += 1
+    return os.path.join(ctx.log_dir, f"{ctx.phases_run}-{kind}")
+
+
+def prune_phase(ctx: Context, ft: FineTune, src, spec: prune_lib.PruneSpec):
+    """Prunes ``src`` (strategy-free); returns ``(stripped float32 copy, phase info)``."""
+    policy = ctx.cfg.runtime.precision
+    mixed = policy != "float32"
+    names = prune_lib.prunable_names(src, spec)
+    with ctx.strategy.scope():
+        model = rebuild(src, policy, float32_layers=names if mixed else ())
+        wrapped = prune_lib.wrap(model, spec, ft.total_steps, names, wrapper_dtype="float32" if mixed else None)
+        _compile(wrapped, ctx, ft)
+    info = _fit(ctx, ft, wrapped, prune_lib.callbacks(_log_dir(ctx, "prune")), "prune")
+    with ctx.strategy.scope():
+        stripped = prune_lib.strip(wrapped)
+    info["layers"] = names
+    return rebuild(stripped, "float32"), info  # every worker reads the weights (a collective under MWMS)
+
+
+def cluster_phase(ctx: Context, ft: FineTune, src, spec: cluster_lib.ClusterSpec):
+    """Clusters ``src``; returns ``(stripped float32 copy, phase info)``."""
+    policy = ctx.cfg.runtime.precision
+    mixed = policy != "float32"
+    names = cluster_lib.clusterable_names(src, spec)
+    with ctx.strategy.scope():
+        model = rebuild(src, policy, float32_layers=names if mixed else ())
+        wrapped = cluster_lib.wrap(model, spec, names, wrapper_dtype="float32" if mixed else None)
+        _compile(wrapped, ctx, ft)
+    info = _fit(ctx, ft, wrapped, cluster_lib.callbacks(_log_dir(ctx, "cluster")), "cluster")
+    with ctx.strategy.scope():
+        stripped = cluster_lib.strip(wrapped)
+    info["layers"] = names
+    return rebuild(stripped, "float32"), info
+
+
+def qat_phase(ctx: Context, ft: FineTune, src, spec: quantize_lib.QatSpec):
+    """Quantization-aware training of ``src``; returns ``(default-scheme QAT copy, phase info)``."""
+    policy = ctx.cfg.runtime.precision
+    names = quantize_lib.quantizable_names(src, spec)
+    with ctx.strategy.scope():
+        model = rebuild(src, policy, float32_layers=names)
+        wrapped = quantize_lib.wrap(model, spec, names)
+        _compile(wrapped, ctx, ft)
+    info = _fit(ctx, ft, wrapped, [], "qat")
+    info.update(layers=names, scheme=spec.scheme)
+    weights = quantize_lib.read_named_weights(wrapped)  # every worker: a collective under MWMS
+    return quantize_lib.savable_copy(wrapped, rebuild(src, "float32"), names, weights), info
+
+
+_RUN = {"prune": prune_phase, "cluster": cluster_phase, "qat": qat_phase}
+
+
+def run_chain(ctx: Context, fine_tunes: dict[str, FineTune], base, chain: list[tuple[str, object]]):
+    """Runs phases ``[(kind, spec), ...]`` from ``base``; reuses a chain prefix run earlier in ``ctx``.
+
+    Comparing techniques in one job (e.g. prune, pqat and pcqat) shares their first phase
+    instead of repeating identical fine-tuning; a reused phase's info says ``reused: true``.
+
+    Args:
+        ctx: The job.
+        fine_tunes: Phase kind -> how long and how fast it fine-tunes.
+        base: The strategy-free model to start from.
+        chain: The phases.
+
+    Returns:
+        ``(result model, [phase info, ...])``.
+    """
+    src, infos, key = base, [], (id(base),)
+    for kind, spec in chain:
+        ft = fine_tunes[kind]
+        key = key + ((kind, spec, ft),)
+        if key in ctx.cache:
+            src, info = ctx.cache[key]
+            infos.append(dict(info, reused=True))
+            continue
+        src, info = _RUN[kind](ctx, ft, src, spec)
+        ctx.cache[key] = (src, info)
+        infos.append(info)
+    return src, infos

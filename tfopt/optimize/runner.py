@@ -1,0 +1,283 @@
+"""Fine-tuning a trained run with tfmot techniques under any strategy and precision policy.
+
+One job: validate TF_CONFIG and the settings -> create the strategy (the first TensorFlow work:
+MultiWorkerMirrored needs it) -> load the input run's model outside the strategy -> run each
+technique's phases (see :mod:`tfopt.optimize.phases`) -> the chief evaluates the strategy-free
+result on the held-out test split, computes the per-layer table from the stripped weights and
+writes a new run directory atomically (model.keras + saved_model, layers.json/.txt, run.json,
+TensorBoard pruning/clustering summaries).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+
+from tfopt import __version__
+from tfopt._keras import keras
+from tfopt.config import RunConfig
+from tfopt.data import pipeline, sources
+from tfopt.errors import TfoptError
+from tfopt.fileio import atomic_dir, atomic_path, write_json, write_text
+from tfopt.models.io import save_model
+from tfopt.optimize import cluster as cluster_lib
+from tfopt.optimize import prune as prune_lib
+from tfopt.optimize import quantize as quantize_lib
+from tfopt.optimize import techniques
+from tfopt.optimize.common import (OptimizeError, Selection, check_model, compile_for_eval, format_table, rebuild,
+                                   total_sparsity, weight_table, weights_gzip_bytes)
+from tfopt.optimize.phases import Context, FineTune, run_chain
+from tfopt.runs import load_run
+from tfopt.runtime import precision as precision_lib
+from tfopt.runtime import strategy as strategy_lib
+from tfopt.runtime.tf_config import parse_tf_config, validate_for_strategy
+
+
+@dataclass(frozen=True)
+class OptimizeSettings:
+    """What to do to the model; the data, strategy and precision come from the RunConfig."""
+
+    technique: str = "prune"
+    prune: prune_lib.PruneSpec = field(default_factory=prune_lib.PruneSpec)
+    cluster: cluster_lib.ClusterSpec = field(default_factory=cluster_lib.ClusterSpec)
+    qat_selection: Selection = field(default_factory=Selection)
+    epochs: int = 1  # per phase
+    phase_epochs: tuple[tuple[str, int], ...] = ()  # e.g. (("prune", 3),): overrides ``epochs`` per phase kind
+    steps_per_epoch: int = 0  # 0 = one pass over the training split
+    learning_rate: float = 5e-4
+    tensorboard: bool = True
+    saved_model: bool = True
+    trust_model: bool = False
+
+    def validate(self) -> "OptimizeSettings":
+        """Raises OptimizeError for a bad technique, spec or fine-tuning length."""
+        techniques.get(self.technique)
+        self.prune.validate()
+        self.cluster.validate()
+        if self.epochs < 1 or self.steps_per_epoch < 0 or self.learning_rate <= 0:
+            raise OptimizeError(f"epochs={self.epochs} must be >= 1, steps_per_epoch={self.steps_per_epoch} >= 0 "
+                                f"and learning_rate={self.learning_rate} > 0")
+        for kind, epochs in self.phase_epochs:
+            if kind not in ("prune", "cluster", "qat") or epochs < 1:
+                raise OptimizeError(f"phase epochs {kind}={epochs} is not valid; give prune|cluster|qat=N with N >= 1")
+        return self
+
+    def epochs_of(self, kind: str) -> int:
+        """Fine-tuning epochs of a phase kind (``phase_epochs`` first, then ``epochs``)."""
+        return dict(self.phase_epochs).get(kind, self.epochs)
+
+    def chain(self) -> list[tuple[str, object]]:
+        """The technique's phases with the spec each one runs."""
+        tech = techniques.get(self.technique)
+        prune_spec = replace(self.prune, m_by_n=tech.m_by_n) if tech.m_by_n else self.prune
+        # PCQAT's clustering must keep the zeros pruning made.
+        cluster_spec = replace(self.cluster, preserve_sparsity=True) if "prune" in tech.phases else self.cluster
+        specs = {"prune": prune_spec, "cluster": cluster_spec,
+                 "qat": quantize_lib.QatSpec(tech.qat_scheme, self.qat_selection)}
+        return [(kind, specs[kind].validate()) for kind in tech.phases]
+
+
+def default_output(from_dir: str, technique: str) -> str:
+    """``<from>-<technique>`` beside the input run."""
+    return os.path.abspath(from_dir).rstrip(os.sep) + "-" + technique
+
+
+def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir: str | None = None) -> dict | None:
+    """Fine-tunes the model of run ``from_dir`` with ``settings.technique`` and writes a new run.
+
+    Args:
+        from_dir: A run directory (``python -m tfopt.train`` or another stage).
+        cfg: Data, runtime (strategy, precision) and train settings (``train.verbose``,
+            ``train.steps_per_execution``, ``data.*``); usually the input run's config with
+            the user's overrides.
+        settings: The technique and its parameters.
+        out_dir: The new run directory (default ``<from>-<technique>``); never ``from_dir``.
+
+    Returns:
+        The new ``run.json`` content (None in a parameter-server worker/ps process, which
+        serves until stopped, and in non-chief workers, which write nothing).
+
+    Raises:
+        TfoptError: bad input run, TF_CONFIG or settings, or a layer tfmot cannot handle.
+    """
+    return optimize_many(from_dir, cfg, [settings], [out_dir], keep_going=False)[0].get("record")
+
+
+def optimize_many(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings],
+                  out_dirs: list[str | None], keep_going: bool = True) -> list[dict]:
+    """Runs several techniques on one input run in one job (one strategy, one model load).
+
+    A multi-worker strategy can be created once per process, so comparing techniques under
+    MultiWorkerMirrored or parameter servers needs them in one job; identical leading phases
+    (e.g. the pruning of prune, pqat and pcqat) run once.
+
+    Args:
+        from_dir: The input run directory.
+        cfg: As for :func:`optimize`.
+        settings_list: One entry per technique, in order.
+        out_dirs: The output directory of each (None = ``<from>-<technique>``).
+        keep_going: Record a technique's TfoptError and go on with the next (otherwise raise).
+
+    Returns:
+        One dict per technique: ``{"technique", "output", "ok", "record", "weights_sha256"}`` or
+        ``{..., "ok": False, "error"}`` (``record`` is None outside the chief).
+    """
+    outs = []
+    for settings, out in zip(settings_list, out_dirs):
+        settings.validate()
+        outs.append(os.path.abspath(out or default_output(from_dir, settings.technique)))
+        if os.path.abspath(from_dir) == outs[-1]:
+            raise OptimizeError(f"output {outs[-1]!r} is the input run; give a new directory with -o")
+    cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
+    validate_for_strategy(cluster, cfg.runtime.strategy)
+    run = load_run(from_dir)  # reads JSON only: no TensorFlow op before MultiWorkerMirrored exists
+    sources.check(cfg.data)
+    if cfg.runtime.strategy == "parameter_server" and cluster.task_type in ("worker", "ps"):
+        strategy_lib.run_server(cluster)
+    from tfopt.train import _connect
+
+    previous_policy = precision_lib.policy_name()
+    results = []
+    try:
+        strategy = _connect(cfg, cluster)
+        base = check_model(run.load_model(trust_model=settings_list[0].trust_model), f"model of run {from_dir!r}")
+        ctx = Context(cfg=cfg, strategy=strategy, info=sources.prepare(cfg.data), chief=strategy_lib.is_chief(cluster))
+        meta = {"strategy": {"name": cfg.runtime.strategy, "class": type(strategy).__name__,
+                             "num_replicas": strategy_lib.num_replicas(strategy),
+                             "num_workers": cluster.num_workers if cluster else 1}}
+        for settings, out in zip(settings_list, outs):
+            entry = {"technique": settings.technique, "output": out, "ok": False}
+            try:
+                entry["record"], entry["weights_sha256"] = _optimize_one(ctx, run, base, settings, out, meta)
+                entry["ok"] = True
+            except TfoptError as e:
+                if not keep_going:
+                    raise
+                entry["error"] = str(e)
+            results.append(entry)
+    finally:
+        precision_lib.set_policy(previous_policy)
+    return results
+
+
+def _fine_tunes(ctx: Context, settings: OptimizeSettings) -> dict[str, FineTune]:
+    n_train = ctx.info.splits["train"].num_records
+    steps = settings.steps_per_epoch or max(1, n_train // ctx.cfg.data.global_batch_size)
+    spe = ctx.cfg.train.steps_per_execution or max(1, min(32, steps))
+    return {kind: FineTune(settings.epochs_of(kind), steps, settings.learning_rate, spe)
+            for kind in ("prune", "cluster", "qat")}
+
+
+def _optimize_one(ctx: Context, run, base, settings: OptimizeSettings, out_dir: str,
+                  meta: dict) -> tuple[dict | None, str]:
+    from tfopt.train import weights_digest
+
+    scratch = tempfile.mkdtemp(prefix="tfopt-optimize-")
+    try:
+        precision_lib.set_policy(ctx.cfg.runtime.precision)
+        ctx.log_dir = os.path.join(scratch, "tensorboard") if settings.tensorboard else None
+        ctx.phases_run = 0
+        started = time.perf_counter()
+        final, infos = run_chain(ctx, _fine_tunes(ctx, settings), base, settings.chain())
+        seconds = time.perf_counter() - started
+        digest = weights_digest(final)  # equal on every worker when the replicas stayed in sync
+        if not ctx.chief:
+            return None, digest
+        keras.mixed_precision.set_global_policy("float32")  # evaluation copies and saved models are float32
+        meta = dict(meta, seconds=round(seconds, 3), weights_sha256=digest)
+        return _write(ctx, run, base, settings, final, infos, out_dir, meta), digest
+    finally:
+        ctx.log_dir = None
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _baseline(ctx: Context, base, test) -> dict:
+    # The input model's own test metrics, once per job: every technique is compared with them.
+    if "baseline" not in ctx.cache:
+        ctx.cache["baseline"] = compile_for_eval(rebuild(base, "float32")).evaluate(test, return_dict=True, verbose=0)
+    return ctx.cache["baseline"]
+
+
+def _checks(float_model, chain, infos) -> dict:
+    checks = {}
+    layers = {info["phase"]: info["layers"] for info in infos}
+    specs = dict(chain)
+    if "prune" in specs:
+        spec = specs["prune"]
+        if spec.m_by_n:
+            checks["m_by_n"] = prune_lib.check_m_by_n(float_model, spec.m_by_n, layers["prune"])
+        else:
+            rows = [r for r in weight_table(float_model) if r.layer in layers["prune"]]
+            low = [r.layer for r in rows if r.sparsity < spec.sparsity - 0.01]  # rounding aside
+            checks["sparsity"] = {"target": spec.sparsity, "ok": not low, "below_target": low}
+    if "cluster" in specs:
+        # tfmot's cluster-preserving QAT re-clusters a Conv2D per output channel when every
+        # channel uses about as many values; the clusters then survive per channel.
+        checks["clusters"] = cluster_lib.check_clusters(float_model, specs["cluster"], layers["cluster"],
+                                                        conv_per_channel="qat" in specs)
+    return checks
+
+
+def _write(ctx: Context, run, base, settings: OptimizeSettings, final, infos: list, out_dir: str, meta: dict) -> dict:
+    test = pipeline.make_dataset(ctx.cfg.data, "test", training=False, info=ctx.info)
+    baseline = _baseline(ctx, base, test)
+    metrics = compile_for_eval(final).evaluate(test, return_dict=True, verbose=0)
+    is_qat = quantize_lib.is_qat_model(final)
+    float_model = quantize_lib.inner_float_model(final, rebuild(base, "float32")) if is_qat else final
+    chain = settings.chain()
+    specs = dict(chain)
+    rows = weight_table(float_model, m_by_n=specs["prune"].m_by_n if "prune" in specs else None)
+    pruned = [n for i in infos if i["phase"] == "prune" for n in i["layers"]]
+    clustered = [n for i in infos if i["phase"] == "cluster" for n in i["layers"]]
+    if "base_gzip" not in ctx.cache:
+        ctx.cache["base_gzip"] = weights_gzip_bytes(base)
+    gz, gz_base = weights_gzip_bytes(float_model), ctx.cache["base_gzip"]
+    cfg = ctx.cfg
+    record = {
+        "tfopt_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "stage": "optimize",
+        "config": replace(cfg, train=replace(cfg.train, output_dir=out_dir)).to_dict(),
+        "source": {"run": run.path, "test_accuracy": float(baseline["accuracy"]), "test_loss": float(baseline["loss"])},
+        "strategy": meta["strategy"],
+        "precision": cfg.runtime.precision,
+        "optimize": {
+            "technique": settings.technique, "description": techniques.get(settings.technique).description,
+            "phases": infos, "seconds": meta["seconds"], "learning_rate": settings.learning_rate,
+            **{kind: spec.to_dict() for kind, spec in chain},
+            "precision_notes": techniques.mixed_notes(settings.technique, cfg.runtime.precision),
+            "sparsity": total_sparsity([r for r in rows if r.layer in pruned] if pruned else rows),
+            "model_sparsity": total_sparsity(rows),
+            "clusters": {r.layer: r.unique for r in rows if r.layer in clustered},
+            "clusters_per_channel_max": {r.layer: r.unique_per_channel_max for r in rows if r.layer in clustered},
+            "weights_gzip_bytes": gz, "source_weights_gzip_bytes": gz_base,
+            "gzip_ratio": round(gz_base / gz, 3) if gz else None,
+            "checks": _checks(float_model, chain, infos),
+            # QAT results are saved as default-scheme QAT models (see quantize.savable_copy).
+            "quantized_model": is_qat,
+        },
+        "model": {"params": int(float_model.count_params())},
+        "metrics": {f"test_{k}": float(v) for k, v in metrics.items()},
+        "accuracy_delta": round(float(metrics["accuracy"]) - float(baseline["accuracy"]), 5),
+        "weights_sha256": meta["weights_sha256"],
+    }
+    with atomic_dir(out_dir) as tmp:
+        artifacts = save_model(final, tmp) if settings.saved_model else _save_keras(final, tmp)
+        if ctx.log_dir and os.path.isdir(ctx.log_dir):
+            shutil.copytree(ctx.log_dir, os.path.join(tmp, "tensorboard"))
+        write_json(os.path.join(tmp, "layers.json"), [r.__dict__ for r in rows])
+        write_text(os.path.join(tmp, "layers.txt"), format_table(rows) + "\n")
+        record["artifacts"] = {k: os.path.relpath(v, tmp) for k, v in artifacts.items()}
+        record["artifacts"].update(layers="layers.json", layers_text="layers.txt",
+                                   model_keras_bytes=os.path.getsize(os.path.join(tmp, "model.keras")))
+        write_json(os.path.join(tmp, "run.json"), record)
+    return record
+
+
+def _save_keras(model, out_dir: str) -> dict:
+    path = os.path.join(out_dir, "model.keras")
+    with atomic_path(path) as tmp:
+        model.save(tmp)
+    return {"keras": path}

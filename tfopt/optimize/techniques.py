@@ -1,0 +1,76 @@
+"""The technique registry and what tfopt does with each strategy and precision policy.
+
+A technique is a list of phases, each one fine-tuning run with one kind of tfmot wrapper:
+
+    prune       prune                       (magnitude, schedule)
+    prune_2of4  prune                       (2 zeros in every 4 weights)
+    qat         qat                         (default 8-bit scheme)
+    cluster     cluster
+    pqat        prune -> qat                (prune-preserving QAT)
+    cqat        cluster -> qat              (cluster-preserving QAT)
+    pcqat       prune -> cluster -> qat     (clustering keeps the zeros; sparsity-and-cluster-preserving QAT)
+
+Every technique runs under every strategy and precision policy; where tfmot alone fails, tfopt
+works around it (``MIXED_NOTES``). The test matrix records what really happens for every cell into
+``docs/compatibility.md``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfopt.optimize.common import OptimizeError
+
+
+@dataclass(frozen=True)
+class Technique:
+    """A named sequence of phases and the QAT scheme its last phase uses."""
+
+    name: str
+    phases: tuple[str, ...]
+    qat_scheme: str = "default"
+    m_by_n: tuple[int, int] | None = None
+    description: str = ""
+
+
+TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
+    Technique("prune", ("prune",), description="magnitude pruning to --sparsity"),
+    Technique("prune_2of4", ("prune",), m_by_n=(2, 4), description="structured pruning: 2 zeros in every 4 weights"),
+    Technique("qat", ("qat",), description="quantization-aware training, default 8-bit scheme"),
+    Technique("cluster", ("cluster",), description="weight clustering to --clusters values per kernel"),
+    Technique("pqat", ("prune", "qat"), qat_scheme="prune_preserve", description="prune, then prune-preserving QAT"),
+    Technique("cqat", ("cluster", "qat"), qat_scheme="cluster_preserve",
+              description="cluster, then cluster-preserving QAT"),
+    Technique("pcqat", ("prune", "cluster", "qat"), qat_scheme="sparsity_cluster_preserve",
+              description="prune, sparsity-preserving clustering, then sparsity-and-cluster-preserving QAT"),
+)}
+
+STRATEGY_NAMES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
+PRECISION_NAMES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+# What tfopt does under a mixed policy, per phase kind (recorded in run.json and the matrix).
+MIXED_NOTES = {
+    "prune": "pruned layers compute in float32 (tfmot's mask update breaks on mixed dtypes, "
+             "model-optimization#409); the others in the mixed dtype",
+    "cluster": "clustered layers compute in float32 (tfmot's centroid init rejects bfloat16/float16); "
+               "the others in the mixed dtype",
+    "qat": "quantized layers compute in float32 (fake-quant kernels are float32-only, model-optimization#367); "
+           "layers left unquantized keep the mixed dtype",
+}
+
+
+def get(name: str) -> Technique:
+    """The technique called ``name``.
+
+    Raises:
+        OptimizeError: unknown name (the message lists the valid ones).
+    """
+    if name not in TECHNIQUES:
+        raise OptimizeError(f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUES)}")
+    return TECHNIQUES[name]
+
+
+def mixed_notes(technique: str, precision: str) -> list[str]:
+    """What tfopt changes for a mixed policy, one note per phase kind of ``technique``."""
+    if precision == "float32":
+        return []
+    return [f"{phase}: {MIXED_NOTES[phase]}" for phase in dict.fromkeys(get(technique).phases)]
