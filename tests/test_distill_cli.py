@@ -61,7 +61,7 @@ def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(tmp_p
                  "--strategy", "mirrored", "--lr", "0.003", "-o", str(out), *COMMON]) == 0
     run = _check_common(out, mnist_run, "mirrored", 2, 0.6)
     assert run["distill"]["temperature"] == 4.0 and run["distill"]["alpha"] == 0.9
-    assert run["teachers"][0]["weight"] == 1.0 and "pruning" not in run
+    assert run["teachers"][0]["weight"] == 1.0 and "compression" not in run
     assert _tree_digest(mnist_run) == before
 
 
@@ -83,7 +83,7 @@ def test_two_teachers_weighted_by_accuracy_with_pruning(tmp_path, mnist_run):
     assert strong_t["weight"] + weak_t["weight"] == pytest.approx(1.0)
     assert run["gap"]["baseline_test_accuracy"] == pytest.approx(weak_t["test_accuracy"])
     assert run["gap"]["gap_closed"] is not None
-    assert run["pruning"]["measured"]["overall"] == pytest.approx(0.75, abs=0.01)
+    assert run["compression"]["measured"]["overall"] == pytest.approx(0.75, abs=0.01)
     student = load_model(str(out))
     assert not [l for l in student.layers if "tensorflow_model_optimization" in type(l).__module__]
     for name in ("conv0", "logits"):
@@ -103,14 +103,18 @@ def _done(out):
 
 
 @pytest.mark.slow
-def test_multi_worker_mirrored_two_real_processes(tmp_path, mnist_run):
-    proc = _launch(tmp_path, mnist_run, "multi_worker_mirrored", "--workers", "2")
+def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run):
+    proc = _launch(tmp_path, mnist_run, "multi_worker_mirrored", "--workers", "2", extra=["--technique", "qat"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     done = _done(proc.stdout + proc.stderr)
     assert sorted(d["task"] for d in done) == ["worker:0", "worker:1"]
     assert done[0]["weights_sha256"] == done[1]["weights_sha256"]
     run = _check_common(tmp_path / "run", mnist_run, "multi_worker_mirrored", 2, 0.6)
     assert run["strategy"]["num_workers"] == 2 and run["weights_sha256"] == done[0]["weights_sha256"]
+    assert run["compression"]["technique"] == "qat" and run["compression"]["layers"]
+    from tfopt.optimize.quantize import is_qat_model, load_quantized_model
+
+    assert is_qat_model(load_quantized_model(str(tmp_path / "run" / "model.keras")))  # ready for int8 export
 
 
 @pytest.mark.slow
@@ -121,7 +125,7 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run):
     # Asynchronous updates learn less in 46 steps than synchronous ones (see test_train).
     run = _check_common(tmp_path / "run", mnist_run, "parameter_server", 1, 0.3)
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
-    assert run["pruning"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)
+    assert run["compression"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -133,7 +137,8 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run):
     (["--teacher", "{run}", "-o", "{run}"], "is an input run; a stage writes a NEW run directory"),
     (["--teacher", "{run}", "--feature", "pool0"], "is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER"),
     (["--teacher", "{run}", "--teacher-weights", "1,2"], "must be equal, accuracy or 1 comma-separated"),
-    (["--teacher", "{run}", "--technique", "quantize"], "choose one of none, prune"),
+    (["--teacher", "{run}", "--technique", "quantize"], "choose one of none, prune, cluster, qat"),
+    (["--teacher", "{run}", "--technique", "cluster", "--clusters", "1"], "--clusters 1 must be in [2, 256]"),
     (["--teacher", "{run}", "--technique", "prune", "--sparsity", "1"], "--sparsity 1.0 must be in (0, 1)"),
     (["--teacher", "{run}", "--student", "mlp", "--model", "cnn"], "disagree; give only --student"),
     (["--teacher", "{run}", "--strategy", "one_device", "--dataset", "digits", "--limit", "100"],

@@ -301,3 +301,25 @@ def test_cluster_wrapped_student_distils_then_strips(mnist, mnist_run, tmp_path)
     assert [l.name for l in loaded.layers] == [l.name for l in _student().layers]
     for name in ("conv0", "logits"):
         assert len(np.unique(loaded.get_layer(name).kernel.numpy())) <= 8, name
+
+
+@pytest.mark.slow
+def test_qat_wrapped_student_distils_saves_reloads_and_converts_to_int8(mnist, mnist_run, tmp_path):
+    from tfopt.export.evaluate import TFLiteModel
+    from tfopt.export.tflite import convert
+    from tfopt.optimize.quantize import QatSpec, load_quantized_model, wrap
+
+    teacher = load_run(mnist_run).load_model()
+    qat = wrap(_student(14), QatSpec())
+    d = Distiller(qat, teacher)
+    d.compile(keras.optimizers.Adam(1e-3))
+    d.fit(_data(mnist, 512), epochs=1, verbose=0)
+    d.export_student(str(tmp_path / "out"))
+    loaded = load_quantized_model(str(tmp_path / "out" / "model.keras"))  # the reload tfmot 0.8.1 alone fails
+    x = mnist[0][:200]
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), qat.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+    converted = convert(loaded, "int8")  # QAT: int8 from the learned ranges, no calibration data
+    assert converted.qat
+    lite = TFLiteModel(converted.content)
+    agree = np.mean(lite.predict(x).argmax(-1) == loaded.predict(x, verbose=0).argmax(-1))
+    assert agree >= 0.97, agree

@@ -3,14 +3,18 @@
     python -m tfopt.distill --teacher runs/mnist_cnn --student tiny_cnn --temperature 4 --alpha 0.9 --strategy mirrored
     python -m tfopt.distill --teacher runs/cnn_a --teacher runs/cnn_b --student tiny_cnn --teacher-weights accuracy
     python -m tfopt.distill --teacher runs/mnist_cnn --student tiny_cnn --technique prune --sparsity 0.75
+    python -m tfopt.distill --teacher runs/mnist_cnn --student tiny_cnn --technique qat
 
 One run: validate every choice -> strategy -> data -> teachers loaded (safe loader) inside
 ``strategy.scope()`` and scored on the validation and test splits (strategy-free copies) ->
-student built (optionally wrapped by ``prune_low_magnitude`` with a polynomial schedule: the
-pruning fine-tuning keeps learning from the teachers) -> ``Distiller.fit`` -> the chief scores
-the plain student on the test split and writes a NEW run directory: the plain student
-(``model.keras`` + ``saved_model``, tfmot wrappers stripped), ``run.json`` (config, teachers and
-their accuracies, student size, test accuracy, gaps), ``metrics.csv/json`` and TensorBoard logs.
+student built (optionally wrapped by tfmot, so that compression keeps learning from the
+teachers: ``prune`` with a polynomial schedule, ``cluster`` with trainable centroids, ``qat``
+with fake quantization) -> ``Distiller.fit`` -> the chief scores the plain student on the test
+split and writes a NEW run directory: the plain student (``model.keras`` + ``saved_model``;
+pruning and clustering wrappers stripped, a QAT student saved so that it reloads with
+``tfopt.optimize.load_quantized_model`` and converts to int8 with ``python -m tfopt.export``),
+``run.json`` (config, teachers and their accuracies, student size, test accuracy, gaps, the
+sparsity / clusters measured on the saved weights), ``metrics.csv/json`` and TensorBoard logs.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ from tfopt.runtime import precision, strategy as strategy_lib
 from tfopt.runtime.tf_config import parse_tf_config, validate_for_strategy
 
 PROG = "tfopt.distill"
-TECHNIQUES = ("none", "prune")
+TECHNIQUES = ("none", "prune", "cluster", "qat")
 DEFAULT_OUTPUT = "runs/distilled"
 
 
@@ -59,6 +63,7 @@ class DistillOptions:
     feature_weight: float = 1.0
     technique: str = "none"
     sparsity: float = 0.75
+    clusters: int = 16
     baseline: str | None = None  # run dir of the same student trained without a teacher
     seed: int | None = None
     trust_model: bool = False
@@ -91,6 +96,8 @@ def _check(opts: DistillOptions, cfg: RunConfig) -> list[float] | None:
     if opts.technique == "prune":
         if not 0.0 < opts.sparsity < 1.0:
             raise ConfigError(f"--sparsity {opts.sparsity} must be in (0, 1), e.g. 0.75")
+    if opts.technique == "cluster" and not 2 <= opts.clusters <= 256:
+        raise ConfigError(f"--clusters {opts.clusters} must be in [2, 256], e.g. 16")
     for pair in opts.features:
         if pair.teacher >= len(opts.teachers):
             raise ConfigError(f"--feature names teacher {pair.teacher}; there are {len(opts.teachers)} (0-based)")
@@ -135,29 +142,57 @@ def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == labels))
 
 
-def _prune(student: "keras.Model", sparsity: float, total_steps: int):
-    import tensorflow_model_optimization as tfmot
+def _compress(student: "keras.Model", opts: DistillOptions, total_steps: int):
+    """Wraps the student for ``opts.technique`` (inside the strategy scope).
 
-    # Gradual pruning (Zhu & Gupta): 0 -> target over the first 70% of the steps, masks updated
-    # every `frequency` steps; end_step is a multiple of it so the last update reaches the target.
-    frequency = max(1, total_steps // 50)
-    end_step = max(frequency, int(0.7 * total_steps) // frequency * frequency)
-    schedule = tfmot.sparsity.keras.PolynomialDecay(0.0, sparsity, begin_step=0, end_step=end_step,
-                                                    frequency=frequency)
-    wrapped = tfmot.sparsity.keras.prune_low_magnitude(student, pruning_schedule=schedule)
-    info = {"schedule": "polynomial_decay", "initial_sparsity": 0.0, "final_sparsity": sparsity,
-            "begin_step": 0, "end_step": end_step, "frequency": frequency}
-    return wrapped, tfmot.sparsity.keras.UpdatePruningStep(), info
+    Returns:
+        ``(student, callbacks, info)``: the wrapped student, the callbacks its wrappers need and
+        what run.json records of the technique (None for ``none``).
+    """
+    if opts.technique == "none":
+        return student, [], None
+    from tfopt.optimize import cluster as cluster_lib
+    from tfopt.optimize import prune as prune_lib
+    from tfopt.optimize import quantize as quantize_lib
+    from tfopt.optimize.common import rebuild
+
+    policy = precision.policy_name()
+
+    def float32_for(names):
+        # Under a mixed policy the wrapped layers compute in float32 (see tfopt.optimize.techniques).
+        return student if policy == "float32" else rebuild(student, policy, float32_layers=names)
+
+    wrapper_dtype = None if policy == "float32" else "float32"
+    if opts.technique == "prune":
+        # Gradual pruning (Zhu & Gupta): 0 -> target over the first 70% of the steps, masks updated
+        # every `frequency` steps; end_step is a multiple of it so the last update reaches the target.
+        frequency = max(1, total_steps // 50)
+        end_step = max(frequency, int(0.7 * total_steps) // frequency * frequency)
+        spec = prune_lib.PruneSpec(sparsity=opts.sparsity, schedule="polynomial", end_step=end_step,
+                                   frequency=frequency).validate()
+        names = prune_lib.prunable_names(student, spec)
+        wrapped = prune_lib.wrap(float32_for(names), spec, total_steps, names, wrapper_dtype=wrapper_dtype)
+        return wrapped, prune_lib.callbacks(None), {"technique": "prune", **spec.to_dict(), "layers": names}
+    if opts.technique == "cluster":
+        spec = cluster_lib.ClusterSpec(clusters=opts.clusters).validate()
+        names = cluster_lib.clusterable_names(student, spec)
+        wrapped = cluster_lib.wrap(float32_for(names), spec, names, wrapper_dtype=wrapper_dtype)
+        return wrapped, [], {"technique": "cluster", **spec.to_dict(), "layers": names}
+    spec = quantize_lib.QatSpec().validate()
+    names = quantize_lib.quantizable_names(student, spec)
+    return quantize_lib.wrap(float32_for(names), spec, names), [], {"technique": "qat", **spec.to_dict(), "layers": names}
 
 
-def _sparsity(model: "keras.Model", layer_names: list[str]) -> dict:
-    zeros = total = 0
-    per_layer = {}
-    for name in layer_names:
-        kernel = model.get_layer(name).get_weights()[0]  # kernel (or depthwise kernel) comes first
-        per_layer[name] = round(float(np.mean(kernel == 0)), 4)
-        zeros, total = zeros + int(np.sum(kernel == 0)), total + kernel.size
-    return {"overall": round(zeros / total, 4) if total else 0.0, "layers": per_layer}
+def _measured(plain: "keras.Model", compression: dict) -> dict:
+    """Sparsity or cluster counts read back from the plain student's kernels."""
+    from tfopt.optimize.common import total_sparsity, weight_table
+
+    rows = [r for r in weight_table(plain) if r.layer in compression["layers"]]
+    if compression["technique"] == "prune":
+        return {"overall": total_sparsity(rows), "layers": {r.layer: r.sparsity for r in rows}}
+    if compression["technique"] == "cluster":
+        return {"unique_max": max(r.unique for r in rows), "layers": {r.layer: r.unique for r in rows}}
+    return {"quantized_layers": len(compression["layers"])}
 
 
 def distill(cfg: RunConfig, opts: DistillOptions) -> dict | None:
@@ -218,10 +253,7 @@ def distill(cfg: RunConfig, opts: DistillOptions) -> dict | None:
 
         with strategy.scope():
             student = build_model(cfg.model.name, info.image_shape, info.num_classes, cfg.model.dropout)
-            extra_callbacks, pruning = [], None
-            if opts.technique == "prune":
-                student, step_cb, pruning = _prune(student, opts.sparsity, cfg.train.epochs * steps_per_epoch)
-                extra_callbacks.append(step_cb)
+            student, extra_callbacks, compression = _compress(student, opts, cfg.train.epochs * steps_per_epoch)
             distiller = Distiller(student, teachers, temperature=opts.temperature, alpha=opts.alpha,
                                   teacher_weights=weights, combine=opts.combine, features=opts.features,
                                   feature_weight=opts.feature_weight)
@@ -237,15 +269,12 @@ def distill(cfg: RunConfig, opts: DistillOptions) -> dict | None:
         distiller.fit(train_lib._train_data(cfg, strategy, info), epochs=cfg.train.epochs,
                       steps_per_epoch=steps_per_epoch, callbacks=cbs, verbose=cfg.train.verbose if chief else 0)
         train_seconds = time.perf_counter() - started  # fit raised ModelError if a teacher had changed
-        # tfmot also wraps weightless layers (pooling, flatten); only those with pruned weights count.
-        pruned_layers = [w.layer.name for w in student.layers
-                         if type(w).__name__ == "PruneLowMagnitude" and w.pruning_vars]
         plain.set_weights(distiller.student_weights())  # every worker (collective); the chief writes
         digest = train_lib.weights_digest(plain)
         result = None
         if chief:
             result = _record(cfg, opts, strategy, cluster, info, teacher_runs, plain_teachers, plain, weights, val_acc,
-                             digests_before, test_ds, baseline_run, pruning, pruned_layers, timer, logger,
+                             digests_before, test_ds, baseline_run, compression, timer, logger,
                              steps_per_epoch, spe, lr, train_seconds, digest, out_dir)
         task = f"{cluster.task_type}:{cluster.task_index}" if cluster else "local"
         summary = {"task": task, "weights_sha256": digest}
@@ -259,7 +288,7 @@ def distill(cfg: RunConfig, opts: DistillOptions) -> dict | None:
 
 
 def _record(cfg, opts, strategy, cluster, info, teacher_runs, teachers, plain, weights, val_acc, digests,
-            test_ds, baseline_run, pruning, pruned_layers, timer, logger, steps_per_epoch, spe, lr,
+            test_ds, baseline_run, compression, timer, logger, steps_per_epoch, spe, lr,
             train_seconds, digest, out_dir) -> dict:
     """Scores the student and teachers on the test split, saves the student and writes run.json.
 
@@ -316,8 +345,8 @@ def _record(cfg, opts, strategy, cluster, info, teacher_runs, teachers, plain, w
         "weights_sha256": digest,
         "artifacts": {k: os.path.relpath(v, out_dir) for k, v in artifacts.items()},
     }
-    if pruning is not None:
-        result["pruning"] = dict(pruning, measured=_sparsity(plain, pruned_layers))
+    if compression is not None:
+        result["compression"] = dict(compression, measured=_measured(plain, compression))
     write_json(os.path.join(out_dir, "run.json"), result)
     train_lib._remove_if_empty(os.path.join(out_dir, "backup"))
     return result
@@ -340,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--feature-weight", type=float, default=1.0, help="weight of the feature term (default 1)")
     g.add_argument("--technique", default="none", help=f"compress while distilling: {', '.join(TECHNIQUES)}")
     g.add_argument("--sparsity", type=float, default=0.75, help="target sparsity for --technique prune")
+    g.add_argument("--clusters", type=int, default=16, help="centroids per kernel for --technique cluster")
     g.add_argument("--baseline", metavar="RUN", help="run of the same student trained without a teacher (gap closed)")
     g.add_argument("--seed", type=int, help="seed for the student's initial weights")
     g.add_argument("--trust-model", action="store_true", help="load teacher files that can run code (see models.io)")
@@ -357,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             teachers=tuple(args.teacher), temperature=args.temperature, alpha=args.alpha,
             teacher_weights=args.teacher_weights, combine=args.combine,
             features=tuple(parse_feature(f) for f in args.feature), feature_weight=args.feature_weight,
-            technique=args.technique, sparsity=args.sparsity, baseline=args.baseline, seed=args.seed,
+            technique=args.technique, sparsity=args.sparsity, clusters=args.clusters, baseline=args.baseline, seed=args.seed,
             trust_model=args.trust_model)
         _check(opts, cfg)
         if args.print_config:

@@ -367,8 +367,8 @@ class Distiller(keras.Model):
         """A copy of the student with tfmot wrappers stripped and no strategy: for evaluation and saving.
 
         Pruning and clustering wrappers are stripped; a quantization-aware (QAT) student keeps its
-        wrappers (TFLite conversion needs them; load it with ``trust_model=True`` inside
-        ``tfmot.quantization.keras.quantize_scope()``). Every worker must call it under
+        wrappers (TFLite conversion needs them) and is made savable: load its ``model.keras``
+        with ``tfopt.optimize.load_quantized_model``. Every worker must call it under
         MultiWorkerMirroredStrategy (it reads the weights).
         """
         stripped = strip_tfmot(self.student)
@@ -385,6 +385,10 @@ class Distiller(keras.Model):
             with scope:
                 model = keras.models.clone_model(stripped)
             model.set_weights(weights)
+            if names & _QAT_LAYERS:
+                from tfopt.optimize.quantize import fix_for_keras_format
+
+                fix_for_keras_format(model)  # so that model.keras reloads (tfmot 0.8.1 saves duplicates)
             return model
 
         with ThreadPoolExecutor(1) as pool:
