@@ -65,18 +65,26 @@ class PlainValidation(keras.callbacks.Callback):
     TF 2.21. Copying the weights into a plain model and evaluating the whole split in one
     process is exact under every strategy, parameter servers included. The evaluation runs in
     a helper thread because strategy scopes are thread-local and fit's scope is active here.
+
+    Args:
+        copy: The strategy-free, compiled model that is evaluated.
+        dataset: The validation split.
+        enabled: False on processes that only take part in reading the weights.
+        weights_fn: Returns the weights for ``copy`` (default: the trained model's own, e.g.
+            a Distiller passes its plain student's).
     """
 
-    def __init__(self, copy: "keras.Model", dataset, enabled: bool = True):
+    def __init__(self, copy: "keras.Model", dataset, enabled: bool = True, weights_fn=None):
         super().__init__()
         self.copy = copy
         self.dataset = dataset
         self.enabled = enabled
+        self.weights_fn = weights_fn
 
     def on_epoch_end(self, epoch, logs=None):
         # Every worker reads the weights: reading sync-on-read variables (batch-norm statistics)
         # under MultiWorkerMirroredStrategy is a collective all-reduce.
-        weights = self.model.get_weights()
+        weights = self.weights_fn() if self.weights_fn else self.model.get_weights()
         if not self.enabled or logs is None:
             return
         self.copy.set_weights(weights)

@@ -26,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -119,19 +118,6 @@ def _check_paths(out_dir: str, runs: list[Run]) -> None:
             raise ConfigError(f"-o {out_dir!r} is an input run; a stage writes a NEW run directory: give another -o")
 
 
-class StudentValidation(PlainValidation):
-    """Validates the plain student (wrappers stripped) of a Distiller on one process every epoch."""
-
-    def on_epoch_end(self, epoch, logs=None):
-        weights = self.model.student_weights()  # every worker: a collective under MultiWorkerMirrored
-        if not self.enabled or logs is None:
-            return
-        self.copy.set_weights(weights)
-        with ThreadPoolExecutor(1) as pool:  # no strategy scope in a helper thread
-            results = pool.submit(self.copy.evaluate, self.dataset, return_dict=True, verbose=0).result()
-        logs.update({f"val_{k}": float(v) for k, v in results.items()})
-
-
 def _logits(model: "keras.Model", dataset) -> tuple[np.ndarray, np.ndarray]:
     logits = model.predict(dataset, verbose=0)
     labels = np.concatenate([np.asarray(y) for _, y in dataset])
@@ -220,7 +206,7 @@ def distill(cfg: RunConfig, opts: DistillOptions) -> dict | None:
     previous_policy = precision.policy_name()
     scratch = tempfile.mkdtemp(prefix="tfopt-worker-")
     try:
-        strategy = train_lib._connect(cfg, cluster)  # first TF work of the process (MultiWorkerMirrored)
+        strategy = train_lib.connect(cfg, cluster)  # first TF work of the process (MultiWorkerMirrored)
         precision.set_policy(cfg.runtime.precision)
         if opts.seed is not None:
             keras.utils.set_random_seed(opts.seed)
@@ -229,7 +215,7 @@ def distill(cfg: RunConfig, opts: DistillOptions) -> dict | None:
         n_train = info.splits["train"].num_records
         steps_per_epoch = cfg.train.steps_per_epoch or max(1, n_train // cfg.data.global_batch_size)
         lr = cfg.train.learning_rate * (replicas if cfg.train.scale_lr else 1)
-        spe = train_lib._steps_per_execution(cfg, steps_per_epoch)
+        spe = train_lib.steps_per_execution(cfg, steps_per_epoch)
         val_ds = pipeline.make_dataset(cfg.data, "validation", training=False, info=info)
         test_ds = pipeline.make_dataset(cfg.data, "test", training=False, info=info)
 
@@ -242,7 +228,7 @@ def distill(cfg: RunConfig, opts: DistillOptions) -> dict | None:
                                  f"has {tuple(info.image_shape)} -> {info.num_classes}; pass the --dataset the "
                                  "teacher was trained on")
         # Score the teachers on strategy-free copies (identical on every worker: deterministic data).
-        plain_teachers = [train_lib._plain_copy(t) for t in teachers]
+        plain_teachers = [train_lib.plain_copy(t) for t in teachers]
         val_logits = [_logits(t, val_ds) for t in plain_teachers]
         val_acc = [_accuracy(*v) for v in val_logits]
         if opts.teacher_weights == "accuracy":
@@ -257,16 +243,16 @@ def distill(cfg: RunConfig, opts: DistillOptions) -> dict | None:
             distiller = Distiller(student, teachers, temperature=opts.temperature, alpha=opts.alpha,
                                   teacher_weights=weights, combine=opts.combine, features=opts.features,
                                   feature_weight=opts.feature_weight)
-            distiller.compile(optimizer=keras.optimizers.Adam(train_lib._schedule(cfg, lr, steps_per_epoch)),
+            distiller.compile(optimizer=keras.optimizers.Adam(train_lib.lr_schedule(cfg, lr, steps_per_epoch)),
                               steps_per_execution=spe)
         plain = distiller.plain_student()
         plain.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-        validation = StudentValidation(plain, val_ds, chief)
-        cbs, timer, logger = train_lib._callbacks(cfg, out_dir, chief, scratch, validation)
+        validation = PlainValidation(plain, val_ds, chief, weights_fn=distiller.student_weights)
+        cbs, timer, logger = train_lib.stage_callbacks(cfg, out_dir, chief, scratch, validation)
         cbs = extra_callbacks + cbs  # UpdatePruningStep re-masks the weights before validation reads them
         digests_before = distiller.teacher_digests()
         started = time.perf_counter()
-        distiller.fit(train_lib._train_data(cfg, strategy, info), epochs=cfg.train.epochs,
+        distiller.fit(train_lib.train_data(cfg, strategy, info), epochs=cfg.train.epochs,
                       steps_per_epoch=steps_per_epoch, callbacks=cbs, verbose=cfg.train.verbose if chief else 0)
         train_seconds = time.perf_counter() - started  # fit raised ModelError if a teacher had changed
         plain.set_weights(distiller.student_weights())  # every worker (collective); the chief writes
@@ -305,7 +291,7 @@ def _record(cfg, opts, strategy, cluster, info, teacher_runs, teachers, plain, w
     gap = {"teacher_test_accuracy": target_acc, "student_test_accuracy": student_acc,
            "teacher_minus_student_pt": round(100 * (target_acc - student_acc), 3)}
     if baseline_run is not None:
-        base = train_lib._plain_copy(baseline_run.load_model(trust_model=opts.trust_model))
+        base = train_lib.plain_copy(baseline_run.load_model(trust_model=opts.trust_model))
         base_acc = float(base.evaluate(test_ds, return_dict=True, verbose=0)["accuracy"])
         gap.update(baseline_run=baseline_run.path, baseline_test_accuracy=base_acc,
                    gap_closed=(student_acc - base_acc) / (target_acc - base_acc) if target_acc > base_acc else None)
@@ -318,7 +304,7 @@ def _record(cfg, opts, strategy, cluster, info, teacher_runs, teachers, plain, w
         "stage": "distill",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": cfg.to_dict(),
-        "versions": train_lib._versions(),
+        "versions": train_lib.versions(),
         "strategy": {"name": cfg.runtime.strategy, "class": type(strategy).__name__, "num_replicas": replicas,
                      "num_workers": cluster.num_workers if cluster else 1},
         "precision": cfg.runtime.precision,
@@ -348,7 +334,7 @@ def _record(cfg, opts, strategy, cluster, info, teacher_runs, teachers, plain, w
     if compression is not None:
         result["compression"] = dict(compression, measured=_measured(plain, compression))
     write_json(os.path.join(out_dir, "run.json"), result)
-    train_lib._remove_if_empty(os.path.join(out_dir, "backup"))
+    train_lib.remove_if_empty(os.path.join(out_dir, "backup"))
     return result
 
 

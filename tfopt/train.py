@@ -34,7 +34,8 @@ from tfopt.runtime.watchdog import StartupWatchdog
 PROG = "tfopt.train"
 
 
-def _versions() -> dict:
+def versions() -> dict:
+    """Versions of tfopt, Python and the TensorFlow stack, for run.json."""
     import numpy
 
     out = {"tfopt": __version__, "python": platform.python_version(), "tensorflow": tf.__version__,
@@ -56,7 +57,7 @@ def weights_digest(model: "keras.Model") -> str:
     return h.hexdigest()
 
 
-def _connect(cfg: RunConfig, cluster: ClusterInfo | None):
+def connect(cfg: RunConfig, cluster: ClusterInfo | None):
     """Creates the strategy; multi-worker start-up is guarded by a watchdog and a first all-reduce."""
     if cluster is None or len(cluster.peers()) == 0:
         return strategy_lib.make_strategy(cfg.runtime, cluster)
@@ -69,30 +70,41 @@ def _connect(cfg: RunConfig, cluster: ClusterInfo | None):
     return strategy
 
 
-def _schedule(cfg: RunConfig, lr: float, steps_per_epoch: int):
+def lr_schedule(cfg: RunConfig, lr: float, steps_per_epoch: int):
+    """The learning rate ``cfg.train.lr_schedule`` asks for: cosine-decayed over the run, or constant."""
     if cfg.train.lr_schedule == "cosine":
         return keras.optimizers.schedules.CosineDecay(lr, decay_steps=cfg.train.epochs * steps_per_epoch)
     return lr
 
 
-def _steps_per_execution(cfg: RunConfig, steps_per_epoch: int) -> int:
+def steps_per_execution(cfg: RunConfig, steps_per_epoch: int) -> int:
+    """Steps per ``tf.function`` call: the configured value, else up to 32 (never more than an epoch)."""
     if cfg.train.steps_per_execution:
         return cfg.train.steps_per_execution
     # Per-step overhead dominates small models on CPU; a few dozen steps per call removes it.
     return max(1, min(32, steps_per_epoch))
 
 
-def _train_data(cfg: RunConfig, strategy, info):
-    # A repeating input with a fixed step count per epoch keeps every worker on the same
-    # number of steps and reshuffles on every pass.
+def train_data(cfg: RunConfig, strategy, info):
+    """The distributed, repeating training input for ``fit`` under ``strategy``.
+
+    A repeating input with a fixed step count per epoch keeps every worker on the same number
+    of steps and reshuffles on every pass; parameter-server training gets a DatasetCreator.
+    """
     fn = pipeline.dataset_fn(cfg.data, "train", training=True, info=info)
     if cfg.runtime.strategy == "parameter_server":
         return keras.utils.experimental.DatasetCreator(fn)
     return strategy.distribute_datasets_from_function(fn)
 
 
-def _callbacks(cfg: RunConfig, out_dir: str, chief: bool, scratch: str,
-               validation: PlainValidation) -> tuple[list, EpochTimer, MetricsLogger]:
+def stage_callbacks(cfg: RunConfig, out_dir: str, chief: bool, scratch: str,
+                    validation: PlainValidation) -> tuple[list, EpochTimer, MetricsLogger]:
+    """The callbacks every training stage uses: epoch timer, validation, progress bar, metrics.csv/json,
+    TensorBoard (optional) and, under a multi-device strategy, epoch-level BackupAndRestore.
+
+    Returns:
+        ``(callbacks, timer, logger)``.
+    """
     timer = EpochTimer()
     logger = MetricsLogger(out_dir, enabled=chief, timer=timer)
     # Order matters: validation adds val_* to the logs before the progress bar and loggers read them.
@@ -105,7 +117,7 @@ def _callbacks(cfg: RunConfig, out_dir: str, chief: bool, scratch: str,
     return cbs, timer, logger
 
 
-def _plain_copy(model: "keras.Model") -> "keras.Model":
+def plain_copy(model: "keras.Model") -> "keras.Model":
     """A copy of ``model`` outside any strategy, compiled for evaluation: what gets validated and saved."""
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
@@ -113,8 +125,8 @@ def _plain_copy(model: "keras.Model") -> "keras.Model":
     return copy
 
 
-def _remove_if_empty(path: str) -> None:
-    # BackupAndRestore deletes its files when training ends but leaves the directory.
+def remove_if_empty(path: str) -> None:
+    """Removes directory ``path`` if it is empty (BackupAndRestore leaves its directory behind)."""
     if os.path.isdir(path) and not os.listdir(path):
         os.rmdir(path)
 
@@ -145,25 +157,25 @@ def train(cfg: RunConfig) -> dict | None:
     scratch = tempfile.mkdtemp(prefix="tfopt-worker-")
     out_dir = os.path.abspath(cfg.train.output_dir)
     try:
-        strategy = _connect(cfg, cluster)
+        strategy = connect(cfg, cluster)
         precision.set_policy(cfg.runtime.precision)
         replicas = strategy_lib.num_replicas(strategy)
         info = sources.prepare(cfg.data)
         n_train = info.splits["train"].num_records
         steps_per_epoch = cfg.train.steps_per_epoch or max(1, n_train // cfg.data.global_batch_size)
         lr = cfg.train.learning_rate * (replicas if cfg.train.scale_lr else 1)
-        spe = _steps_per_execution(cfg, steps_per_epoch)
+        spe = steps_per_execution(cfg, steps_per_epoch)
         with strategy.scope():
             model = build_model(cfg.model.name, info.image_shape, info.num_classes, cfg.model.dropout)
             model.compile(
-                optimizer=keras.optimizers.Adam(_schedule(cfg, lr, steps_per_epoch)),
+                optimizer=keras.optimizers.Adam(lr_schedule(cfg, lr, steps_per_epoch)),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=["accuracy"], steps_per_execution=spe)
-        copy = _plain_copy(model)
+        copy = plain_copy(model)
         val = PlainValidation(copy, pipeline.make_dataset(cfg.data, "validation", training=False, info=info), chief)
-        cbs, timer, logger = _callbacks(cfg, out_dir, chief, scratch, val)
+        cbs, timer, logger = stage_callbacks(cfg, out_dir, chief, scratch, val)
         started = time.perf_counter()
-        model.fit(_train_data(cfg, strategy, info), epochs=cfg.train.epochs,
+        model.fit(train_data(cfg, strategy, info), epochs=cfg.train.epochs,
                   steps_per_epoch=steps_per_epoch, callbacks=cbs, verbose=cfg.train.verbose if chief else 0)
         train_seconds = time.perf_counter() - started
         # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
@@ -181,7 +193,7 @@ def train(cfg: RunConfig) -> dict | None:
                 "tfopt_version": __version__,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "config": cfg.to_dict(),
-                "versions": _versions(),
+                "versions": versions(),
                 "strategy": {"name": cfg.runtime.strategy, "class": type(strategy).__name__,
                              "num_replicas": replicas,
                              "num_workers": cluster.num_workers if cluster else 1},
@@ -202,7 +214,7 @@ def train(cfg: RunConfig) -> dict | None:
                 "artifacts": {k: os.path.relpath(v, out_dir) for k, v in artifacts.items()},
             }
             write_json(os.path.join(out_dir, "run.json"), result)
-            _remove_if_empty(os.path.join(out_dir, "backup"))
+            remove_if_empty(os.path.join(out_dir, "backup"))
         task = f"{cluster.task_type}:{cluster.task_index}" if cluster else "local"
         summary = {"task": task, "weights_sha256": digest}
         if result:

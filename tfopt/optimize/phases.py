@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 from tfopt._keras import keras
 from tfopt.config import RunConfig
-from tfopt.data import pipeline
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.common import compute_dtypes, rebuild
+from tfopt.train import train_data
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,6 @@ class Context:
     phases_run: int = 0
 
 
-def _train_data(ctx: Context):
-    fn = pipeline.dataset_fn(ctx.cfg.data, "train", training=True, info=ctx.info)
-    if ctx.cfg.runtime.strategy == "parameter_server":
-        return keras.utils.experimental.DatasetCreator(fn)
-    return ctx.strategy.distribute_datasets_from_function(fn)
-
-
 def _compile(model, ctx: Context, ft: FineTune) -> None:
     lr = ft.learning_rate
     if ctx.cfg.train.lr_schedule == "cosine":  # the run's schedule, over this phase
@@ -71,7 +64,7 @@ def _compile(model, ctx: Context, ft: FineTune) -> None:
 
 def _fit(ctx: Context, ft: FineTune, model, callbacks: list, kind: str) -> dict:
     started = time.perf_counter()
-    history = model.fit(_train_data(ctx), epochs=ft.epochs, steps_per_epoch=ft.steps_per_epoch, callbacks=callbacks,
+    history = model.fit(train_data(ctx.cfg, ctx.strategy, ctx.info), epochs=ft.epochs, steps_per_epoch=ft.steps_per_epoch, callbacks=callbacks,
                         verbose=ctx.cfg.train.verbose if ctx.chief else 0)
     last = {k: float(v[-1]) for k, v in history.history.items() if v}
     return {"phase": kind, "epochs": ft.epochs, "steps": ft.total_steps,

@@ -136,12 +136,12 @@ def optimize_many(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSet
     sources.check(cfg.data)
     if cfg.runtime.strategy == "parameter_server" and cluster.task_type in ("worker", "ps"):
         strategy_lib.run_server(cluster)
-    from tfopt.train import _connect
+    from tfopt.train import connect
 
     previous_policy = precision_lib.policy_name()
     results = []
     try:
-        strategy = _connect(cfg, cluster)
+        strategy = connect(cfg, cluster)
         base = check_model(run.load_model(trust_model=settings_list[0].trust_model), f"model of run {from_dir!r}")
         ctx = Context(cfg=cfg, strategy=strategy, info=sources.prepare(cfg.data), chief=strategy_lib.is_chief(cluster))
         meta = {"strategy": {"name": cfg.runtime.strategy, "class": type(strategy).__name__,
