@@ -38,6 +38,10 @@ def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
     _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune", "--policy", "xnnpack", "--strategy",
                              "one_device", "--steps-per-epoch", "1", "-o", out],
                     "pruning policy 'xnnpack' does not fit")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune", "--block-size", "4", "-o", out],
+                    "--block-size '4' is not ROWS,COLS; e.g. --block-size 4,1")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune_2of4", "--block-size", "4,1", "--strategy",
+                             "one_device", "-o", out], "exclude each other")
     assert not os.path.exists(out)  # nothing written for a mistake
 
 
@@ -100,3 +104,15 @@ def test_pqat_bfloat16_survives_int8_tflite_conversion(tiny_run, tmp_path, capsy
                     if d["dtype"] == np.int8 and len(d["shape"]) == 2 and d["shape"][0] == 10]
     assert int8_weights, "no int8 logits kernel in the TFLite model"
     assert (int8_weights[0] == 0).mean() >= 0.79  # pruning survived QAT and int8 conversion
+
+
+def test_cluster_summaries_under_several_steps_per_execution(tiny_run, tmp_path, capsys):
+    # tfmot's own ClusteringSummaries asserts on its step count when steps_per_execution > 1.
+    out = tmp_path / "clustered"
+    assert main(["--from", tiny_run, "--technique", "cluster", "--clusters", "8", "--epochs", "2",
+                 "--steps-per-epoch", "6", "--set", "train.steps_per_execution=3", "--strategy", "one_device",
+                 "--quiet", "--no-saved-model", "-o", str(out)]) == 0
+    run = json.load(open(out / "run.json"))
+    assert run["optimize"]["checks"]["clusters"]["ok"] and max(run["optimize"]["clusters"].values()) <= 8
+    events = [f for _, _, files in os.walk(out / "tensorboard") for f in files if f.startswith("events.out")]
+    assert events, "no clustering summaries"

@@ -154,9 +154,34 @@ def wrap(model: "keras.Model", spec: ClusterSpec, names: list[str] | None = None
     return wrapped
 
 
+class _ClusteringSummaries(_clustering.ClusteringSummaries):
+    """tfmot's ClusteringSummaries, counting steps right under ``steps_per_execution`` > 1.
+
+    tfmot counts one step per ``on_train_batch_begin`` call and asserts that its count is at
+    least Keras' batch index; with several steps per execution Keras calls once per execution
+    with the index of its last step, which breaks that assertion. Here the count is the step
+    number itself.
+    """
+
+    def __init__(self, log_dir: str):
+        super().__init__(log_dir=log_dir)
+        self._steps = self._epoch_start = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._epoch_start = self._steps
+
+    def on_train_batch_begin(self, batch, logs=None):
+        keras.callbacks.TensorBoard.on_train_batch_begin(self, batch, logs)  # not tfmot's one-per-call count
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps = self.continuous_batch = self._epoch_start + batch + 1
+        super().on_train_batch_end(batch, logs)
+
+
 def callbacks(log_dir: str | None) -> list:
-    """``ClusteringSummaries`` for TensorBoard when a ``log_dir`` is given."""
-    return [_clustering.ClusteringSummaries(log_dir=log_dir)] if log_dir else []
+    """``ClusteringSummaries`` (centroid histograms per epoch) for TensorBoard when a ``log_dir`` is given."""
+    return [_ClusteringSummaries(log_dir)] if log_dir else []
 
 
 def strip(model: "keras.Model") -> "keras.Model":
