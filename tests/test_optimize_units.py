@@ -83,6 +83,34 @@ def test_polynomial_schedule_reaches_target_and_table_reads_stripped_weights(tmp
     assert list(tmp_path.glob("tb/**/events.out.tfevents.*")), "PruningSummaries wrote no TensorBoard events"
 
 
+def test_block_pruning_zeroes_whole_dense_blocks_and_leaves_convolutions_unstructured():
+    spec = prune_lib.PruneSpec(sparsity=0.75, frequency=1, block_size=(4, 1)).validate()
+    wrapped = prune_lib.wrap(rebuild(_cnn(), "float32"), spec, total_steps=4)
+    _fit(wrapped, prune_lib.callbacks(None), steps=4)
+    stripped = prune_lib.strip(wrapped)
+    names = prune_lib.prunable_names(_cnn(), spec)
+    report = prune_lib.check_blocks(stripped, (4, 1), names)
+    assert report["ok"] and set(report["layers"]) == {"fc", "logits"}, report
+    fc = stripped.get_layer("fc").kernel.numpy()  # [288, 16]: blocks of 4 consecutive inputs
+    assert np.all((fc.reshape(72, 4, 16) == 0).sum(axis=1) % 4 == 0)
+    assert (fc == 0).mean() == pytest.approx(0.75, abs=0.01)
+    assert (stripped.get_layer("conv0").kernel.numpy() == 0).mean() == pytest.approx(0.75, abs=0.03)
+    # The checker fails on an unstructured kernel of the same sparsity.
+    assert not prune_lib.check_blocks(_unstructured(stripped), (4, 1), ["fc"])["ok"]
+    with pytest.raises(OptimizeError, match=r"block_size=\(4, 1\) and m_by_n=\(2, 4\) exclude each other"):
+        prune_lib.PruneSpec(block_size=(4, 1), m_by_n=(2, 4)).validate()
+    with pytest.raises(OptimizeError, match=r"block_size=\(0, 1\) must be two integers >= 1"):
+        prune_lib.PruneSpec(block_size=(0, 1)).validate()
+
+
+def _unstructured(model):
+    layer = model.get_layer("fc")
+    kernel, bias = layer.get_weights()
+    rng = np.random.default_rng(0)
+    layer.set_weights([np.where(rng.random(kernel.shape) < 0.75, 0.0, 1.0).astype(np.float32), bias])
+    return model
+
+
 def test_selection_errors_name_the_valid_choices():
     model = _cnn()
     with pytest.raises(OptimizeError, match=r"layer 'conv9' is not in model 'small'; layers: image, conv0"):

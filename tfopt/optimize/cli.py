@@ -47,6 +47,9 @@ def build_parser() -> cli.ArgumentParser:
                    help="-1 = end of the phase (constant) / two thirds into it (polynomial)")
     g.add_argument("--frequency", type=int, default=0,
                    help="mask update every N steps (default: ~20 per phase, at most every 100)")
+    g.add_argument("--block-size", default="1,1", metavar="ROWS,COLS",
+                   help="block sparsity of Dense kernels [in, out], e.g. 4,1 (runs of 4 inputs: contiguous in "
+                   "TFLite, smaller gzip); convolutions stay unstructured (default 1,1 = unstructured)")
     g.add_argument("--policy", default="none", help="none or xnnpack (PruneForLatencyOnXNNPack)")
     g = p.add_argument_group("clustering")
     g.add_argument("--clusters", type=int, default=16, help="centroids per kernel (default 16)")
@@ -111,6 +114,7 @@ def settings_for(args, technique: str, cfg: config_lib.RunConfig, run):
     selection = Selection(_csv(args.layers), _csv(args.layer_types))
     prune = PruneSpec(sparsity=args.sparsity, schedule=args.schedule, initial_sparsity=args.initial_sparsity,
                       begin_step=args.begin_step, end_step=args.end_step, frequency=frequency,
+                      block_size=_pair(args.block_size, "--block-size"),
                       policy=args.policy, selection=selection)
     return OptimizeSettings(
         technique=technique, prune=prune,
@@ -119,6 +123,13 @@ def settings_for(args, technique: str, cfg: config_lib.RunConfig, run):
         qat_selection=selection, epochs=args.epochs, phase_epochs=phase_epochs, steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.lr,
         tensorboard=not args.no_tensorboard, saved_model=not args.no_saved_model, trust_model=args.trust_model)
+
+
+def _pair(text: str, flag: str) -> tuple[int, int]:
+    parts = _csv(text.replace("x", ","))
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"{flag} {text!r} is not ROWS,COLS; e.g. {flag} 4,1")
+    return int(parts[0]), int(parts[1])
 
 
 def _phase_epochs(text: str | None) -> tuple[tuple[str, int], ...]:

@@ -212,6 +212,8 @@ def _checks(float_model, chain, infos) -> dict:
             rows = [r for r in weight_table(float_model) if r.layer in layers["prune"]]
             low = [r.layer for r in rows if r.sparsity < spec.sparsity - 0.01]  # rounding aside
             checks["sparsity"] = {"target": spec.sparsity, "ok": not low, "below_target": low}
+            if tuple(spec.block_size) != (1, 1):
+                checks["blocks"] = prune_lib.check_blocks(float_model, spec.block_size, layers["prune"])
     if "cluster" in specs:
         # tfmot's cluster-preserving QAT re-clusters a Conv2D per output channel when every
         # channel uses about as many values; the clusters then survive per channel.
