@@ -8,11 +8,12 @@ line here: reading the weights is a collective.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras
+from tfopt._keras import keras, tf
 from tfopt.config import RunConfig
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import prune as prune_lib
@@ -62,10 +63,28 @@ def _compile(model, ctx: Context, ft: FineTune) -> None:
                   metrics=["accuracy"], steps_per_execution=ft.steps_per_execution)
 
 
+class _NoUnusedKernelWarning(logging.Filter):
+    """Drops Keras' "Gradients do not exist for variables" warning.
+
+    A clustered layer computes with its centroids; the original kernel only seeds them and by
+    design gets no gradient, which Keras reports at every trace.
+    """
+
+    def filter(self, record) -> bool:
+        return not record.getMessage().startswith("Gradients do not exist for variables")
+
+
 def _fit(ctx: Context, ft: FineTune, model, callbacks: list, kind: str) -> dict:
     started = time.perf_counter()
-    history = model.fit(train_data(ctx.cfg, ctx.strategy, ctx.info), epochs=ft.epochs, steps_per_epoch=ft.steps_per_epoch, callbacks=callbacks,
-                        verbose=ctx.cfg.train.verbose if ctx.chief else 0)
+    clustered = kind == "cluster" or any("Cluster" in type(layer).__name__ for layer in model.submodules)
+    quiet = _NoUnusedKernelWarning()
+    if clustered:
+        tf.get_logger().addFilter(quiet)
+    try:
+        history = model.fit(train_data(ctx.cfg, ctx.strategy, ctx.info), epochs=ft.epochs,
+                            steps_per_epoch=ft.steps_per_epoch, callbacks=callbacks, verbose=ctx.cfg.train.verbose if ctx.chief else 0)
+    finally:
+        tf.get_logger().removeFilter(quiet)
     last = {k: float(v[-1]) for k, v in history.history.items() if v}
     return {"phase": kind, "epochs": ft.epochs, "steps": ft.total_steps,
             "seconds": round(time.perf_counter() - started, 3), **{f"train_{k}": round(v, 5) for k, v in last.items()},
