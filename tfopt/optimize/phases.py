@@ -98,36 +98,34 @@ def _log_dir(ctx: Context, kind: str) -> str | None:
     return os.path.join(ctx.log_dir, f"{ctx.phases_run}-{kind}")
 
 
-def prune_phase(ctx: Context, ft: FineTune, src, spec: prune_lib.PruneSpec):
-    """Prunes ``src`` (strategy-free); returns ``(stripped float32 copy, phase info)``."""
+def _strip_phase(ctx: Context, ft: FineTune, src, kind: str, names: list[str], wrap, lib):
+    # Rebuild in scope (wrapped layers in float32 under a mixed policy), wrap, fit, strip in scope.
     policy = ctx.cfg.runtime.precision
     mixed = policy != "float32"
-    names = prune_lib.prunable_names(src, spec)
     with ctx.strategy.scope():
         model = rebuild(src, policy, float32_layers=names if mixed else ())
-        wrapped = prune_lib.wrap(model, spec, ft.total_steps, names, wrapper_dtype="float32" if mixed else None)
+        wrapped = wrap(model, "float32" if mixed else None)
         _compile(wrapped, ctx, ft)
-    info = _fit(ctx, ft, wrapped, prune_lib.callbacks(_log_dir(ctx, "prune")), "prune")
+    info = _fit(ctx, ft, wrapped, lib.callbacks(_log_dir(ctx, kind)), kind)
     with ctx.strategy.scope():
-        stripped = prune_lib.strip(wrapped)
+        stripped = lib.strip(wrapped)
     info["layers"] = names
     return rebuild(stripped, "float32"), info  # every worker reads the weights (a collective under MWMS)
 
 
+def prune_phase(ctx: Context, ft: FineTune, src, spec: prune_lib.PruneSpec):
+    """Prunes ``src`` (strategy-free); returns ``(stripped float32 copy, phase info)``."""
+    names = prune_lib.prunable_names(src, spec)
+    return _strip_phase(ctx, ft, src, "prune", names,
+                        lambda model, dtype: prune_lib.wrap(model, spec, ft.total_steps, names, wrapper_dtype=dtype),
+                        prune_lib)
+
+
 def cluster_phase(ctx: Context, ft: FineTune, src, spec: cluster_lib.ClusterSpec):
     """Clusters ``src``; returns ``(stripped float32 copy, phase info)``."""
-    policy = ctx.cfg.runtime.precision
-    mixed = policy != "float32"
     names = cluster_lib.clusterable_names(src, spec)
-    with ctx.strategy.scope():
-        model = rebuild(src, policy, float32_layers=names if mixed else ())
-        wrapped = cluster_lib.wrap(model, spec, names, wrapper_dtype="float32" if mixed else None)
-        _compile(wrapped, ctx, ft)
-    info = _fit(ctx, ft, wrapped, cluster_lib.callbacks(_log_dir(ctx, "cluster")), "cluster")
-    with ctx.strategy.scope():
-        stripped = cluster_lib.strip(wrapped)
-    info["layers"] = names
-    return rebuild(stripped, "float32"), info
+    return _strip_phase(ctx, ft, src, "cluster", names,
+                        lambda model, dtype: cluster_lib.wrap(model, spec, names, wrapper_dtype=dtype), cluster_lib)
 
 
 def qat_phase(ctx: Context, ft: FineTune, src, spec: quantize_lib.QatSpec):
