@@ -18,6 +18,7 @@ _EXPORTS = {
     "format_report": "tfopt.optimize.inspect",
     "inspect_model": "tfopt.optimize.inspect",
     "PruneSpec": "tfopt.optimize.prune",
+    "check_blocks": "tfopt.optimize.prune",
     "check_m_by_n": "tfopt.optimize.prune",
     "QatSpec": "tfopt.optimize.quantize",
     "load_quantized_model": "tfopt.optimize.quantize",
