@@ -90,15 +90,18 @@ def test_pqat_bfloat16_survives_int8_tflite_conversion(tiny_run, tmp_path, capsy
     phases = run["optimize"]["phases"]
     assert [p["phase"] for p in phases] == ["prune", "qat"] and phases[1]["scheme"] == "prune_preserve"
     assert phases[0]["compute_dtypes"]["pool0"] == "bfloat16"  # unwrapped layers keep the mixed policy
-    from tfopt._keras import tf
-    from tfopt.optimize.quantize import load_quantized_model
-
-    model = load_quantized_model(str(out / "model.keras"))
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    # The next stage: `python -m tfopt.export` converts the saved QAT model from its learned ranges.
     from ai_edge_litert.interpreter import Interpreter
 
-    interpreter = Interpreter(model_content=converter.convert())
+    from tfopt.export.cli import main as export_main
+
+    exp = tmp_path / "exp"
+    assert export_main(["--from", str(out), "--modes", "int8", "--eval-limit", "300", "--runs", "5", "--warmup",
+                        "1", "--threads", "1", "--no-plot", "-o", str(exp)]) == 0
+    record = json.load(open(exp / "export.json"))
+    row = record["modes"][0]
+    assert row["qat"] and row["eval"]["accuracy"] > 0.3 and row["eval"]["agreement"] >= 0.97, row["eval"]
+    interpreter = Interpreter(model_path=str(exp / "model_int8.tflite"))
     interpreter.allocate_tensors()
     int8_weights = [interpreter.get_tensor(d["index"]) for d in interpreter.get_tensor_details()
                     if d["dtype"] == np.int8 and len(d["shape"]) == 2 and d["shape"][0] == 10]
