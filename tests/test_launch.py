@@ -149,7 +149,10 @@ def test_ctrl_c_stops_children():
     proc = subprocess.Popen(
         [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--",
          *py("print('pid', os.getpid(), flush=True); time.sleep(60)")],
-        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        # A shell starts background jobs with SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt handler: give the launcher the default disposition a terminal gives.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pids = [int(proc.stdout.readline().split()[-1]) for _ in range(2)]
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=20) == 130
