@@ -38,10 +38,10 @@ def test_two_epochs_in_process(tmp_path, strategy, replicas):
     assert run["versions"]["tf_keras"].startswith("2.")
 
 
-def _launch(tmp_path, strategy, *launch_args, timeout=300):
+def _launch(tmp_path, strategy, *launch_args, timeout=300, epochs=1):
     cmd = [sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "240", "--",
            sys.executable, "-m", "tfopt.train", "--strategy", strategy, "--limit", "3000", "--batch-size", "64",
-           "--epochs", "1", "--quiet", "-o", str(tmp_path / "run"), "--set", "data.num_shards=4"]
+           "--epochs", str(epochs), "--quiet", "-o", str(tmp_path / "run"), "--set", "data.num_shards=4"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -64,9 +64,10 @@ def test_multi_worker_mirrored_two_real_processes(tmp_path):
 
 @pytest.mark.slow
 def test_parameter_server_real_cluster(tmp_path):
-    proc = _launch(tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1")
+    proc = _launch(tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1", epochs=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # One replica per worker on CPU; asynchronous updates learn less in 46 steps than synchronous ones.
+    # One replica per worker on CPU; asynchronous, stale updates learn less per step than synchronous
+    # ones (46 steps once ended at 0.37 test accuracy): 92 steps.
     run = _check_run(tmp_path / "run", "parameter_server", 1, min_accuracy=0.5)
     assert run["strategy"]["num_workers"] == 2
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
