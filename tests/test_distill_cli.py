@@ -120,9 +120,9 @@ def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run):
 @pytest.mark.slow
 def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run):
     proc = _launch(tmp_path, mnist_run, "parameter_server", "--chief", "--workers", "2", "--ps", "1",
-                   extra=["--technique", "prune", "--sparsity", "0.5"])
+                   extra=["--technique", "prune", "--sparsity", "0.5", "--epochs", "2"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # Asynchronous updates learn less in 46 steps than synchronous ones (see test_train).
+    # Asynchronous updates learn less per step than synchronous ones (see test_train): 92 steps.
     run = _check_common(tmp_path / "run", mnist_run, "parameter_server", 1, 0.3)
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
     assert run["compression"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)
