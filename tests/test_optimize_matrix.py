@@ -24,7 +24,7 @@ MWMS = ("prune", "qat", "pcqat")  # pcqat runs all three wrappers (prune, cluste
 PS = ("prune", "qat", "cluster")
 STEPS = 8
 # A small learning rate: a few steps must not move a barely trained model far (accuracy is not the point here).
-FLAGS = ["--steps-per-epoch", str(STEPS), "--schedule", "polynomial", "--lr", "1e-4",
+FLAGS = ["--steps-per-epoch", str(STEPS), "--epochs", "1", "--schedule", "polynomial", "--lr", "1e-4",
          "--set", "train.steps_per_execution=1"]
 
 

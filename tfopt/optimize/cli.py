@@ -18,6 +18,7 @@ from tfopt import config as config_lib
 from tfopt.errors import ConfigError
 
 PROG = "tfopt.optimize"
+DEFAULT_PRUNE_EPOCHS = 3
 TECHNIQUE_NAMES = ("prune", "prune_2of4", "qat", "cluster", "pqat", "cqat", "pcqat")
 
 
@@ -40,7 +41,8 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--layer-types", help="comma-separated layer classes to optimize, e.g. Conv2D,Dense")
     g = p.add_argument_group("pruning")
     g.add_argument("--sparsity", type=float, default=0.8, help="target share of zero weights (default 0.8)")
-    g.add_argument("--schedule", default="constant", help="constant (ConstantSparsity) or polynomial (PolynomialDecay)")
+    g.add_argument("--schedule", default="polynomial",
+                   help="polynomial (PolynomialDecay from --initial-sparsity, the default) or constant (ConstantSparsity)")
     g.add_argument("--initial-sparsity", type=float, default=0.0, help="polynomial schedule start (default 0)")
     g.add_argument("--begin-step", type=int, default=0)
     g.add_argument("--end-step", type=int, default=-1,
@@ -60,7 +62,8 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--precision", help=f"one of: {', '.join(config_lib.PRECISIONS)} (default: the input run's)")
     g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs")
     g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
-    g.add_argument("--epochs", type=int, default=1, help="epochs per phase (default 1)")
+    g.add_argument("--epochs", type=int,
+                   help=f"epochs of every phase (default: {DEFAULT_PRUNE_EPOCHS} for pruning, 1 for QAT and clustering)")
     g.add_argument("--phase-epochs", metavar="KIND=N[,...]",
                    help="epochs of some phase kinds, e.g. prune=3,qat=1 (overrides --epochs for them)")
     g.add_argument("--steps-per-epoch", type=int, default=0, help="0 = one pass over the training split")
@@ -108,7 +111,10 @@ def settings_for(args, technique: str, cfg: config_lib.RunConfig, run):
     if cfg.data.limit:
         records = min(records, cfg.data.limit)
     phase_epochs = _phase_epochs(args.phase_epochs)
-    epochs = dict(phase_epochs).get("prune", args.epochs)
+    if args.epochs is None and "prune" not in dict(phase_epochs):
+        # Pruning needs time to recover from the zeros (tfmot's guides fine-tune for a few epochs).
+        phase_epochs += (("prune", DEFAULT_PRUNE_EPOCHS),)
+    epochs = dict(phase_epochs).get("prune", 1 if args.epochs is None else args.epochs)
     steps = epochs * (args.steps_per_epoch or max(1, records // cfg.data.global_batch_size))
     frequency = args.frequency or max(1, min(100, steps // 20))
     selection = Selection(_csv(args.layers), _csv(args.layer_types))
@@ -120,7 +126,8 @@ def settings_for(args, technique: str, cfg: config_lib.RunConfig, run):
         technique=technique, prune=prune,
         cluster=ClusterSpec(clusters=args.clusters, init=args.centroid_init, per_channel=args.per_channel,
                             selection=selection),
-        qat_selection=selection, epochs=args.epochs, phase_epochs=phase_epochs, steps_per_epoch=args.steps_per_epoch,
+        qat_selection=selection, epochs=1 if args.epochs is None else args.epochs, phase_epochs=phase_epochs,
+        steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.lr,
         tensorboard=not args.no_tensorboard, saved_model=not args.no_saved_model, trust_model=args.trust_model)
 
