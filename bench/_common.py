@@ -7,13 +7,11 @@ several repeats.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any, Iterable, Sequence
 
@@ -65,39 +63,10 @@ def _cpu_model() -> str:
 
 
 def write_json_atomic(path: str, payload: Any) -> None:
-    """Writes ``payload`` as JSON to ``path`` atomically (temp file in the same dir + rename).
+    """Writes ``payload`` as JSON to ``path`` atomically, readable under the user's umask (tfopt.fileio)."""
+    from tfopt.fileio import write_json
 
-    A reader never sees a half-written file, and an interrupted run leaves the previous
-    result intact.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2, sort_keys=False, default=_json_default, allow_nan=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _json_default(obj: Any) -> Any:
-    # numpy scalars / arrays without importing numpy here
-    if hasattr(obj, "item") and callable(obj.item):
-        try:
-            return obj.item()
-        except (TypeError, ValueError):
-            pass
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+    write_json(path, payload)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

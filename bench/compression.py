@@ -78,7 +78,7 @@ def _base_run(args) -> str:
     cfg = _base_config(args.workdir, args.smoke)
     path = cfg.train.output_dir
     if not os.path.isfile(os.path.join(path, "run.json")):
-        from tfopt.train import train
+        from tfopt.train import run as train
 
         print(f"B4: training the base {cfg.model.name} ({cfg.train.epochs} epochs) into {path}", file=sys.stderr)
         train(cfg)
@@ -91,7 +91,7 @@ def _fine_tune(run_dir: str, out_dir: str, repeat: int, smoke: bool) -> dict:
 
     from tfopt.optimize.common import Selection
     from tfopt.optimize.cli import build_parser, resolve_config, settings_for
-    from tfopt.optimize.runner import optimize_many
+    from tfopt.optimize.runner import run as run_optimize
     from tfopt.runs import load_run
 
     run = load_run(run_dir)
@@ -107,11 +107,11 @@ def _fine_tune(run_dir: str, out_dir: str, repeat: int, smoke: bool) -> dict:
     keras.utils.set_random_seed(1000 + repeat)
     settings = []
     for _, technique, block in FINE_TUNED:
-        s = settings_for(args, technique, cfg, run)
+        s = settings_for(args, technique)
         prune = replace(s.prune, block_size=block)
         settings.append(replace(s, prune=prune if smoke else replace(prune, selection=Selection(names=PRUNED_LAYERS))))
     outs = [os.path.join(out_dir, f"r{repeat}-{variant}") for variant, _, _ in FINE_TUNED]
-    results = optimize_many(run_dir, cfg, settings, outs, keep_going=False)
+    results = run_optimize(run_dir, cfg, settings, outs, keep_going=False)
     return {variant: r["output"] for (variant, _, _), r in zip(FINE_TUNED, results)}
 
 
@@ -165,7 +165,9 @@ def run(args) -> dict:
     from tfopt.export.tflite import calibration_batches
 
     calibration = calibration_batches(cfg.data, 4 if args.smoke else 25)
-    model = base.load_model()
+    from tfopt.models.io import load_model
+
+    model = load_model(base.model_path)
     units = 2 + len(FINE_TUNED) * args.repeats
     per_repeat = []
     with tqdm(total=units, desc="B4", unit="model", disable=None, file=sys.stderr) as bar:

@@ -101,7 +101,7 @@ def parse_args(argv=None):
 
 def ensure_run(workdir: str, p: Params) -> str:
     """Trains the model once per (model, epochs, limit, batch) and reuses the run directory."""
-    from tfopt.train import train
+    from tfopt.train import run as train
 
     run_dir = os.path.join(workdir, f"{p.model}-e{p.epochs}-l{p.limit}-b{p.batch_size}")
     if os.path.exists(os.path.join(run_dir, "run.json")):
@@ -203,7 +203,9 @@ def main(argv=None) -> int:
     with tqdm(total=total, desc="B5", unit="step", disable=None, file=sys.stderr) as bar:
         bar.set_postfix_str("training (once)")
         run = load_run(ensure_run(workdir, p))
-        model = run.load_model()
+        from tfopt.models.io import load_model
+
+        model = load_model(run.model_path)
         models, _ = build_models(run, model, p, bar)
         qat_info = None
         if p.qat:

@@ -1,8 +1,18 @@
-"""Test set-up: tf_keras, and the one CPU split into 2 logical devices before TF touches it."""
+"""Test set-up: tf_keras, a data directory of the tests' own, and the one CPU split into 2 logical
+devices before TF touches it."""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every session materializes its datasets in a directory of its own (never the user's cache);
+# downloads already in the user's cache are read from there (read-only), others fetched again.
+_USER_DATA = os.environ.get("TFOPT_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tfopt")
+os.environ.setdefault("TFOPT_DOWNLOAD_CACHE", os.path.join(_USER_DATA, "downloads"))
+os.environ["TFOPT_DATA_DIR"] = tempfile.mkdtemp(prefix="tfopt-test-data-")
+atexit.register(shutil.rmtree, os.environ["TFOPT_DATA_DIR"], True)
 
 from tfopt.runtime.devices import setup_cpu_replicas  # noqa: E402
 
@@ -18,7 +28,7 @@ def mnist_run(tmp_path_factory):
     Later stages (optimize, distill, export) start from it; treat it as read-only.
     """
     from tfopt import config as C
-    from tfopt.train import train
+    from tfopt.train import run as train
 
     out = tmp_path_factory.mktemp("mnist_run")
     cfg = C.from_dict({

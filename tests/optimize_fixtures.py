@@ -12,7 +12,7 @@ def tiny_run_dir(tmp_path_factory) -> str:
     """
     out = tmp_path_factory.getbasetemp() / "optimize_tiny_run"
     if not os.path.isfile(out / "run.json"):
-        from tfopt.train import train
+        from tfopt.train import run as train
 
         train(C.from_dict({
             "data": {"dataset": "mnist", "limit": 3000, "global_batch_size": 64, "num_shards": 4},

@@ -5,7 +5,7 @@
 CELLS is a comma-separated list of ``STRATEGY/PRECISION`` (every technique) or
 ``STRATEGY/PRECISION=TECH+TECH`` (those techniques). Each group runs in this one process (one_device
 and mirrored can share a process; the precision policy is set per job) through the same code path
-as ``python -m tfopt.optimize`` (its flag parser, one ``optimize_many`` job per group); one JSON
+as ``python -m tfopt.optimize`` (its flag parser, one ``run_optimize`` job per group); one JSON
 row per cell is written.
 """
 import os
@@ -20,7 +20,7 @@ setup_cpu_replicas(2)  # mirrored: 2 replicas on the one CPU, before TensorFlow 
 
 from tfopt.fileio import write_json  # noqa: E402
 from tfopt.optimize.cli import build_parser, resolve_config, settings_for  # noqa: E402
-from tfopt.optimize.runner import optimize_many  # noqa: E402
+from tfopt.optimize.runner import run as run_optimize  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
 TECHNIQUES = "prune,prune_2of4,qat,cluster,pqat,cqat,pcqat"
@@ -37,10 +37,10 @@ def main(run_dir: str, out_dir: str, report: str, cells: str, *flags: str) -> No
         args = build_parser().parse_args(argv)
         cfg = resolve_config(args, run.config)
         names = args.technique.split(",")
-        settings = [settings_for(args, name, cfg, run) for name in names]
+        settings = [settings_for(args, name) for name in names]
         outs = [os.path.join(out_dir, f"{strategy}-{precision}", name) for name in names]
         started = time.process_time()
-        for res in optimize_many(run_dir, cfg, settings, outs, keep_going=True):
+        for res in run_optimize(run_dir, cfg, settings, outs, keep_going=True):
             rows.append({"strategy": strategy, "precision": precision, **_row(res)})
         print(f"cells {strategy} {precision}: {time.process_time() - started:.1f} s CPU", flush=True)
     write_json(report, rows)
@@ -48,10 +48,10 @@ def main(run_dir: str, out_dir: str, report: str, cells: str, *flags: str) -> No
 
 def _row(res: dict) -> dict:
     out = {"technique": res["technique"], "ok": res["ok"], "error": res.get("error", "")}
-    rec = res.get("record")
+    rec = res["record"].to_dict() if res.get("record") else None
     if rec:
         opt = rec["optimize"]
-        out.update(test_accuracy=rec["metrics"]["test_accuracy"], source_accuracy=rec["source"]["test_accuracy"],
+        out.update(test_accuracy=rec["metrics"]["test_accuracy"], source_accuracy=opt["source"]["test_accuracy"],
                    sparsity=opt["sparsity"], clusters=opt["clusters"], notes=opt["precision_notes"],
                    checks={k: v["ok"] for k, v in opt["checks"].items()}, replicas=rec["strategy"]["num_replicas"])
     return out

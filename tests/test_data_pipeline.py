@@ -1,7 +1,9 @@
 """The tf.data pipeline: parsing, determinism, sharding across pipelines, distribution."""
+import collections
 import dataclasses
 import hashlib
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -87,6 +89,66 @@ def test_training_batches_are_deterministic(mnist):
         np.testing.assert_array_equal(y1, y2)
     epoch2 = [y.numpy() for _, y in again_ds]  # reshuffled for the next epoch
     assert not all(np.array_equal(a, b) for (_, a), b in zip(again, epoch2))
+
+
+@pytest.fixture(scope="session")
+def digits8(data_root):
+    """1,000 real digits in 8 train shards of 125; a shuffle buffer far smaller than a shard."""
+    cfg = DataConfig(dataset="digits", data_dir=data_root, limit=1000, num_shards=8, global_batch_size=40,
+                     shuffle_buffer=50, deterministic=True)
+    return cfg, prepare(cfg)
+
+
+def record_ids(batches):
+    """Fingerprints of the records of some batches, in the order they come."""
+    return [hashlib.sha1(x.tobytes() + bytes([y])).hexdigest()
+            for images, labels in batches for x, y in zip(images.numpy(), labels.numpy())]
+
+
+def training_epochs(cfg, info, epochs):
+    """Record order of consecutive epochs of one repeated training dataset (as a training loop sees)."""
+    per_epoch = info.splits["train"].num_records // cfg.global_batch_size
+    batches = iter(make_dataset(cfg, "train", training=True, info=info).repeat())
+    return [record_ids(next(batches) for _ in range(per_epoch)) for _ in range(epochs)]
+
+
+def test_memory_cache_reshuffles_every_epoch(digits8):
+    cfg, info = digits8
+    assert cfg.cache == "memory"
+    first, second = training_epochs(cfg, info, 2)
+    every = record_ids(make_dataset(cfg, "train", training=False, info=info))
+    assert len(every) == 1000 and sorted(first) == sorted(second) == sorted(every)
+    assert first != second
+    # Not just mixed inside a buffer of 50: each epoch is a fresh permutation of the whole split, so
+    # a record's position in one epoch says nothing about its position in the next ...
+    position = {r: i for i, r in enumerate(second)}
+    assert abs(np.corrcoef(np.arange(1000), [position[r] for r in first])[0, 1]) < 0.2
+    # ... and no file comes early or late as a whole: the records of every shard are spread over
+    # the epoch (mean position near the middle; a file-by-file order puts them at 1/16, 3/16, ...).
+    shard_of = {r: i for i, f in enumerate(info.splits["train"].files)
+                for r in record_ids(build([f], parse_fn(info, "train"), cfg, training=False, batch_size=125))}
+    for epoch in (first, second):
+        spots = collections.defaultdict(list)
+        for i, r in enumerate(epoch):
+            spots[shard_of[r]].append(i / len(epoch))
+        assert len(spots) == 8 and all(abs(np.mean(s) - 0.5) < 0.15 for s in spots.values()), spots.keys()
+    # Seeded: another build with the same seed gives the same sequence of epoch orders.
+    assert training_epochs(cfg, info, 2) == [first, second]
+    assert training_epochs(dataclasses.replace(cfg, seed=cfg.seed + 1), info, 1)[0] != first
+
+
+def test_memory_cache_serves_later_epochs(digits8, tmp_path):
+    cfg, info = digits8
+    files = []
+    for f in info.splits["train"].files:  # copies we can delete once the cache holds them
+        files.append(str(tmp_path / os.path.basename(f)))
+        shutil.copy(f, files[-1])
+    ds = build(files, parse_fn(info, "train"), cfg, training=True, batch_size=40)  # counts the records
+    first = record_ids(ds)
+    for f in files:
+        os.remove(f)
+    second = record_ids(ds)  # a new pass: from the cache, since the files are gone
+    assert len(first) == 1000 and sorted(first) == sorted(second) and first != second
 
 
 def test_eval_keeps_order_and_every_record(mnist):

@@ -1,4 +1,6 @@
 """Shards and manifests: corruption is caught and named, builds are atomic and happen once."""
+import collections
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,8 +27,8 @@ def test_layout_and_manifest(digits):
     cfg, info = digits
     directory = os.path.join(cfg.data_dir, "digits", "shards4-limit200")
     assert sorted(os.listdir(directory)) == sorted(
-        ["manifest.json"] + [f"{s}-{i:05d}-of-00004.tfrecord" for s in ("train", "validation", "test")
-                             for i in range(4)])
+        ["manifest.json", "verified.json"]
+        + [f"{s}-{i:05d}-of-00004.tfrecord" for s in ("train", "validation", "test") for i in range(4)])
     with open(os.path.join(directory, "manifest.json")) as f:
         manifest = json.load(f)
     assert manifest["image_shape"] == [8, 8, 1] and manifest["num_classes"] == 10
@@ -62,6 +64,73 @@ def test_corrupted_shard_is_named(digits):
     with pytest.raises(DataError) as err:
         prepare(cfg)
     assert shard in str(err.value) and "corrupted" in str(err.value)
+
+
+@pytest.fixture
+def hashes(monkeypatch):
+    """Counts full sha256 passes per shard file name (a build hashes them in a temp directory)."""
+    counts = collections.Counter()
+    real = shards.sha256_file
+
+    def counting(path):
+        counts[os.path.basename(path)] += 1
+        return real(path)
+
+    monkeypatch.setattr(shards, "sha256_file", counting)
+    return counts
+
+
+def shard_names(info):
+    return sorted(os.path.basename(f) for split in info.splits.values() for f in split.files)
+
+
+def test_each_shard_is_hashed_once_then_stamped(tmp_path, hashes):
+    cfg = DataConfig(dataset="digits", data_dir=str(tmp_path), limit=200, num_shards=4)
+    info = prepare(cfg)  # builds, hashing each shard as it is written
+    assert prepare(cfg) == info  # size + mtime only
+    assert sorted(hashes) == shard_names(info) and set(hashes.values()) == {1}
+    prepare(dataclasses.replace(cfg, verify=True))  # data.verify: every shard hashed again
+    assert set(hashes.values()) == {2}
+    # A new mtime with the same content: hashed once more, then stamped again.
+    shard = info.splits["train"].files[0]
+    os.utime(shard, ns=(os.stat(shard).st_atime_ns, os.stat(shard).st_mtime_ns + 10**9))
+    prepare(cfg)
+    prepare(cfg)
+    assert hashes[os.path.basename(shard)] == 3 and sum(hashes.values()) == 2 * len(hashes) + 1
+    # The stamps are only a cache: a damaged sidecar means hashing again, not an error.
+    with open(os.path.join(os.path.dirname(shard), shards.STAMPS), "w") as f:
+        f.write("{not json")
+    assert prepare(cfg) == info and sum(hashes.values()) == 3 * len(hashes) + 1
+
+
+def test_same_size_damage_with_restored_mtime_needs_verify(digits):
+    cfg, info = digits
+    shard = info.splits["train"].files[1]
+    before = os.stat(shard)
+    with open(shard, "r+b") as f:  # one flipped bit in place, then the old mtime put back
+        f.seek(before.st_size // 2)
+        byte = f.read(1)
+        f.seek(before.st_size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert prepare(cfg) == info  # size and mtime match the stamp: the quick check cannot see it
+    with pytest.raises(DataError) as err:
+        prepare(dataclasses.replace(cfg, verify=True))
+    assert shard in str(err.value) and "corrupted" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(DataError, match="corrupted"):  # once found, reported without verify too
+        prepare(cfg)
+
+
+def test_truncated_shard_is_caught_without_hashing(digits, hashes):
+    cfg, info = digits
+    shard = info.splits["validation"].files[3]
+    before = os.stat(shard)
+    with open(shard, "r+b") as f:
+        f.truncate(before.st_size - 7)
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(DataError, match=f"{os.path.basename(shard)} is truncated"):
+        prepare(cfg)
+    assert not hashes  # the size check alone names it
 
 
 def test_missing_shard_is_named(digits):

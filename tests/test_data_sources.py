@@ -13,6 +13,9 @@ from tfopt.errors import ConfigError, DataError
 
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 HAVE_DEBIAN_FASHION = os.path.isfile(os.path.join(tfds_source.DEBIAN_FASHION_DIR, "train-images-idx3-ubyte.gz"))
+# CI installs the package and sets this: there the Fashion-MNIST tests must run, never skip.
+assert HAVE_DEBIAN_FASHION or not os.environ.get("TFOPT_REQUIRE_FASHION_MNIST"), (
+    "TFOPT_REQUIRE_FASHION_MNIST is set but Debian's dataset-fashion-mnist is not installed")
 
 
 @pytest.fixture(scope="session")
@@ -119,6 +122,74 @@ def test_unknown_source_lists_choices(tmp_path):
 def test_unknown_tfds_name(tmp_path):
     with pytest.raises(DataError, match="no_such_dataset_xyz"):
         prepare(DataConfig(dataset="tfds:no_such_dataset_xyz", data_dir=str(tmp_path)))
+
+
+class FakeBuilder:
+    """Stands in for a tfds builder whose download_and_prepare fails with ``failure``."""
+
+    def __init__(self, failure):
+        self.failure = failure
+        self.info = type("Info", (), {"splits": {"train": None, "test": None}})()
+
+    def is_prepared(self):
+        return False
+
+    def download_and_prepare(self, **kwargs):
+        raise self.failure
+
+
+def tfds_builder_raising(monkeypatch, error, *, when="builder"):
+    """Makes ``tfds.builder`` raise ``error``, or return a builder whose preparation raises it."""
+    import tensorflow_datasets as tfds
+
+    def builder(name, **kwargs):
+        if when == "builder":
+            raise error
+        return FakeBuilder(error)
+
+    monkeypatch.setattr(tfds, "builder", builder)
+
+
+BUGS = [ZeroDivisionError("division by zero"), MemoryError(), KeyError("image"), AssertionError("an invariant of ours"),
+        ModuleNotFoundError("No module named 'tfopt.nope'", name="tfopt.nope")]
+
+
+@pytest.mark.parametrize("when", ["builder", "prepare"])
+@pytest.mark.parametrize("error", BUGS, ids=lambda e: type(e).__name__)
+def test_tfds_bugs_propagate_unchanged(tmp_path, monkeypatch, error, when):
+    # A bug (ours or tfds's) or MemoryError must keep its type and traceback, not become a DataError.
+    tfds_builder_raising(monkeypatch, error, when=when)
+    with pytest.raises(type(error)) as got:
+        prepare(DataConfig(dataset="tfds:some_dataset", data_dir=str(tmp_path), limit=10))
+    assert got.value is error and got.traceback[-1].name in ("builder", "download_and_prepare")
+
+
+def test_tfds_unknown_dataset_is_a_user_error(tmp_path):
+    with pytest.raises(DataError) as err:  # the real tfds: DatasetNotFoundError
+        prepare(DataConfig(dataset="tfds:no_such_dataset_xyz", data_dir=str(tmp_path)))
+    message = str(err.value)
+    assert "'no_such_dataset_xyz'" in message and "tfds.list_builders()" in message and "\n" not in message
+    with pytest.raises(DataError, match="'mnist/noconfig'.*BuilderConfig noconfig not found"):
+        prepare(DataConfig(dataset="tfds:mnist/noconfig", data_dir=str(tmp_path)))
+
+
+@pytest.mark.parametrize("error, why", [
+    ("DownloadError", "a download failed"),
+    (ConnectionError("Failed to establish a new connection"), "could not be fetched"),  # no network
+    (AssertionError("Manual directory /m does not exist or is empty. Create it ..."), "manual directory"),
+    (ModuleNotFoundError("No module named 'apache_beam'", name="apache_beam"), "pip install apache_beam"),
+])
+def test_tfds_preparation_failures_the_user_can_fix(tmp_path, monkeypatch, error, why):
+    import tensorflow_datasets as tfds
+
+    if error == "DownloadError":
+        error = tfds.download.DownloadError("Failed to get url https://x/y. HTTP code: 404.")
+    tfds_builder_raising(monkeypatch, error, when="prepare")
+    with pytest.raises(DataError) as err:
+        prepare(DataConfig(dataset="tfds:some_dataset", data_dir=str(tmp_path), limit=10))
+    message = str(err.value)
+    assert "'some_dataset'" in message and why in message and "\n" not in message
+    assert str(tmp_path / "tfds" / "downloads" / "manual") in message  # where to put the files
 
 
 # ----------------------------------------------------------------------- tfrecord:GLOB

@@ -7,11 +7,12 @@ import sys
 
 import numpy as np
 import pytest
+from isolation import ISOLATED
 
 from tfopt import config as C
-from tfopt.distill import main
+from tfopt.distill.cli import main
 from tfopt.models.io import load_model
-from tfopt.train import train
+from tfopt.train import run as train
 
 COMMON = ["--limit", "3000", "--batch-size", "64", "--epochs", "1", "--quiet", "--set", "data.num_shards=4",
           "--set", "train.tensorboard=false"]
@@ -38,11 +39,11 @@ def _check_common(out, teacher_dir, strategy, replicas, min_accuracy):
     assert run["strategy"]["num_replicas"] == replicas
     assert run["metrics"]["test_accuracy"] > min_accuracy, run["metrics"]  # chance is 0.1
     # The teacher loaded and left exactly as trained: same digest as its own run recorded.
-    assert run["teachers"][0]["weights_sha256"] == teacher["weights_sha256"]
-    assert run["teachers"][0]["test_accuracy"] > 0.9 and run["model"]["name"] == "tiny_cnn"
+    assert run["distill"]["teachers"][0]["weights_sha256"] == teacher["weights_sha256"]
+    assert run["distill"]["teachers"][0]["test_accuracy"] > 0.9 and run["model"]["name"] == "tiny_cnn"
     assert run["model"]["teacher_to_student_params"] > 10
     assert {"loss", "distillation_loss", "student_loss", "accuracy", "val_accuracy"} <= set(run["history"][0])
-    gap = run["gap"]
+    gap = run["distill"]["gap"]
     assert gap["teacher_minus_student_pt"] == pytest.approx(
         100 * (gap["teacher_test_accuracy"] - gap["student_test_accuracy"]), abs=1e-3)
     for name in ("model.keras", "saved_model", "metrics.csv", "metrics.json"):
@@ -60,8 +61,8 @@ def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(tmp_p
     assert main(["--teacher", mnist_run, "--student", "tiny_cnn", "--temperature", "4", "--alpha", "0.9",
                  "--strategy", "mirrored", "--lr", "0.003", "-o", str(out), *COMMON]) == 0
     run = _check_common(out, mnist_run, "mirrored", 2, 0.6)
-    assert run["distill"]["temperature"] == 4.0 and run["distill"]["alpha"] == 0.9
-    assert run["teachers"][0]["weight"] == 1.0 and "compression" not in run
+    assert run["distill"]["settings"]["temperature"] == 4.0 and run["distill"]["settings"]["alpha"] == 0.9
+    assert run["distill"]["teachers"][0]["weight"] == 1.0 and "compression" not in run["distill"]
     assert _tree_digest(mnist_run) == before
 
 
@@ -78,12 +79,12 @@ def test_two_teachers_weighted_by_accuracy_with_pruning(tmp_path, mnist_run):
                  "--technique", "prune", "--sparsity", "0.75", "--baseline", str(weak), "--lr", "0.003",
                  "--strategy", "one_device", "-o", str(out), *COMMON]) == 0
     run = _check_common(out, mnist_run, "one_device", 1, 0.5)
-    strong_t, weak_t = run["teachers"]
+    strong_t, weak_t = run["distill"]["teachers"]
     assert strong_t["val_accuracy"] > weak_t["val_accuracy"] and strong_t["weight"] > weak_t["weight"]
     assert strong_t["weight"] + weak_t["weight"] == pytest.approx(1.0)
-    assert run["gap"]["baseline_test_accuracy"] == pytest.approx(weak_t["test_accuracy"])
-    assert run["gap"]["gap_closed"] is not None
-    assert run["compression"]["measured"]["overall"] == pytest.approx(0.75, abs=0.01)
+    assert run["distill"]["gap"]["baseline_test_accuracy"] == pytest.approx(weak_t["test_accuracy"])
+    assert run["distill"]["gap"]["gap_closed"] is not None
+    assert run["distill"]["compression"]["measured"]["overall"] == pytest.approx(0.75, abs=0.01)
     student = load_model(str(out))
     assert not [l for l in student.layers if "tensorflow_model_optimization" in type(l).__module__]
     for name in ("conv0", "logits"):
@@ -91,7 +92,7 @@ def test_two_teachers_weighted_by_accuracy_with_pruning(tmp_path, mnist_run):
 
 
 def _launch(tmp_path, mnist_run, strategy, *launch_args, extra=()):
-    cmd = [sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "240", "--",
+    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "240", "--",
            sys.executable, "-m", "tfopt.distill", "--teacher", mnist_run, "--student", "tiny_cnn",
            "--strategy", strategy, "--lr", "0.003", "-o", str(tmp_path / "run"), *COMMON, *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -111,7 +112,7 @@ def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run):
     assert done[0]["weights_sha256"] == done[1]["weights_sha256"]
     run = _check_common(tmp_path / "run", mnist_run, "multi_worker_mirrored", 2, 0.6)
     assert run["strategy"]["num_workers"] == 2 and run["weights_sha256"] == done[0]["weights_sha256"]
-    assert run["compression"]["technique"] == "qat" and run["compression"]["layers"]
+    assert run["distill"]["compression"]["technique"] == "qat" and run["distill"]["compression"]["layers"]
     from tfopt.optimize.quantize import is_qat_model, load_quantized_model
 
     assert is_qat_model(load_quantized_model(str(tmp_path / "run" / "model.keras")))  # ready for int8 export
@@ -125,7 +126,7 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run):
     # Asynchronous updates learn less per step than synchronous ones (see test_train): 92 steps.
     run = _check_common(tmp_path / "run", mnist_run, "parameter_server", 1, 0.3)
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
-    assert run["compression"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)
+    assert run["distill"]["compression"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -137,7 +138,7 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run):
     (["--teacher", "{run}", "-o", "{run}"], "is an input run; a stage writes a NEW run directory"),
     (["--teacher", "{run}", "--feature", "pool0"], "is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER"),
     (["--teacher", "{run}", "--teacher-weights", "1,2"], "must be equal, accuracy or 1 comma-separated"),
-    (["--teacher", "{run}", "--technique", "quantize"], "choose one of none, prune, cluster, qat"),
+    (["--teacher", "{run}", "--technique", "quantize"], "choose one of none, prune, qat, cluster"),
     (["--teacher", "{run}", "--technique", "cluster", "--clusters", "1"], "--clusters 1 must be in [2, 256]"),
     (["--teacher", "{run}", "--technique", "prune", "--sparsity", "1"], "--sparsity 1.0 must be in (0, 1)"),
     (["--teacher", "{run}", "--student", "mlp", "--model", "cnn"], "disagree; give only --student"),

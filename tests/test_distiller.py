@@ -93,7 +93,7 @@ def test_loss_terms_edge_cases():
 
 
 def test_fit_reports_the_numpy_loss_averaged_over_the_global_batch(mnist, mnist_run):
-    teacher = load_run(mnist_run).load_model()
+    teacher = load_model(load_run(mnist_run).model_path)
     student = _student()
     x, y = mnist[0][:192], mnist[1][:192]
     expected, dist, ce = _np_loss(y, student.predict(x, verbose=0), [teacher.predict(x, verbose=0)], [1.0], 4.0, 0.9)
@@ -108,7 +108,7 @@ def test_fit_reports_the_numpy_loss_averaged_over_the_global_batch(mnist, mnist_
 # -- equivalences ------------------------------------------------------------------------------
 
 def test_alpha_zero_equals_plain_training(mnist, mnist_run):
-    teacher = load_run(mnist_run).load_model()
+    teacher = load_model(load_run(mnist_run).model_path)
     plain, student = _student(3), _student(3)
     plain.compile(keras.optimizers.Adam(1e-3), SCCE, metrics=["accuracy"])
     h_plain = plain.fit(_data(mnist), epochs=2, verbose=0).history
@@ -122,7 +122,7 @@ def test_alpha_zero_equals_plain_training(mnist, mnist_run):
 
 
 def test_a_zero_weight_teacher_changes_nothing(mnist, mnist_run):
-    good = load_run(mnist_run).load_model()
+    good = load_model(load_run(mnist_run).model_path)
     other = _student(9, "mlp")  # an untrained second teacher, weighted 0
     runs = []
     for teachers, weights in (([good], None), ([good, other], [1.0, 0.0])):
@@ -142,7 +142,7 @@ def test_mirrored_two_replicas_equals_one_device(mnist, mnist_run):
     for name in ("one_device", "mirrored"):
         strategy = make_strategy(C.RuntimeConfig(strategy=name), None)
         with strategy.scope():
-            teacher = load_run(mnist_run).load_model()
+            teacher = load_model(load_run(mnist_run).model_path)
             student = _student(5)
             d = Distiller(student, teacher, temperature=2.0, alpha=0.7)
             d.compile(keras.optimizers.SGD(0.05))
@@ -160,7 +160,7 @@ def test_mirrored_two_replicas_equals_one_device(mnist, mnist_run):
 # -- frozen teachers ---------------------------------------------------------------------------
 
 def test_teachers_stay_frozen_and_a_change_is_caught(mnist, mnist_run):
-    teacher = load_run(mnist_run).load_model()
+    teacher = load_model(load_run(mnist_run).model_path)
     before = [w.copy() for w in teacher.get_weights()]  # includes batch-norm moving statistics
     d = Distiller(_student(), teacher)
     d.compile()
@@ -180,7 +180,7 @@ def test_teachers_stay_frozen_and_a_change_is_caught(mnist, mnist_run):
 # -- student-only evaluation, prediction and saving ---------------------------------------------
 
 def test_evaluate_predict_and_save_use_the_student_alone(mnist, mnist_run, tmp_path):
-    teacher = load_run(mnist_run).load_model()
+    teacher = load_model(load_run(mnist_run).model_path)
     student = _student(6)
     d = Distiller(student, teacher)
     d.compile()
@@ -201,7 +201,7 @@ def test_evaluate_predict_and_save_use_the_student_alone(mnist, mnist_run, tmp_p
 # -- several teachers, feature distillation ----------------------------------------------------
 
 def test_multi_teacher_weights_from_validation_accuracy(mnist, mnist_run):
-    strong = load_run(mnist_run).load_model()
+    strong = load_model(load_run(mnist_run).model_path)
     weak = _student(8)
     weak.compile(keras.optimizers.Adam(1e-3), SCCE, metrics=["accuracy"])
     weak.fit(_data(mnist, 128, 32), epochs=1, verbose=0)  # 4 steps: clearly worse than the CNN
@@ -219,7 +219,7 @@ def test_multi_teacher_weights_from_validation_accuracy(mnist, mnist_run):
 
 
 def test_feature_distillation_with_a_learned_projection(mnist, mnist_run):
-    teacher = load_run(mnist_run).load_model()
+    teacher = load_model(load_run(mnist_run).model_path)
     student = _student(11, "mobilenet_tiny")
     # pool0 (14x14x32) <- stem_relu (14x14x16): a learned 1x1 projection; block0_pw_relu is 32 wide already.
     d = Distiller(student, teacher, features=[("pool0", "stem_relu"), FeaturePair("pool0", "block0_pw_relu")],
@@ -240,17 +240,24 @@ def test_feature_distillation_with_a_learned_projection(mnist, mnist_run):
 
 # -- a tfmot-wrapped student -------------------------------------------------------------------
 
+def _save_compressed(distiller, out):
+    from tfopt.models.io import save_model
+    from tfopt.optimize.student import plain_copy
+
+    return save_model(plain_copy(distiller.student), str(out))
+
+
 @pytest.mark.slow
 def test_prune_wrapped_student_distils_then_strips_and_saves(mnist, mnist_run, tmp_path):
     import tensorflow_model_optimization as tfmot
 
-    teacher = load_run(mnist_run).load_model()
+    teacher = load_model(load_run(mnist_run).model_path)
     schedule = tfmot.sparsity.keras.ConstantSparsity(0.75, begin_step=0, frequency=1)
     wrapped = tfmot.sparsity.keras.prune_low_magnitude(_student(12), pruning_schedule=schedule)
     d = Distiller(wrapped, teacher)
     d.compile(keras.optimizers.Adam(1e-3))
     d.fit(_data(mnist, 256), epochs=1, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
-    d.export_student(str(tmp_path / "out"))
+    _save_compressed(d, tmp_path / "out")  # compression-specific stripping and saving: tfopt.optimize
     loaded = load_model(str(tmp_path / "out"))  # safe mode: a leftover tfmot class would be refused
     assert not [l for l in loaded.layers if "tensorflow_model_optimization" in type(l).__module__]
     assert [l.name for l in loaded.layers] == [l.name for l in _student().layers]
@@ -289,14 +296,14 @@ def test_class_mismatch_and_compile_loss_are_refused():
 def test_cluster_wrapped_student_distils_then_strips(mnist, mnist_run, tmp_path):
     import tensorflow_model_optimization as tfmot
 
-    teacher = load_run(mnist_run).load_model()
+    teacher = load_model(load_run(mnist_run).model_path)
     clustered = tfmot.clustering.keras.cluster_weights(
         _student(13), number_of_clusters=8,
         cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.KMEANS_PLUS_PLUS)
     d = Distiller(clustered, teacher)
     d.compile(keras.optimizers.Adam(1e-3))
     d.fit(_data(mnist, 256), epochs=1, verbose=0)
-    d.export_student(str(tmp_path / "out"))
+    _save_compressed(d, tmp_path / "out")  # compression-specific stripping and saving: tfopt.optimize
     loaded = load_model(str(tmp_path / "out"))
     assert [l.name for l in loaded.layers] == [l.name for l in _student().layers]
     for name in ("conv0", "logits"):
@@ -309,12 +316,12 @@ def test_qat_wrapped_student_distils_saves_reloads_and_converts_to_int8(mnist, m
     from tfopt.export.tflite import convert
     from tfopt.optimize.quantize import QatSpec, load_quantized_model, wrap
 
-    teacher = load_run(mnist_run).load_model()
+    teacher = load_model(load_run(mnist_run).model_path)
     qat = wrap(_student(14), QatSpec())
     d = Distiller(qat, teacher)
     d.compile(keras.optimizers.Adam(1e-3))
     d.fit(_data(mnist, 512), epochs=1, verbose=0)
-    d.export_student(str(tmp_path / "out"))
+    _save_compressed(d, tmp_path / "out")  # compression-specific stripping and saving: tfopt.optimize
     loaded = load_quantized_model(str(tmp_path / "out" / "model.keras"))  # the reload tfmot 0.8.1 alone fails
     x = mnist[0][:200]
     np.testing.assert_allclose(loaded.predict(x, verbose=0), qat.predict(x, verbose=0), rtol=1e-5, atol=1e-5)

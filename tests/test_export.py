@@ -12,7 +12,8 @@ from tfopt._keras import keras, tf
 from tfopt.errors import ConfigError, DataError, ModelError
 from tfopt.export import benchmark, fidelity, parse_modes, tflite
 from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split
-from tfopt.export.runner import BenchSettings, ExportSettings, export_run
+from tfopt.export.runner import BenchSettings, ExportSettings
+from tfopt.export.runner import run as export_run
 from tfopt.fileio import write_json
 from tfopt.models.io import save_model
 from tfopt.runs import load_run
@@ -28,7 +29,9 @@ def run(mnist_run):
 
 @pytest.fixture(scope="module")
 def model(run):
-    return run.load_model()
+    from tfopt.models.io import load_model
+
+    return load_model(run.model_path)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def test_set(run, model):
 def exported(mnist_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "out"
     settings = ExportSettings(calibration_steps=4, eval_limit=500, bench=FAST_BENCH)
-    return export_run(mnist_run, settings, out_dir=str(out)), out
+    return export_run(mnist_run, settings, out_dir=str(out)).section, out
 
 
 @pytest.mark.slow
@@ -71,8 +74,10 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
     f32 = rows["float32"]["size_bytes"]
     assert rows["int8"]["size_bytes"] < f32 / 3.5 and rows["dynamic"]["size_bytes"] < f32 / 3.5
     assert f32 / 2.2 < rows["float16"]["size_bytes"] < f32 / 1.8
-    on_disk = json.loads((out / "export.json").read_text())
-    assert on_disk["modes"] == record["modes"] and on_disk["model"]["params"] == 220522
+    on_disk = json.loads((out / "run.json").read_text())
+    assert on_disk["stage"] == "export" and on_disk["schema_version"] == 2
+    assert on_disk["export"]["modes"] == record["modes"] and on_disk["model"]["params"] == 220522
+    assert on_disk["artifacts"]["int8"] == "model_int8.tflite"
     assert (out / "export.md").read_text().count("\n| ") == len(rows) + 1
     assert (out / "export.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in os.listdir(out) if p.startswith(".tmp")]
@@ -148,7 +153,7 @@ def test_gate_catches_a_quantization_sensitive_model_and_selective_quantization_
     src = _sensitive_run(run, tmp_path)
     settings = ExportSettings(modes=("int8",), calibration_steps=4, eval_limit=1000, search_limit=1000,
                               bench=BenchSettings(threads=(1,), runs=5, warmup=1), plot=False)
-    record = export_run(src, settings, out_dir=str(tmp_path / "out"))
+    record = export_run(src, settings, out_dir=str(tmp_path / "out")).section
     full, sel = record["modes"]
     assert full["mode"] == "int8" and not full["gate"]["passed"]
     assert full["eval"]["agreement"] < 0.5 and "agreement" in full["gate"]["reasons"][0]
@@ -315,8 +320,8 @@ def test_cli_export_int8_io_then_evaluate_and_benchmark(mnist_run, tmp_path):
     proc = _cli("--from", mnist_run, "--modes", "int8", "--io", "int8", "--calibration-steps", "2",
                 "--eval-limit", "300", "--runs", "5", "--warmup", "1", "--threads", "1", "--no-plot", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| int8 " in proc.stdout and "export.json" in proc.stdout
-    record = json.loads((out / "export.json").read_text())
+    assert "| int8 " in proc.stdout and "run.json" in proc.stdout
+    record = json.loads((out / "run.json").read_text())["export"]
     assert record["modes"][0]["io"] == "int8" and record["settings"]["calibration_steps"] == 2
     tfl = str(out / "model_int8.tflite")
     bench = _cli("--benchmark", tfl, "--threads", "1,2", "--runs", "5", "--warmup", "1", "--kernels", "both",
@@ -361,3 +366,193 @@ def test_qat_model_converts_to_int8_only(run, test_set):
     result = evaluate(m, x, y, keras_outputs(qat, x))
     assert result.agreement >= 0.98 and result.accuracy > 0.6  # 1 epoch on 2k images; chance is 0.1
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Converter errors vs. bugs, native stderr around the noisy calls, one QAT test, one strip.
+
+class _FakeConverter:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def convert(self):
+        raise self.error
+
+
+def _tiny_model():
+    inputs = keras.Input((8, 8, 1), name="image")
+    h = keras.layers.Dense(8, activation="relu", name="fc0")(keras.layers.Flatten(name="flatten")(inputs))
+    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+
+
+def test_converter_errors_become_one_line_and_bugs_keep_their_traceback():
+    from tensorflow.lite.python.convert_phase import ConverterError
+
+    model = _tiny_model()
+    refused = ConverterError("<unknown>:0: error: loc(\"m/det\"): 'tf.MatrixDeterminant' op is neither a custom "
+                             "op nor a flex op\n<unknown>:0: note: see current operation: ...\nerror: failed")
+    with pytest.raises(tflite.ConversionError) as err:
+        tflite._run(_FakeConverter(refused), model, "float32", tflite.ConvertOptions())
+    assert "MatrixDeterminant" in str(err.value) and "\n" not in str(err.value)
+    calibration = RuntimeError("Attempting to resize dimension 1 of tensor 0 with value 4 to 5.")
+    with pytest.raises(tflite.ConversionError, match="cannot convert to 'int8': Attempting to resize"):
+        tflite._run(_FakeConverter(calibration), model, "int8", tflite.ConvertOptions())
+    # A bug (ours or the converter's), memory exhaustion, a missing feature: the original exception.
+    for bug in (ZeroDivisionError("division by zero"), MemoryError(), NotImplementedError("todo"),
+                TypeError("unsupported operand")):
+        with pytest.raises(type(bug)) as err:
+            tflite._run(_FakeConverter(bug), model, "float32", tflite.ConvertOptions())
+        assert err.value is bug
+
+
+class QuantizeWrapper(keras.layers.Layer):
+    """A user layer that merely shares the name of tfmot's QAT wrapper."""
+
+    def call(self, x):
+        return x
+
+
+def test_qat_detection_uses_tfmots_classes_not_names():
+    import tensorflow_model_optimization as tfmot
+
+    from tfopt.optimize.quantize import is_qat_model
+
+    inputs = keras.Input((8, 8, 1))
+    lookalike = keras.Model(inputs, keras.layers.Dense(2)(QuantizeWrapper()(keras.layers.Flatten()(inputs))))
+    assert not tflite.is_qat_model(lookalike) and not is_qat_model(lookalike)
+    qat = tfmot.quantization.keras.quantize_model(_tiny_model())
+    assert tflite.is_qat_model(qat) and is_qat_model(qat)
+    from tfopt import export
+
+    assert export.is_qat_model is tflite.is_qat_model  # still importable from tfopt.export
+
+
+def test_export_strips_pruning_and_clustering_wrappers_but_keeps_qat(monkeypatch):
+    import tensorflow_model_optimization as tfmot
+
+    from tfopt._compat import CLUSTER_WRAPPERS, PRUNE_WRAPPERS
+    from tfopt.export import runner
+    from tfopt.optimize.common import all_layers, strip_wrappers
+
+    pruned = tfmot.sparsity.keras.prune_low_magnitude(_tiny_model())
+    clustered = tfmot.clustering.keras.cluster_weights(
+        _tiny_model(), number_of_clusters=4,
+        cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.LINEAR)
+    qat = tfmot.quantization.keras.quantize_model(_tiny_model())
+    for wrapped in (pruned, clustered):
+        monkeypatch.setattr(runner, "load_model", lambda path, trust_model=False, m=wrapped: m)
+        plain = runner.load_source_model("run")
+        assert not any(isinstance(layer, PRUNE_WRAPPERS + CLUSTER_WRAPPERS) for layer in all_layers(plain))
+        assert [layer.name for layer in plain.layers][-1] == "logits"
+    clustered_plain = strip_wrappers(clustered)
+    assert len(np.unique(clustered_plain.get_layer("fc0").get_weights()[0])) <= 4
+    assert strip_wrappers(qat) is qat and tflite.is_qat_model(strip_wrappers(qat))
+    plain = _tiny_model()
+    assert strip_wrappers(plain) is plain
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A run directory with an untrained 8x8 MLP on scikit-learn's digits: a CLI export takes seconds."""
+    from tfopt import config as config_lib
+
+    out = tmp_path_factory.mktemp("tiny_run")
+    cfg = config_lib.from_dict({"data": {"dataset": "digits", "data_dir": str(out / "data"),
+                                         "global_batch_size": 32}})
+    save_model(_tiny_model(), str(out / "run"))
+    write_json(str(out / "run" / "run.json"), {"stage": "train", "config": cfg.to_dict()})
+    return str(out / "run")
+
+
+# Runs the export CLI with one piece replaced, the way a native library or a bug would behave.
+_WRAPPER = r'''
+import os, sys
+from tfopt.export import cli, evaluate, tflite
+
+how = sys.argv[1]
+NOISE = b"fully_quantize: 0, inference_type: 6, input_inference_type: FLOAT32\n"
+if how == "interpreter-warns":
+    Interpreter, resolver = evaluate._interpreter_class()
+
+    class Warning(Interpreter):
+        def __init__(self, *args, **kwargs):
+            os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n")
+            os.write(2, b"W0000 tfopt-test: a native warning at interpreter creation\n")
+            super().__init__(*args, **kwargs)
+
+    evaluate._interpreter_class = lambda: (Warning, resolver)
+else:
+    class Crashing:
+        def convert(self):
+            os.write(2, NOISE)
+            os.write(2, b"F0000 tfopt-test: native check failed in the converter\n")
+            if how == "abort":
+                os.abort()
+            return 1 / 0  # a bug: must keep its traceback
+
+    tflite.make_converter = lambda *args, **kwargs: Crashing()
+sys.exit(cli.main(sys.argv[2:]))
+'''
+
+
+def _wrapped_cli(tmp_path, how, *args):
+    script = tmp_path / "wrapped_export.py"
+    script.write_text(_WRAPPER)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user runs it
+    return subprocess.run([sys.executable, str(script), how, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _export_args(run_dir, tmp_path, modes="float32"):
+    # The tiny model is untrained: an open gate keeps the exit code about what is tested here.
+    return ["--from", run_dir, "--modes", modes, "--calibration-steps", "2", "--runs", "2", "--warmup", "0",
+            "--threads", "1", "--min-agreement", "0", "--max-accuracy-drop", "100", "--no-selective",
+            "--no-plot", "-o", str(tmp_path / "out")]
+
+
+@pytest.mark.slow
+def test_cli_filters_native_notices_and_forwards_other_native_lines_at_once(tiny_run, tmp_path):
+    proc = _wrapped_cli(tmp_path, "interpreter-warns", *_export_args(tiny_run, tmp_path, "float32,int8"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    warning = "W0000 tfopt-test: a native warning at interpreter creation"
+    # The real notices (CUDA probe, XNNPACK delegate, quantizer settings) and the fake one are gone;
+    # only progress lines and the native warning are left.
+    assert [ln for ln in lines if not ln.startswith("tfopt.export: ") and ln != warning] == [], proc.stderr
+    # The warning shows when it is printed (before the next progress line), not when the export ends.
+    first = lines.index(warning)
+    assert lines[first - 1] == "tfopt.export: [1/2] float32: evaluating on 299 test examples", proc.stderr
+    assert lines[first + 1] == "tfopt.export: [1/2] float32: benchmarking", proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_native_abort_in_the_converter_keeps_its_message(tiny_run, tmp_path):
+    import signal
+
+    proc = _wrapped_cli(tmp_path, "abort", *_export_args(tiny_run, tmp_path))
+    assert proc.returncode == -signal.SIGABRT, proc.stderr[-3000:]
+    assert "F0000 tfopt-test: native check failed in the converter" in proc.stderr, proc.stderr
+    assert "fully_quantize" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_bug_in_the_conversion_keeps_its_traceback(tiny_run, tmp_path):
+    proc = _wrapped_cli(tmp_path, "bug", *_export_args(tiny_run, tmp_path))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback (most recent call last)" in proc.stderr and "ZeroDivisionError" in proc.stderr, proc.stderr
+    assert "error: cannot convert" not in proc.stderr
+    # The converter's own output is hidden when Python gets control back (its exception says it all).
+    assert "F0000 tfopt-test" not in proc.stderr and "fully_quantize" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_exporting_a_float_model_does_not_import_tfmot(tiny_run):
+    code = ("import sys\nfrom tfopt.export import runner, tflite\n"
+            f"m = runner.load_source_model({tiny_run!r})\n"
+            "assert not tflite.is_qat_model(m)\n"
+            "assert 'tensorflow_model_optimization' not in sys.modules, 'tfmot imported'\n")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -8,7 +8,6 @@ TensorFlow servers listen unauthenticated on all interfaces.
 import io
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +16,7 @@ import textwrap
 import time
 
 import pytest
+from isolation import ISOLATED
 
 from tfopt.errors import ConfigError
 from tfopt.launch import free_ports, launch, main, make_cluster
@@ -41,14 +41,6 @@ def run_launch(command, **kwargs):
     return code, out.getvalue(), time.monotonic() - start
 
 
-def _isolation_prefix() -> list[str]:
-    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")):
-        return []
-    probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"], capture_output=True)
-    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] if probe.returncode == 0 else []
-
-
-ISOLATED = _isolation_prefix()
 
 
 # ---------------------------------------------------------------- cluster helpers

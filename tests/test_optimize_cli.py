@@ -63,18 +63,20 @@ def test_prune_mirrored_writes_a_new_run_ready_for_export(tiny_run, tmp_path, ca
     printed = capsys.readouterr().out
     assert "tfopt.optimize: done " in printed and "sparsity" in printed.splitlines()[0]  # the per-layer table
     run = json.load(open(out / "run.json"))
-    assert run["strategy"] == {"name": "mirrored", "class": "MirroredStrategy", "num_replicas": 2, "num_workers": 1}
+    assert run["strategy"] == {"name": "mirrored", "class": "MirroredStrategy", "num_replicas": 2, "num_workers": 1,
+                               "precision": "float32"}
     assert run["optimize"]["checks"]["sparsity"]["ok"] and run["optimize"]["sparsity"] == pytest.approx(0.8, abs=0.01)
     assert run["optimize"]["gzip_ratio"] > 2.0  # 80% zeros compress
-    assert run["metrics"]["test_accuracy"] > 0.3 and run["source"]["run"] == os.path.abspath(tiny_run)
+    assert run["metrics"]["test_accuracy"] > 0.3 and run["optimize"]["source"]["run"] == os.path.abspath(tiny_run)
     assert sorted(os.listdir(out)) == ["layers.json", "layers.txt", "model.keras", "run.json", "saved_model",
                                        "tensorboard"]
     events = [f for _, _, files in os.walk(out / "tensorboard") for f in files if f.startswith("events.out")]
     assert events, "no pruning summaries"
     # The next stage reads it like any run; the sparsity is in the saved weights themselves.
+    from tfopt.models.io import load_model
     from tfopt.runs import load_run
 
-    model = load_run(str(out)).load_model()
+    model = load_model(load_run(str(out)).model_path)
     kernel = model.get_layer("logits").kernel.numpy()
     assert (kernel == 0).mean() == pytest.approx(0.8, abs=0.01)
     assert (sorted(os.listdir(tiny_run)), open(os.path.join(tiny_run, "run.json")).read()) == before  # input intact
@@ -86,7 +88,7 @@ def test_pqat_bfloat16_survives_int8_tflite_conversion(tiny_run, tmp_path, capsy
     assert main(["--from", tiny_run, "--technique", "pqat", "--precision", "mixed_bfloat16", "--strategy",
                  "one_device", "--steps-per-epoch", "12", "--quiet", "--no-saved-model", "-o", str(out)]) == 0
     run = json.load(open(out / "run.json"))
-    assert run["precision"] == "mixed_bfloat16" and len(run["optimize"]["precision_notes"]) == 2
+    assert run["strategy"]["precision"] == "mixed_bfloat16" and len(run["optimize"]["precision_notes"]) == 2
     phases = run["optimize"]["phases"]
     assert [p["phase"] for p in phases] == ["prune", "qat"] and phases[1]["scheme"] == "prune_preserve"
     assert phases[0]["compute_dtypes"]["pool0"] == "bfloat16"  # unwrapped layers keep the mixed policy
@@ -98,7 +100,7 @@ def test_pqat_bfloat16_survives_int8_tflite_conversion(tiny_run, tmp_path, capsy
     exp = tmp_path / "exp"
     assert export_main(["--from", str(out), "--modes", "int8", "--eval-limit", "300", "--runs", "5", "--warmup",
                         "1", "--threads", "1", "--no-plot", "-o", str(exp)]) == 0
-    record = json.load(open(exp / "export.json"))
+    record = json.load(open(exp / "run.json"))["export"]
     row = record["modes"][0]
     assert row["qat"] and row["eval"]["accuracy"] > 0.3 and row["eval"]["agreement"] >= 0.97, row["eval"]
     interpreter = Interpreter(model_path=str(exp / "model_int8.tflite"))
@@ -119,3 +121,26 @@ def test_cluster_summaries_under_several_steps_per_execution(tiny_run, tmp_path,
     assert run["optimize"]["checks"]["clusters"]["ok"] and max(run["optimize"]["clusters"].values()) <= 8
     events = [f for _, _, files in os.walk(out / "tensorboard") for f in files if f.startswith("events.out")]
     assert events, "no clustering summaries"
+
+
+@pytest.mark.slow
+def test_pruning_an_optimize_run_reaches_its_target_and_a_missed_target_exits_1(tiny_run, tmp_path, capsys):
+    # An optimize run as the input: its split sizes come from the data itself (mask updates every
+    # few steps of this 3,000-image slice), not from a 50,000-record guess that left them unpruned.
+    clustered = tmp_path / "clustered"
+    common = ["--strategy", "one_device", "--quiet", "--no-saved-model", "--no-tensorboard"]
+    assert main(["--from", tiny_run, "--technique", "cluster", *common, "-o", str(clustered)]) == 0
+    pruned = tmp_path / "pruned"
+    assert main(["--from", str(clustered), "--technique", "prune", "--sparsity", "0.8", *common,
+                 "-o", str(pruned)]) == 0
+    run = json.load(open(pruned / "run.json"))
+    assert run["data"]["splits"]["train"] == 3000
+    assert run["optimize"]["sparsity"] == pytest.approx(0.8, abs=0.01), run["optimize"]["phases"]
+    assert run["optimize"]["prune"]["frequency"] == 46 * 3 // 20
+    capsys.readouterr()
+    # A schedule that ends after the phase never reaches the target: the check fails, exit code 1.
+    missed = tmp_path / "missed"
+    assert main(["--from", tiny_run, "--technique", "prune", "--sparsity", "0.8", "--steps-per-epoch", "4",
+                 "--epochs", "1", "--end-step", "400", *common, "-o", str(missed)]) == 1
+    assert "check failed: prune: sparsity" in capsys.readouterr().err
+    assert not json.load(open(missed / "run.json"))["optimize"]["checks"]["sparsity"]["ok"]

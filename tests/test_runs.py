@@ -3,7 +3,7 @@ import json
 import pytest
 
 from tfopt import config as C
-from tfopt.errors import ConfigError, ModelError
+from tfopt.errors import ConfigError
 from tfopt.runs import load_run
 
 
@@ -12,7 +12,7 @@ def test_load_run_reads_config_and_record(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "metrics": {"test_accuracy": 0.9}}))
     (tmp_path / "model.keras").write_bytes(b"")
     run = load_run(str(tmp_path))
-    assert run.config == cfg and run.record["metrics"]["test_accuracy"] == 0.9
+    assert run.config == cfg and run.record.metrics["test_accuracy"] == 0.9
 
 
 def test_load_run_errors(tmp_path):
@@ -22,5 +22,5 @@ def test_load_run_errors(tmp_path):
     with pytest.raises(ConfigError, match="cannot be read"):
         load_run(str(tmp_path))
     (tmp_path / "run.json").write_text(json.dumps({"config": {}}))
-    with pytest.raises(ModelError, match="no model.keras"):
+    with pytest.raises(ConfigError, match="run without model.keras"):
         load_run(str(tmp_path))

@@ -7,7 +7,8 @@ from tfopt._keras import keras, tf
 from tfopt.config import RuntimeConfig
 from tfopt.errors import ClusterError, ConfigError
 from tfopt.runtime import precision
-from tfopt.runtime.strategy import STRATEGIES, is_chief, make_strategy, num_replicas, run_server
+from tfopt.specs import STRATEGIES
+from tfopt.runtime.strategy import is_chief, make_strategy, num_replicas, run_server
 from tfopt.runtime.tf_config import parse_tf_config
 
 W2 = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
@@ -18,10 +19,14 @@ def cluster(spec, task_type="worker", index=0):
     return parse_tf_config(json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}}))
 
 
-def test_registry_names_match_config():
-    from tfopt.config import STRATEGIES as CONFIG_STRATEGIES
+def test_every_registered_strategy_has_a_factory():
+    from tfopt.errors import ConfigError
+    from tfopt.specs import resolve
 
-    assert tuple(STRATEGIES) == CONFIG_STRATEGIES
+    for name in STRATEGIES:
+        assert callable(resolve(STRATEGIES.get(name).factory)), name
+    with pytest.raises(ConfigError, match="runtime.strategy='tpu' is not valid; choose one of one_device, mirrored"):
+        make_strategy(RuntimeConfig(strategy="tpu"), None)
 
 
 def test_one_device():

@@ -1,5 +1,5 @@
 """tfopt: train TensorFlow models under any tf.distribute strategy and ship them to the edge."""
-__version__ = "0.1.0"
+from tfopt._version import __version__
 
 __all__ = ["Distiller", "__version__"]
 

@@ -4,20 +4,33 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"train": "tfopt.train", "launch": "tfopt.launch", "export": "tfopt.export.cli", "distill": "tfopt.distill",
-            "optimize": "tfopt.optimize.cli"}
+# command -> (module with main(argv), one-line purpose); no TensorFlow import until a command runs.
+COMMANDS = {
+    "train": ("tfopt.train.cli", "train a model under any tf.distribute strategy"),
+    "distill": ("tfopt.distill.cli", "distil trained teachers into a (compressed) student"),
+    "optimize": ("tfopt.optimize.cli", "prune, quantization-aware train or cluster a trained run (tfmot)"),
+    "export": ("tfopt.export.cli", "convert a run to TFLite, evaluate and benchmark every mode"),
+    "launch": ("tfopt.launch", "run a command as every task of a local TF_CONFIG cluster"),
+}
+
+
+def usage() -> str:
+    """``tfopt --help``: every command with its purpose."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {purpose}" for name, (_, purpose) in COMMANDS.items()]
+    return "usage: tfopt COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(lines) + "\n\nsee `tfopt COMMAND --help`"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatches ``tfopt COMMAND [ARGS...]`` to ``python -m tfopt.COMMAND``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: tfopt {{{','.join(COMMANDS)}}} [ARGS...]\n  see `tfopt COMMAND --help`")
+        print(usage())
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         print(f"tfopt: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
 
 
 if __name__ == "__main__":

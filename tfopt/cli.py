@@ -7,6 +7,7 @@ from typing import Callable
 
 from tfopt import config as config_lib
 from tfopt.errors import TfoptError
+from tfopt.specs import PRECISIONS, STRATEGIES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -23,8 +24,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config value, e.g. --set data.cache=none (repeatable)")
     g.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
-    g.add_argument("--strategy", help=f"one of: {', '.join(config_lib.STRATEGIES)}")
-    g.add_argument("--precision", help=f"one of: {', '.join(config_lib.PRECISIONS)}")
+    g.add_argument("--strategy", help=f"one of: {STRATEGIES.help()}")
+    g.add_argument("--precision", help=f"one of: {PRECISIONS.help()}")
     g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs (default 2)")
     g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
     g.add_argument("--dataset", help="mnist, fashion_mnist, digits, tfds:NAME[/CONFIG] or tfrecord:GLOB")
@@ -37,7 +38,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--scale-lr", action="store_true", default=None, help="multiply the learning rate by the replica count")
     g.add_argument("--steps-per-epoch", type=int)
     g.add_argument("--steps-per-execution", type=int, help="steps per tf.function call (0 = auto)")
-    g.add_argument("--output", "-o", help="run directory to write (default runs/latest)")
+    g.add_argument("--verify", action="store_true", default=None,
+                   help="re-hash every data shard against its manifest (default: size and mtime checks)")
+    g.add_argument("--output", "-o", help="run directory to write (default: a new runs/<stage>[-N]; "
+                   "runs/latest points at the newest run)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace a finished run at -o, or discard an unfinished run of other settings there")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -48,7 +54,7 @@ _FLAG_KEYS = {
     "batch_size": ("data", "global_batch_size"), "model": ("model", "name"), "epochs": ("train", "epochs"),
     "lr": ("train", "learning_rate"), "scale_lr": ("train", "scale_lr"),
     "steps_per_epoch": ("train", "steps_per_epoch"), "steps_per_execution": ("train", "steps_per_execution"),
-    "output": ("train", "output_dir"),
+    "output": ("train", "output_dir"), "verify": ("data", "verify"),
 }
 
 

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tfopt.errors import ConfigError
+from tfopt.specs import PRECISIONS, STRATEGIES
 
 AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow here
 
-STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 CACHE_MODES = ("memory", "none", "file")
 COLLECTIVES = ("auto", "ring", "nccl")
 
@@ -49,6 +48,7 @@ class DataConfig:
     deterministic: bool = False
     ram_budget_mb: int = 0  # 0 = tf.data default
     feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
+    verify: bool = False  # re-hash every shard on prepare (else only when its size/mtime changed)
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,13 @@ class TrainConfig:
     """The fit loop and what it writes."""
 
     epochs: int = 3
+    seed: int = 42  # initial weights (and every other Keras/NumPy/Python random draw) of the run
     learning_rate: float = 1e-3
     lr_schedule: str = "cosine"  # constant | cosine (decays to 0 over all training steps)
     scale_lr: bool = False  # multiply the learning rate by the number of replicas
     steps_per_execution: int = 0  # 0 = auto
     steps_per_epoch: int = 0  # 0 = one pass over the training split
-    output_dir: str = "runs/latest"
+    output_dir: str = ""  # "" = a new runs/<stage> (or runs/<stage>-N); see tfopt.runs
     tensorboard: bool = True
     verbose: int = 1
 
@@ -100,8 +101,8 @@ class RunConfig:
 
 
 _CHOICES = {
-    ("runtime", "strategy"): STRATEGIES,
-    ("runtime", "precision"): PRECISIONS,
+    ("runtime", "strategy"): STRATEGIES.names(),
+    ("runtime", "precision"): PRECISIONS.names(),
     ("runtime", "collective"): COLLECTIVES,
     ("data", "cache"): CACHE_MODES,
     ("data", "augment"): ("none", "shift"),

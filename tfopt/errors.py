@@ -19,3 +19,7 @@ class ClusterError(TfoptError):
 
 class ModelError(TfoptError):
     """A model cannot be built, loaded or used as asked."""
+
+
+class OptimizeError(ModelError):
+    """A model cannot be optimized as asked (unsupported layer, technique, strategy or policy)."""

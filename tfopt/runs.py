@@ -1,58 +1,190 @@
-"""Reading a finished run directory: what every stage after training starts from."""
+"""Run directories: the one ``run.json`` schema every stage writes, and where runs go.
+
+Every stage (train, distill, optimize, export) writes a NEW run directory holding ``run.json``,
+a :class:`RunRecord`: config, versions, strategy, data, model, train (timings, throughput),
+the complete per-epoch history, metrics, artifacts, plus one section named after the stage
+(``distill``, ``optimize``, ``export``) with what only that stage knows. Later stages start
+from a run directory with :func:`load_run`.
+
+Default output directories never replace a run: ``runs/train``, then ``runs/train-2``, ... and
+``runs/latest`` is a symlink to the newest run committed under ``runs/``.
+"""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from tfopt import config as config_lib
-from tfopt.errors import ConfigError, ModelError
+from tfopt.errors import ConfigError
+
+SCHEMA_VERSION = 2
+STAGES = ("train", "distill", "optimize", "export")
+RUNS_ROOT = "runs"
+LATEST = "latest"
+PARTIAL_SUFFIX = ".partial"  # an unfinished run's work directory, beside its final place
+
+
+@dataclass
+class RunRecord:
+    """The content of a stage's ``run.json``.
+
+    Attributes:
+        stage: ``train``, ``distill``, ``optimize`` or ``export``.
+        config: The resolved :class:`~tfopt.config.RunConfig` as plain dicts.
+        versions: tfopt, Python and the TensorFlow stack.
+        strategy: Strategy name, class, replicas, workers.
+        data: Dataset name, image shape, classes, records per split.
+        model: Model name and parameter count (and what the stage adds).
+        train: Epochs, steps, batch sizes, learning rate, seconds, examples/s.
+        history: One row per epoch over the whole run (resumes included).
+        metrics: Held-out test metrics (``test_accuracy``, ...).
+        artifacts: Name -> path relative to the run directory.
+        section: The stage-specific section, stored under the stage's name.
+        weights_sha256: Digest of the saved model's weights.
+        fingerprint: Digest of everything that determines the result (config + stage options).
+    """
+
+    stage: str
+    config: dict
+    versions: dict = field(default_factory=dict)
+    strategy: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+    artifacts: dict = field(default_factory=dict)
+    section: dict = field(default_factory=dict)
+    weights_sha256: str | None = None
+    fingerprint: str | None = None
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    tfopt_version: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"stage {self.stage!r} is not one of {STAGES}")
+        if not self.tfopt_version:
+            from tfopt._version import __version__
+
+            self.tfopt_version = __version__
+
+    def to_dict(self) -> dict:
+        """The ``run.json`` content: the common keys, then the section under the stage's name."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "section"}
+        if self.stage != "train":  # train's own facts are the common "train" section
+            out[self.stage] = self.section
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "RunRecord":
+        """Reads a ``run.json`` (schema 1 records, written before the schema had a version, too)."""
+        stage = raw.get("stage", "train")
+        names = {f.name for f in dataclasses.fields(cls)} - {"section"}
+        known = {k: v for k, v in raw.items() if k in names}
+        known.update(stage=stage, config=known.get("config", {}))
+        section = raw.get(stage, {}) if stage != "train" else {}
+        extra = {k: v for k, v in raw.items() if k not in names and k != stage}
+        record = cls(**known, section=dict(section) if isinstance(section, dict) else {})
+        if extra:  # schema 1 kept stage facts at the top level (e.g. "gap", "teachers")
+            record.section = {**extra, **record.section}
+        return record
 
 
 @dataclass(frozen=True)
 class Run:
-    """A run directory written by ``python -m tfopt.train`` (or a later stage)."""
+    """A finished run directory."""
 
     path: str
     config: config_lib.RunConfig  # the resolved config the run was made with
-    record: dict  # the whole run.json
+    record: RunRecord
+
+    @property
+    def stage(self) -> str:
+        """The stage that wrote the run."""
+        return self.record.stage
 
     @property
     def model_path(self) -> str:
-        """The run's ``model.keras``."""
+        """The run's ``model.keras`` (exists for train, distill and optimize runs)."""
         return os.path.join(self.path, "model.keras")
 
-    def load_model(self, trust_model: bool = False):
-        """Loads the run's model through the safe loader (see ``tfopt.models.io.load_model``)."""
-        from tfopt.models.io import load_model
 
-        return load_model(self.model_path, trust_model=trust_model)
-
-
-def load_run(path: str) -> Run:
+def load_run(path: str, need_model: bool = True) -> Run:
     """Reads ``path/run.json`` and its config.
 
     Args:
         path: A run directory.
+        need_model: Also require ``model.keras`` (every stage that starts from a model does).
 
     Returns:
         The run, with its config validated as a RunConfig.
 
     Raises:
-        ConfigError: the directory has no readable run.json.
-        ModelError: the directory has no model.keras.
+        ConfigError: the directory has no readable run.json, or (``need_model``) no model.keras.
     """
     record_path = os.path.join(path, "run.json")
     if not os.path.isfile(record_path):
-        raise ConfigError(f"{path!r} is not a tfopt run directory (no run.json); "
-                          "give the -o directory of a `python -m tfopt.train` run")
+        partial = path.rstrip(os.sep) + PARTIAL_SUFFIX
+        hint = (f"; {partial} holds an unfinished run: re-run its command to finish it" if os.path.isdir(partial)
+                else "; give the -o directory of a finished tfopt run")
+        raise ConfigError(f"{path!r} is not a tfopt run directory (no run.json){hint}")
     try:
         with open(record_path, encoding="utf-8") as f:
-            record = json.load(f)
-        cfg = config_lib.from_dict(record["config"])
-    except (ValueError, KeyError) as e:
+            record = RunRecord.from_dict(json.load(f))
+        cfg = config_lib.from_dict(record.config)
+    except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"{record_path} cannot be read ({e}); re-run the stage that wrote it") from None
     run = Run(path=os.path.abspath(path), config=cfg, record=record)
-    if not os.path.isfile(run.model_path):
-        raise ModelError(f"{path!r} has no model.keras; re-run the stage that wrote it")
+    if need_model and not os.path.isfile(run.model_path):
+        raise ConfigError(f"{path!r} is a {record.stage} run without model.keras; give a train, distill or "
+                          "optimize run")
     return run
+
+
+def fingerprint(*parts: Any) -> str:
+    """A digest of what determines a run's result (configs, options), for resume checks."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def default_output(stage: str, root: str = RUNS_ROOT) -> str:
+    """The default run directory of ``stage``: ``runs/<stage>``, or the first free ``-N`` after it."""
+    return fresh_dir(os.path.join(root, stage))
+
+
+def fresh_dir(base: str) -> str:
+    """``base`` when no finished run is there, else ``base-2``, ``base-3``, ...
+
+    A crashed run's work directory (``<dir>.partial``) does not make a name taken: re-running
+    the same command resumes it.
+    """
+    candidate, n = base, 1
+    while os.path.exists(os.path.join(candidate, "run.json")) or os.path.isfile(candidate):
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def update_latest(run_dir: str) -> None:
+    """Points ``<parent>/latest`` at ``run_dir`` when ``run_dir`` is directly under a ``runs`` folder.
+
+    The link is replaced atomically (a new link renamed over the old one); a real directory
+    called ``latest`` (a run written with ``-o runs/latest``) is left alone.
+    """
+    parent, name = os.path.split(os.path.abspath(run_dir))
+    if os.path.basename(parent) != RUNS_ROOT or name == LATEST:
+        return
+    link = os.path.join(parent, LATEST)
+    if os.path.exists(link) and not os.path.islink(link):
+        return
+    tmp = os.path.join(parent, f".{LATEST}-{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(name, tmp)
+    os.replace(tmp, link)

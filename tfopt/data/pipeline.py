@@ -6,6 +6,19 @@ pipelines, else every n-th record of each file) -> parallel interleave of TFReco
 parallel parse/decode -> cache -> record shuffle (training) -> batch -> vectorized augmentation
 -> prefetch.
 
+Training data is reshuffled each epoch, seeded by ``data.seed``: two runs with the same seed (and
+``data.deterministic``) see the same sequence of epoch orders. A cache replays the order of the
+pass that filled it, so the file-order shuffle in front of it acts on the first epoch only; what
+reorders the later epochs is the record shuffle behind it:
+
+- ``cache="memory"`` (default): the cache holds single parsed records and the record shuffle
+  buffer holds all of them (references to the cached tensors, not copies), so every epoch is a
+  fresh uniform permutation of the whole split. The first batch waits for the split to be read.
+- ``cache="none"``: files are reshuffled and re-read every epoch; records are mixed within
+  ``data.shuffle_buffer``.
+- ``cache="file"``: for data larger than memory. Later epochs replay the first epoch's file order,
+  mixed only within ``data.shuffle_buffer`` records (a full shuffle would need it all in memory).
+
 Evaluation (``training=False``) reads deterministically, never shuffles nor drops a remainder, and
 with several input pipelines still sees every record exactly once across them.
 """
@@ -19,6 +32,7 @@ import numpy as np
 
 from tfopt._keras import tf
 from tfopt.config import AUTOTUNE, DataConfig
+from tfopt.data.shards import scan_tfrecord
 from tfopt.data.sources import DatasetInfo, dataset_dir, prepare
 from tfopt.errors import ConfigError, DataError
 
@@ -123,7 +137,7 @@ def _cache_key(files: Sequence[str], training: bool, pipelines: int, pipeline_id
 
 def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: bool, batch_size: int,
           input_context: tf.distribute.InputContext | None = None, augment: Augment | None = None,
-          cache_path: str | None = None) -> tf.data.Dataset:
+          cache_path: str | None = None, num_records: int | None = None) -> tf.data.Dataset:
     """Builds the input pipeline over TFRecord files.
 
     Args:
@@ -138,6 +152,8 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         augment: ``(images, labels) -> (images, labels)`` on batches; replaces ``cfg.augment``.
             Applied only when ``training``.
         cache_path: File prefix for ``cfg.cache == "file"``; default under ``cfg.data_dir``.
+        num_records: How many records ``files`` hold (sizes the full shuffle of a memory-cached
+            training pipeline); counted from the files when not given.
 
     Returns:
         A dataset of ``(images [B, H, W, C] float32, labels [B] int64)`` batches.
@@ -163,7 +179,7 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
     ds = tf.data.Dataset.from_tensor_slices(files)
     if by_file:
         ds = ds.shard(pipelines, pipeline_id)
-    if training:  # a fresh file order each epoch, within this pipeline's files
+    if training:  # a fresh file order on each pass over the files (a cache makes that the first only)
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
 
     def read(path):
@@ -174,21 +190,26 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
     ds = ds.interleave(read, cycle_length=_tune(cfg.interleave_cycle_length),
                        num_parallel_calls=_tune(cfg.num_parallel_reads), deterministic=ordered)
     vectorized = getattr(parse, "vectorized", False)
-    if vectorized:  # parse blocks of records; unbatched again after the cache (cheaper to replay)
+    if vectorized:  # parse blocks of records
         ds = ds.batch(PARSE_BLOCK)
     ds = ds.map(parse, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
-    if cfg.cache == "memory":
-        ds = ds.cache()
-    elif cfg.cache == "file":
+    if cfg.cache == "file":
         if cache_path is None:
             cache_path = os.path.join(cfg.data_dir, "tfcache",
                                       _cache_key(files, training, pipelines, pipeline_id, cfg.seed))
         os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
-        ds = ds.cache(cache_path)
+        ds = ds.cache(cache_path)  # blocks: fewer, larger elements to write and read back
     if vectorized:
         ds = ds.unbatch()
+    buffer = cfg.shuffle_buffer
+    if cfg.cache == "memory":
+        # Single records, so that the shuffle below can hold every one of them by reference.
+        ds = ds.cache()
+        if training:  # a full shuffle, or later epochs would replay the first one's file order;
+            # sized to the records, not beyond: tf.data allocates the whole buffer up front.
+            buffer = num_records if num_records is not None else sum(map(scan_tfrecord, files))
     if training:
-        ds = ds.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(max(1, buffer), seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(batch_size, drop_remainder=training)
     if training and augment is not None:
         ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
@@ -247,7 +268,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
         cache_path = os.path.join(dataset_dir(cfg), "tfcache", f"{split}-{mode}-seed{cfg.seed}-p{i}of{n}")
     return build(files, parse_fn(info, split), cfg, training=training,
                  batch_size=per_pipeline_batch_size(cfg, input_context), input_context=input_context,
-                 cache_path=cache_path)
+                 cache_path=cache_path, num_records=_split(info, split).num_records)
 
 
 def dataset_fn(cfg: DataConfig, split: str, *, training: bool,

@@ -5,6 +5,12 @@ that records, per shard, the record count, byte size and sha256. The manifest is
 use, because TensorFlow itself does not notice everything: a TFRecord cut in the middle of a record
 silently loses the rest of it, and ``ignore_errors()`` silently drops the rest of a damaged shard.
 
+Hashing every shard on every use is too slow for a large dataset, so a shard is hashed in full once
+and then stamped in ``verified.json`` (its size and mtime when it was found intact); later checks
+compare only size and mtime, like make or rsync's quick check. A changed stamp, or ``full=True``,
+hashes the shard again. A flipped bit that leaves size and mtime alone (bit rot, a restored mtime)
+is therefore caught only by a full check (``data.verify``).
+
 Directories are built in a temporary sibling and renamed into place (so a crash never leaves a
 half-built dataset that looks complete), under an ``fcntl`` lock so that several processes on one
 machine (e.g. the workers of a multi-worker job) never build the same directory at once.
@@ -15,6 +21,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import struct
@@ -27,7 +34,10 @@ from tfopt._keras import tf
 from tfopt.errors import DataError
 from tfopt.fileio import write_bytes
 
+log = logging.getLogger(__name__)
+
 MANIFEST = "manifest.json"
+STAMPS = "verified.json"  # sidecar of MANIFEST: {shard file: stamp of when it was last hashed intact}
 FORMAT_VERSION = 1
 # A split gets fewer shards than asked when it is small: at least this many records per shard.
 MIN_RECORDS_PER_SHARD = 32
@@ -46,6 +56,15 @@ def sha256_file(path: str) -> str:
 def file_size(path: str) -> int:
     """Returns the size of a file in bytes (local or any filesystem ``tf.io.gfile`` reads)."""
     return tf.io.gfile.stat(path).length
+
+
+def file_stat(path: str) -> tuple[int, int]:
+    """Returns ``(size in bytes, mtime in ns)`` of a file (local or any ``tf.io.gfile`` filesystem)."""
+    if "://" not in path:  # gfile's stat of a local file has whole seconds only: too coarse a stamp
+        st = os.stat(path)
+        return st.st_size, st.st_mtime_ns
+    st = tf.io.gfile.stat(path)
+    return st.length, st.mtime_nsec
 
 
 @contextlib.contextmanager
@@ -204,18 +223,70 @@ def shard_path(directory: str, entry: dict) -> str:
     return os.path.join(directory, entry["file"])
 
 
-def verify_manifest(directory: str, manifest: dict, fix: str | None = None) -> None:
+def read_stamps(directory: str) -> dict:
+    """Returns the shard stamps recorded in ``directory`` (``{}`` when none are usable).
+
+    The stamps only spare work: a missing or unreadable sidecar means "hash everything again",
+    never an error.
+    """
+    try:
+        with open(os.path.join(directory, STAMPS), encoding="utf-8") as f:
+            stamps = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return stamps if isinstance(stamps, dict) else {}
+
+
+def write_stamps(directory: str, stamps: dict) -> None:
+    """Writes the shard stamps sidecar atomically; on a read-only directory, logs and goes on."""
+    try:
+        write_bytes(os.path.join(directory, STAMPS), json.dumps(stamps, indent=1, sort_keys=True).encode())
+    except OSError as e:  # e.g. a dataset prepared by someone else: we just hash again next time
+        log.warning("cannot record verified shards in %s (%s); every use will hash them again",
+                    directory, e)
+
+
+def _stamp(size: int, mtime_ns: int, entry: dict) -> dict:
+    # The manifest's hash is part of the stamp: a stamp vouches for that content only.
+    return {"bytes": size, "mtime_ns": mtime_ns, "sha256": entry["sha256"]}
+
+
+def stamp_built(directory: str, manifest: dict) -> dict:
+    """Returns stamps for the shards a build just wrote (and hashed) into ``directory``.
+
+    Only files inside ``directory`` are stamped: nobody else can have changed them since their
+    hash was taken. Shards given by absolute path (user files) are hashed again on first use.
+    """
+    stamps = {}
+    for info in manifest.get("splits", {}).values():
+        for entry in info.get("shards", []):
+            if not os.path.isabs(entry["file"]):
+                size, mtime_ns = file_stat(shard_path(directory, entry))
+                if size == entry["bytes"]:
+                    stamps[entry["file"]] = _stamp(size, mtime_ns, entry)
+    return stamps
+
+
+def verify_manifest(directory: str, manifest: dict, fix: str | None = None, *, full: bool = False) -> None:
     """Checks every shard of a manifest: present, right byte size, right sha256.
+
+    The size is checked on every call. The sha256 is computed only for a shard whose size or
+    mtime differ from its stamp in ``verified.json`` (or that has none), or for all when ``full``;
+    shards found intact get a fresh stamp.
 
     Args:
         directory: The dataset directory holding the manifest.
         manifest: Its parsed content.
         fix: What to tell the user to do; defaults to deleting ``directory`` to rebuild it.
+        full: Hash every shard, whatever its stamp says (catches same-size, same-mtime damage).
 
     Raises:
         DataError: naming the first shard that is missing, truncated or corrupted, and the fix.
     """
     fix = fix or f"delete {directory} to rebuild it"
+    recorded = read_stamps(directory)
+    trusted = {} if full else recorded
+    stamps = {}
     for split, info in sorted(manifest.get("splits", {}).items()):
         shards = info.get("shards", [])
         if sum(s["records"] for s in shards) != info.get("num_records"):
@@ -225,13 +296,21 @@ def verify_manifest(directory: str, manifest: dict, fix: str | None = None) -> N
             path = shard_path(directory, entry)
             if not tf.io.gfile.exists(path):
                 raise DataError(f"shard {path} is missing; {fix}")
-            size = file_size(path)
+            # Stat before hashing: a change during the hash then leaves a stale stamp, which makes
+            # the next call hash again, never a stamp that vouches for unseen content.
+            size, mtime_ns = file_stat(path)
             if size != entry["bytes"]:
                 what = "truncated" if size < entry["bytes"] else "longer than recorded"
                 raise DataError(f"shard {path} is {what}: {size} bytes, the manifest says "
                                 f"{entry['bytes']}; {fix}")
-            if sha256_file(path) != entry["sha256"]:
+            stamp = _stamp(size, mtime_ns, entry)
+            if trusted.get(entry["file"]) != stamp and sha256_file(path) != entry["sha256"]:
+                if recorded.pop(entry["file"], None) is not None:  # keep failing without a full check
+                    write_stamps(directory, recorded)
                 raise DataError(f"shard {path} is corrupted: its sha256 does not match the manifest; {fix}")
+            stamps[entry["file"]] = stamp
+    if stamps != recorded:
+        write_stamps(directory, stamps)
 
 
 def materialize(target: str, build: Callable[[str], dict], lock_path: str) -> dict:
@@ -261,6 +340,8 @@ def materialize(target: str, build: Callable[[str], dict], lock_path: str) -> di
         try:
             manifest = build(tmp)
             write_manifest(tmp, manifest)
+            # The build hashed every shard it wrote: stamp them now rather than hash them again.
+            write_stamps(tmp, stamp_built(tmp, manifest))
             os.rename(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

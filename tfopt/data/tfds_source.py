@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 
 import numpy as np
 
+from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import shards
 from tfopt.data.builtin import SPLITS, plan_splits, records_needed
@@ -87,15 +89,75 @@ def parse_tfds_name(spec: str) -> str:
     return name
 
 
-def _builder(name: str, data_dir: str):
+# tfds failures a user can fix become one-line DataErrors; everything else (a bug of ours or of
+# tfds, MemoryError, KeyboardInterrupt, ...) propagates with its traceback, which a one-line
+# message would hide. Messages are matched only where tfds has no exception type of its own: if
+# tfds rewords one, the error propagates with its traceback, never gets a wrong explanation.
+_BAD_NAME_MESSAGES = (
+    (ValueError, "BuilderConfig"),  # tfds:NAME/NO_SUCH_CONFIG
+    (ValueError, "Parsing builder name string"),  # tfds:NAME/ or other malformed strings
+    (AssertionError, "cannot be loaded at version"),  # tfds:NAME:NO_SUCH_VERSION
+)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _missing_module(e: BaseException | None) -> str | None:
+    """Returns the third-party module whose absence raised ``e``, if that is what happened."""
+    while e is not None:  # tfds re-raises ImportErrors as a new one (without .name) from the original
+        if isinstance(e, ModuleNotFoundError) and e.name:
+            return None if e.name.split(".")[0] == "tfopt" else e.name  # ours missing: a bug
+        e = e.__cause__
+    return None
+
+
+def _builder(name: str, data_dir: str | None):
     import tensorflow_datasets as tfds
 
     try:
         return tfds.builder(name, data_dir=data_dir)
-    except Exception as e:  # DatasetNotFoundError, bad config names, ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"tfds cannot build dataset {name!r} ({first}); check the name with "
+    except tfds.core.DatasetNotFoundError as e:
+        raise DataError(f"tfds has no dataset {name!r} ({_first_line(e)}); check the name with "
                         "tfds.list_builders() or use one of tfopt's sources") from None
+    except (ValueError, AssertionError) as e:
+        if not any(isinstance(e, kind) and text in str(e) for kind, text in _BAD_NAME_MESSAGES):
+            raise
+        # Drop tfds's 'Failed to construct dataset "X", builder_kwargs "{...}": ' prefix.
+        why = re.sub(r'^Failed to construct dataset "[^"]*", builder_kwargs "[^"]*": ', "", _first_line(e))
+        raise DataError(f"tfds cannot build dataset {name!r} ({why.split('. ')[0].rstrip('.')}); "
+                        "use tfds:NAME[/CONFIG][:VERSION] with a config and version tfds has") from None
+    except ImportError as e:
+        module = _missing_module(e)
+        if module is None:
+            raise
+        raise DataError(f"tfds dataset {name!r} needs the Python module {module!r}; install it "
+                        f"(pip install {module.split('.')[0]})") from None
+
+
+def _prepare_failure(e: Exception) -> str | None:
+    """Returns why tfds could not prepare a dataset when it is a cause a user can fix, else None."""
+    import tensorflow_datasets as tfds
+
+    if type(e) is RuntimeError and e.__cause__ is not None:  # tfds's re-raise wrapper
+        e = e.__cause__
+    if isinstance(e, tfds.download.DownloadError):
+        return "a download failed"
+    # Not exported by tfds's public API: matched by name rather than imported from a private module.
+    if any(c.__name__ == "NonMatchingChecksumError" for c in type(e).__mro__):
+        return "a downloaded or manual file does not have the checksum tfds expects"
+    if isinstance(e, AssertionError) and "Manual directory" in str(e):
+        return "files it needs are not in its manual directory"
+    if isinstance(e, OSError):  # unreadable files, a full disk, no network (requests/urllib errors)
+        return "a file could not be fetched, read or written"
+    if isinstance(e, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)):
+        return "a file could not be read"
+    module = _missing_module(e)
+    if module is not None:
+        return f"it needs the Python module {module!r} (pip install {module.split('.')[0]})"
+    return None
 
 
 def _features(builder, name: str) -> tuple[str, str, tuple[int, int, int], int]:
@@ -149,13 +211,15 @@ def _tfds_builder(name: str, cfg: DataConfig, offline_fashion: bool):
         log.info("tfds is preparing %s (offline, a download fails only after minutes of retries)", name)
         try:
             builder.download_and_prepare(download_dir=download_dir, download_config=config)
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        except Exception as e:  # narrowed at once: only the causes _prepare_failure knows
+            why = _prepare_failure(e)
+            if why is None:
+                raise
             hint = (f"install the Debian package {DEBIAN_FASHION_PACKAGE} "
                     f"(apt-get install -y {DEBIAN_FASHION_PACKAGE})" if base_name == "fashion_mnist"
                     else f"put the prepared data under {root} or the files in {download_dir}/manual")
-            raise DataError(f"tfds could not prepare {name!r} ({type(e).__name__}: {first[:200]}); "
-                            f"it needs the data offline: {hint}") from None
+            raise DataError(f"tfds could not prepare {name!r}: {why} ({type(e).__name__}: {_first_line(e)}); "
+                            f"without internet it needs the data locally: {hint}") from None
     return builder
 
 

@@ -11,7 +11,7 @@ _EXPORTS = {
     "tfopt.export.evaluate": ("EvalResult", "TFLiteModel", "evaluate", "keras_outputs", "load_split", "read_tflite"),
     "tfopt.export.fidelity": ("GateResult", "SelectiveResult", "Thresholds", "check", "rank_layers",
                               "selective_search"),
-    "tfopt.export.runner": ("BenchSettings", "ExportSettings", "benchmark_file", "evaluate_file", "export_run"),
+    "tfopt.export.runner": ("BenchSettings", "ExportSettings", "benchmark_file", "evaluate_file", "run"),
     "tfopt.export.tflite": ("ConversionError", "ConvertOptions", "Converted", "calibration_batches", "convert",
                             "is_qat_model", "make_converter", "weight_sparsity"),
 }

@@ -134,7 +134,7 @@ def keras_cost(model) -> dict:
     FLOPs come from TensorFlow's profiler on the model's frozen graph at batch 1.
     """
     from tfopt._keras import tf
-    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    from tfopt._compat import convert_variables_to_constants_v2
 
     shape = [1, *[int(d) for d in model.input_shape[1:]]]
     flops = None
@@ -152,6 +152,6 @@ def keras_cost(model) -> dict:
         finally:
             tf.get_logger().setLevel(previous)
         flops = int(info.total_float_ops)
-    except Exception:  # a graph the profiler cannot walk: report params only
+    except (ValueError, tf.errors.OpError):  # a model that cannot be traced/frozen at batch 1: params only
         flops = None
     return {"params": int(model.count_params()), "flops": flops}

@@ -1,11 +1,50 @@
-"""The export stage's named choices and their parsers (no TensorFlow import: CLIs fail fast)."""
+"""The export stage's named choices and their parsers (no TensorFlow import: CLIs fail fast).
+
+``MODES`` is the registry of post-training quantization modes: each entry says how the TFLite
+converter is set up for it, so adding a mode is one entry here (plus, if it needs one, a new
+converter setting in :func:`tfopt.export.tflite.make_converter`).
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from tfopt.errors import ConfigError
+from tfopt.specs import Registry
 
-MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
+
+@dataclass(frozen=True)
+class PtqMode:
+    """A post-training quantization mode of the TFLite converter.
+
+    Attributes:
+        name: The ``--modes`` name.
+        summary: One line for --help.
+        optimize: Sets ``tf.lite.Optimize.DEFAULT`` (weights quantized or float16).
+        calibration: Needs a representative dataset (activation ranges), unless the model is QAT.
+        supported_types: ``target_spec.supported_types`` (e.g. ``("float16",)``).
+        ops: ``builtins``; ``int8`` (full-integer: every op must have an int8 kernel, unless the
+            model is QAT or Select TF ops are allowed); ``int16x8`` (16-bit activations, 8-bit weights).
+        io_types: Input/output types it can give the model (``--io``).
+    """
+
+    name: str
+    summary: str
+    optimize: bool = True
+    calibration: bool = False
+    supported_types: tuple[str, ...] = ()
+    ops: str = "builtins"
+    io_types: tuple[str, ...] = ("float",)
+
+
+MODES: Registry[PtqMode] = Registry("mode", (
+    PtqMode("float32", "no quantization", optimize=False),
+    PtqMode("dynamic", "int8 weights, float activations (dynamic range)"),
+    PtqMode("float16", "float16 weights", supported_types=("float16",)),
+    PtqMode("int8", "full-integer: int8 weights and activations, calibrated", calibration=True, ops="int8",
+            io_types=("float", "int8", "uint8")),
+    PtqMode("int16x8", "int16 activations, int8 weights, calibrated", calibration=True, ops="int16x8"),
+))
 IO_TYPES = ("float", "int8", "uint8")
 SPARSITY_CHOICES = ("auto", "on", "off")
 KERNELS = ("xnnpack", "builtin", "both")
@@ -28,7 +67,7 @@ def parse_modes(text: str | Sequence[str]) -> list[str]:
     modes: list[str] = []
     for item in (i.strip() for i in items):
         if item and item not in modes:
-            modes.append(check_choice("mode", item, MODES, "--modes"))
+            modes.append(check_choice("mode", item, MODES.names(), "--modes"))
     if not modes:
         raise ConfigError(f"no mode given; choose from {', '.join(MODES)} (--modes float32,int8)")
     return modes

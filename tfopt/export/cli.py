@@ -1,24 +1,21 @@
 """``python -m tfopt.export``: TFLite export, evaluation and latency benchmark.
 
     python -m tfopt.export --from runs/mnist --modes float32,dynamic,float16,int8,int16x8
-    python -m tfopt.export --from runs/mnist_pqat --modes int8 --io int8 --calibration-steps 100
+    python -m tfopt.export --from runs/mnist-pqat --modes int8 --io int8 --calibration-steps 100
     python -m tfopt.export --evaluate model.tflite --dataset mnist
     python -m tfopt.export --benchmark model.tflite --threads 1,2
 
-Exit codes: 0 done; 1 a converted model failed the fidelity gate (artifacts and export.json are
-still written); 2 a user error (one line on stderr).
+Exit codes: 0 done; 1 a converted model failed the fidelity gate (the run directory with every
+model and its run.json is still written); 2 a user error (one line on stderr).
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import sys
-import tempfile
 
 from tfopt import cli
 from tfopt.errors import ConfigError, ModelError
-from tfopt.export import choices
+from tfopt.export import choices, native_stderr
 
 PROG = "tfopt.export"
 
@@ -31,7 +28,7 @@ def _parser() -> cli.ArgumentParser:
     what.add_argument("--evaluate", metavar="TFLITE", help="score a .tflite on a dataset's test split")
     what.add_argument("--benchmark", metavar="TFLITE", help="measure a .tflite's latency and size")
     g = p.add_argument_group("conversion (--from)")
-    g.add_argument("--modes", default=",".join(choices.MODES), help=f"comma-separated: {', '.join(choices.MODES)}")
+    g.add_argument("--modes", default=",".join(choices.MODES), help=f"comma-separated: {choices.MODES.help()}")
     g.add_argument("--io", default="float", help=f"int8 model input/output type: {', '.join(choices.IO_TYPES)}")
     g.add_argument("--calibration-steps", type=int, default=25,
                    help="representative batches drawn from the run's training pipeline (default 25)")
@@ -60,8 +57,9 @@ def _parser() -> cli.ArgumentParser:
     g.add_argument("--kernels", default="xnnpack", help=f"{', '.join(choices.KERNELS)}: XNNPACK delegate "
                    "(LiteRT's default) and/or builtin kernels only")
     g.add_argument("--litert-benchmark", action="store_true", help="also run the litert-benchmark command")
-    p.add_argument("--output", "-o", help="output directory (default <RUN>/export; --evaluate/--benchmark: "
+    p.add_argument("--output", "-o", help="new run directory (default <RUN>-export, then -2, ...; --evaluate/--benchmark: "
                    "where to write their JSON, default none)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run at -o")
     p.add_argument("--no-plot", action="store_true", help="skip export.png")
     p.add_argument("--trust-model", action="store_true",
                    help="load models that can run code (Lambda layers, tfmot wrappers); only for files you trust")
@@ -93,39 +91,16 @@ def _check_args(args) -> None:
         raise ModelError(f"--keras {args.keras!r} does not exist; give a .keras file or a run directory")
 
 
-# Start-up notices native libraries print on fd 2 (no GPU here, XNNPACK on, quantizer settings);
-# not messages for the user of this command.
-_NATIVE_NOISE = re.compile(r"XNNPACK delegate for CPU|cuInit|cuda_|fully_quantize: \d|absl::InitializeLog")
+def _start_tensorflow() -> None:
+    """Starts TensorFlow's runtime where its start-up notices (the CUDA probe) are filtered out.
 
-
-@contextlib.contextmanager
-def _native_stderr_filtered():
-    """Routes fd 2 through a filter that drops known native start-up notices.
-
-    Python's own stderr (progress, the one-line error) still goes straight to the terminal;
-    other native lines are replayed when the block ends. TF_CPP_MIN_LOG_LEVEL=0 keeps everything.
+    Only this call, the converter and the interpreter creation print such notices; everything
+    else (a crash's message, a traceback) reaches stderr untouched.
     """
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in ("", "0"):  # tfopt._keras defaults it to 2
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    python_stderr = sys.stderr
-    with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 2)
-        sys.stderr = open(saved, "w", closefd=False, buffering=1)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            sys.stderr = python_stderr
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            for line in capture.read().decode("utf-8", "replace").splitlines(keepends=True):
-                if not _NATIVE_NOISE.search(line):
-                    python_stderr.write(line)
-            python_stderr.flush()
+    from tfopt._keras import tf
+
+    with native_stderr.filtered():
+        tf.config.list_physical_devices()  # loads the device plugins: the CUDA probe prints here
 
 
 def _say(quiet: bool):
@@ -134,8 +109,7 @@ def _say(quiet: bool):
 
 def _body(args) -> int:
     _check_args(args)
-    with _native_stderr_filtered():
-        return _work(args)
+    return _work(args)
 
 
 def _work(args) -> int:
@@ -147,6 +121,7 @@ def _work(args) -> int:
     from tfopt.runtime.strategy import is_chief
     from tfopt.runtime.tf_config import parse_tf_config
 
+    _start_tensorflow()
     if not is_chief(parse_tf_config(os.environ.get("TF_CONFIG"))):
         print(f"{PROG}: not the chief task; the chief exports", file=sys.stderr)
         return 0
@@ -161,17 +136,19 @@ def _work(args) -> int:
             selective=not args.no_selective, max_float_layers=args.max_float_layers,
             float_layers=tuple(n.strip() for n in args.float_layers.split(",") if n.strip()), eval_limit=args.eval_limit,
             search_limit=args.search_limit, bench=bench, plot=not args.no_plot, trust_model=args.trust_model)
-        record = runner.export_run(args.source, settings, out_dir=args.output, progress=_say(args.quiet))
-        print(record["table"])
-        for note in record["notes"]:
+        record = runner.run(args.source, settings, out_dir=args.output, overwrite=args.overwrite,
+                            progress=_say(args.quiet))
+        export = record.section
+        print(export["table"])
+        for note in export["notes"]:
             print(f"note: {note}")
-        print(f"{PROG}: wrote {os.path.join(record['output'], 'export.json')}")
-        failed = [r["mode"] for r in record["modes"] if r["gate"] and not r["gate"]["passed"]]
+        print(f"{PROG}: wrote {os.path.join(export['output'], 'run.json')}")
+        failed = [r["mode"] for r in export["modes"] if r["gate"] and not r["gate"]["passed"]]
         # A selective int8 that passes stands in for the plain int8 that failed.
-        if "int8" in failed and any(r["mode"] == "int8-selective" and r["gate"]["passed"] for r in record["modes"]):
+        if "int8" in failed and any(r["mode"] == "int8-selective" and r["gate"]["passed"] for r in export["modes"]):
             failed.remove("int8")
         if failed:
-            reasons = {r["mode"]: "; ".join(r["gate"]["reasons"]) for r in record["modes"] if r["mode"] in failed}
+            reasons = {r["mode"]: "; ".join(r["gate"]["reasons"]) for r in export["modes"] if r["mode"] in failed}
             print(f"{PROG}: fidelity gate failed: " + ", ".join(f"{m} ({why})" for m, why in reasons.items()),
                   file=sys.stderr)
             return 1

@@ -20,6 +20,7 @@ from tfopt.config import DataConfig
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo
 from tfopt.errors import DataError, ModelError
+from tfopt.export import native_stderr
 
 
 def _interpreter_class():
@@ -62,9 +63,10 @@ class TFLiteModel:
         Interpreter, OpResolverType = _interpreter_class()
         resolver = OpResolverType.AUTO if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
         try:
-            self.interpreter = Interpreter(model_content=content, num_threads=num_threads,
-                                           experimental_op_resolver_type=resolver)
-            self.interpreter.allocate_tensors()
+            with native_stderr.filtered():  # LiteRT announces its XNNPACK delegate on fd 2
+                self.interpreter = Interpreter(model_content=content, num_threads=num_threads,
+                                               experimental_op_resolver_type=resolver)
+                self.interpreter.allocate_tensors()
         except (ValueError, RuntimeError) as e:
             text = str(e).strip()
             flex = sorted(set(re.findall(r"\((Flex\w+)\)", text)))
@@ -117,7 +119,7 @@ class TFLiteModel:
         expected = "(" + ", ".join("N" if d < 0 else str(d) for d in sig) + ")"
         try:
             arr = np.asarray(x)
-        except Exception:  # ragged lists and other objects numpy cannot hold as one array
+        except (ValueError, TypeError):  # ragged lists and other objects numpy cannot hold as one array
             raise DataError(f"input of type {type(x).__name__} is not an array; give a float array "
                             f"of shape {expected}") from None
         if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)) \

@@ -21,8 +21,9 @@ import numpy as np
 
 from tfopt._keras import keras, tf
 from tfopt.errors import ConfigError
+from tfopt.export import native_stderr
 from tfopt.export.evaluate import EvalResult
-from tfopt.export.tflite import ConvertOptions, make_converter, modify_io, quiet_native_stderr, representative_fn
+from tfopt.export.tflite import ConvertOptions, make_converter, modify_io, representative_fn
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def quantization_debugger(model: "keras.Model", calibration: Sequence[np.ndarray
         debug_batches: Batches the debugger runs through to collect per-layer error statistics.
     """
     converter = make_converter(model, "int8", calibration=calibration, options=ConvertOptions(io="float"))
-    with warnings.catch_warnings(), quiet_native_stderr():
+    with warnings.catch_warnings(), native_stderr.quiet():
         warnings.simplefilter("ignore")  # the debugger drives the deprecated tf.lite interpreter internally
         return tf.lite.experimental.QuantizationDebugger(converter=converter,
                                                          debug_dataset=representative_fn(debug_batches))
@@ -145,7 +146,7 @@ def rank_layers(debugger) -> list[LayerError]:
 
 def requantize(debugger, float_nodes: Sequence[str], io_type: str = "float") -> bytes:
     """The int8 model with ``float_nodes`` (debugger tensor names) left in float."""
-    with warnings.catch_warnings(), quiet_native_stderr():
+    with warnings.catch_warnings(), native_stderr.quiet():
         warnings.simplefilter("ignore")
         debugger.options = tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=list(float_nodes))
         return modify_io(bytes(debugger.get_nondebug_quantized_model()), io_type)

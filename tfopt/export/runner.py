@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tfopt import __version__
 from tfopt._keras import keras
 from tfopt.config import DataConfig
 from tfopt.data.sources import prepare
@@ -22,10 +21,13 @@ from tfopt.export import benchmark as bench
 from tfopt.export import fidelity, summary, tflite
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
 from tfopt.export.evaluate import EvalResult, TFLiteModel, evaluate, keras_outputs, load_split, read_tflite
-from tfopt.fileio import write_bytes, write_json, write_text
+from tfopt.fileio import write_bytes, write_text
 from tfopt.models.io import load_model
-from tfopt.runs import load_run
-
+from tfopt.optimize.common import strip_wrappers
+from tfopt.errors import ConfigError
+from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_run
+from tfopt.runtime.job import versions
+from tfopt.runtime.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class BenchSettings:
 class ExportSettings:
     """Everything ``export_run`` needs besides the run."""
 
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = MODES.names()
     options: tflite.ConvertOptions = field(default_factory=tflite.ConvertOptions)
     calibration_steps: int = 25
     thresholds: fidelity.Thresholds = field(default_factory=fidelity.Thresholds)
@@ -66,13 +68,12 @@ class ExportSettings:
 
 
 def load_source_model(path: str, trust_model: bool = False) -> "keras.Model":
-    """Loads a run's model (tfmot wrappers deserialized, see ``io.load_model``); pruning is stripped."""
-    model = load_model(path, trust_model=trust_model)
-    if any(type(layer).__name__ == "PruneLowMagnitude" for layer in model.layers):
-        import tensorflow_model_optimization as tfmot
+    """Loads a run's model (tfmot wrappers deserialized, see ``io.load_model``).
 
-        model = tfmot.sparsity.keras.strip_pruning(model)
-    return model
+    Pruning and clustering wrappers are stripped (the .tflite holds the plain layers with the
+    sparse / clustered weights); QAT wrappers stay, they carry the ranges int8 conversion uses.
+    """
+    return strip_wrappers(load_model(path, trust_model=trust_model))
 
 
 def _latency(content: bytes, settings: BenchSettings, path: str) -> dict:
@@ -97,18 +98,20 @@ def _row(mode: str, converted_io: str, file: str, content: bytes, result: EvalRe
             "kernels": kernels, **extra}
 
 
-def export_run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str | None = None,
-               progress: Callable[[str], None] | None = None) -> dict:
-    """Exports one run to .tflite in every requested mode and measures each.
+def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str | None = None, *,
+        overwrite: bool = False, progress: Callable[[str], None] | None = None) -> RunRecord:
+    """Exports one run to .tflite in every requested mode, measures each and commits a new run directory.
 
     Args:
         run_dir: A run directory (``run.json`` + ``model.keras``).
         settings: Modes, conversion options, gate, benchmark settings.
-        out_dir: Where artifacts go (default ``<run_dir>/export``).
+        out_dir: The new run directory (default ``<run_dir>-export``, then ``-export-2``, ...).
+        overwrite: Replace a finished run at ``out_dir``.
         progress: Called with one short line per step (e.g. ``print``), or None.
 
     Returns:
-        The content of ``export.json``.
+        The RunRecord of ``run.json``; its ``export`` section holds every mode's row (size,
+        accuracy, agreement, gate, latency), the notes and the printed table.
 
     Raises:
         TfoptError: bad run, data, options, or an unconvertible model.
@@ -116,7 +119,12 @@ def export_run(run_dir: str, settings: ExportSettings = ExportSettings(), out_di
     say = progress or (lambda _msg: None)
     modes = parse_modes(settings.modes)
     run = load_run(run_dir)
-    out_dir = os.path.abspath(out_dir or os.path.join(run.path, "export"))
+    out = os.path.abspath(out_dir or fresh_dir(run.path.rstrip(os.sep) + "-export"))
+    if out == run.path:
+        raise ConfigError(f"-o {out!r} is the input run; a stage writes a NEW run directory: give another -o")
+    options = {"source": run.path, **_settings_dict(settings)}
+    rd = RunDir(out, fingerprint("export", options), {"export": options}, overwrite=overwrite)
+    rd.check()
     model = load_source_model(run.model_path, settings.trust_model)
     qat = tflite.is_qat_model(model)
     tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
@@ -130,6 +138,8 @@ def export_run(run_dir: str, settings: ExportSettings = ExportSettings(), out_di
         say(f"drawing {settings.calibration_steps} calibration batches from the training pipeline")
         calibration = tflite.calibration_batches(data_cfg, settings.calibration_steps, info)
     cost = bench.keras_cost(model)
+    rd.open()
+    out_dir = rd.work
     rows: list[dict] = []
     notes: list[str] = []
     for i, mode in enumerate(modes, 1):
@@ -151,22 +161,24 @@ def export_run(run_dir: str, settings: ExportSettings = ExportSettings(), out_di
                                    reference, out_dir, say, notes))
         if mode == "int8" and settings.float_layers and not qat:
             rows.append(_partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say))
-    created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    record = {
-        "tfopt_version": __version__, "created": created, "source": run.path,
-        "model": {"name": run.config.model.name, "qat": qat, **cost,
-                  "weight_sparsity": round(tflite.weight_sparsity(model), 4)},
-        "data": {"dataset": data_cfg.dataset, "test_examples": int(len(y_test)),
-                 "keras_test_accuracy": rows[0]["eval"]["keras_accuracy"] if rows else None},
-        "settings": _settings_dict(settings), "modes": rows, "notes": notes,
-    }
     table = summary.export_table(rows)
-    record["table"] = table
     write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.path}\n\n{table}\n")
+    plot = None
     if settings.plot:
-        record["plot"] = summary.plot(rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.path}")
-    write_json(os.path.join(out_dir, "export.json"), record)
-    record["output"] = out_dir
+        plot = summary.plot(rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.path}")
+    artifacts = {r["mode"]: r["file"] for r in rows if r.get("file")}
+    artifacts.update(table="export.md", **({"plot": os.path.basename(plot)} if plot else {}))
+    record = RunRecord(
+        stage="export", config=run.config.to_dict(), versions=versions(),
+        data={"dataset": data_cfg.dataset, "test_examples": int(len(y_test))},
+        model={"name": run.config.model.name, "qat": qat, **cost,
+               "weight_sparsity": round(tflite.weight_sparsity(model), 4)},
+        metrics={"keras_test_accuracy": rows[0]["eval"]["keras_accuracy"] if rows else None,
+                 **{f"{r['mode']}_test_accuracy": r["eval"]["accuracy"] for r in rows}},
+        artifacts=artifacts, fingerprint=rd.fingerprint,
+        section={"source": run.path, "output": rd.path, "settings": _settings_dict(settings), "modes": rows,
+                 "notes": notes, "table": table})
+    rd.commit(record)
     return record
 
 

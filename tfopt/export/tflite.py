@@ -21,9 +21,7 @@ import contextlib
 import dataclasses
 import io
 import logging
-import os
 import re
-import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -35,11 +33,24 @@ from tfopt.config import DataConfig
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo
 from tfopt.errors import ConfigError, ModelError
+from tfopt.export import native_stderr
 from tfopt.export.choices import IO_TYPES, MODES, SPARSITY_CHOICES, check_choice
+from tfopt.optimize.common import tfmot_imported
+
+# TF 2.21: the MLIR converter's error class is not in tf.lite's public API.
+from tfopt._compat import ConverterError  # noqa: E402
 
 # Below this fraction of zero weights the sparse encoding costs more than it saves.
 SPARSITY_THRESHOLD = 0.5
 _IO_DTYPES = {"float": tf.float32, "int8": tf.int8, "uint8": tf.uint8}
+# What TFLiteConverter.convert raises for a model or a setting it cannot handle (TF 2.21 sources,
+# tensorflow/lite/python): ConverterError (unsupported ops, failed legalization), ValueError
+# (unsupported settings; calibration data of the wrong dtype), RuntimeError (the calibration
+# interpreter, e.g. data of the wrong shape) and tf.errors.OpError (tracing/freezing the model).
+# Anything else (ZeroDivisionError, MemoryError, a TypeError) is a bug and keeps its traceback.
+_CONVERTER_ERRORS = (ConverterError, ValueError, RuntimeError, tf.errors.OpError)
+# RuntimeError subclasses that mean a bug, not a model the converter refuses.
+_NOT_CONVERTER_ERRORS = (NotImplementedError, RecursionError)
 
 
 class ConversionError(ModelError):
@@ -133,9 +144,17 @@ def weight_sparsity(model: "keras.Model") -> float:
 
 
 def is_qat_model(model: "keras.Model") -> bool:
-    """True when ``model`` holds tfmot quantization-aware-training layers."""
-    return any(type(layer).__name__ in ("QuantizeWrapper", "QuantizeWrapperV2", "QuantizeLayer")
-               for layer in model.layers)
+    """True when ``model`` holds tfmot quantization-aware-training layers.
+
+    The one implementation is :func:`tfopt.optimize.quantize.is_qat_model`; it is imported only
+    when tfmot already is (no model can hold a tfmot layer before), so exporting a float model
+    never loads tfmot.
+    """
+    if not tfmot_imported():
+        return False
+    from tfopt.optimize.quantize import is_qat_model as impl
+
+    return impl(model)
 
 
 def _is_mixed(model: "keras.Model") -> bool:
@@ -182,34 +201,33 @@ def make_converter(model: "keras.Model", mode: str, *, calibration: Sequence[np.
         ConfigError: unknown mode, missing calibration data, or a QAT model asked for a mode
             other than int8.
     """
-    check_choice("mode", mode, MODES, "--modes")
+    spec = MODES.get(check_choice("mode", mode, MODES.names(), "--modes"))
     check_modes_for(model, [mode])
     qat = is_qat_model(model)
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    optimizations = [] if mode == "float32" else [tf.lite.Optimize.DEFAULT]
+    optimizations = [tf.lite.Optimize.DEFAULT] if spec.optimize else []
     if sparse:
         optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
     converter.optimizations = optimizations
+    if spec.supported_types:
+        converter.target_spec.supported_types = [getattr(tf, t) for t in spec.supported_types]
     select = [tf.lite.OpsSet.SELECT_TF_OPS] if options.allow_select_tf_ops else []
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if mode == "float16":
-        converter.target_spec.supported_types = [tf.float16]
-    elif mode in ("int8", "int16x8"):
-        if not qat:
-            if not calibration:
-                raise ConfigError(f"mode {mode!r} needs calibration batches (the representative dataset); "
-                                  "give calibration steps >= 1")
-            converter.representative_dataset = representative_fn(calibration)
-        if mode == "int16x8":
-            ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
-        elif not select and not qat:
-            # Full-integer: every op must have an int8 kernel, otherwise conversion fails loudly
-            # instead of silently leaving float islands. (A QAT model carries its own ranges; this
-            # op set would demand a representative dataset from it.)
-            ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        if mode == "int8" and options.io != "float":
-            converter.inference_input_type = _IO_DTYPES[options.io]
-            converter.inference_output_type = _IO_DTYPES[options.io]
+    if spec.calibration and not qat:
+        if not calibration:
+            raise ConfigError(f"mode {mode!r} needs calibration batches (the representative dataset); "
+                              "give calibration steps >= 1")
+        converter.representative_dataset = representative_fn(calibration)
+    if spec.ops == "int16x8":
+        ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+    elif spec.ops == "int8" and not select and not qat:
+        # Full-integer: every op must have an int8 kernel, otherwise conversion fails loudly
+        # instead of silently leaving float islands. (A QAT model carries its own ranges; this
+        # op set would demand a representative dataset from it.)
+        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    if options.io != "float" and options.io in spec.io_types:
+        converter.inference_input_type = _IO_DTYPES[options.io]
+        converter.inference_output_type = _IO_DTYPES[options.io]
     converter.target_spec.supported_ops = ops + select
     return converter
 
@@ -223,7 +241,7 @@ def flex_ops(model: "keras.Model") -> dict[str, list[str]]:
     """
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
-    with quiet_native_stderr():
+    with native_stderr.quiet():
         content = converter.convert()
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -250,7 +268,9 @@ def explain_error(error: Exception, model: "keras.Model", mode: str, options: Co
     if not options.allow_select_tf_ops:
         try:  # the analyzer names the ops that need TF kernels, and (via tensor names) their layers
             layers = flex_ops(model)
-        except Exception:  # the analyzer path failed too; fall back to the converter's words
+        except _CONVERTER_ERRORS as e:  # the analyzer path failed too; fall back to the converter's words
+            if isinstance(e, _NOT_CONVERTER_ERRORS):
+                raise
             layers = {}
         ops.update(layers)
     if ops:
@@ -268,37 +288,23 @@ def explain_error(error: Exception, model: "keras.Model", mode: str, options: Co
     return f"cannot convert to {mode!r}: {detail[:300]}"
 
 
-@contextlib.contextmanager
-def quiet_native_stderr():
-    """Hides what the converter's C++ side prints on fd 2 (MLIR diagnostics, quantizer notices).
-
-    Errors still surface: the converter's exception carries the same text, and ``explain_error``
-    turns it into one line. TF_CPP_MIN_LOG_LEVEL=0 keeps everything visible.
-    """
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in ("", "0"):  # tfopt._keras defaults it to 2
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _run(converter, model, mode: str, options: ConvertOptions) -> bytes:
+    """Runs ``converter``; a model or setting it refuses becomes a one-line ConversionError.
+
+    The converter's native output is hidden (its exception repeats it) unless the process dies
+    in the call. Exceptions other than the converter's own (see ``_CONVERTER_ERRORS``) are bugs
+    and propagate with their traceback.
+    """
     try:
         with warnings.catch_warnings():
             # Says the float input has no min/max statistics: expected, the input is quantized by
             # the calibrated QUANTIZE op (or the int8 input type) instead.
             warnings.filterwarnings("ignore", message="Statistics for quantized inputs were expected")
-            with quiet_native_stderr():
+            with native_stderr.quiet():
                 return converter.convert()
-    except Exception as e:  # ConverterError and friends carry the op names in their text
+    except _CONVERTER_ERRORS as e:  # their text carries the op names
+        if isinstance(e, _NOT_CONVERTER_ERRORS):
+            raise
         raise ConversionError(explain_error(e, model, mode, options)) from None
 
 

@@ -22,25 +22,23 @@ Build the student, load the teachers and create the Distiller inside ``strategy.
 Teachers are frozen (``trainable = False``, called with ``training=False`` so their batch-norm
 statistics never move) and ``fit`` verifies that their weights are unchanged afterwards.
 ``evaluate`` and ``predict`` use the student alone; ``save`` saves the student alone;
-``export_student`` writes a plain student (tfmot pruning/clustering wrappers stripped).
+``export_student`` writes the student. The Distiller trains whatever student it is given; to
+compress while distilling, wrap the student with :func:`tfopt.optimize.student.wrap` first.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
+from tfopt._compat import is_graph_network
 from tfopt._keras import ensure_tf_keras, keras, tf
 from tfopt.errors import ConfigError, ModelError
 from tfopt.models.io import save_model
 
 COMBINE_MODES = ("probs", "logits")
-_PRUNE_WRAPPERS = {"PruneLowMagnitude"}
-_CLUSTER_WRAPPERS = {"ClusterWeights", "ClusterWeightsMHA"}
-_QAT_LAYERS = {"QuantizeWrapper", "QuantizeWrapperV2", "QuantizeLayer"}
 
 
 @dataclass(frozen=True)
@@ -118,22 +116,6 @@ def distillation_terms(labels, student_logits, teacher_logp, temperature: float)
     return {"kl": kl, "distillation": temperature ** 2 * kl, "student": ce}
 
 
-def strip_tfmot(model: "keras.Model") -> "keras.Model":
-    """Removes tfmot pruning and clustering wrappers (pruning: a view sharing the student's layers).
-
-    Quantization-aware (QAT) wrappers have no strip: such a model is returned as it is.
-    """
-    names = {type(layer).__name__ for layer in model.submodules if isinstance(layer, keras.layers.Layer)}
-    if names & (_PRUNE_WRAPPERS | _CLUSTER_WRAPPERS):
-        import tensorflow_model_optimization as tfmot
-
-        if names & _PRUNE_WRAPPERS:
-            model = tfmot.sparsity.keras.strip_pruning(model)
-        if names & _CLUSTER_WRAPPERS:
-            model = tfmot.clustering.keras.strip_clustering(model)
-    return model
-
-
 def _find_layer(model: "keras.Model", name: str, role: str) -> "keras.layers.Layer":
     for layer in model.layers:
         # A tfmot wrapper (prune_low_magnitude_conv0) stands for the layer it wraps.
@@ -144,7 +126,7 @@ def _find_layer(model: "keras.Model", name: str, role: str) -> "keras.layers.Lay
 
 
 def _functional(model: "keras.Model", role: str) -> None:
-    if not getattr(model, "_is_graph_network", False) or len(model.inputs) != 1 or len(model.outputs) != 1:
+    if not is_graph_network(model) or len(model.inputs) != 1 or len(model.outputs) != 1:
         raise ModelError(f"the {role} {model.name!r} must be a functional or Sequential tf_keras model with one "
                          "input and one output (logits) for feature distillation; rebuild it functionally")
 
@@ -357,38 +339,24 @@ class Distiller(keras.Model):
         return out
 
     def student_weights(self) -> list:
-        """The plain (wrapper-free) student's weights, in ``plain_student()``'s order.
+        """The student's weights, in ``plain_student()``'s order.
 
         Reading weights under MultiWorkerMirroredStrategy is a collective: every worker calls it.
         """
-        return strip_tfmot(self.student).get_weights()
+        return self.student.get_weights()
 
     def plain_student(self) -> "keras.Model":
-        """A copy of the student with tfmot wrappers stripped and no strategy: for evaluation and saving.
+        """A strategy-free copy of the student, for evaluation and saving.
 
-        Pruning and clustering wrappers are stripped; a quantization-aware (QAT) student keeps its
-        wrappers (TFLite conversion needs them) and is made savable: load its ``model.keras``
-        with ``tfopt.optimize.load_quantized_model``. Every worker must call it under
-        MultiWorkerMirroredStrategy (it reads the weights).
+        Every worker must call it under MultiWorkerMirroredStrategy (it reads the weights). A
+        student wrapped by tfmot is copied by :func:`tfopt.optimize.student.plain_copy` instead.
         """
-        stripped = strip_tfmot(self.student)
-        weights = stripped.get_weights()
-        names = {type(layer).__name__ for layer in stripped.submodules if isinstance(layer, keras.layers.Layer)}
+        weights = self.student.get_weights()
 
         def copy():
             # A helper thread has no strategy scope (scopes are thread-local): the copy is plain.
-            scope = contextlib.nullcontext()
-            if names & _QAT_LAYERS:  # QAT wrappers stay (the TFLite converter needs them); Keras must know them
-                import tensorflow_model_optimization as tfmot
-
-                scope = tfmot.quantization.keras.quantize_scope()
-            with scope:
-                model = keras.models.clone_model(stripped)
+            model = keras.models.clone_model(self.student)
             model.set_weights(weights)
-            if names & _QAT_LAYERS:
-                from tfopt.optimize.quantize import fix_for_keras_format
-
-                fix_for_keras_format(model)  # so that model.keras reloads (tfmot 0.8.1 saves duplicates)
             return model
 
         with ThreadPoolExecutor(1) as pool:

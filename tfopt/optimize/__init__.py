@@ -9,7 +9,7 @@ import importlib
 _EXPORTS = {
     "ClusterSpec": "tfopt.optimize.cluster",
     "check_clusters": "tfopt.optimize.cluster",
-    "OptimizeError": "tfopt.optimize.common",
+    "OptimizeError": "tfopt.errors",
     "Selection": "tfopt.optimize.common",
     "m_by_n_violations": "tfopt.optimize.common",
     "rebuild": "tfopt.optimize.common",
@@ -27,7 +27,9 @@ _EXPORTS = {
     "unregister_quantize_config": "tfopt.optimize.quantize",
     "OptimizeSettings": "tfopt.optimize.runner",
     "optimize": "tfopt.optimize.runner",
-    "optimize_many": "tfopt.optimize.runner",
+    "run": "tfopt.optimize.runner",
+    "plain_copy": "tfopt.optimize.student",
+    "strip_wrappers": "tfopt.optimize.common",
     "TECHNIQUES": "tfopt.optimize.techniques",
 }
 

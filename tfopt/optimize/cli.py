@@ -16,10 +16,12 @@ import sys
 from tfopt import cli
 from tfopt import config as config_lib
 from tfopt.errors import ConfigError
+from tfopt.optimize.techniques import TECHNIQUES
+from tfopt.specs import PRECISIONS, STRATEGIES
 
 PROG = "tfopt.optimize"
 DEFAULT_PRUNE_EPOCHS = 3
-TECHNIQUE_NAMES = ("prune", "prune_2of4", "qat", "cluster", "pqat", "cqat", "pcqat")
+TECHNIQUE_NAMES = tuple(TECHNIQUES)
 
 
 def _csv(text: str | None) -> tuple[str, ...]:
@@ -29,13 +31,15 @@ def _csv(text: str | None) -> tuple[str, ...]:
 def build_parser() -> cli.ArgumentParser:
     """The argument parser (no TensorFlow import: ``--help`` stays fast)."""
     p = cli.ArgumentParser(prog="python -m tfopt.optimize", description=__doc__.splitlines()[0],
-                           epilog="techniques: " + ", ".join(TECHNIQUE_NAMES))
+                           epilog="techniques: " + ", ".join(TECHNIQUE_NAMES)
+                           + "; exit codes: 0 done, 1 a sparsity/cluster/2:4 check failed, 2 user error")
     p.add_argument("--from", dest="source", required=True, metavar="RUN_DIR", help="the trained run to optimize")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--technique", help="one technique, or several separated by commas (run in one job)")
     what.add_argument("--inspect", action="store_true", help="list what each layer supports and exit")
     p.add_argument("--output", "-o", help="new run directory (default <from>-<technique>); with several "
                    "techniques, a parent directory holding one run per technique")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run at the output directory")
     p.add_argument("--trust-model", action="store_true", help="load a model file that can run code (only if trusted)")
     p.add_argument("--layers", help="comma-separated layer names to optimize (default: every supported layer)")
     p.add_argument("--layer-types", help="comma-separated layer classes to optimize, e.g. Conv2D,Dense")
@@ -58,8 +62,8 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--centroid-init", default="kmeans_plus_plus", help="kmeans_plus_plus, density, linear, random")
     g.add_argument("--per-channel", action="store_true", help="one set of centroids per Conv2D output channel")
     g = p.add_argument_group("fine-tuning")
-    g.add_argument("--strategy", help=f"one of: {', '.join(config_lib.STRATEGIES)} (default: the input run's)")
-    g.add_argument("--precision", help=f"one of: {', '.join(config_lib.PRECISIONS)} (default: the input run's)")
+    g.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (default: the input run's)")
+    g.add_argument("--precision", help=f"one of: {', '.join(PRECISIONS)} (default: the input run's)")
     g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs")
     g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
     g.add_argument("--epochs", type=int,
@@ -96,30 +100,24 @@ def resolve_config(args, base: config_lib.RunConfig) -> config_lib.RunConfig:
     return config_lib.from_dict(raw, cfg)
 
 
-def settings_for(args, technique: str, cfg: config_lib.RunConfig, run):
+def settings_for(args, technique: str):
     """The OptimizeSettings of one technique from the parsed flags.
 
     Without ``--frequency`` the pruning masks are updated about 20 times per phase (at most
-    every 100 steps, the tfmot default for long runs).
+    every 100 steps), counted from the real training split when the job starts.
     """
     from tfopt.optimize.cluster import ClusterSpec
     from tfopt.optimize.common import Selection
     from tfopt.optimize.prune import PruneSpec
     from tfopt.optimize.runner import OptimizeSettings
 
-    records = int(run.record.get("data", {}).get("splits", {}).get("train", 0)) or 50000
-    if cfg.data.limit:
-        records = min(records, cfg.data.limit)
     phase_epochs = _phase_epochs(args.phase_epochs)
     if args.epochs is None and "prune" not in dict(phase_epochs):
         # Pruning needs time to recover from the zeros (tfmot's guides fine-tune for a few epochs).
         phase_epochs += (("prune", DEFAULT_PRUNE_EPOCHS),)
-    epochs = dict(phase_epochs).get("prune", 1 if args.epochs is None else args.epochs)
-    steps = epochs * (args.steps_per_epoch or max(1, records // cfg.data.global_batch_size))
-    frequency = args.frequency or max(1, min(100, steps // 20))
     selection = Selection(_csv(args.layers), _csv(args.layer_types))
     prune = PruneSpec(sparsity=args.sparsity, schedule=args.schedule, initial_sparsity=args.initial_sparsity,
-                      begin_step=args.begin_step, end_step=args.end_step, frequency=frequency,
+                      begin_step=args.begin_step, end_step=args.end_step, frequency=args.frequency,
                       block_size=_pair(args.block_size, "--block-size"),
                       policy=args.policy, selection=selection)
     return OptimizeSettings(
@@ -149,20 +147,6 @@ def _phase_epochs(text: str | None) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _serve_if_parameter_server_task(cfg: config_lib.RunConfig) -> None:
-    # A parameter-server worker/ps task only serves: start it before loading tfmot.
-    if cfg.runtime.strategy != "parameter_server":
-        return
-    from tfopt.runtime.tf_config import parse_tf_config, validate_for_strategy
-
-    cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
-    validate_for_strategy(cluster, "parameter_server")
-    if cluster.task_type in ("worker", "ps"):
-        from tfopt.runtime.strategy import run_server
-
-        run_server(cluster)
-
-
 def _outputs(args, techniques: tuple[str, ...]) -> list[str | None]:
     if not args.output:
         return [None] * len(techniques)
@@ -178,20 +162,23 @@ def _body(args) -> int:
     if args.inspect:
         from tfopt.optimize.inspect import format_report, inspect_model
 
-        print(format_report(inspect_model(run.load_model(trust_model=args.trust_model))))
+        from tfopt.models.io import load_model
+
+        print(format_report(inspect_model(load_model(run.model_path, trust_model=args.trust_model))))
         return 0
     names = _csv(args.technique)
     for name in names:
         if name not in TECHNIQUE_NAMES:
             raise ConfigError(f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUE_NAMES)}")
     cfg = resolve_config(args, run.config)
-    _serve_if_parameter_server_task(cfg)
-    from tfopt.optimize.runner import optimize_many
+    from tfopt.optimize.runner import run as run_optimize
 
-    settings = [settings_for(args, t, cfg, run) for t in names]
-    results = optimize_many(args.source, cfg, settings, _outputs(args, names), keep_going=len(names) > 1)
+    settings = [settings_for(args, t) for t in names]
+    results = run_optimize(args.source, cfg, settings, _outputs(args, names), keep_going=len(names) > 1,
+                           overwrite=args.overwrite)
     for res in results:
         if res.get("record"):
+            res["record"] = res["record"].to_dict()
             _print_result(res["record"], res["output"])
         elif res["ok"]:  # a non-chief worker: it writes nothing, but says what it holds
             info = {"technique": res["technique"], "weights_sha256": res["weights_sha256"]}
@@ -203,7 +190,14 @@ def _body(args) -> int:
 
         write_json(args.report, [{k: v for k, v in r.items() if k != "record"} | _summary(r.get("record"))
                                  for r in results])
-    return 0 if all(r["ok"] for r in results) else 2
+    if not all(r["ok"] for r in results):
+        return 2
+    failed = [f"{r['technique']}: {name}" for r in results if r.get("record")
+              for name, check in r["record"]["optimize"]["checks"].items() if not check["ok"]]
+    if failed:
+        print(f"{PROG}: check failed: {', '.join(failed)} (see run.json's optimize.checks)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _summary(record: dict | None) -> dict:
@@ -211,10 +205,10 @@ def _summary(record: dict | None) -> dict:
         return {}
     opt = record["optimize"]
     return {"weights_sha256": record["weights_sha256"], "test_accuracy": record["metrics"]["test_accuracy"],
-            "accuracy_delta": record["accuracy_delta"], "sparsity": opt["sparsity"], "clusters": opt["clusters"],
+            "accuracy_delta": opt["accuracy_delta"], "sparsity": opt["sparsity"], "clusters": opt["clusters"],
             "gzip_ratio": opt["gzip_ratio"],
             "checks": {k: v["ok"] for k, v in opt["checks"].items()}, "precision_notes": opt["precision_notes"],
-            "strategy": record["strategy"], "precision": record["precision"]}
+            "strategy": record["strategy"], "precision": record["strategy"]["precision"]}
 
 
 def _print_result(record: dict, out: str) -> None:

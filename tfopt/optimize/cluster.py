@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tfopt._compat import (CLUSTER_WRAPPERS, StepCountingClusteringSummaries, cluster_registry_supports,
+                           clusterable_weight_names)
 from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError, Selection, check_model, weight_table
 
@@ -61,9 +63,7 @@ def why_not_clusterable(layer, spec: ClusterSpec | None = None) -> str | None:
     """Returns why tfmot will not cluster ``layer`` (None when it can, or it has no weights)."""
     if isinstance(layer, _clustering.ClusterableLayer):
         return None
-    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
-
-    if not ClusteringRegistry.supports(layer):
+    if not cluster_registry_supports(layer):
         return (f"tfmot has no clustering rule for {type(layer).__name__}; make the class a "
                 "tfmot.clustering.keras.ClusterableLayer (get_clusterable_weights) or leave it out of the selection")
     clusters = spec.clusters if spec else 16
@@ -86,9 +86,7 @@ def why_not_clusterable(layer, spec: ClusterSpec | None = None) -> str | None:
 def _has_weights(layer) -> bool:
     if isinstance(layer, _clustering.ClusterableLayer):
         return bool(layer.get_clusterable_weights())
-    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
-
-    return bool(layer.trainable_weights) and bool(ClusteringRegistry._weight_names(layer))
+    return bool(layer.trainable_weights) and bool(clusterable_weight_names(layer))
 
 
 def clusterable_names(model: "keras.Model", spec: ClusterSpec) -> list[str]:
@@ -144,44 +142,18 @@ def wrap(model: "keras.Model", spec: ClusterSpec, names: list[str] | None = None
         return _clustering.cluster_weights(layer, **kwargs)
 
     wrapped = keras.models.clone_model(model, clone_function=clone)
-    from tensorflow_model_optimization.python.core.clustering.keras.cluster_wrapper import ClusterWeights
-
     # tfmot leaves a layer it finds too small unclustered with a mere warning: make it an error.
-    skipped = [layer.name for layer in wrapped.layers if layer.name in names and not isinstance(layer, ClusterWeights)]
+    skipped = [layer.name for layer in wrapped.layers if layer.name in names
+               and not isinstance(layer, CLUSTER_WRAPPERS)]
     if skipped:
         reason = why_not_clusterable(model.get_layer(skipped[0]), spec) or "see tfmot's warning"
         raise OptimizeError(f"tfmot did not cluster layer {skipped[0]!r}: {reason}")
     return wrapped
 
 
-class _ClusteringSummaries(_clustering.ClusteringSummaries):
-    """tfmot's ClusteringSummaries, counting steps right under ``steps_per_execution`` > 1.
-
-    tfmot counts one step per ``on_train_batch_begin`` call and asserts that its count is at
-    least Keras' batch index; with several steps per execution Keras calls once per execution
-    with the index of its last step, which breaks that assertion. Here the count is the step
-    number itself.
-    """
-
-    def __init__(self, log_dir: str):
-        super().__init__(log_dir=log_dir)
-        self._steps = self._epoch_start = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        super().on_epoch_begin(epoch, logs)
-        self._epoch_start = self._steps
-
-    def on_train_batch_begin(self, batch, logs=None):
-        keras.callbacks.TensorBoard.on_train_batch_begin(self, batch, logs)  # not tfmot's one-per-call count
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._steps = self.continuous_batch = self._epoch_start + batch + 1
-        super().on_train_batch_end(batch, logs)
-
-
 def callbacks(log_dir: str | None) -> list:
     """``ClusteringSummaries`` (centroid histograms per epoch) for TensorBoard when a ``log_dir`` is given."""
-    return [_ClusteringSummaries(log_dir)] if log_dir else []
+    return [StepCountingClusteringSummaries(log_dir)] if log_dir else []
 
 
 def strip(model: "keras.Model") -> "keras.Model":

@@ -12,15 +12,12 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from tfopt._compat import is_graph_network, producing_layer
 from tfopt._keras import ensure_tf_keras, keras
-from tfopt.errors import ModelError
+from tfopt.errors import ModelError, OptimizeError  # noqa: F401  (OptimizeError: re-exported)
 
 #: Kernel-like weights: what pruning and clustering act on (biases and BN statistics are not).
 KERNEL_NAMES = ("kernel", "depthwise_kernel", "pointwise_kernel", "embeddings", "recurrent_kernel")
-
-
-class OptimizeError(ModelError):
-    """A model cannot be optimized as asked (unsupported layer, technique, strategy or policy)."""
 
 
 def check_model(model, what: str = "model") -> "keras.Model":
@@ -41,7 +38,7 @@ def check_model(model, what: str = "model") -> "keras.Model":
     if not isinstance(model, keras.Model):
         raise OptimizeError(f"the {what} is a {type(model).__name__}, not a keras.Model; give a functional "
                             "or Sequential tf_keras model")
-    if not (isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False)):
+    if not (isinstance(model, keras.Sequential) or is_graph_network(model)):
         raise OptimizeError(
             f"the {what} {model.name!r} is a subclassed model ({type(model).__name__}), which tfmot cannot "
             "rewrite; optimize its functional parts instead (e.g. the student of a Distiller, not the Distiller)")
@@ -82,7 +79,7 @@ class Selection:
 
 def output_layer_names(model: "keras.Model") -> set[str]:
     """Names of the layers whose outputs are the model's outputs (they stay float32)."""
-    return {t._keras_history.layer.name for t in model.outputs}
+    return {producing_layer(t).name for t in model.outputs}
 
 
 def rebuild(model: "keras.Model", policy: str = "float32", float32_layers: Iterable[str] = ()) -> "keras.Model":
@@ -237,3 +234,46 @@ def format_table(rows: list[LayerRow]) -> str:
     widths = [max(len(x) for x in col) for col in zip(header, *body)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
     return "\n".join([fmt.format(*header)] + [fmt.format(*line) for line in body])
+
+
+def tfmot_imported() -> bool:
+    """True once tfmot has been imported: before that, no model can hold a tfmot layer.
+
+    Code that only inspects models (e.g. export) checks this first, so that a plain float model
+    never makes it import tfmot.
+    """
+    import sys
+
+    return "tensorflow_model_optimization" in sys.modules
+
+
+def all_layers(model: "keras.Model") -> list:
+    """Every Keras layer inside ``model``: its layers, nested models' layers and wrappers' inner layers."""
+    return [m for m in model.submodules if isinstance(m, keras.layers.Layer)]
+
+
+def strip_wrappers(model: "keras.Model") -> "keras.Model":
+    """``model`` without tfmot pruning and clustering wrappers; quantization-aware (QAT) wrappers stay.
+
+    A QAT model keeps its wrappers: they hold the ranges it learned, which the int8 conversion
+    uses. A model with no pruning or clustering wrapper is returned as it is (and tfmot is not
+    imported for it).
+
+    Args:
+        model: A tf_keras model, e.g. a pruned or clustered model saved before stripping.
+
+    Returns:
+        The stripped model (stripping pruning reuses the wrapped layers; stripping clustering
+        builds plain layers holding the clustered weights), or ``model`` itself.
+    """
+    if not tfmot_imported():
+        return model
+    import tensorflow_model_optimization as tfmot
+
+    from tfopt._compat import CLUSTER_WRAPPERS, PRUNE_WRAPPERS
+
+    if any(isinstance(layer, PRUNE_WRAPPERS) for layer in all_layers(model)):
+        model = tfmot.sparsity.keras.strip_pruning(model)
+    if any(isinstance(layer, CLUSTER_WRAPPERS) for layer in all_layers(model)):
+        model = tfmot.clustering.keras.strip_clustering(model)
+    return model

@@ -13,13 +13,13 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from tfopt._compat import tfmot_layer_dtype
 from tfopt._keras import keras, tf
-from tfopt.config import RunConfig
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.common import compute_dtypes, rebuild
-from tfopt.train import train_data
+from tfopt.runtime.job import Job
 
 
 @dataclass(frozen=True)
@@ -41,25 +41,17 @@ class FineTune:
 class Context:
     """What the phases of one job share."""
 
-    cfg: RunConfig
-    strategy: object
-    info: object  # tfopt.data.DatasetInfo
-    chief: bool
+    job: Job
     log_dir: str | None = None
     cache: dict = field(default_factory=dict)  # phase chain -> (result model, phase info)
     phases_run: int = 0
 
 
 def _compile(model, ctx: Context, ft: FineTune) -> None:
-    lr = ft.learning_rate
-    if ctx.cfg.train.lr_schedule == "cosine":  # the run's schedule, over this phase
-        lr = keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(1, ft.total_steps))
-    opt = keras.optimizers.Adam(lr)
-    if ctx.cfg.runtime.precision == "mixed_float16":
-        # compile() adds loss scaling only when the model's own policy is mixed_float16; QAT
-        # models are built float32 and may still hold float16 layers, so scale explicitly.
-        opt = keras.mixed_precision.LossScaleOptimizer(opt)
-    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    # The run's schedule over this phase; loss scaling under mixed_float16 (QAT models are built
+    # float32 and may still hold float16 layers, so compile() would not add it).
+    model.compile(optimizer=ctx.job.optimizer(ft.learning_rate, ft.total_steps),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], steps_per_execution=ft.steps_per_execution)
 
 
@@ -81,8 +73,7 @@ def _fit(ctx: Context, ft: FineTune, model, callbacks: list, kind: str) -> dict:
     if clustered:
         tf.get_logger().addFilter(quiet)
     try:
-        history = model.fit(train_data(ctx.cfg, ctx.strategy, ctx.info), epochs=ft.epochs,
-                            steps_per_epoch=ft.steps_per_epoch, callbacks=callbacks, verbose=ctx.cfg.train.verbose if ctx.chief else 0)
+        history = ctx.job.fit(model, callbacks, epochs=ft.epochs, steps_per_epoch=ft.steps_per_epoch)
     finally:
         tf.get_logger().removeFilter(quiet)
     last = {k: float(v[-1]) for k, v in history.history.items() if v}
@@ -100,14 +91,14 @@ def _log_dir(ctx: Context, kind: str) -> str | None:
 
 def _strip_phase(ctx: Context, ft: FineTune, src, kind: str, names: list[str], wrap, lib):
     # Rebuild in scope (wrapped layers in float32 under a mixed policy), wrap, fit, strip in scope.
-    policy = ctx.cfg.runtime.precision
-    mixed = policy != "float32"
-    with ctx.strategy.scope():
-        model = rebuild(src, policy, float32_layers=names if mixed else ())
-        wrapped = wrap(model, "float32" if mixed else None)
+    policy = ctx.job.cfg.runtime.precision
+    dtype = tfmot_layer_dtype(policy)
+    with ctx.job.strategy.scope():
+        model = rebuild(src, policy, float32_layers=names if dtype else ())
+        wrapped = wrap(model, dtype)
         _compile(wrapped, ctx, ft)
     info = _fit(ctx, ft, wrapped, lib.callbacks(_log_dir(ctx, kind)), kind)
-    with ctx.strategy.scope():
+    with ctx.job.strategy.scope():
         stripped = lib.strip(wrapped)
     info["layers"] = names
     return rebuild(stripped, "float32"), info  # every worker reads the weights (a collective under MWMS)
@@ -130,9 +121,9 @@ def cluster_phase(ctx: Context, ft: FineTune, src, spec: cluster_lib.ClusterSpec
 
 def qat_phase(ctx: Context, ft: FineTune, src, spec: quantize_lib.QatSpec):
     """Quantization-aware training of ``src``; returns ``(default-scheme QAT copy, phase info)``."""
-    policy = ctx.cfg.runtime.precision
+    policy = ctx.job.cfg.runtime.precision
     names = quantize_lib.quantizable_names(src, spec)
-    with ctx.strategy.scope():
+    with ctx.job.strategy.scope():
         model = rebuild(src, policy, float32_layers=names)
         wrapped = quantize_lib.wrap(model, spec, names)
         _compile(wrapped, ctx, ft)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tfopt._compat import prunable_weight_names, prune_registry_supports
 from tfopt._keras import keras
 from tfopt.optimize.common import (OptimizeError, Selection, check_model, kernel_variables, m_by_n_violations)
 
@@ -76,8 +77,9 @@ class PruneSpec:
                                 f"choose one of {', '.join(SCHEDULES)}")
         if not 0.0 <= self.initial_sparsity <= self.sparsity:
             raise OptimizeError(f"initial_sparsity={self.initial_sparsity} must be in [0, sparsity={self.sparsity}]")
-        if self.begin_step < 0 or self.frequency < 1:
-            raise OptimizeError(f"begin_step={self.begin_step} must be >= 0 and frequency={self.frequency} >= 1")
+        if self.begin_step < 0 or self.frequency < 0:
+            raise OptimizeError(f"begin_step={self.begin_step} must be >= 0 and frequency={self.frequency} >= 0 "
+                                "(0 = about 20 mask updates per phase)")
         if self.end_step != -1 and self.end_step <= self.begin_step:
             raise OptimizeError(f"end_step={self.end_step} must be > begin_step={self.begin_step} (or -1 = to the end)")
         if self.policy not in POLICIES:
@@ -115,9 +117,7 @@ def why_not_prunable(layer) -> str | None:
     """Returns why tfmot cannot prune ``layer`` (None when it can, or when it holds nothing to prune)."""
     if isinstance(layer, _sparsity.PrunableLayer):
         return None
-    from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
-
-    if PruneRegistry.supports(layer):
+    if prune_registry_supports(layer):
         return None
     return (f"tfmot has no pruning rule for {type(layer).__name__}; make the class a "
             "tfmot.sparsity.keras.PrunableLayer (get_prunable_weights) or leave it out of --layers/--layer-types")
@@ -126,9 +126,7 @@ def why_not_prunable(layer) -> str | None:
 def _has_prunable_weights(layer) -> bool:
     if isinstance(layer, _sparsity.PrunableLayer):
         return bool(layer.get_prunable_weights())
-    from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
-
-    return PruneRegistry.supports(layer) and bool(PruneRegistry._weight_names(layer)) and bool(layer.weights)
+    return bool(prunable_weight_names(layer)) and bool(layer.weights)
 
 
 def prunable_names(model: "keras.Model", spec: PruneSpec) -> list[str]:

@@ -42,9 +42,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from tfopt._compat import QUANTIZE_LAYERS, fix_for_keras_format, float32_global_policy
 from tfopt._keras import keras
-from tfopt.optimize.common import OptimizeError, Selection, check_model
-from tfopt.runtime import precision
+from tfopt.optimize.common import OptimizeError, Selection, all_layers, check_model
 
 import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
 
@@ -100,7 +100,7 @@ _BN_FOLDED_AFTER = ("Conv2D", "DepthwiseConv2D", "Dense")
 
 def _producers(layer) -> list:
     out = []
-    for node in getattr(layer, "_inbound_nodes", []):
+    for node in getattr(layer, "inbound_nodes", []):
         inbound = node.inbound_layers
         out.extend(inbound if isinstance(inbound, (list, tuple)) else [inbound])
     return out
@@ -206,10 +206,8 @@ def wrap(model: "keras.Model", spec: QatSpec, names: list[str] | None = None) ->
             return _q.quantize_annotate_layer(layer, _custom_config(layer))
         return layer
 
-    previous = precision.policy_name()
     # Annotation wrappers and quantize wrappers take the global policy: float32 for both.
-    keras.mixed_precision.set_global_policy("float32")
-    try:
+    with float32_global_policy():
         annotated = keras.models.clone_model(model, clone_function=annotate)
         with quantize_scope():
             try:
@@ -217,8 +215,6 @@ def wrap(model: "keras.Model", spec: QatSpec, names: list[str] | None = None) ->
             except (ValueError, TypeError, RuntimeError) as e:
                 raise OptimizeError(f"tfmot cannot quantize model {model.name!r} with scheme {spec.scheme!r}: "
                                     f"{str(e).splitlines()[0]}; run `python -m tfopt.optimize --inspect`") from None
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
 
 
 def savable_copy(trained: "keras.Model", float_model: "keras.Model", names: list[str],
@@ -276,37 +272,15 @@ def read_named_weights(model: "keras.Model") -> dict:
     return {var.name: value for var, value in zip(model.weights, values)}
 
 
-def fix_for_keras_format(model: "keras.Model") -> None:
-    """Makes a default-scheme QAT model save what a ``.keras`` reload will look for.
-
-    * ``QuantizeLayer.build`` never marks the layer built, so a reload from its build config
-      builds it a second time: drop its build config (the reload builds it once, on call).
-    * ``QuantizeWrapperV2.build`` appends the inner layer's trainable weights and then the
-      quantized ones again, so it saves duplicates a reload does not create: keep only the
-      quantized weights as the wrapper's own (the inner layer still saves all of its own), and
-      drop the build configs so a reload builds the inner layer inside the wrapper's build, as
-      ``quantize_apply`` did.
-    """
-    for layer in model.layers:
-        if isinstance(layer, _q.QuantizeWrapper):
-            own = []
-            for weight, _, _ in layer._weight_vars:
-                if not any(weight is o for o in own):
-                    own.append(weight)
-            layer._trainable_weights[:] = own
-            layer.get_build_config = _no_build_config
-            layer.layer.get_build_config = _no_build_config  # built by the wrapper, after its own weights
-        elif type(layer).__name__ == "QuantizeLayer":
-            layer.get_build_config = _no_build_config
-
-
-def _no_build_config():
-    return None
-
-
 def is_qat_model(model: "keras.Model") -> bool:
-    """True when ``model`` holds tfmot quantization wrappers."""
-    return any(isinstance(layer, _q.QuantizeWrapper) for layer in model.layers)
+    """True when ``model`` (or a model nested in it) holds tfmot quantization-aware-training layers.
+
+    The one QAT test of tfopt (export uses it too). It checks the classes themselves
+    (``QuantizeWrapper``, its ``QuantizeWrapperV2`` subclass, and ``QuantizeLayer``, which
+    quantizes the model input), not class names, which any user layer could share.
+    """
+    classes = (_q.QuantizeWrapper, _q.QuantizeWrapperV2, *QUANTIZE_LAYERS)
+    return any(isinstance(layer, classes) for layer in all_layers(model))
 
 
 def inner_float_model(qat_model: "keras.Model", float_model: "keras.Model") -> "keras.Model":

@@ -4,8 +4,8 @@ One job: validate TF_CONFIG and the settings -> create the strategy (the first T
 MultiWorkerMirrored needs it) -> load the input run's model outside the strategy -> run each
 technique's phases (see :mod:`tfopt.optimize.phases`) -> the chief evaluates the strategy-free
 result on the held-out test split, computes the per-layer table from the stripped weights and
-writes a new run directory atomically (model.keras + saved_model, layers.json/.txt, run.json,
-TensorBoard pruning/clustering summaries).
+commits a new run directory per technique (model.keras + saved_model, layers.json/.txt, run.json
+with the ``optimize`` section, TensorBoard pruning/clustering summaries).
 """
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
-from tfopt import __version__
 from tfopt._keras import keras
 from tfopt.config import RunConfig
-from tfopt.data import pipeline, sources
 from tfopt.errors import TfoptError
-from tfopt.fileio import atomic_dir, atomic_path, write_json, write_text
-from tfopt.models.io import save_model
+from tfopt.fileio import atomic_path, write_json, write_text
+from tfopt.models.io import load_model, save_model
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
@@ -29,10 +27,10 @@ from tfopt.optimize import techniques
 from tfopt.optimize.common import (OptimizeError, Selection, check_model, compile_for_eval, format_table, rebuild,
                                    total_sparsity, weight_table, weights_gzip_bytes)
 from tfopt.optimize.phases import Context, FineTune, run_chain
-from tfopt.runs import load_run
+from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_run
 from tfopt.runtime import precision as precision_lib
-from tfopt.runtime import strategy as strategy_lib
-from tfopt.runtime.tf_config import parse_tf_config, validate_for_strategy
+from tfopt.runtime.job import Job, result_config, versions, weights_digest
+from tfopt.runtime.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,13 @@ class OptimizeSettings:
                 raise OptimizeError(f"phase epochs {kind}={epochs} is not valid; give prune|cluster|qat=N with N >= 1")
         return self
 
+    def to_dict(self) -> dict:
+        """The settings as JSON-ready data (what the resume fingerprint covers)."""
+        return {"technique": self.technique, "prune": self.prune.to_dict(), "cluster": self.cluster.to_dict(),
+                "qat_selection": self.qat_selection.to_dict(), "epochs": self.epochs,
+                "phase_epochs": dict(self.phase_epochs), "steps_per_epoch": self.steps_per_epoch,
+                "learning_rate": self.learning_rate}
+
     def epochs_of(self, kind: str) -> int:
         """Fine-tuning epochs of a phase kind (``phase_epochs`` first, then ``epochs``)."""
         return dict(self.phase_epochs).get(kind, self.epochs)
@@ -80,11 +85,12 @@ class OptimizeSettings:
 
 
 def default_output(from_dir: str, technique: str) -> str:
-    """``<from>-<technique>`` beside the input run."""
-    return os.path.abspath(from_dir).rstrip(os.sep) + "-" + technique
+    """``<from>-<technique>`` beside the input run (``-2``, ``-3``, ... when taken)."""
+    return fresh_dir(os.path.abspath(from_dir).rstrip(os.sep) + "-" + technique)
 
 
-def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir: str | None = None) -> dict | None:
+def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir: str | None = None,
+             overwrite: bool = False) -> RunRecord | None:
     """Fine-tunes the model of run ``from_dir`` with ``settings.technique`` and writes a new run.
 
     Args:
@@ -94,19 +100,20 @@ def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir:
             the user's overrides.
         settings: The technique and its parameters.
         out_dir: The new run directory (default ``<from>-<technique>``); never ``from_dir``.
+        overwrite: Replace a finished run at ``out_dir``.
 
     Returns:
-        The new ``run.json`` content (None in a parameter-server worker/ps process, which
-        serves until stopped, and in non-chief workers, which write nothing).
+        The new RunRecord (None in non-chief workers, which write nothing; a parameter-server
+        worker/ps task serves until the launcher ends it).
 
     Raises:
         TfoptError: bad input run, TF_CONFIG or settings, or a layer tfmot cannot handle.
     """
-    return optimize_many(from_dir, cfg, [settings], [out_dir], keep_going=False)[0].get("record")
+    return run(from_dir, cfg, [settings], [out_dir], keep_going=False, overwrite=overwrite)[0].get("record")
 
 
-def optimize_many(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings],
-                  out_dirs: list[str | None], keep_going: bool = True) -> list[dict]:
+def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], out_dirs: list[str | None],
+        keep_going: bool = True, overwrite: bool = False) -> list[dict]:
     """Runs several techniques on one input run in one job (one strategy, one model load).
 
     A multi-worker strategy can be created once per process, so comparing techniques under
@@ -119,75 +126,76 @@ def optimize_many(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSet
         settings_list: One entry per technique, in order.
         out_dirs: The output directory of each (None = ``<from>-<technique>``).
         keep_going: Record a technique's TfoptError and go on with the next (otherwise raise).
+        overwrite: Replace finished runs at the output directories.
 
     Returns:
         One dict per technique: ``{"technique", "output", "ok", "record", "weights_sha256"}`` or
         ``{..., "ok": False, "error"}`` (``record`` is None outside the chief).
     """
-    outs = []
+    source = load_run(from_dir)  # reads JSON only: no TensorFlow op before MultiWorkerMirrored exists
+    job = Job(cfg, "optimize", out_dir=False)
+    dirs = []
     for settings, out in zip(settings_list, out_dirs):
         settings.validate()
-        outs.append(os.path.abspath(out or default_output(from_dir, settings.technique)))
-        if os.path.abspath(from_dir) == outs[-1]:
-            raise OptimizeError(f"output {outs[-1]!r} is the input run; give a new directory with -o")
-    cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
-    validate_for_strategy(cluster, cfg.runtime.strategy)
-    run = load_run(from_dir)  # reads JSON only: no TensorFlow op before MultiWorkerMirrored exists
-    sources.check(cfg.data)
-    if cfg.runtime.strategy == "parameter_server" and cluster.task_type in ("worker", "ps"):
-        strategy_lib.run_server(cluster)
-    from tfopt.train import connect
-
-    previous_policy = precision_lib.policy_name()
+        path = os.path.abspath(out or default_output(from_dir, settings.technique))
+        if path == source.path:
+            raise OptimizeError(f"output {path!r} is the input run; give a new directory with -o")
+        options = {"source": source.path, **settings.to_dict()}
+        rd = RunDir(path, fingerprint("optimize", result_config(cfg), options), {"optimize": options},
+                    overwrite=overwrite, chief=job.chief)
+        rd.check()
+        dirs.append(rd)
     results = []
-    try:
-        strategy = connect(cfg, cluster)
-        base = check_model(run.load_model(trust_model=settings_list[0].trust_model), f"model of run {from_dir!r}")
-        ctx = Context(cfg=cfg, strategy=strategy, info=sources.prepare(cfg.data), chief=strategy_lib.is_chief(cluster))
-        meta = {"strategy": {"name": cfg.runtime.strategy, "class": type(strategy).__name__,
-                             "num_replicas": strategy_lib.num_replicas(strategy),
-                             "num_workers": cluster.num_workers if cluster else 1}}
-        for settings, out in zip(settings_list, outs):
-            entry = {"technique": settings.technique, "output": out, "ok": False}
+    with job:
+        base = check_model(load_model(source.model_path, trust_model=settings_list[0].trust_model),
+                           f"model of run {from_dir!r}")
+        ctx = Context(job=job)
+        for settings, rd in zip(settings_list, dirs):
+            entry = {"technique": settings.technique, "output": rd.path, "ok": False}
             try:
-                entry["record"], entry["weights_sha256"] = _optimize_one(ctx, run, base, settings, out, meta)
+                entry["record"], entry["weights_sha256"] = _optimize_one(ctx, source, base, settings, rd)
                 entry["ok"] = True
             except TfoptError as e:
                 if not keep_going:
                     raise
                 entry["error"] = str(e)
             results.append(entry)
-    finally:
-        precision_lib.set_policy(previous_policy)
     return results
 
 
 def _fine_tunes(ctx: Context, settings: OptimizeSettings) -> dict[str, FineTune]:
-    n_train = ctx.info.splits["train"].num_records
-    steps = settings.steps_per_epoch or max(1, n_train // ctx.cfg.data.global_batch_size)
-    spe = ctx.cfg.train.steps_per_execution or max(1, min(32, steps))
+    steps = ctx.job.steps_per_epoch(settings.steps_per_epoch)
+    spe = ctx.job.steps_per_execution(steps)
     return {kind: FineTune(settings.epochs_of(kind), steps, settings.learning_rate, spe)
             for kind in ("prune", "cluster", "qat")}
 
 
-def _optimize_one(ctx: Context, run, base, settings: OptimizeSettings, out_dir: str,
-                  meta: dict) -> tuple[dict | None, str]:
-    from tfopt.train import weights_digest
+def _resolved(settings: OptimizeSettings, fine_tunes: dict[str, FineTune]) -> OptimizeSettings:
+    """Settings with pruning's automatic mask-update frequency (0) resolved for this phase length."""
+    if settings.prune.frequency:
+        return settings
+    # About 20 updates per phase, at most every 100 steps (tfmot's default for long runs).
+    frequency = max(1, min(100, fine_tunes["prune"].total_steps // 20))
+    return replace(settings, prune=replace(settings.prune, frequency=frequency))
 
+
+def _optimize_one(ctx: Context, run_record, base, settings: OptimizeSettings, rd: RunDir) -> tuple[RunRecord | None, str]:
+    job = ctx.job
     scratch = tempfile.mkdtemp(prefix="tfopt-optimize-")
     try:
-        precision_lib.set_policy(ctx.cfg.runtime.precision)
+        precision_lib.set_policy(job.cfg.runtime.precision)
         ctx.log_dir = os.path.join(scratch, "tensorboard") if settings.tensorboard else None
         ctx.phases_run = 0
+        fine_tunes = _fine_tunes(ctx, settings)
+        settings = _resolved(settings, fine_tunes)
         started = time.perf_counter()
-        final, infos = run_chain(ctx, _fine_tunes(ctx, settings), base, settings.chain())
+        final, infos = run_chain(ctx, fine_tunes, base, settings.chain())
         seconds = time.perf_counter() - started
         digest = weights_digest(final)  # equal on every worker when the replicas stayed in sync
-        if not ctx.chief:
+        if not job.chief:
             return None, digest
         keras.mixed_precision.set_global_policy("float32")  # evaluation copies and saved models are float32
-        meta = dict(meta, seconds=round(seconds, 3), weights_sha256=digest)
-        return _write(ctx, run, base, settings, final, infos, out_dir, meta), digest
+        return _write(ctx, run_record, base, settings, final, infos, rd, seconds, digest), digest
     finally:
         ctx.log_dir = None
         shutil.rmtree(scratch, ignore_errors=True)
@@ -222,8 +230,10 @@ def _checks(float_model, chain, infos) -> dict:
     return checks
 
 
-def _write(ctx: Context, run, base, settings: OptimizeSettings, final, infos: list, out_dir: str, meta: dict) -> dict:
-    test = pipeline.make_dataset(ctx.cfg.data, "test", training=False, info=ctx.info)
+def _write(ctx: Context, source, base, settings: OptimizeSettings, final, infos: list, rd: RunDir,
+           seconds: float, digest: str) -> RunRecord:
+    job = ctx.job
+    test = job.dataset("test")
     baseline = _baseline(ctx, base, test)
     metrics = compile_for_eval(final).evaluate(test, return_dict=True, verbose=0)
     is_qat = quantize_lib.is_qat_model(final)
@@ -236,45 +246,44 @@ def _write(ctx: Context, run, base, settings: OptimizeSettings, final, infos: li
     if "base_gzip" not in ctx.cache:
         ctx.cache["base_gzip"] = weights_gzip_bytes(base)
     gz, gz_base = weights_gzip_bytes(float_model), ctx.cache["base_gzip"]
-    cfg = ctx.cfg
-    record = {
-        "tfopt_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "stage": "optimize",
-        "config": replace(cfg, train=replace(cfg.train, output_dir=out_dir)).to_dict(),
-        "source": {"run": run.path, "test_accuracy": float(baseline["accuracy"]), "test_loss": float(baseline["loss"])},
-        "strategy": meta["strategy"],
-        "precision": cfg.runtime.precision,
-        "optimize": {
-            "technique": settings.technique, "description": techniques.get(settings.technique).description,
-            "phases": infos, "seconds": meta["seconds"], "learning_rate": settings.learning_rate,
-            **{kind: spec.to_dict() for kind, spec in chain},
-            "precision_notes": techniques.mixed_notes(settings.technique, cfg.runtime.precision),
-            "sparsity": total_sparsity([r for r in rows if r.layer in pruned] if pruned else rows),
-            "model_sparsity": total_sparsity(rows),
-            "clusters": {r.layer: r.unique for r in rows if r.layer in clustered},
-            "clusters_per_channel_max": {r.layer: r.unique_per_channel_max for r in rows if r.layer in clustered},
-            "weights_gzip_bytes": gz, "source_weights_gzip_bytes": gz_base,
-            "gzip_ratio": round(gz_base / gz, 3) if gz else None,
-            "checks": _checks(float_model, chain, infos),
-            # QAT results are saved as default-scheme QAT models (see quantize.savable_copy).
-            "quantized_model": is_qat,
-        },
-        "model": {"params": int(float_model.count_params())},
-        "metrics": {f"test_{k}": float(v) for k, v in metrics.items()},
+    precision = job.cfg.runtime.precision
+    section = {
+        "source": {"run": source.path, "test_accuracy": float(baseline["accuracy"]),
+                   "test_loss": float(baseline["loss"])},
+        "technique": settings.technique, "description": techniques.get(settings.technique).description,
+        "phases": infos, "seconds": round(seconds, 3), "learning_rate": settings.learning_rate,
+        **{kind: spec.to_dict() for kind, spec in chain},
+        "precision_notes": techniques.mixed_notes(settings.technique, precision),
+        "sparsity": total_sparsity([r for r in rows if r.layer in pruned] if pruned else rows),
+        "model_sparsity": total_sparsity(rows),
+        "clusters": {r.layer: r.unique for r in rows if r.layer in clustered},
+        "clusters_per_channel_max": {r.layer: r.unique_per_channel_max for r in rows if r.layer in clustered},
+        "weights_gzip_bytes": gz, "source_weights_gzip_bytes": gz_base,
+        "gzip_ratio": round(gz_base / gz, 3) if gz else None,
+        "checks": _checks(float_model, chain, infos),
+        # QAT results are saved as default-scheme QAT models (see quantize.savable_copy).
+        "quantized_model": is_qat,
         "accuracy_delta": round(float(metrics["accuracy"]) - float(baseline["accuracy"]), 5),
-        "weights_sha256": meta["weights_sha256"],
     }
-    with atomic_dir(out_dir) as tmp:
-        artifacts = save_model(final, tmp) if settings.saved_model else _save_keras(final, tmp)
-        if ctx.log_dir and os.path.isdir(ctx.log_dir):
-            shutil.copytree(ctx.log_dir, os.path.join(tmp, "tensorboard"))
-        write_json(os.path.join(tmp, "layers.json"), [r.__dict__ for r in rows])
-        write_text(os.path.join(tmp, "layers.txt"), format_table(rows) + "\n")
-        record["artifacts"] = {k: os.path.relpath(v, tmp) for k, v in artifacts.items()}
-        record["artifacts"].update(layers="layers.json", layers_text="layers.txt",
-                                   model_keras_bytes=os.path.getsize(os.path.join(tmp, "model.keras")))
-        write_json(os.path.join(tmp, "run.json"), record)
+    rd.open()
+    artifacts = save_model(final, rd.work) if settings.saved_model else _save_keras(final, rd.work)
+    if ctx.log_dir and os.path.isdir(ctx.log_dir):
+        shutil.copytree(ctx.log_dir, os.path.join(rd.work, "tensorboard"))
+    write_json(os.path.join(rd.work, "layers.json"), [r.__dict__ for r in rows])
+    write_text(os.path.join(rd.work, "layers.txt"), format_table(rows) + "\n")
+    artifacts = {k: os.path.relpath(v, rd.work) for k, v in artifacts.items()}
+    artifacts.update(layers="layers.json", layers_text="layers.txt")
+    epochs = sum(i["epochs"] for i in infos if not i.get("reused"))
+    record = RunRecord(
+        stage="optimize", config=replace(job.cfg, train=replace(job.cfg.train, output_dir=rd.path)).to_dict(),
+        versions=versions(), strategy=job.strategy_section(), data=job.data_section(),
+        model={"name": source.config.model.name, "params": int(float_model.count_params()),
+               "keras_bytes": os.path.getsize(os.path.join(rd.work, "model.keras"))},
+        train={"epochs": epochs, "seconds": round(seconds, 3), "global_batch_size": job.cfg.data.global_batch_size},
+        history=[{k: v for k, v in i.items() if k.startswith("train_") or k in ("phase", "epochs")} for i in infos],
+        metrics={f"test_{k}": float(v) for k, v in metrics.items()}, artifacts=artifacts, section=section,
+        weights_sha256=digest, fingerprint=rd.fingerprint)
+    rd.commit(record)
     return record
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfopt.optimize.common import OptimizeError
+from tfopt.errors import OptimizeError
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
               description="prune, sparsity-preserving clustering, then sparsity-and-cluster-preserving QAT"),
 )}
 
-STRATEGY_NAMES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
-PRECISION_NAMES = ("float32", "mixed_bfloat16", "mixed_float16")
+#: Techniques another stage can train a model under in one phase, with its own loss ("none" = plain).
+ONE_PHASE = ("none",) + tuple(name for name, t in TECHNIQUES.items() if len(t.phases) == 1 and t.m_by_n is None)
 
 # What tfopt does under a mixed policy, per phase kind (recorded in run.json and the matrix).
 MIXED_NOTES = {

@@ -16,9 +16,7 @@ Variables stay float32 under both mixed policies; only the computation is cast.
 from __future__ import annotations
 
 from tfopt._keras import keras
-from tfopt.errors import ConfigError
-
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+from tfopt.specs import PRECISIONS
 
 
 def set_policy(name: str) -> None:
@@ -27,13 +25,12 @@ def set_policy(name: str) -> None:
     Call it before building the model: layers read the policy when they are created.
 
     Args:
-        name: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
+        name: A name in :data:`tfopt.specs.PRECISIONS`.
 
     Raises:
         ConfigError: ``name`` is not one of these.
     """
-    if name not in POLICIES:
-        raise ConfigError(f"runtime.precision={name!r} is not valid; choose one of {', '.join(POLICIES)}")
+    PRECISIONS.get(name)
     keras.mixed_precision.set_global_policy(name)
 
 

@@ -1,6 +1,7 @@
-"""The strategy factory: one string -> a ``tf.distribute.Strategy``, plus the PS task servers.
+"""The strategy factories: one string -> a ``tf.distribute.Strategy``, plus the PS task servers.
 
-Registry (``STRATEGIES``):
+The names and what tfopt must know about each strategy live in :data:`tfopt.specs.STRATEGIES`,
+whose entries point at the factories here:
 
 * ``one_device``: ``OneDeviceStrategy`` on ``/gpu:0`` when a GPU exists, else ``/cpu:0``.
 * ``mirrored``: ``MirroredStrategy`` over all local GPUs, with TensorFlow's default
@@ -21,13 +22,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 from tfopt._keras import tf
 from tfopt.config import RuntimeConfig
 from tfopt.errors import ClusterError, ConfigError
 from tfopt.runtime.devices import setup_cpu_replicas
 from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
+from tfopt.specs import STRATEGIES
 
 _COLLECTIVES = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -59,11 +61,11 @@ def _resolver(cluster: ClusterInfo):
         num_accelerators={"GPU": len(_gpus())})
 
 
-def _one_device(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
+def one_device(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
     return tf.distribute.OneDeviceStrategy("/gpu:0" if _gpus() else "/cpu:0")
 
 
-def _mirrored(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
+def mirrored(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
     gpus = _gpus()
     if gpus:
         # TensorFlow picks NCCL all-reduce across GPUs when it can.
@@ -74,7 +76,7 @@ def _mirrored(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.di
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
-def _multi_worker(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
+def multi_worker(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
     options = tf.distribute.experimental.CommunicationOptions(implementation=_COLLECTIVES[runtime.collective])
     if runtime.collective == "nccl" and not _gpus():
         raise ConfigError("runtime.collective='nccl' needs GPUs and none is visible; use auto or ring")
@@ -91,7 +93,7 @@ def _multi_worker(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> t
         raise
 
 
-def _parameter_server(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
+def parameter_server(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
                       variable_partitioner=None, **_) -> tf.distribute.Strategy:
     assert cluster is not None  # validate_for_strategy guarantees it
     if cluster.task_type != "chief":
@@ -100,14 +102,6 @@ def _parameter_server(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
             "the strategy; worker and ps tasks must call tfopt.runtime.strategy.run_server(cluster)")
     _set_inter_op_threads(cluster.num_workers + 1)
     return tf.distribute.ParameterServerStrategy(_resolver(cluster), variable_partitioner=variable_partitioner)
-
-
-STRATEGIES: dict[str, Callable[..., tf.distribute.Strategy]] = {
-    "one_device": _one_device,
-    "mirrored": _mirrored,
-    "multi_worker_mirrored": _multi_worker,
-    "parameter_server": _parameter_server,
-}
 
 
 def make_strategy(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
@@ -132,11 +126,9 @@ def make_strategy(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
             instead (``parameter_server`` worker/ps), or MultiWorkerMirroredStrategy came
             after other TensorFlow work.
     """
-    name = runtime.strategy
-    if name not in STRATEGIES:
-        raise ConfigError(f"runtime.strategy={name!r} is not valid; choose one of {', '.join(STRATEGIES)}")
-    validate_for_strategy(cluster, name)
-    return STRATEGIES[name](runtime, cluster, variable_partitioner=variable_partitioner)
+    spec = STRATEGIES.get(runtime.strategy)
+    validate_for_strategy(cluster, spec.name)
+    return spec.build(runtime, cluster, variable_partitioner=variable_partitioner)
 
 
 def _set_inter_op_threads(n: int) -> None:

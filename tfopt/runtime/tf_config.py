@@ -14,12 +14,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from tfopt.errors import ClusterError, ConfigError
+from tfopt.errors import ClusterError
+from tfopt.specs import STRATEGIES
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 TOP_LEVEL_KEYS = ("cluster", "task", "rpc_layer", "environment")
 TASK_KEYS = ("type", "index", "trial")
-STRATEGY_NAMES = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
 
 _EXAMPLE = '{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "task": {"type": "worker", "index": 0}}'
 
@@ -222,39 +222,36 @@ def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
 
     Args:
         info: The parsed TF_CONFIG, or None when unset.
-        strategy: A strategy name (see ``tfopt.config.STRATEGIES``).
+        strategy: A strategy name (see :data:`tfopt.specs.STRATEGIES`).
 
     Raises:
         ConfigError: unknown strategy name.
         ClusterError: the cluster does not fit the strategy.
     """
-    if strategy not in STRATEGY_NAMES:
-        raise ConfigError(f"runtime.strategy={strategy!r} is not valid; choose one of {', '.join(STRATEGY_NAMES)}")
-    if strategy in ("one_device", "mirrored"):
+    spec = STRATEGIES.get(strategy)
+    if not spec.multi_process:
         if info is not None and info.num_tasks > 1:
             raise ClusterError(
                 f"TF_CONFIG describes a {info.num_tasks}-task cluster ({_describe(info)}) but strategy "
                 f"{strategy!r} runs in one process; use multi_worker_mirrored or parameter_server, or unset TF_CONFIG")
         return
-    if strategy == "multi_worker_mirrored":
-        if info is None:
-            return
-        if "ps" in info.cluster:
-            raise ClusterError(
-                f"TF_CONFIG has ps tasks ({_describe(info)}) but strategy 'multi_worker_mirrored' uses no "
-                "parameter servers; remove the ps role or use strategy parameter_server")
-        if "worker" not in info.cluster and "chief" not in info.cluster:
-            raise ClusterError(
-                f"TF_CONFIG cluster ({_describe(info)}) has no worker or chief for strategy "
-                "'multi_worker_mirrored'; add a \"worker\" list")
-        return
-    # parameter_server
     if info is None:
-        raise ClusterError("strategy 'parameter_server' needs TF_CONFIG with a chief, workers and ps tasks; "
-                           "set TF_CONFIG or start the job with "
-                           "`python -m tfopt.launch --chief --workers 2 --ps 1 -- ...`")
-    missing = [f"a {role}" for role in ("chief", "worker", "ps") if role not in info.cluster]
+        if spec.needs_servers:
+            raise ClusterError(f"strategy {strategy!r} needs TF_CONFIG with a chief, workers and ps tasks; "
+                               "set TF_CONFIG or start the job with "
+                               "`python -m tfopt.launch --chief --workers 2 --ps 1 -- ...`")
+        return  # a single worker, as TensorFlow runs it
+    for role in spec.forbidden_roles:
+        if role in info.cluster:
+            users = [s for s in STRATEGIES.names() if role in STRATEGIES.get(s).required_roles]
+            raise ClusterError(
+                f"TF_CONFIG has {role} tasks ({_describe(info)}) but strategy {strategy!r} uses none; "
+                f"remove the {role} role or use strategy {' or '.join(users) or 'another one'}")
+    if not spec.required_roles and "worker" not in info.cluster and "chief" not in info.cluster:
+        raise ClusterError(f"TF_CONFIG cluster ({_describe(info)}) has no worker or chief for strategy "
+                           f"{strategy!r}; add a \"worker\" list")
+    missing = [f"a {role}" for role in spec.required_roles if role not in info.cluster]
     if missing:
         raise ClusterError(
-            f"TF_CONFIG cluster ({_describe(info)}) lacks {' and '.join(missing)} for strategy 'parameter_server'; "
+            f"TF_CONFIG cluster ({_describe(info)}) lacks {' and '.join(missing)} for strategy {strategy!r}; "
             "it needs one chief, >= 1 worker and >= 1 ps")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +30,9 @@ class EpochTimer(keras.callbacks.Callback):
 class MetricsLogger(keras.callbacks.Callback):
     """Writes ``metrics.csv`` and ``metrics.json`` (one row per epoch) atomically.
 
-    Only the process that should write (the chief) gets ``enabled=True``. Earlier rows found
-    in ``metrics.json`` are kept when training resumes from a backup.
+    Only the process that should write (the chief) gets ``enabled=True``. When training
+    resumes from a backup, the rows of the epochs before the resumed one are read back from
+    ``metrics.json``, so the history covers the whole run.
     """
 
     def __init__(self, out_dir: str, enabled: bool = True, timer: EpochTimer | None = None):
@@ -38,7 +40,19 @@ class MetricsLogger(keras.callbacks.Callback):
         self.out_dir = out_dir
         self.timer = timer
         self.enabled = enabled
-        self.rows: list[dict] = []
+        self.rows: list[dict] = self._earlier_rows() if enabled else []
+
+    def _earlier_rows(self) -> list[dict]:
+        try:
+            with open(os.path.join(self.out_dir, "metrics.json"), encoding="utf-8") as f:
+                rows = json.load(f)
+        except (OSError, ValueError):
+            return []
+        return [r for r in rows if isinstance(r, dict) and isinstance(r.get("epoch"), int)]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # Epochs from this one on are (re)run now; rows of a crashed attempt at them are dropped.
+        self.rows = [r for r in self.rows if r["epoch"] <= int(epoch)]
 
     def on_epoch_end(self, epoch, logs=None):
         row = {"epoch": int(epoch) + 1}

@@ -1,0 +1,366 @@
+"""One test per entry of tfopt._compat: it fails, naming the entry to change or remove, as soon as
+upstream changes what the entry relies on (a private name goes, a public one comes, a defect is
+fixed). Tiny models only: each test takes seconds.
+"""
+import ast
+import glob
+import inspect
+import os
+import re
+import sys
+from importlib.metadata import version
+
+import numpy as np
+import pytest
+
+from tfopt import _compat
+from tfopt._keras import keras, tf
+
+import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
+
+TFMOT = f"tfmot {version('tensorflow-model-optimization')}"
+TF = f"TensorFlow {tf.__version__} / tf_keras {version('tf_keras')}"
+_q = tfmot.quantization.keras
+_c = tfmot.clustering.keras
+_s = tfmot.sparsity.keras
+
+
+def _dense(policy="float32", units=8, seed=0):
+    """Input(8) -> Dense "h" (``policy``) -> Dense "out" (float32 logits)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,), name="x")
+    h = keras.layers.Dense(units, dtype=policy, name="h")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(4, dtype="float32", name="out")(h), name="tiny")
+
+
+def _data(n=16, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 8), dtype=np.float32), rng.integers(0, 4, n)
+
+
+def _still_broken(run, errors, match: str, fixed: str) -> None:
+    """Passes when ``run`` still fails with the known error; fails with ``fixed`` when it works."""
+    try:
+        run()
+    except errors as e:
+        assert re.search(match, str(e)), f"the known upstream defect now fails differently (re-check {fixed!r}): {e}"
+        return
+    pytest.fail(fixed)
+
+
+# -- bookkeeping ---------------------------------------------------------------------------------
+
+def test_every_entry_has_a_test():
+    module = sys.modules[__name__]
+    sources = "".join(inspect.getsource(fn) for name, fn in vars(module).items()
+                      if name.startswith("test_") and name != "test_every_entry_has_a_test")
+    missing = [name for name in _compat.__all__ if name not in sources]
+    assert not missing, f"tfopt._compat entries without a test in tests/test_compat.py: {missing}"
+
+
+def test_targets_are_the_installed_versions():
+    # A new upstream version may fix a defect or drop a private name: re-check every entry then.
+    for package, target in _compat.TARGETS.items():
+        installed = version(package)
+        assert installed.split(".")[:len(target.split("."))] == target.split("."), (
+            f"{package} {installed} is installed but tfopt._compat targets {target}: run tests/test_compat.py, "
+            "remove the workarounds it reports fixed, then update tfopt._compat.TARGETS")
+
+
+def test_importing_compat_does_not_load_tfmot():
+    # Export must not load tfmot for a float model: tfmot is imported inside functions only.
+    tree = ast.parse(inspect.getsource(_compat))
+    eager = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+             and "tensorflow_model_optimization" in ast.unparse(node)]
+    assert not eager, f"tfopt._compat imports tfmot at module level: {eager}"
+
+
+# -- private APIs ----------------------------------------------------------------------------------
+
+def test_tfmot_wrapper_classes_are_still_private():
+    public = {"PruneLowMagnitude": _s, "ClusterWeights": _c, "QuantizeLayer": _q}
+    for name, module in public.items():
+        assert not hasattr(module, name), (
+            f"{TFMOT} exports {module.__name__}.{name}: use the public name in tfopt._compat "
+            "(PRUNE_WRAPPERS / CLUSTER_WRAPPERS / QUANTIZE_LAYERS)")
+    model = _dense()
+    pruned = _s.prune_low_magnitude(model, pruning_schedule=_s.ConstantSparsity(0.5, 0))
+    assert isinstance(pruned.get_layer("prune_low_magnitude_h"), _compat.PRUNE_WRAPPERS)
+    clustered = _c.cluster_weights(_dense(), number_of_clusters=2,
+                                   cluster_centroids_init=_c.CentroidInitialization.LINEAR)
+    assert isinstance(clustered.get_layer("cluster_h"), _compat.CLUSTER_WRAPPERS)
+    qat = _q.quantize_model(_dense())
+    assert any(isinstance(layer, _compat.QUANTIZE_LAYERS) for layer in qat.layers), (
+        f"{TFMOT}: quantize_model no longer adds a QuantizeLayer; update tfopt._compat.QUANTIZE_LAYERS")
+
+
+class _Scale(keras.layers.Layer):
+    def build(self, input_shape):
+        self.scale = self.add_weight("scale", shape=(), initializer="ones")
+        super().build(input_shape)
+
+    def call(self, inputs):
+        return inputs * self.scale
+
+
+def test_tfmot_registries_are_still_private():
+    for module, name in ((_s, "PruneRegistry"), (_c, "ClusteringRegistry")):
+        assert not hasattr(module, name), (
+            f"{TFMOT} exports {module.__name__}.{name}: use it in tfopt._compat's registry functions")
+    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
+    from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
+
+    for registry, fn in ((PruneRegistry, "prunable_weight_names"), (ClusteringRegistry, "clusterable_weight_names")):
+        assert hasattr(registry, "_weight_names"), (
+            f"{TFMOT} dropped {registry.__name__}._weight_names: update tfopt._compat.{fn}")
+
+    dense, conv, custom = keras.layers.Dense(4), keras.layers.Conv2D(2, 3), _Scale()
+    dense.build((None, 8)), conv.build((None, 6, 6, 1)), custom.build((None, 8))
+    lstm = keras.layers.LSTM(4)
+    lstm.build((None, 3, 8))
+    mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    mha(tf.zeros((1, 3, 8)), tf.zeros((1, 3, 8)))
+    assert _compat.prune_registry_supports(dense) and _compat.prune_registry_supports(conv)
+    assert not _compat.prune_registry_supports(custom)
+    assert _compat.prunable_weight_names(dense) == ["kernel"] and _compat.prunable_weight_names(custom) == []
+    assert _compat.prunable_weight_names(lstm), "an LSTM has prunable kernels"  # PruneRegistry raises KeyError
+    assert _compat.cluster_registry_supports(conv) and not _compat.cluster_registry_supports(custom)
+    assert _compat.clusterable_weight_names(conv) == ["kernel"] and _compat.clusterable_weight_names(custom) == []
+    assert _compat.clusterable_weight_names(lstm) and _compat.clusterable_weight_names(mha)  # KeyError upstream
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.fc = keras.layers.Dense(2)
+
+    def call(self, inputs):
+        return self.fc(inputs)
+
+
+def test_keras_graph_network_and_keras_history_are_still_private():
+    assert not hasattr(keras.models, "Functional"), (
+        f"{TF} exports keras.models.Functional: use isinstance in tfopt._compat.is_graph_network")
+    model = _dense()
+    sequential = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    subclassed = _Subclassed()
+    subclassed(tf.zeros((1, 8)))
+    assert _compat.is_graph_network(model) and _compat.is_graph_network(sequential), (
+        f"{TF} changed Model._is_graph_network: update tfopt._compat.is_graph_network")
+    assert not _compat.is_graph_network(subclassed)
+    assert [_compat.producing_layer(t).name for t in model.outputs] == ["out"], (
+        f"{TF} changed KerasTensor._keras_history: update tfopt._compat.producing_layer")
+
+
+def test_freezing_variables_has_no_public_api():
+    assert not hasattr(tf.graph_util, "convert_variables_to_constants_v2"), (
+        f"{TF} exports tf.graph_util.convert_variables_to_constants_v2: import it publicly in tfopt._compat")
+    var = tf.Variable(2.0)
+    fn = tf.function(lambda x: x * var).get_concrete_function(tf.TensorSpec([1], tf.float32))
+    frozen = _compat.convert_variables_to_constants_v2(fn)
+    ops = {op.type for op in frozen.graph.get_operations()}
+    assert "ReadVariableOp" not in ops and np.ravel(frozen(tf.constant([3.0]))).tolist() == [6.0]
+
+
+def test_converter_error_is_still_private():
+    assert not [n for n in dir(tf.lite) if n.endswith("Error")], (
+        f"{TF} exports a converter error from tf.lite: import it publicly in tfopt._compat.ConverterError")
+    fn = tf.function(lambda x: tf.linalg.det(x)).get_concrete_function(tf.TensorSpec([2, 2], tf.float32))
+    with pytest.raises(_compat.ConverterError):  # no builtin kernel for the determinant
+        tf.lite.TFLiteConverter.from_concrete_functions([fn], fn).convert()
+
+
+def test_litert_ops_details_is_still_private():
+    from ai_edge_litert.interpreter import Interpreter
+
+    assert not hasattr(Interpreter, "get_ops_details"), (
+        f"ai-edge-litert {version('ai-edge-litert')} has a public Interpreter.get_ops_details: use it in "
+        "tfopt._compat.interpreter_ops_details")
+    fn = tf.function(lambda x: tf.nn.relu(x) + 1.0).get_concrete_function(tf.TensorSpec([1, 4], tf.float32))
+    content = tf.lite.TFLiteConverter.from_concrete_functions([fn], fn).convert()
+    interpreter = Interpreter(model_content=content)
+    interpreter.allocate_tensors()
+    ops = _compat.interpreter_ops_details(interpreter)
+    assert ops and {"op_name", "index", "inputs", "outputs"} <= set(ops[0]), (
+        "LiteRT changed Interpreter._get_ops_details: update tfopt._compat.interpreter_ops_details")
+
+
+# -- QAT models and the .keras format --------------------------------------------------------------
+
+def _qat_model():
+    model = _q.quantize_model(_dense())
+    x, _ = _data(4)
+    model(x, training=True)  # learn activation ranges, so a reload that loses them shows
+    return model, x
+
+
+def test_qat_model_still_does_not_reload_from_keras_format(tmp_path):
+    model, x = _qat_model()
+    expected = model.predict(x, verbose=0)
+    path = str(tmp_path / "qat.keras")
+    model.save(path)
+
+    def reload_identical():
+        with _q.quantize_scope():
+            reloaded = keras.models.load_model(path)
+        if not np.allclose(reloaded.predict(x, verbose=0), expected):
+            raise ValueError("reloaded with different outputs")
+
+    _still_broken(reload_identical, ValueError, "expected .* variables|different outputs",
+                  f"upstream fixed QAT models reloading from .keras in {TFMOT} "
+                  "(model-optimization#1123): remove tfopt._compat.fix_for_keras_format")
+
+
+def test_quantize_layer_still_builds_twice_on_reload():
+    model, _ = _qat_model()
+    layer = next(layer for layer in model.layers if isinstance(layer, _compat.QUANTIZE_LAYERS))
+    with _q.quantize_scope():
+        clone = type(layer).from_config(layer.get_config())
+    clone.build_from_config({"input_shape": (None, 8)})  # what a .keras reload does first
+    clone(tf.zeros((1, 8)))
+    assert len(clone.weights) > len(layer.weights), (
+        f"upstream fixed QuantizeLayer building twice in {TFMOT}: remove the QuantizeLayer branch of "
+        "tfopt._compat.fix_for_keras_format")
+
+
+def test_quantize_wrapper_still_lists_weights_twice():
+    model, _ = _qat_model()
+    wrapper = next(layer for layer in model.layers if isinstance(layer, _q.QuantizeWrapper))
+    ids = [id(w) for w in wrapper._trainable_weights]
+    assert len(ids) > len(set(ids)), (
+        f"upstream fixed QuantizeWrapperV2 listing the quantized kernel twice in {TFMOT}: remove the "
+        "QuantizeWrapper branch of tfopt._compat.fix_for_keras_format")
+
+
+def test_fix_for_keras_format_reloads_identically(tmp_path):
+    model, x = _qat_model()
+    expected = model.predict(x, verbose=0)
+    _compat.fix_for_keras_format(model)
+    path = str(tmp_path / "qat.keras")
+    model.save(path)
+    with _q.quantize_scope():
+        reloaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(reloaded.predict(x, verbose=0), expected)
+    assert len(reloaded.weights) == len(model.weights)
+
+
+# -- ClusteringSummaries step counting ------------------------------------------------------------
+
+def _summary_steps(log_dir: str) -> list[int]:
+    steps = set()
+    for path in glob.glob(os.path.join(log_dir, "**", "events.out*"), recursive=True):
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            if any(v.tag.startswith("clustering/") for v in event.summary.value):
+                steps.add(int(event.step))
+    return sorted(steps)
+
+
+def _fit_clustered(callback, steps_per_execution: int, batch_hooks: bool) -> None:
+    """2 epochs of 4 steps; ``batch_hooks``: another callback makes Keras call batch hooks (e.g. a progress bar)."""
+    model = _c.cluster_weights(_dense(), number_of_clusters=2, cluster_centroids_init=_c.CentroidInitialization.LINEAR)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=steps_per_execution)
+    x, y = _data(16)
+    callbacks = [callback] + ([keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, l: None)]
+                              if batch_hooks else [])
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=callbacks)
+
+
+def test_clustering_summaries_still_assert_under_steps_per_execution(tmp_path):
+    _still_broken(lambda: _fit_clustered(_c.ClusteringSummaries(log_dir=str(tmp_path)), 2, batch_hooks=True),
+                  AssertionError, "Continuous batch count",
+                  f"upstream fixed ClusteringSummaries under steps_per_execution > 1 in {TFMOT}: "
+                  "remove tfopt._compat.StepCountingClusteringSummaries if the next test fails too")
+
+
+def test_clustering_summaries_still_write_every_epoch_at_step_0(tmp_path):
+    _fit_clustered(_c.ClusteringSummaries(log_dir=str(tmp_path)), 1, batch_hooks=False)
+    assert _summary_steps(str(tmp_path)) == [0], (
+        f"upstream fixed ClusteringSummaries' step count without batch hooks in {TFMOT}: remove "
+        "tfopt._compat.StepCountingClusteringSummaries if the previous test fails too")
+
+
+@pytest.mark.parametrize("steps_per_execution,batch_hooks", [(2, True), (2, False), (1, True)])
+def test_step_counting_clustering_summaries_write_at_the_right_steps(tmp_path, steps_per_execution, batch_hooks):
+    _fit_clustered(_compat.StepCountingClusteringSummaries(str(tmp_path)), steps_per_execution, batch_hooks)
+    assert _summary_steps(str(tmp_path)) == [4, 8]  # the end of each epoch of 4 steps
+
+
+# -- mixed precision -------------------------------------------------------------------------------
+
+def test_float32_global_policy_restores_the_policy_and_tfmot_layer_dtype():
+    assert _compat.tfmot_layer_dtype("float32") is None
+    assert _compat.tfmot_layer_dtype("mixed_bfloat16") == _compat.tfmot_layer_dtype("mixed_float16") == "float32"
+    previous = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        with pytest.raises(RuntimeError):
+            with _compat.float32_global_policy():
+                assert keras.mixed_precision.global_policy().name == "float32"
+                raise RuntimeError("restored even on error")
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def test_pruning_still_fails_in_a_mixed_dtype_under_mirrored_strategy():
+    devices = tf.config.list_logical_devices("CPU")
+    if len(devices) < 2:
+        pytest.skip("needs 2 logical CPU devices (tests/conftest.py sets them up)")
+    strategy = tf.distribute.MirroredStrategy([d.name for d in devices[:2]])
+    policy = "mixed_bfloat16"
+
+    def fit():
+        with strategy.scope():
+            model = _dense(policy)
+            schedule = _s.ConstantSparsity(0.5, begin_step=0, frequency=1)
+            wrapped = keras.models.clone_model(model, clone_function=lambda layer: _s.prune_low_magnitude(
+                layer, pruning_schedule=schedule, dtype=policy) if layer.name == "h" else layer)
+            wrapped.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        x, y = _data(16)
+        wrapped.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[_s.UpdatePruningStep()])
+
+    _still_broken(fit, ValueError, "Tensor conversion requested dtype float32",
+                  f"upstream fixed pruning in a mixed dtype under MirroredStrategy in {TFMOT} "
+                  "(model-optimization#409): pruning no longer needs tfopt._compat.tfmot_layer_dtype")
+
+
+def test_clustering_still_fails_in_a_mixed_dtype():
+    from tfopt.optimize.cluster import INITS
+
+    policy = "mixed_bfloat16"
+    working = []
+    for name, init in INITS.items():
+        try:
+            _c.cluster_weights(_dense(policy, units=16), number_of_clusters=4, cluster_centroids_init=init,
+                               dtype=policy)
+        except tf.errors.InvalidArgumentError as e:
+            assert "bfloat16" in str(e), f"clustering in bfloat16 now fails differently: {e}"
+        else:
+            working.append(name)
+    assert not working, (
+        f"upstream fixed clustering in a mixed dtype in {TFMOT} for centroid init {working}: clustering "
+        "needs tfopt._compat.tfmot_layer_dtype only for the others (none left: drop it for clustering)")
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_qat_still_fails_under_a_mixed_global_policy(policy):
+    previous = keras.mixed_precision.global_policy().name
+
+    def quantize():
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            model = _q.quantize_model(_dense(policy))
+            model(_data(2)[0], training=True)
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
+
+    _still_broken(quantize, (TypeError, ValueError, tf.errors.InvalidArgumentError), ".",
+                  f"upstream fixed QAT under {policy} in {TFMOT} (model-optimization#367): remove "
+                  "tfopt._compat.float32_global_policy")
+    dtype = tf.bfloat16 if policy == "mixed_bfloat16" else tf.float16
+    _still_broken(lambda: tf.quantization.fake_quant_with_min_max_vars(tf.ones((2, 2), dtype), -6.0, 6.0),
+                  tf.errors.InvalidArgumentError, "FakeQuantWithMinMaxVars",
+                  f"{TF} has {dtype.name} fake-quantization kernels (tensorflow#51857): QAT may no longer need "
+                  "tfopt._compat.float32_global_policy")

@@ -1,0 +1,88 @@
+"""Strategies compute the same training: one_device is the reference every other strategy is held to.
+
+* mirrored on 2 logical CPUs vs one_device at the same global batch, seed and data order: the
+  loss after every step agrees to rtol 1e-4 (the replicas split each global batch; their
+  gradients are summed and scaled exactly like one device's).
+* multi_worker_mirrored (2 real processes) vs one process at the same global batch: the workers
+  read different shards, so batches differ; the final weights' max |dw| is reported and must
+  stay well inside the distance training moved them.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from isolation import ISOLATED
+
+from tfopt import config as C
+from tfopt._keras import keras
+
+# mlp: no batch norm (per-replica statistics would differ by design) and no dropout (per-replica RNG).
+COMMON = {"data": {"dataset": "digits", "global_batch_size": 64, "num_shards": 2, "deterministic": True},
+          "model": {"name": "mlp", "dropout": 0.0}}
+
+
+class StepLosses(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def _train(tmp_path, strategy, name):
+    from tfopt.train import run
+
+    cfg = C.from_dict({**COMMON, "runtime": {"strategy": strategy},
+                       "train": {"epochs": 2, "steps_per_execution": 1, "output_dir": str(tmp_path / name),
+                                 "verbose": 0, "tensorboard": False}})
+    losses = StepLosses()
+    record = run(cfg, callbacks=[losses])
+    return losses.losses, record
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    out = tmp_path_factory.mktemp("equivalence")
+    losses, record = _train(out, "one_device", "od")
+    return losses, record, str(out / "od")
+
+
+@pytest.mark.slow
+def test_mirrored_matches_one_device_step_by_step(tmp_path, one_device):
+    od, od_rec, _ = one_device
+    mirrored, m_rec = _train(tmp_path, "mirrored", "m")
+    assert m_rec.strategy["num_replicas"] == 2 and len(od) == len(mirrored) == 2 * od_rec.train["steps_per_epoch"]
+    np.testing.assert_allclose(mirrored, od, rtol=1e-4)
+    assert od[-1] < od[0] / 2  # it trained
+
+
+def _weights(run_dir):
+    from tfopt.models.io import load_model
+
+    return load_model(os.path.join(run_dir, "model.keras")).get_weights()
+
+
+@pytest.mark.slow
+def test_two_worker_mwms_stays_close_to_one_process(tmp_path, one_device):
+    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", "--workers", "2", "--timeout", "240", "--",
+           sys.executable, "-m", "tfopt.train", "--strategy", "multi_worker_mirrored", "--dataset", "digits",
+           "--model", "mlp", "--set", "model.dropout=0", "--batch-size", "64", "--epochs", "2",
+           "--steps-per-execution", "1", "--set", "data.num_shards=2", "--quiet", "-o", str(tmp_path / "mwms")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    keras.utils.set_random_seed(42)  # train.seed: the initial weights every run starts from
+    init = _init_weights()
+    od, mwms = _weights(one_device[2]), _weights(tmp_path / "mwms")
+    dw = max(float(np.max(np.abs(a - b))) for a, b in zip(od, mwms))
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(od, init))
+    print(f"2-worker MWMS vs one process: max |dw| = {dw:.4g}; training moved weights by up to {moved:.4g}")
+    assert dw < 0.5 * moved
+
+
+def _init_weights():
+    from tfopt.models.registry import build_model
+
+    return build_model("mlp", (8, 8, 1), 10, 0.0).get_weights()

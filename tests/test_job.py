@@ -1,0 +1,171 @@
+"""The Job every stage runs in: run records, output directories, atomic commits, resume and fingerprints."""
+import json
+import os
+
+import pytest
+
+from tfopt import config as C
+from tfopt.errors import ConfigError
+from tfopt.runs import RunRecord, default_output, fingerprint, load_run, update_latest
+from tfopt.runtime.rundir import RunDir
+
+DIGITS = {"dataset": "digits", "global_batch_size": 64, "num_shards": 2}
+
+
+def test_run_record_round_trip_and_schema_1():
+    rec = RunRecord(stage="distill", config={"train": {}}, metrics={"test_accuracy": 0.9}, section={"gap": {"x": 1}})
+    d = rec.to_dict()
+    assert d["distill"] == {"gap": {"x": 1}} and d["schema_version"] == 2 and "section" not in d
+    assert RunRecord.from_dict(json.loads(json.dumps(d))) == rec
+    old = {"stage": "distill", "config": {}, "gap": {"x": 2}, "teachers": [], "metrics": {}}  # schema 1: no version
+    back = RunRecord.from_dict(old)
+    assert back.section == {"gap": {"x": 2}, "teachers": []} and back.metrics == {}
+    assert RunRecord.from_dict({"config": {}}).stage == "train"
+
+
+def test_default_outputs_never_replace_a_run_and_latest_follows(tmp_path):
+    root = tmp_path / "runs"
+    first = default_output("train", str(root))
+    assert first == str(root / "train")
+    os.makedirs(first)
+    assert default_output("train", str(root)) == first  # an empty (or crashed) dir is not a finished run
+    (root / "train" / "run.json").write_text("{}")
+    second = default_output("train", str(root))
+    assert second == str(root / "train-2")
+    os.makedirs(second)
+    (root / "train-2" / "run.json").write_text("{}")
+    assert default_output("train", str(root)) == str(root / "train-3")
+    update_latest(first)
+    update_latest(second)
+    assert os.readlink(root / "latest") == "train-2"
+    update_latest(str(tmp_path / "elsewhere" / "x"))  # not under a runs/ folder: no link there
+    assert not os.path.lexists(tmp_path / "elsewhere" / "latest")
+
+
+def _rundir(path, fp="a", settings=None, **kw):
+    return RunDir(str(path), fp, settings or {"config": {"train": {"learning_rate": 0.001}}}, **kw)
+
+
+def test_run_dir_refuses_a_finished_run_and_a_different_config(tmp_path):
+    out = tmp_path / "run"
+    rd = _rundir(out)
+    rd.check()
+    rd.open()
+    assert os.path.isdir(rd.work) and rd.resuming
+    other = _rundir(out, "b", {"config": {"train": {"learning_rate": 0.01}}})
+    with pytest.raises(ConfigError, match=r"other settings \(config.train.learning_rate: 0.001 -> 0.01\).*--overwrite"):
+        other.check()
+    assert _rundir(out).resuming
+    rd.commit(RunRecord(stage="train", config={}))
+    assert os.path.isfile(out / "run.json") and not os.path.exists(rd.work)
+    with pytest.raises(ConfigError, match="holds a finished run; give another -o, or --overwrite"):
+        _rundir(out).check()
+    _rundir(out, overwrite=True).check()
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="non-empty directory that is not a tfopt run"):
+        _rundir(tmp_path / "junk").check()
+
+
+def test_commit_replaces_atomically_and_drops_backups(tmp_path):
+    out = tmp_path / "runs" / "r"
+    rd = _rundir(out)
+    rd.open()
+    os.makedirs(os.path.join(rd.work, "backup", "chief"))
+    rd.commit(RunRecord(stage="train", config={}, metrics={"a": 1}))
+    assert sorted(os.listdir(out)) == ["run.json"]  # no backup, no fingerprint stamp
+    assert os.readlink(out.parent / "latest") == "r"
+    rd2 = _rundir(out, "b", overwrite=True)
+    rd2.check()
+    rd2.open()
+    (open(os.path.join(rd2.work, "model.keras"), "w")).write("new")
+    rd2.commit(RunRecord(stage="train", config={}, metrics={"a": 2}))
+    assert json.load(open(out / "run.json"))["metrics"] == {"a": 2}
+    assert not [p for p in os.listdir(out.parent) if p.endswith((".old", ".partial"))]
+
+
+def test_fingerprint_ignores_where_and_how_loudly():
+    from tfopt.runtime.job import result_config
+
+    a = C.from_dict({"train": {"output_dir": "x", "verbose": 0}})
+    b = C.from_dict({"train": {"output_dir": "y", "verbose": 1}})
+    c = C.from_dict({"train": {"learning_rate": 0.01}})
+    assert fingerprint("train", result_config(a)) == fingerprint("train", result_config(b))
+    assert fingerprint("train", result_config(a)) != fingerprint("train", result_config(c))
+
+
+# -- real training: resume, refusal, crash safety --------------------------------------------------
+
+
+class Crash(Exception):
+    pass
+
+
+def _crash_at(epoch):
+    from tfopt._keras import keras
+
+    class CrashAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, e, logs=None):
+            if e == epoch:
+                raise Crash(f"killed at epoch {e}")
+
+    return CrashAt()
+
+
+def _cfg(out, **train):
+    return C.from_dict({"data": DIGITS, "runtime": {"strategy": "mirrored"},
+                        "train": {"epochs": 3, "output_dir": str(out), "verbose": 0, "tensorboard": False, **train}})
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_whole_history_and_refuses_another_config(tmp_path):
+    from tfopt.train import run
+
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        run(_cfg(out), callbacks=[_crash_at(2)])
+    assert not os.path.exists(out / "run.json")  # nothing committed
+    work = str(out) + ".partial"
+    first_rows = json.load(open(os.path.join(work, "metrics.json")))
+    assert [r["epoch"] for r in first_rows] == [1, 2]
+    with pytest.raises(ConfigError, match="train.learning_rate"):
+        run(_cfg(out, learning_rate=0.01))
+    record = run(_cfg(out))  # the same settings: resumes at epoch 3
+    assert record.train["resumed"] and record.train["epochs"] == 3
+    assert [r["epoch"] for r in record.history] == [1, 2, 3]
+    assert record.history[:2] == first_rows
+    assert len(record.train["epoch_seconds"]) == 3
+    on_disk = json.load(open(out / "metrics.json"))
+    assert on_disk == record.history and load_run(str(out)).record.history == record.history
+    assert not os.path.exists(work) and not os.path.exists(out / "backup")
+    # A re-run with the same -o never "resumes" the finished run.
+    with pytest.raises(ConfigError, match="holds a finished run"):
+        run(_cfg(out))
+
+
+@pytest.mark.slow
+def test_a_crashed_overwrite_leaves_the_previous_run_intact(tmp_path):
+    from tfopt.train import run
+
+    out = tmp_path / "run"
+    first = run(_cfg(out, epochs=1))
+    before = {name: open(out / name, "rb").read() for name in ("run.json", "metrics.json", "model.keras")}
+    with pytest.raises(Crash):
+        run(_cfg(out, epochs=2, learning_rate=0.002), overwrite=True, callbacks=[_crash_at(1)])
+    assert {name: open(out / name, "rb").read() for name in before} == before
+    assert load_run(str(out)).record.weights_sha256 == first.weights_sha256
+    second = run(_cfg(out, epochs=2, learning_rate=0.002), overwrite=True)
+    assert second.train["epochs"] == 2 and load_run(str(out)).record.weights_sha256 == second.weights_sha256
+
+
+def test_versions_reports_what_is_installed_and_keeps_bugs(monkeypatch):
+    from tfopt.runtime import job
+
+    assert job.versions()["tensorflow_model_optimization"].startswith("0.8")
+
+    def broken(name):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(job, "version", broken)
+    with pytest.raises(ZeroDivisionError):  # only "not installed" is swallowed
+        job.versions()

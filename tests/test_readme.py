@@ -1,0 +1,78 @@
+"""README.md can be followed as written: every command of its ``bash`` blocks runs, in order.
+
+The first block (the two set-up commands that create ``.venv``) is what ``.ci/run`` itself runs.
+Every later command runs in one fresh directory, in the order shown, so each example finds the
+run directories an earlier one made. Work is kept small by adding flags right after the
+command's name (the command's own flags come later and win): ``--limit`` for the training-like
+stages (``TFOPT_README_LIMIT`` records per split, default 512) and fewer evaluation examples and
+timing runs for the export.
+"""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from isolation import ISOLATED
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIMIT = os.environ.get("TFOPT_README_LIMIT", "512")
+SMALL = {
+    "tfopt.train": ["--limit", LIMIT, "--quiet"],
+    "tfopt.distill": ["--limit", LIMIT, "--quiet"],
+    "tfopt.optimize": ["--limit", LIMIT, "--quiet"],
+    "tfopt.export": ["--eval-limit", "300", "--runs", "10", "--warmup", "2", "--calibration-steps", "2",
+                     "--search-limit", "300", "--quiet"],
+}
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of every ``bash`` block after the first, comments removed, continuations joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    out = []
+    for block in blocks[1:]:
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def shrink(command: str) -> str:
+    """``command`` with the small-slice flags added after every ``python -m tfopt.X``."""
+    words = shlex.split(command)
+    out = []
+    for i, word in enumerate(words):
+        out.append(word)
+        if i >= 1 and words[i - 1] == "-m" and word in SMALL:
+            if word == "tfopt.export" and "--from" not in words[i + 1:]:
+                continue  # --evaluate / --benchmark take their own flags
+            if word == "tfopt.optimize" and "--inspect" in words[i + 1:]:
+                continue
+            out.extend(SMALL[word])
+    return shlex.join(out)
+
+
+def test_readme_commands_are_extracted():
+    commands = readme_commands(open(os.path.join(REPO, "README.md"), encoding="utf-8").read())
+    assert len(commands) >= 15 and all("tfopt" in c for c in commands), commands
+    assert shrink("python -m tfopt.launch --workers 2 -- python -m tfopt.train -o r").endswith(
+        f"python -m tfopt.train --limit {LIMIT} --quiet -o r")
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_in_order(tmp_path):
+    commands = readme_commands(open(os.path.join(REPO, "README.md"), encoding="utf-8").read())
+    os.symlink(os.path.join(REPO, "pipelines"), tmp_path / "pipelines")
+    bin_dir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYTHONUNBUFFERED="1")
+    for i, command in enumerate(commands, 1):
+        small = shrink(command)
+        # Commands that start TensorFlow servers run in a private network namespace where possible.
+        prefix = ISOLATED if "tfopt.launch" in small else []
+        proc = subprocess.run([*prefix, "bash", "-c", small], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        print(f"[{i}/{len(commands)}] exit {proc.returncode}: {command}", flush=True)
+        assert proc.returncode == 0, (f"README command {i} failed: {command}\nran: {small}\n"
+                                      + proc.stdout[-3000:] + proc.stderr[-3000:])

@@ -1,0 +1,153 @@
+"""Knowledge distillation from trained runs, the library entry of ``python -m tfopt.distill``.
+
+One run: the Job (cluster, strategy, precision, data) -> teachers loaded (safe loader) inside
+``strategy.scope()`` and scored on the validation split (strategy-free copies) -> the student
+built and, for ``--technique prune|cluster|qat``, wrapped by :mod:`tfopt.optimize.student` so
+that compression keeps learning from the teachers -> ``Distiller.fit`` with the Job's callbacks
+-> the chief scores the plain student and the teachers on the test split, saves the student and
+commits a NEW run directory (``run.json``'s ``distill`` section: settings, teachers and their
+accuracies, the gap to the teachers, the compression measured on the saved weights).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from tfopt._keras import keras
+from tfopt.config import RunConfig
+from tfopt.distill.options import DistillOptions
+from tfopt.errors import ConfigError, ModelError
+from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
+from tfopt.models.io import load_model, save_model
+from tfopt.models.registry import build_model, check_model_name
+from tfopt.optimize import student as student_lib
+from tfopt.runs import Run, RunRecord, load_run
+from tfopt.runtime.callbacks import PlainValidation
+from tfopt.runtime.job import Job, plain_copy, weights_digest
+
+PROG = "tfopt.distill"
+
+
+def _logits(model: "keras.Model", dataset) -> tuple[np.ndarray, np.ndarray]:
+    logits = model.predict(dataset, verbose=0)
+    labels = np.concatenate([np.asarray(y) for _, y in dataset])
+    return np.asarray(logits, np.float32), labels
+
+
+def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(np.argmax(logits, axis=-1) == labels))
+
+
+def _check_teacher(run: Run, teacher: "keras.Model", info, dataset: str) -> None:
+    shape, classes = tuple(teacher.input_shape[1:]), teacher.output_shape[-1]
+    if shape != tuple(info.image_shape) or classes != info.num_classes:
+        raise ModelError(f"teacher {run.path!r} takes {shape} -> {classes} classes but {dataset!r} has "
+                         f"{tuple(info.image_shape)} -> {info.num_classes}; pass the --dataset the teacher was trained on")
+
+
+def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> RunRecord | None:
+    """Distils the teachers' runs into ``cfg.model.name`` as described by ``cfg``, ``opts`` and TF_CONFIG.
+
+    Args:
+        cfg: Data, runtime and train settings (``train.output_dir`` empty = a new ``runs/distill[-N]``).
+        opts: The teachers and the distillation settings.
+        overwrite: Replace a finished run at ``train.output_dir``.
+
+    Returns:
+        The committed RunRecord on the chief; None on other workers.
+
+    Raises:
+        TfoptError: a bad option, teacher run, TF_CONFIG, data or model choice.
+    """
+    check_model_name(cfg.model.name)
+    fixed_weights = opts.fixed_weights()
+    teacher_runs = [load_run(p) for p in opts.teachers]
+    baseline_run = load_run(opts.baseline) if opts.baseline else None
+    for r in teacher_runs + ([baseline_run] if baseline_run else []):
+        if cfg.train.output_dir and os.path.realpath(cfg.train.output_dir) == os.path.realpath(r.path):
+            raise ConfigError(f"-o {cfg.train.output_dir!r} is an input run; a stage writes a NEW run directory: "
+                              "give another -o")
+    job = Job(cfg, "distill", options=opts.to_dict(), overwrite=overwrite)
+    with job:
+        if opts.seed is not None:
+            keras.utils.set_random_seed(opts.seed)
+        steps = job.steps_per_epoch()
+        spe = job.steps_per_execution(steps)
+        lr = job.learning_rate()
+        val_ds, test_ds = job.dataset("validation"), job.dataset("test")
+        with job.strategy.scope():
+            teachers = [load_model(r.model_path, trust_model=opts.trust_model) for r in teacher_runs]
+        for r, teacher in zip(teacher_runs, teachers):
+            _check_teacher(r, teacher, job.info, cfg.data.dataset)
+        # Score the teachers on strategy-free copies (identical on every worker: deterministic data).
+        plain_teachers = [plain_copy(t) for t in teachers]
+        val_acc = [_accuracy(*_logits(t, val_ds)) for t in plain_teachers]
+        weights = (accuracy_weights(val_acc, job.info.num_classes) if opts.teacher_weights == "accuracy"
+                   else fixed_weights or [1.0] * len(teachers))
+        weights = [w / sum(weights) for w in weights]
+        with job.strategy.scope():
+            student = build_model(cfg.model.name, job.info.image_shape, job.info.num_classes, cfg.model.dropout)
+            compression = student_lib.wrap(student, opts.technique, cfg.train.epochs * steps,
+                                           sparsity=opts.sparsity, clusters=opts.clusters)
+            distiller = Distiller(compression.model, teachers, temperature=opts.temperature, alpha=opts.alpha,
+                                  teacher_weights=weights, combine=opts.combine, features=opts.features,
+                                  feature_weight=opts.feature_weight)
+            distiller.compile(optimizer=job.optimizer(lr, cfg.train.epochs * steps), steps_per_execution=spe)
+        plain = student_lib.plain_copy(compression.model)
+        plain.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        validation = PlainValidation(plain, val_ds, job.chief,
+                                     weights_fn=lambda: student_lib.plain_weights(compression.model))
+        # tfmot's callbacks (UpdatePruningStep) re-mask the weights before validation reads them.
+        callbacks = job.callbacks(validation, compression.callbacks)
+        digests = distiller.teacher_digests()
+        job.fit(distiller, callbacks, epochs=cfg.train.epochs, steps_per_epoch=steps)  # raises if a teacher changed
+        plain.set_weights(student_lib.plain_weights(compression.model))  # every worker (a collective)
+        digest = weights_digest(plain)
+        record = None
+        if job.chief:
+            section = _score(cfg, opts, plain, plain_teachers, teacher_runs, weights, val_acc, digests, test_ds,
+                             baseline_run)
+            if compression.info is not None:
+                section["compression"] = dict(compression.info, measured=student_lib.measured(plain, compression.info))
+            artifacts = save_model(plain, job.write_dir)
+            teacher_params = max(int(t.count_params()) for t in plain_teachers)
+            record = job.record(
+                model={"name": cfg.model.name, "role": "student", "params": int(plain.count_params()),
+                       "teacher_to_student_params": round(teacher_params / max(1, plain.count_params()), 2)},
+                train=job.train_section(steps, spe, lr), metrics=section.pop("metrics"),
+                weights_sha256=digest, artifacts=job.relative(artifacts), section=section)
+            job.commit(record)
+        job.done(PROG, record, digest)
+        return record
+
+
+def _score(cfg, opts: DistillOptions, plain, teachers, teacher_runs, weights, val_acc, digests, test_ds,
+           baseline_run) -> dict:
+    """The distill section: the student, the teachers and the baseline on the test split.
+
+    Runs on the chief alone, so it touches only strategy-free models: reading a strategy
+    variable here would be a collective that the other workers never join.
+    """
+    metrics = plain.evaluate(test_ds, return_dict=True, verbose=0)
+    student_acc = float(metrics["accuracy"])
+    test_logits = [_logits(t, test_ds) for t in teachers]
+    labels = test_logits[0][1]
+    teacher_acc = [_accuracy(*t) for t in test_logits]
+    combined = teacher_log_probs([t[0] for t in test_logits], weights, opts.temperature, opts.combine)
+    target_acc = _accuracy(combined.numpy(), labels)  # the combined soft target's own accuracy
+    gap = {"teacher_test_accuracy": target_acc, "student_test_accuracy": student_acc,
+           "teacher_minus_student_pt": round(100 * (target_acc - student_acc), 3)}
+    if baseline_run is not None:
+        base = plain_copy(load_model(baseline_run.model_path, trust_model=opts.trust_model))
+        base_acc = float(base.evaluate(test_ds, return_dict=True, verbose=0)["accuracy"])
+        gap.update(baseline_run=baseline_run.path, baseline_test_accuracy=base_acc,
+                   gap_closed=(student_acc - base_acc) / (target_acc - base_acc) if target_acc > base_acc else None)
+    return {
+        "settings": opts.to_dict(),
+        "teachers": [{"run": r.path, "model": r.config.model.name, "params": int(t.count_params()), "weight": w,
+                      "val_accuracy": va, "test_accuracy": ta, "weights_sha256": d, "unchanged": True}
+                     for r, t, w, va, ta, d in zip(teacher_runs, teachers, weights, val_acc, teacher_acc, digests)],
+        "gap": gap,
+        "metrics": {f"test_{k}": float(v) for k, v in metrics.items()},
+    }

@@ -1,0 +1,332 @@
+"""The Job: the one context every stage (train, distill, optimize) runs in.
+
+A stage's own module holds only what is specific to it; everything else is here:
+
+    with Job(cfg, "train", out_dir=..., options=...) as job:   # validated before TensorFlow starts
+        with job.strategy.scope():
+            model = ...
+            model.compile(optimizer=job.optimizer(job.learning_rate(), total_steps), ...)
+        job.fit(model, job.callbacks(validation), epochs=..., steps_per_epoch=...)
+        job.commit(job.record(...))                            # the chief only, atomically
+
+Entering the job: TF_CONFIG validated for the strategy, a parameter-server ``worker``/``ps``
+task serves instead (the launcher or Kubernetes ends it), the strategy created (multi-worker
+start-up under a watchdog and a first all-reduce), the precision policy set (and restored on
+exit: nothing else touches the global policy), the data prepared once (its ``DatasetInfo`` is
+passed down), the work directory opened (see :mod:`tfopt.runtime.rundir`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from importlib.metadata import PackageNotFoundError, version
+
+from tfopt._version import __version__
+from tfopt._keras import keras, tf
+from tfopt.config import RunConfig
+from tfopt.data import pipeline, sources
+from tfopt.runs import RunRecord, default_output, fingerprint
+from tfopt.runtime import precision
+from tfopt.runtime import strategy as strategy_lib
+from tfopt.runtime.callbacks import EpochTimer, MetricsLogger
+from tfopt.runtime.rundir import RunDir
+from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
+from tfopt.runtime.watchdog import StartupWatchdog
+from tfopt.specs import PRECISIONS, STRATEGIES
+
+# Settings that change where or how loudly a run writes, not what it computes.
+_NOT_FINGERPRINTED = {("train", "output_dir"), ("train", "verbose"), ("train", "tensorboard"),
+                      ("data", "data_dir"), ("data", "verify"), ("runtime", "startup_timeout")}
+
+
+def versions() -> dict:
+    """Versions of tfopt, Python and the TensorFlow stack, for run.json."""
+    import numpy
+
+    out = {"tfopt": __version__, "python": platform.python_version(), "tensorflow": tf.__version__,
+           "tf_keras": keras.__version__, "numpy": numpy.__version__}
+    try:
+        out["tensorflow_model_optimization"] = version("tensorflow-model-optimization")
+    except PackageNotFoundError:  # not installed: nothing to report
+        pass
+    return out
+
+
+def weights_digest(model: "keras.Model") -> str:
+    """Returns a sha256 over all of ``model``'s weights (identical models, identical digests)."""
+    h = hashlib.sha256()
+    for w in model.get_weights():
+        h.update(w.tobytes())
+    return h.hexdigest()
+
+
+def plain_copy(model: "keras.Model") -> "keras.Model":
+    """A copy of ``model`` outside any strategy, compiled for evaluation: what gets validated and saved."""
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    copy.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return copy
+
+
+def result_config(cfg: RunConfig) -> dict:
+    """The parts of ``cfg`` that determine a run's result (the fingerprint's input)."""
+    out = cfg.to_dict()
+    for section, key in _NOT_FINGERPRINTED:
+        out.get(section, {}).pop(key, None)
+    return out
+
+
+def connect(cfg: RunConfig, cluster: ClusterInfo | None):
+    """Creates the strategy; multi-worker start-up is guarded by a watchdog and a first all-reduce."""
+    spec = STRATEGIES.get(cfg.runtime.strategy)
+    if cluster is None or len(cluster.peers()) == 0:
+        return strategy_lib.make_strategy(cfg.runtime, cluster)
+    with StartupWatchdog(cfg.runtime.startup_timeout, cluster.peers()):
+        strategy = strategy_lib.make_strategy(cfg.runtime, cluster)
+        if spec.first_collective:
+            # A first collective proves every peer is up before any data or model work.
+            ones = strategy.run(lambda: tf.constant(1.0))
+            strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None).numpy()
+    return strategy
+
+
+class Job:
+    """The context of one stage run: cluster, strategy, precision, data, work directory, callbacks.
+
+    Args:
+        cfg: The resolved run configuration.
+        stage: ``train``, ``distill`` or ``optimize``.
+        out_dir: The run directory to make; None = the stage's fresh default (``runs/<stage>``,
+            ``runs/<stage>-2``, ...); ``False`` = the stage commits its own directories.
+        options: The stage's own settings (plain data): part of the fingerprint and run.json.
+        overwrite: Replace a finished run at ``out_dir``, or a work directory of another config.
+
+    Raises:
+        TfoptError: bad TF_CONFIG for the strategy, data source, or output directory; all of
+            it before TensorFlow starts a device or a server.
+    """
+
+    def __init__(self, cfg: RunConfig, stage: str, *, out_dir: str | None | bool = None,
+                 options: dict | None = None, overwrite: bool = False):
+        self.cfg = cfg
+        self.stage = stage
+        self.spec = STRATEGIES.get(cfg.runtime.strategy)
+        self.precision = PRECISIONS.get(cfg.runtime.precision)
+        self.cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
+        validate_for_strategy(self.cluster, cfg.runtime.strategy)
+        sources.check(cfg.data)
+        self.chief = strategy_lib.is_chief(self.cluster)
+        self.options = options or {}
+        self.fingerprint = fingerprint(stage, result_config(cfg), self.options)
+        self.run_dir: RunDir | None = None
+        if out_dir is not False:
+            path = out_dir or cfg.train.output_dir or default_output(stage)
+            self.run_dir = RunDir(path, self.fingerprint, {"config": result_config(cfg), stage: self.options},
+                                  overwrite=overwrite, chief=self.chief)
+            self.run_dir.check()
+        self.strategy = None
+        self.info = None
+        self.scratch = ""
+        self.timer: EpochTimer | None = None
+        self.logger: MetricsLogger | None = None
+        self.train_seconds = 0.0
+        self._previous_policy: str | None = None
+
+    @property
+    def serves(self) -> bool:
+        """True for a parameter-server ``worker``/``ps`` task, which only runs a TensorFlow server."""
+        return self.spec.needs_servers and self.cluster is not None and self.cluster.task_type in ("worker", "ps")
+
+    def __enter__(self) -> "Job":
+        if self.serves:
+            strategy_lib.run_server(self.cluster)  # serves until the launcher (or Kubernetes) ends the process
+        self._previous_policy = precision.policy_name()
+        self.scratch = tempfile.mkdtemp(prefix=f"tfopt-{self.stage}-")
+        try:
+            self.strategy = connect(self.cfg, self.cluster)  # the first TensorFlow work (MultiWorkerMirrored)
+            precision.set_policy(self.cfg.runtime.precision)
+            # The same initial weights on every worker and in every run of this config.
+            keras.utils.set_random_seed(self.cfg.train.seed)
+            self.info = sources.prepare(self.cfg.data)
+            if self.run_dir is not None:
+                self.run_dir.open()
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous_policy is not None:
+            precision.set_policy(self._previous_policy)
+            self._previous_policy = None
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    # -- numbers every stage derives the same way -------------------------------------------
+
+    @property
+    def replicas(self) -> int:
+        """Replicas each global batch is split over."""
+        return strategy_lib.num_replicas(self.strategy)
+
+    @property
+    def resuming(self) -> bool:
+        """True when this run continues a crashed run of the same settings."""
+        return self.run_dir is not None and self.run_dir.resuming
+
+    def steps_per_epoch(self, override: int = 0) -> int:
+        """``override``, else ``train.steps_per_epoch``, else one pass over the training split."""
+        n_train = self.info.splits["train"].num_records
+        return override or self.cfg.train.steps_per_epoch or max(1, n_train // self.cfg.data.global_batch_size)
+
+    def steps_per_execution(self, steps_per_epoch: int) -> int:
+        """Steps per ``tf.function`` call: the configured value, else up to 32 (never more than an epoch)."""
+        # Per-step overhead dominates small models on CPU; a few dozen steps per call removes it.
+        return self.cfg.train.steps_per_execution or max(1, min(32, steps_per_epoch))
+
+    def learning_rate(self, lr: float | None = None) -> float:
+        """``lr`` (default ``train.learning_rate``), times the replica count under ``train.scale_lr``."""
+        lr = self.cfg.train.learning_rate if lr is None else lr
+        return lr * (self.replicas if self.cfg.train.scale_lr else 1)
+
+    def optimizer(self, lr: float, total_steps: int) -> "keras.optimizers.Optimizer":
+        """Adam with the configured schedule (cosine-decayed to 0 over ``total_steps``, or constant).
+
+        Under ``mixed_float16`` the optimizer scales the loss (compile() only does it for
+        models whose own policy is mixed_float16; tfmot-wrapped models may not be).
+        """
+        schedule = lr
+        if self.cfg.train.lr_schedule == "cosine":
+            schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(1, total_steps))
+        opt = keras.optimizers.Adam(schedule)
+        if self.precision.loss_scaling:
+            opt = keras.mixed_precision.LossScaleOptimizer(opt)
+        return opt
+
+    # -- data ---------------------------------------------------------------------------------
+
+    def train_input(self):
+        """The distributed, repeating training input for ``fit``.
+
+        A repeating input with a fixed step count per epoch keeps every worker on the same number
+        of steps and reshuffles on every pass; parameter-server training gets a DatasetCreator.
+        """
+        fn = pipeline.dataset_fn(self.cfg.data, "train", training=True, info=self.info)
+        if self.spec.needs_servers:
+            return keras.utils.experimental.DatasetCreator(fn)
+        return self.strategy.distribute_datasets_from_function(fn)
+
+    def dataset(self, split: str):
+        """The whole ``split`` for a strategy-free model, read deterministically."""
+        return pipeline.make_dataset(self.cfg.data, split, training=False, info=self.info)
+
+    # -- fit ----------------------------------------------------------------------------------
+
+    @property
+    def write_dir(self) -> str:
+        """Where this process writes: the work directory on the chief, a scratch directory elsewhere."""
+        return self.run_dir.work if (self.chief and self.run_dir is not None) else self.scratch
+
+    @property
+    def verbose(self) -> int:
+        """Keras verbosity: progress on the chief only; per epoch under parameter servers (Keras refuses a bar)."""
+        if not self.chief or not self.cfg.train.verbose:
+            return 0
+        return 2 if self.spec.needs_servers else self.cfg.train.verbose
+
+    def callbacks(self, validation: "keras.callbacks.Callback", extra: list | tuple = ()) -> list:
+        """The callbacks every training stage uses, in order: ``extra`` (e.g. tfmot's), epoch timer,
+        validation, progress, metrics.csv/json, TensorBoard (optional) and the backup.
+        """
+        self.timer = EpochTimer()
+        self.logger = MetricsLogger(self.write_dir, enabled=self.chief and self.run_dir is not None, timer=self.timer)
+        # Order matters: validation adds val_* to the logs before the progress bar and loggers read them.
+        cbs: list = [*extra, self.timer, validation, keras.callbacks.ProgbarLogger(count_mode="steps"), self.logger]
+        if self.cfg.train.tensorboard:
+            cbs.append(keras.callbacks.TensorBoard(os.path.join(self.write_dir, "tensorboard")))
+        cbs += self.backup_callbacks()
+        return cbs
+
+    def backup_callbacks(self) -> list:
+        """Epoch-level ``BackupAndRestore`` in the work directory where the strategy supports it."""
+        if self.run_dir is None or not self.spec.backup:
+            return []
+        # Every worker names the chief's directory; Keras writes the other workers' copies to
+        # temporary subdirectories it removes.
+        return [keras.callbacks.BackupAndRestore(os.path.join(self.run_dir.work, "backup"), save_freq="epoch")]
+
+    def fit(self, model: "keras.Model", callbacks: list, *, epochs: int, steps_per_epoch: int):
+        """``model.fit`` on the training input; returns the History."""
+        started = time.perf_counter()
+        history = model.fit(self.train_input(), epochs=epochs, steps_per_epoch=steps_per_epoch,
+                            callbacks=callbacks, verbose=self.verbose)
+        self.train_seconds += time.perf_counter() - started
+        return history
+
+    # -- the record -----------------------------------------------------------------------------
+
+    def strategy_section(self) -> dict:
+        """Strategy name, class, replicas and workers."""
+        return {"name": self.cfg.runtime.strategy, "class": type(self.strategy).__name__,
+                "num_replicas": self.replicas, "num_workers": self.cluster.num_workers if self.cluster else 1,
+                "precision": self.cfg.runtime.precision}
+
+    def data_section(self) -> dict:
+        """Dataset name, image shape, classes and records per split."""
+        info = self.info
+        return {"name": info.name, "image_shape": list(info.image_shape), "num_classes": info.num_classes,
+                "splits": {k: v.num_records for k, v in info.splits.items()}}
+
+    def train_section(self, steps_per_epoch: int, steps_per_execution: int, lr: float) -> dict:
+        """Timings and throughput over the whole run's history (epochs before a resume included)."""
+        rows = self.logger.rows if self.logger else []
+        seconds = [r["epoch_seconds"] for r in rows if "epoch_seconds" in r]
+        steady = seconds[1:] or seconds  # the first epoch includes tracing
+        batch = self.cfg.data.global_batch_size
+        return {"epochs": len(rows), "steps_per_epoch": steps_per_epoch, "steps_per_execution": steps_per_execution,
+                "global_batch_size": batch, "per_replica_batch_size": batch // self.replicas, "learning_rate": lr,
+                "seconds": round(self.train_seconds, 3), "epoch_seconds": seconds,
+                "examples_per_sec": round(steps_per_epoch * batch / statistics.median(steady), 1) if steady else None,
+                "resumed": self.resuming}
+
+    def record(self, **fields) -> RunRecord:
+        """A RunRecord of this job: the common sections filled in, ``fields`` on top."""
+        base = {"stage": self.stage, "config": self.cfg.to_dict(), "versions": versions(),
+                "strategy": self.strategy_section(), "data": self.data_section(),
+                "history": list(self.logger.rows) if self.logger else [], "fingerprint": self.fingerprint}
+        if self.run_dir is not None:
+            base["config"]["train"]["output_dir"] = self.run_dir.path
+        return RunRecord(**{**base, **fields})
+
+    def relative(self, artifacts: dict[str, str]) -> dict[str, str]:
+        """Artifact paths relative to the run directory (where they will be once committed)."""
+        return {k: os.path.relpath(v, self.write_dir) for k, v in artifacts.items()}
+
+    def commit(self, record: RunRecord) -> str | None:
+        """The chief writes ``run.json`` and moves the run into place; other workers write nothing."""
+        if not self.chief or self.run_dir is None:
+            return None
+        return self.run_dir.commit(record)
+
+    def done(self, prog: str, record: RunRecord | None, digest: str, **extra) -> None:
+        """Prints the one-line summary every process ends with (tests and launchers read it)."""
+        task = f"{self.cluster.task_type}:{self.cluster.task_index}" if self.cluster else "local"
+        summary = {"task": task, "weights_sha256": digest, **extra}
+        if record is not None:
+            summary.update(record.metrics, output=self.run_dir.path if self.run_dir else None)
+            if record.train.get("examples_per_sec") is not None:
+                summary["examples_per_sec"] = record.train["examples_per_sec"]
+        print(f"{prog}: done {json.dumps(summary)}", flush=True)
+
+
+def replace_config(cfg: RunConfig, **sections) -> RunConfig:
+    """``cfg`` with some keys of its sections replaced, e.g. ``replace_config(cfg, train={"epochs": 2})``."""
+    return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **values)
+                                       for name, values in sections.items()})

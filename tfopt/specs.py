@@ -1,0 +1,132 @@
+"""Registries of the choices a user names with one string: strategies and precision policies.
+
+Plain data, no TensorFlow: the config validates against them, the CLIs derive their choices
+and help from them, and TF_CONFIG is checked against a strategy's roles before TensorFlow
+starts. Each strategy entry names the function that builds it (``module:function``), so adding
+a strategy touches this registry and the module that implements it, nothing else.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
+
+from tfopt.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Named specs in a fixed order; an unknown name is a one-line error listing the valid ones.
+
+    Args:
+        key: How the choice is called in configs and messages (e.g. ``runtime.strategy``).
+        specs: The entries; each has a ``name`` and a one-line ``summary``.
+    """
+
+    def __init__(self, key: str, specs: Iterable[T]):
+        self.key = key
+        self._specs = {s.name: s for s in specs}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def names(self) -> tuple[str, ...]:
+        """The valid names, in registry order."""
+        return tuple(self._specs)
+
+    def get(self, name: str) -> T:
+        """The spec called ``name``.
+
+        Raises:
+            ConfigError: unknown name (the message lists the valid ones).
+        """
+        if name not in self._specs:
+            raise ConfigError(f"{self.key}={name!r} is not valid; choose one of {', '.join(self._specs)}")
+        return self._specs[name]
+
+    def help(self) -> str:
+        """``name (summary); ...`` for a CLI's --help."""
+        return "; ".join(f"{s.name} ({s.summary})" for s in self._specs.values())
+
+
+def resolve(path: str) -> Callable:
+    """Imports ``module:function`` and returns the function."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """What tfopt must know about a tf.distribute strategy before building it.
+
+    Attributes:
+        name: The string a user gives (``--strategy``).
+        summary: One line for --help.
+        factory: ``module:function(runtime, cluster, **kw) -> tf.distribute.Strategy``.
+        multi_process: Runs as several processes, each with its own TF_CONFIG.
+        needs_servers: ``worker``/``ps`` tasks only run TensorFlow servers; the chief coordinates.
+        first_collective: Must be created before any other TensorFlow op; a first all-reduce
+            proves every peer is up.
+        backup: Keras ``BackupAndRestore`` works under it.
+        required_roles: TF_CONFIG roles the strategy cannot run without (when TF_CONFIG is set,
+            or always when ``needs_servers``).
+        forbidden_roles: TF_CONFIG roles it refuses.
+    """
+
+    name: str
+    summary: str
+    factory: str
+    multi_process: bool = False
+    needs_servers: bool = False
+    first_collective: bool = False
+    backup: bool = True
+    required_roles: tuple[str, ...] = ()
+    forbidden_roles: tuple[str, ...] = ()
+
+    def build(self, runtime, cluster, **kwargs):
+        """Builds the strategy (imports TensorFlow)."""
+        return resolve(self.factory)(runtime, cluster, **kwargs)
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """A Keras mixed-precision policy.
+
+    Attributes:
+        name: The policy name (``--precision``).
+        summary: One line for --help.
+        compute_dtype: The dtype layers compute in (variables stay float32).
+        loss_scaling: Gradients need loss scaling (float16's narrow exponent range).
+        hardware: Where it pays.
+    """
+
+    name: str
+    summary: str
+    compute_dtype: str
+    loss_scaling: bool = False
+    hardware: str = ""
+
+
+_STRATEGY = "tfopt.runtime.strategy"
+
+STRATEGIES: Registry[StrategySpec] = Registry("runtime.strategy", (
+    StrategySpec("one_device", "one device: the GPU, else the CPU", f"{_STRATEGY}:one_device", backup=False),
+    StrategySpec("mirrored", "replicas on the local GPUs, or on logical CPU devices", f"{_STRATEGY}:mirrored"),
+    StrategySpec("multi_worker_mirrored", "synchronous replicas on several workers (TF_CONFIG)",
+                 f"{_STRATEGY}:multi_worker", multi_process=True, first_collective=True, forbidden_roles=("ps",)),
+    StrategySpec("parameter_server", "asynchronous workers and parameter servers driven by a chief (TF_CONFIG)",
+                 f"{_STRATEGY}:parameter_server", multi_process=True, needs_servers=True,
+                 required_roles=("chief", "worker", "ps")),
+))
+
+PRECISIONS: Registry[PrecisionSpec] = Registry("runtime.precision", (
+    PrecisionSpec("float32", "full precision", "float32"),
+    PrecisionSpec("mixed_float16", "float16 math, float32 variables, loss scaling (GPUs)", "float16",
+                  loss_scaling=True, hardware="GPUs with Tensor Cores"),
+    PrecisionSpec("mixed_bfloat16", "bfloat16 math, float32 variables (CPUs with AVX512-BF16/AMX, TPUs)",
+                  "bfloat16", hardware="CPUs with AVX512_BF16 or AMX, TPUs"),
+))

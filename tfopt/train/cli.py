@@ -1,0 +1,28 @@
+"""``python -m tfopt.train``: argument parsing only; the work is :func:`tfopt.train.stage.run`."""
+from __future__ import annotations
+
+import json
+
+from tfopt import cli
+
+PROG = "tfopt.train"
+DESCRIPTION = "Train a model under any tf.distribute strategy and write a run directory."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point of ``python -m tfopt.train``; returns the exit code."""
+    parser = cli.ArgumentParser(prog="python -m tfopt.train", description=DESCRIPTION)
+    cli.add_config_args(parser)
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        cfg = cli.config_from_args(args)
+        if args.print_config:
+            print(json.dumps(cfg.to_dict(), indent=2))
+            return 0
+        from tfopt.train.stage import run
+
+        run(cfg, overwrite=args.overwrite)
+        return 0
+
+    return cli.run_main(PROG, body)

@@ -1,0 +1,67 @@
+"""Training, the library entry of ``python -m tfopt.train``.
+
+One run: the Job (cluster, strategy, precision, data; see :mod:`tfopt.runtime.job`) -> build and
+compile the registered model inside ``strategy.scope()`` -> ``fit`` with the Job's callbacks
+(validation on a strategy-free copy, progress, metrics, TensorBoard, backups) -> the chief
+evaluates on the held-out test split, saves the model (``.keras`` and SavedModel) and commits
+the run directory with its ``run.json``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tfopt._keras import keras
+from tfopt.config import RunConfig
+from tfopt.models.io import save_model
+from tfopt.models.registry import build_model, check_model_name
+from tfopt.runs import RunRecord
+from tfopt.runtime.callbacks import PlainValidation
+from tfopt.runtime.job import Job, plain_copy, weights_digest
+
+PROG = "tfopt.train"
+
+
+def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) -> RunRecord | None:
+    """Trains ``cfg.model.name`` as described by ``cfg`` and the TF_CONFIG environment variable.
+
+    Args:
+        cfg: The resolved run configuration (``train.output_dir`` empty = ``runs/train``, or the
+            next free ``runs/train-N``).
+        overwrite: Replace a finished run at ``train.output_dir``, or an unfinished run of other settings.
+        callbacks: Extra Keras callbacks, run before tfopt's own.
+
+    Returns:
+        The committed RunRecord on the chief; None on other workers (they write nothing). A
+        parameter-server worker/ps task serves until the launcher ends it.
+
+    Raises:
+        TfoptError: bad TF_CONFIG, data, model choice or output directory.
+    """
+    check_model_name(cfg.model.name)
+    with Job(cfg, "train", overwrite=overwrite) as job:
+        steps = job.steps_per_epoch()
+        spe = job.steps_per_execution(steps)
+        lr = job.learning_rate()
+        with job.strategy.scope():
+            model = build_model(cfg.model.name, job.info.image_shape, job.info.num_classes, cfg.model.dropout)
+            model.compile(optimizer=job.optimizer(lr, cfg.train.epochs * steps),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"], steps_per_execution=spe)
+        copy = plain_copy(model)
+        validation = PlainValidation(copy, job.dataset("validation"), job.chief)
+        job.fit(model, job.callbacks(validation, callbacks), epochs=cfg.train.epochs, steps_per_epoch=steps)
+        # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
+        copy.set_weights(model.get_weights())
+        digest = weights_digest(copy)
+        record = None
+        if job.chief:
+            metrics = copy.evaluate(job.dataset("test"), return_dict=True, verbose=0)
+            artifacts = save_model(copy, job.write_dir)
+            record = job.record(
+                model={"name": cfg.model.name, "params": int(copy.count_params())},
+                train=job.train_section(steps, spe, lr),
+                metrics={f"test_{k}": float(v) for k, v in metrics.items()},
+                weights_sha256=digest, artifacts=job.relative(artifacts))
+            job.commit(record)
+        job.done(PROG, record, digest)
+        return record
