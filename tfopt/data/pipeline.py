@@ -210,7 +210,14 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
             buffer = num_records if num_records is not None else sum(map(scan_tfrecord, files))
     if training:
         ds = ds.shuffle(max(1, buffer), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.batch(batch_size, drop_remainder=training)
+    # The replicas this pipeline feeds take consecutive batches of it as one global step. Training
+    # drops the remainder at that step's size, so that every epoch's steps hold the same examples
+    # whatever the replica count (mirrored on 2 devices trains exactly like one device).
+    group = max(1, input_context.num_replicas_in_sync // pipelines) if input_context else 1
+    if training and group > 1:
+        ds = ds.batch(batch_size * group, drop_remainder=True).rebatch(batch_size)
+    else:
+        ds = ds.batch(batch_size, drop_remainder=training)
     if training and augment is not None:
         ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
     elif training and cfg.augment == "shift":
