@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 
 import pytest
 from isolation import ISOLATED
@@ -71,8 +72,10 @@ def test_every_readme_command_runs_in_order(tmp_path):
         small = shrink(command)
         # Commands that start TensorFlow servers run in a private network namespace where possible.
         prefix = ISOLATED if "tfopt.launch" in small else []
+        started = time.monotonic()
         proc = subprocess.run([*prefix, "bash", "-c", small], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=600)
-        print(f"[{i}/{len(commands)}] exit {proc.returncode}: {command}", flush=True)
+        print(f"[{i}/{len(commands)}] exit {proc.returncode} in {time.monotonic() - started:.0f} s: {command}",
+              flush=True)
         assert proc.returncode == 0, (f"README command {i} failed: {command}\nran: {small}\n"
                                       + proc.stdout[-3000:] + proc.stderr[-3000:])
