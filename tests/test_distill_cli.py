@@ -32,12 +32,22 @@ def _run_json(path):
     return json.load(open(os.path.join(path, "run.json")))
 
 
-def _check_common(out, teacher_dir, strategy, replicas, min_accuracy):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, mnist_run):
+    """The one_device distillation every other strategy is compared with (same data, steps, settings)."""
+    out = tmp_path_factory.mktemp("distill_reference") / "run"
+    assert main(["--teacher", mnist_run, "--student", "tiny_cnn", "--strategy", "one_device", "--lr", "0.003",
+                 "-o", str(out), *COMMON]) == 0
+    return _run_json(out)["metrics"]["test_accuracy"]
+
+
+def _check_common(out, teacher_dir, strategy, replicas, reference=None, tolerance=0.05):
     run = _run_json(out)
     teacher = _run_json(teacher_dir)
     assert run["stage"] == "distill" and run["strategy"]["name"] == strategy
     assert run["strategy"]["num_replicas"] == replicas
-    assert run["metrics"]["test_accuracy"] > min_accuracy, run["metrics"]  # chance is 0.1
+    if reference is not None:  # the same examples and steps as the one_device reference
+        assert run["metrics"]["test_accuracy"] >= reference - tolerance, (run["metrics"], reference)
     # The teacher loaded and left exactly as trained: same digest as its own run recorded.
     assert run["distill"]["teachers"][0]["weights_sha256"] == teacher["weights_sha256"]
     assert run["distill"]["teachers"][0]["test_accuracy"] > 0.9 and run["model"]["name"] == "tiny_cnn"
@@ -55,12 +65,12 @@ def _check_common(out, teacher_dir, strategy, replicas, min_accuracy):
 
 
 @pytest.mark.slow
-def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(tmp_path, mnist_run):
+def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(tmp_path, mnist_run, reference):
     before = _tree_digest(mnist_run)
     out = tmp_path / "distilled"
     assert main(["--teacher", mnist_run, "--student", "tiny_cnn", "--temperature", "4", "--alpha", "0.9",
                  "--strategy", "mirrored", "--lr", "0.003", "-o", str(out), *COMMON]) == 0
-    run = _check_common(out, mnist_run, "mirrored", 2, 0.6)
+    run = _check_common(out, mnist_run, "mirrored", 2, reference, tolerance=0.01)  # equal step by step
     assert run["distill"]["settings"]["temperature"] == 4.0 and run["distill"]["settings"]["alpha"] == 0.9
     assert run["distill"]["teachers"][0]["weight"] == 1.0 and "compression" not in run["distill"]
     assert _tree_digest(mnist_run) == before
@@ -78,7 +88,9 @@ def test_two_teachers_weighted_by_accuracy_with_pruning(tmp_path, mnist_run):
     assert main(["--teacher", mnist_run, "--teacher", str(weak), "--teacher-weights", "accuracy",
                  "--technique", "prune", "--sparsity", "0.75", "--baseline", str(weak), "--lr", "0.003",
                  "--strategy", "one_device", "-o", str(out), *COMMON]) == 0
-    run = _check_common(out, mnist_run, "one_device", 1, 0.5)
+    run = _check_common(out, mnist_run, "one_device", 1)
+    # Taught by a good teacher, the student beats the weak teacher (the same architecture, trained alone).
+    assert run["distill"]["gap"]["gap_closed"] > 0, run["distill"]["gap"]
     strong_t, weak_t = run["distill"]["teachers"]
     assert strong_t["val_accuracy"] > weak_t["val_accuracy"] and strong_t["weight"] > weak_t["weight"]
     assert strong_t["weight"] + weak_t["weight"] == pytest.approx(1.0)
@@ -104,13 +116,13 @@ def _done(out):
 
 
 @pytest.mark.slow
-def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run):
+def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run, reference):
     proc = _launch(tmp_path, mnist_run, "multi_worker_mirrored", "--workers", "2", extra=["--technique", "qat"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     done = _done(proc.stdout + proc.stderr)
     assert sorted(d["task"] for d in done) == ["worker:0", "worker:1"]
     assert done[0]["weights_sha256"] == done[1]["weights_sha256"]
-    run = _check_common(tmp_path / "run", mnist_run, "multi_worker_mirrored", 2, 0.6)
+    run = _check_common(tmp_path / "run", mnist_run, "multi_worker_mirrored", 2, reference)
     assert run["strategy"]["num_workers"] == 2 and run["weights_sha256"] == done[0]["weights_sha256"]
     assert run["distill"]["compression"]["technique"] == "qat" and run["distill"]["compression"]["layers"]
     from tfopt.optimize.quantize import is_qat_model, load_quantized_model
@@ -119,12 +131,12 @@ def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run):
 
 
 @pytest.mark.slow
-def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run):
+def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run, reference):
     proc = _launch(tmp_path, mnist_run, "parameter_server", "--chief", "--workers", "2", "--ps", "1",
-                   extra=["--technique", "prune", "--sparsity", "0.5", "--epochs", "2"])
+                   extra=["--technique", "prune", "--sparsity", "0.5"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # Asynchronous updates learn less per step than synchronous ones (see test_train): 92 steps.
-    run = _check_common(tmp_path / "run", mnist_run, "parameter_server", 1, 0.3)
+    # Asynchronous updates from 2 workers are about one step stale: they may learn a little less per step.
+    run = _check_common(tmp_path / "run", mnist_run, "parameter_server", 1, reference, tolerance=0.1 * reference)
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
     assert run["distill"]["compression"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)
 

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from export_fixtures import sensitive_run
 
 from tfopt._keras import keras, tf
 from tfopt.errors import ConfigError, DataError, ModelError
@@ -125,27 +126,7 @@ def test_int8_io_quantization_is_applied_with_the_tensor_scale(model, calibratio
 
 
 def _sensitive_run(run, tmp_path):
-    """A real MNIST MLP made quantization-sensitive with outlier weights on an always-black pixel.
-
-    Pixel (0, 0) is 0 in every MNIST image, so weights of 1000 on it change nothing in float; but
-    with per-channel int8 weights every other weight of each unit rounds to 0.
-    """
-    x, y = load_split(run.config.data, "train")
-    for split in ("train", "validation", "test"):
-        assert load_split(run.config.data, split)[0][:, 0, 0, :].max() == 0.0
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((28, 28, 1), name="image")
-    h = keras.layers.Dense(64, activation="relu", name="fc0")(keras.layers.Flatten(name="flatten")(inputs))
-    mlp = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
-    mlp.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
-    mlp.fit(x, y, epochs=1, batch_size=64, verbose=0)
-    kernel, bias = mlp.get_layer("fc0").get_weights()
-    kernel[0, :] = 1000.0
-    mlp.get_layer("fc0").set_weights([kernel, bias])
-    out = tmp_path / "sensitive_run"
-    save_model(mlp, str(out))
-    write_json(str(out / "run.json"), {"config": run.config.to_dict()})
-    return str(out)
+    return sensitive_run(run.config, tmp_path)[0]
 
 
 @pytest.mark.slow

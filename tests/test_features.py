@@ -23,11 +23,12 @@ import sys
 
 import numpy as np
 import pytest
+from export_fixtures import sensitive_run
 from isolation import ISOLATED
 
 from tfopt import config as C
 from tfopt._keras import keras, tf
-from tfopt.models.io import load_model, save_model
+from tfopt.models.io import load_model
 from tfopt.models.registry import build_model
 from tfopt.train import run as train
 
@@ -207,28 +208,10 @@ def test_mixed_bfloat16_end_to_end(tmp_path):
 # ----------------------------------------------------------------------------- 5. export gate, accuracy half
 
 def _sensitive_run(tmp_path):
-    """A real MNIST MLP made quantization-sensitive (copied from test_export): weights of 1000 on
-    the always-black pixel (0, 0) change nothing in float, but with per-channel int8 weights every
-    other weight of each unit rounds to 0."""
-    from tfopt.export.evaluate import load_split
-    from tfopt.fileio import write_json
-
+    """The quantization-sensitive MNIST MLP of the export tests (tests/export_fixtures.py)."""
     cfg = C.from_dict({"data": MNIST, "runtime": {"strategy": "one_device"}})
-    x, y = load_split(cfg.data, "train")
-    assert x[:, 0, 0, :].max() == 0.0
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((28, 28, 1), name="image")
-    h = keras.layers.Dense(64, activation="relu", name="fc0")(keras.layers.Flatten(name="flatten")(inputs))
-    mlp = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
-    mlp.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
-    mlp.fit(x, y, epochs=2, batch_size=64, verbose=0)
-    kernel, bias = mlp.get_layer("fc0").get_weights()
-    kernel[0, :] = 1000.0
-    mlp.get_layer("fc0").set_weights([kernel, bias])
-    out = tmp_path / "sensitive_run"
-    save_model(mlp, str(out))
-    write_json(str(out / "run.json"), {"config": cfg.to_dict()})
-    return str(out), mlp, cfg
+    path, mlp = sensitive_run(cfg, tmp_path, epochs=2)
+    return path, mlp, cfg
 
 
 def _litert_accuracy(path, x, y):

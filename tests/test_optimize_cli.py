@@ -67,7 +67,9 @@ def test_prune_mirrored_writes_a_new_run_ready_for_export(tiny_run, tmp_path, ca
                                "precision": "float32"}
     assert run["optimize"]["checks"]["sparsity"]["ok"] and run["optimize"]["sparsity"] == pytest.approx(0.8, abs=0.01)
     assert run["optimize"]["gzip_ratio"] > 2.0  # 80% zeros compress
-    assert run["metrics"]["test_accuracy"] > 0.3 and run["optimize"]["source"]["run"] == os.path.abspath(tiny_run)
+    assert run["optimize"]["source"]["run"] == os.path.abspath(tiny_run)
+    assert run["optimize"]["accuracy_delta"] == pytest.approx(
+        run["metrics"]["test_accuracy"] - run["optimize"]["source"]["test_accuracy"], abs=1e-4)
     assert sorted(os.listdir(out)) == ["layers.json", "layers.txt", "model.keras", "run.json", "saved_model",
                                        "tensorboard"]
     events = [f for _, _, files in os.walk(out / "tensorboard") for f in files if f.startswith("events.out")]
@@ -79,6 +81,12 @@ def test_prune_mirrored_writes_a_new_run_ready_for_export(tiny_run, tmp_path, ca
     model = load_model(load_run(str(out)).model_path)
     kernel = model.get_layer("logits").kernel.numpy()
     assert (kernel == 0).mean() == pytest.approx(0.8, abs=0.01)
+    from tfopt.export.evaluate import load_split
+
+    x, y = load_split(load_run(str(out)).config.data, "test")  # an independent evaluation of the saved model
+    acc = float(np.mean(np.argmax(model.predict(x, verbose=0), -1) == y))
+    assert acc == pytest.approx(run["metrics"]["test_accuracy"], abs=1e-3)
+    assert acc > run["optimize"]["source"]["test_accuracy"] - 0.15  # 80% zeros after 36 steps keep most of it
     assert (sorted(os.listdir(tiny_run)), open(os.path.join(tiny_run, "run.json")).read()) == before  # input intact
 
 
@@ -102,7 +110,8 @@ def test_pqat_bfloat16_survives_int8_tflite_conversion(tiny_run, tmp_path, capsy
                         "1", "--threads", "1", "--no-plot", "-o", str(exp)]) == 0
     record = json.load(open(exp / "run.json"))["export"]
     row = record["modes"][0]
-    assert row["qat"] and row["eval"]["accuracy"] > 0.3 and row["eval"]["agreement"] >= 0.97, row["eval"]
+    assert row["qat"] and row["eval"]["agreement"] >= 0.97, row["eval"]
+    assert abs(row["eval"]["accuracy"] - row["eval"]["keras_accuracy"]) <= 0.02, row["eval"]  # int8 = its QAT model
     interpreter = Interpreter(model_path=str(exp / "model_int8.tflite"))
     interpreter.allocate_tensors()
     int8_weights = [interpreter.get_tensor(d["index"]) for d in interpreter.get_tensor_details()

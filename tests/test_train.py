@@ -76,14 +76,44 @@ def test_multi_worker_mirrored_two_real_processes(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_parameter_server_real_cluster(tmp_path, reference):
+def test_parameter_server_workers_read_disjoint_batches():
+    # The dataset function is traced once on the chief; tfopt gives every worker its own shard
+    # and seed (before, both workers read the same stream and each batch was applied twice).
+    script = os.path.join(os.path.dirname(__file__), "ps_batches.py")
+    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", "--chief", "--workers", "2", "--ps", "1", "--timeout",
+           "240", "--", sys.executable, script, "12"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if "ps_batches " in ln)
+    result = json.loads(line.split("ps_batches ", 1)[1])
+    batches = result["batches"]
+    examples = [e for b in batches for e in b]
+    assert len(batches) == 12 and len(examples) == 12 * 32
+    # 12 x 32 = 384 examples of the ~1,257 training records: within one pass of each worker's
+    # shard, no example may come twice.
+    assert len(set(map(tuple, batches))) == len(batches), "two closures read the same batch"
+    assert len(set(examples)) == len(examples), f"{len(examples) - len(set(examples))} examples read twice"
+
+
+@pytest.fixture(scope="module")
+def reference_2_epochs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference2") / "run"
+    train(_cfg(out, "one_device", epochs=2))
+    return _check_run(out, "one_device", 1)
+
+
+@pytest.mark.slow
+def test_parameter_server_real_cluster(tmp_path, reference_2_epochs):
     # With progress on: Keras refuses its per-step bar under parameter servers; tfopt prints per epoch.
-    proc = _launch(tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1", quiet=False)
+    proc = _launch(tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1", quiet=False, epochs=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[chief:0] 46/46 - " in proc.stdout and "val_accuracy" in proc.stdout, proc.stdout[-2000:]
-    # Asynchronous updates from 2 workers are about one step stale: they may learn a little less per step.
-    ref = reference["metrics"]["test_accuracy"]
-    run = _check_run(tmp_path / "run", "parameter_server", 1, reference, tolerance=0.1 * ref)
+    # Same examples, batch and steps as one_device. Asynchronous workers overlap their steps (about
+    # one step stale), which costs the default cnn's dense head some units: over 92 steps, 7 runs
+    # reached 0.88-0.99x one_device (mean 0.95x). The bound keeps a margin below the lowest.
+    ref = reference_2_epochs["metrics"]["test_accuracy"]
+    run = _check_run(tmp_path / "run", "parameter_server", 1, reference_2_epochs, tolerance=0.15 * ref)
     assert run["strategy"]["num_workers"] == 2
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
 

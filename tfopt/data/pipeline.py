@@ -195,10 +195,11 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
     ds = ds.map(parse, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
     if cfg.cache == "file":
         if cache_path is None:
-            cache_path = os.path.join(cfg.data_dir, "tfcache",
-                                      _cache_key(files, training, pipelines, pipeline_id, cfg.seed))
+            key = _cache_key(files, training, pipelines, pipeline_id if isinstance(pipeline_id, int) else -1, cfg.seed)
+            cache_path = os.path.join(cfg.data_dir, "tfcache", key + ("" if isinstance(pipeline_id, int) else "-p{id}"))
         os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
-        ds = ds.cache(cache_path)  # blocks: fewer, larger elements to write and read back
+        # blocks: fewer, larger elements to write and read back
+        ds = ds.cache(_pipeline_path(cache_path, pipeline_id))
     if vectorized:
         ds = ds.unbatch()
     buffer = cfg.shuffle_buffer
@@ -230,6 +231,43 @@ def _split(info: DatasetInfo, split: str):
     if split not in info.splits:
         raise DataError(f"split {split!r} does not exist; choose one of {', '.join(info.splits)}")
     return info.splits[split]
+
+
+def _pipeline_path(path: str, pipeline_id) -> "str | tf.Tensor":
+    """``path`` with ``{id}`` replaced by ``pipeline_id`` when that is a tensor (a worker index known
+    only when the worker runs the dataset function, see ``per_worker_context``)."""
+    if isinstance(pipeline_id, int) or "{id}" not in path:
+        return path
+    head, tail = path.split("{id}", 1)
+    return tf.strings.join([head, tf.strings.as_string(pipeline_id), tail])
+
+
+def per_worker_context(input_context: tf.distribute.InputContext | None) -> tf.distribute.InputContext | None:
+    """Makes each ParameterServerStrategy worker its own input pipeline; other contexts pass unchanged.
+
+    Under ``ParameterServerStrategy`` the dataset function is traced once, on the coordinator, with
+    ``InputContext(num_input_pipelines=1, input_pipeline_id=0)``, and the same graph then runs on
+    every worker. Left like that, every worker shuffles with the same seed and reads the same
+    batches in the same order, so concurrent workers apply each batch twice. The returned context
+    has one pipeline per worker whose id is the worker's index, a tensor resolved on each worker
+    when it creates its dataset (``tf.distribute.coordinator.experimental_get_current_worker_index``):
+    workers then read disjoint shards with different shuffle seeds.
+    """
+    if input_context is None or input_context.num_input_pipelines != 1 or not tf.distribute.has_strategy():
+        return input_context
+    strategy = tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return input_context
+    # ParameterServerStrategyV2 keeps its resolver on the strategy, where Strategy.cluster_resolver
+    # (which reads strategy.extended) does not look: it returns None.
+    resolver = strategy.cluster_resolver or getattr(strategy, "_cluster_resolver", None)
+    workers = resolver.cluster_spec().num_tasks("worker") if resolver is not None else strategy.extended._num_workers
+    if workers < 2:
+        return input_context
+    return tf.distribute.InputContext(
+        num_input_pipelines=workers,
+        input_pipeline_id=tf.distribute.coordinator.experimental_get_current_worker_index(),
+        num_replicas_in_sync=input_context.num_replicas_in_sync)
 
 
 def per_pipeline_batch_size(cfg: DataConfig, input_context: tf.distribute.InputContext | None) -> int:
@@ -272,6 +310,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
         n = input_context.num_input_pipelines if input_context else 1
         i = input_context.input_pipeline_id if input_context else 0
         mode = "train" if training else "eval"
+        i = i if isinstance(i, int) else "{id}"  # a tensor under ParameterServerStrategy: see _pipeline_path
         cache_path = os.path.join(dataset_dir(cfg), "tfcache", f"{split}-{mode}-seed{cfg.seed}-p{i}of{n}")
     return build(files, parse_fn(info, split), cfg, training=training,
                  batch_size=per_pipeline_batch_size(cfg, input_context), input_context=input_context,
@@ -288,7 +327,7 @@ def dataset_fn(cfg: DataConfig, split: str, *, training: bool,
     info = info or prepare(cfg)
 
     def fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        ds = make_dataset(cfg, split, training=training, input_context=input_context, info=info)
+        ds = make_dataset(cfg, split, training=training, input_context=per_worker_context(input_context), info=info)
         return ds.repeat() if training else ds
 
     return fn
@@ -310,4 +349,4 @@ def distribute(strategy: tf.distribute.Strategy, cfg: DataConfig, split: str, *,
     """
     info = info or prepare(cfg)
     return strategy.distribute_datasets_from_function(
-        lambda ctx: make_dataset(cfg, split, training=training, input_context=ctx, info=info))
+        lambda ctx: make_dataset(cfg, split, training=training, input_context=per_worker_context(ctx), info=info))
