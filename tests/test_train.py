@@ -14,13 +14,15 @@ SLICE = {"dataset": "mnist", "limit": 3000, "global_batch_size": 64, "num_shards
 
 
 def _cfg(out, strategy, **train_kw):
+    # 2 epochs (92 steps): after 1 epoch the accuracy of this CNN still moves by several points
+    # with the data order alone, too much to compare strategies.
     return C.from_dict({"data": SLICE, "runtime": {"strategy": strategy},
-                        "train": {"epochs": 1, "output_dir": str(out), "verbose": 0, **train_kw}})
+                        "train": {"epochs": 2, "output_dir": str(out), "verbose": 0, **train_kw}})
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """one_device, 1 epoch on the slice: what every other strategy is compared with."""
+    """one_device, 2 epochs on the slice: what every other strategy is compared with."""
     out = tmp_path_factory.mktemp("reference") / "run"
     run = train(_cfg(out, "one_device")).to_dict()
     assert run == json.load(open(out / "run.json"))
@@ -50,7 +52,7 @@ def test_mirrored_in_process_matches_one_device(tmp_path, reference):
     _check_run(tmp_path / "run", "mirrored", 2, reference)
 
 
-def _launch(tmp_path, strategy, *launch_args, timeout=300, epochs=1, quiet=True):
+def _launch(tmp_path, strategy, *launch_args, timeout=300, epochs=2, quiet=True):
     cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "240", "--",
            sys.executable, "-m", "tfopt.train", "--strategy", strategy, "--limit", "3000", "--batch-size", "64",
            "--epochs", str(epochs), *(["--quiet"] if quiet else []), "-o", str(tmp_path / "run"),
@@ -96,24 +98,17 @@ def test_parameter_server_workers_read_disjoint_batches():
     assert len(set(examples)) == len(examples), f"{len(examples) - len(set(examples))} examples read twice"
 
 
-@pytest.fixture(scope="module")
-def reference_2_epochs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reference2") / "run"
-    train(_cfg(out, "one_device", epochs=2))
-    return _check_run(out, "one_device", 1)
-
-
 @pytest.mark.slow
-def test_parameter_server_real_cluster(tmp_path, reference_2_epochs):
+def test_parameter_server_real_cluster(tmp_path, reference):
     # With progress on: Keras refuses its per-step bar under parameter servers; tfopt prints per epoch.
-    proc = _launch(tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1", quiet=False, epochs=2)
+    proc = _launch(tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1", quiet=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[chief:0] 46/46 - " in proc.stdout and "val_accuracy" in proc.stdout, proc.stdout[-2000:]
     # Same examples, batch and steps as one_device. Asynchronous workers overlap their steps (about
     # one step stale), which costs the default cnn's dense head some units: over 92 steps, 7 runs
     # reached 0.88-0.99x one_device (mean 0.95x). The bound keeps a margin below the lowest.
-    ref = reference_2_epochs["metrics"]["test_accuracy"]
-    run = _check_run(tmp_path / "run", "parameter_server", 1, reference_2_epochs, tolerance=0.15 * ref)
+    ref = reference["metrics"]["test_accuracy"]
+    run = _check_run(tmp_path / "run", "parameter_server", 1, reference, tolerance=0.15 * ref)
     assert run["strategy"]["num_workers"] == 2
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
 
