@@ -38,6 +38,13 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--scale-lr", action="store_true", default=None, help="multiply the learning rate by the replica count")
     g.add_argument("--steps-per-epoch", type=int)
     g.add_argument("--steps-per-execution", type=int, help="steps per tf.function call (0 = auto)")
+    g.add_argument("--backup-every", type=int, metavar="N",
+                   help="back up every N steps as well as at each epoch end (a restart resumes there)")
+    g.add_argument("--deterministic", action="store_true", default=None,
+                   help="op determinism and a deterministic input: reruns and resumes give identical weights")
+    g.add_argument("--data-service", metavar="local|grpc://HOST:PORT",
+                   help="feed the input through the tf.data service: in-process (local) or an existing dispatcher")
+    g.add_argument("--data-service-mode", help="tf.data service sharing: parallel_epochs or distributed_epoch")
     g.add_argument("--verify", action="store_true", default=None,
                    help="re-hash every data shard against its manifest (default: size and mtime checks)")
     g.add_argument("--output", "-o", help="run directory to write (default: a new runs/<stage>[-N]; "
@@ -55,6 +62,8 @@ _FLAG_KEYS = {
     "lr": ("train", "learning_rate"), "scale_lr": ("train", "scale_lr"),
     "steps_per_epoch": ("train", "steps_per_epoch"), "steps_per_execution": ("train", "steps_per_execution"),
     "output": ("train", "output_dir"), "verify": ("data", "verify"),
+    "backup_every": ("train", "backup_every"), "deterministic": ("runtime", "deterministic"),
+    "data_service": ("data", "service"), "data_service_mode": ("data", "service_mode"),
 }
 
 

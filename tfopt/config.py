@@ -17,6 +17,7 @@ from tfopt.specs import PRECISIONS, STRATEGIES
 AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow here
 
 CACHE_MODES = ("memory", "none", "file")
+SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 COLLECTIVES = ("auto", "ring", "nccl")
 
 
@@ -49,6 +50,8 @@ class DataConfig:
     ram_budget_mb: int = 0  # 0 = tf.data default
     feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
     verify: bool = False  # re-hash every shard on prepare (else only when its size/mtime changed)
+    service: str = ""  # tf.data service: "" (off) | local (in-process) | grpc://HOST:PORT (a dispatcher)
+    service_mode: str = "parallel_epochs"  # parallel_epochs | distributed_epoch
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class RuntimeConfig:
     precision: str = "float32"
     collective: str = "auto"  # multi_worker_mirrored communication: auto | ring | nccl
     startup_timeout: float = 120.0  # seconds a multi-worker start-up may take before failing
+    deterministic: bool = False  # op determinism + deterministic input: bit-identical reruns and resumes
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,9 @@ class TrainConfig:
     output_dir: str = ""  # "" = a new runs/<stage> (or runs/<stage>-N); see tfopt.runs
     tensorboard: bool = True
     verbose: int = 1
+    backup_every: int = 0  # steps between backups (0 = at each epoch end only)
+    nan_retries: int = 2  # roll back to the last backup this many times on a non-finite loss, then stop
+    nan_lr_factor: float = 0.5  # learning-rate multiplier applied at each roll-back
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ _CHOICES = {
     ("runtime", "collective"): COLLECTIVES,
     ("data", "cache"): CACHE_MODES,
     ("data", "augment"): ("none", "shift"),
+    ("data", "service_mode"): SERVICE_MODES,
     ("train", "lr_schedule"): ("constant", "cosine"),
 }
 
@@ -156,11 +164,16 @@ def _validate(cfg: RunConfig) -> RunConfig:
         if value == 0 or value < AUTOTUNE:
             raise ConfigError(f"data.{key}={value} is not valid; give a positive int or -1 for AUTOTUNE")
     for section, key in (("data", "limit"), ("train", "steps_per_execution"), ("train", "steps_per_epoch"),
-                         ("data", "ram_budget_mb")):
+                         ("data", "ram_budget_mb"), ("train", "backup_every"), ("train", "nan_retries")):
         if getattr(getattr(cfg, section), key) < 0:
             raise ConfigError(f"{section}.{key} must be >= 0 (0 = automatic); got {getattr(getattr(cfg, section), key)}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout={cfg.model.dropout} must be in [0, 1)")
+    if not 0.0 < cfg.train.nan_lr_factor <= 1.0:
+        raise ConfigError(f"train.nan_lr_factor={cfg.train.nan_lr_factor} must be in (0, 1]; 1 keeps the rate")
+    service = cfg.data.service
+    if service not in ("", "local") and not (service.startswith("grpc://") and ":" in service[len("grpc://"):]):
+        raise ConfigError(f"data.service={service!r} is not valid; give local, grpc://HOST:PORT or nothing (off)")
     if cfg.train.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
     return cfg

@@ -44,7 +44,8 @@ from tfopt.specs import PRECISIONS, STRATEGIES
 
 # Settings that change where or how loudly a run writes, not what it computes.
 _NOT_FINGERPRINTED = {("train", "output_dir"), ("train", "verbose"), ("train", "tensorboard"),
-                      ("data", "data_dir"), ("data", "verify"), ("runtime", "startup_timeout")}
+                      ("data", "data_dir"), ("data", "verify"), ("runtime", "startup_timeout"),
+                      ("train", "backup_every")}
 
 
 def versions() -> dict:
