@@ -361,8 +361,9 @@ def phase_throughput(files, ops, p: Params, gate: QuietGate, bar) -> dict:
         return {"epoch1_ips": e1, "epoch2_ips": e2}, max(f1, f2)
 
     def tfopt_trial():
-        ds = tfopt_dataset(files, parse, augment, p, tfopt_config(p))  # fresh: empty cache
-        runs = [run_epoch(ds) for _ in range(1 + p.cached_epochs)]
+        stream = iter(tfopt_dataset(files, parse, augment, p, tfopt_config(p)))  # fresh: empty cache
+        steps = p.images // p.batch_size  # one pass of the training stream
+        runs = [run_epoch(itertools.islice(stream, steps)) for _ in range(1 + p.cached_epochs)]
         return ({"epoch1_ips": runs[0][0], "cached_ips": median(v for v, _ in runs[1:]),
                  "cached_epochs_ips": [v for v, _ in runs[1:]]}, max(f for _, f in runs))
 
@@ -426,7 +427,7 @@ class _EpochTimer(keras.callbacks.Callback):
 def _fit(model, ds, epochs: int, steps: int) -> tuple[list[float], list[float]]:
     """Trains ``epochs`` epochs; returns (ms per step of each epoch, foreign load of each)."""
     timer = _EpochTimer()
-    model.fit(ds, epochs=epochs, verbose=0, callbacks=[timer])
+    model.fit(ds, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[timer])
     return [1e3 * s / steps for s in timer.seconds], timer.foreign
 
 
@@ -513,7 +514,8 @@ def phase_autotune(files, ops, p: Params, gate: QuietGate, bar) -> dict:
     configs = [{}] + grid_knobs(p)
 
     def measure(knobs: dict):
-        return lambda: run_epoch(tfopt_dataset(files, parse, augment, p, tfopt_config(p, cache="none", **knobs)))
+        return lambda: run_epoch(itertools.islice(
+            tfopt_dataset(files, parse, augment, p, tfopt_config(p, cache="none", **knobs)), p.images // p.batch_size))
 
     sweep: dict[str, list[float]] = {_knobs_name(k): [] for k in configs}
     for r in range(p.repeats):

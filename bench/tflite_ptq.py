@@ -170,7 +170,9 @@ def qat_model(run, model, p: Params):
     qat.compile(optimizer=keras.optimizers.Adam(p.qat_lr),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     started = time.perf_counter()
-    qat.fit(make_dataset(run.config.data, "train", training=True), epochs=p.qat_epochs, verbose=0)
+    data = run.config.data
+    steps = run.data["splits"]["train"] // data.global_batch_size  # one pass of the training stream per epoch
+    qat.fit(make_dataset(data, "train", training=True), epochs=p.qat_epochs, steps_per_epoch=steps, verbose=0)
     seconds = time.perf_counter() - started
     return qat, tflite.convert(qat, "int8").content, seconds
 

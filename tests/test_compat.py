@@ -364,3 +364,37 @@ def test_qat_still_fails_under_a_mixed_global_policy(policy):
                   tf.errors.InvalidArgumentError, "FakeQuantWithMinMaxVars",
                   f"{TF} has {dtype.name} fake-quantization kernels (tensorflow#51857): QAT may no longer need "
                   "tfopt._compat.float32_global_policy")
+
+
+def test_fit_resumes_at_starts_mid_epoch_and_fit_still_has_no_public_way():
+    assert "initial_step" not in inspect.signature(keras.Model.fit).parameters  # else use it
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: seen.append(batch),
+                                            on_epoch_begin=lambda epoch, logs: seen.append(f"e{epoch}"))
+    with _compat.fit_resumes_at(model, 1, 3):
+        model.fit(data, epochs=3, steps_per_epoch=5, verbose=0, callbacks=[record])
+    assert seen == ["e1", 3, 4, "e2", 0, 1, 2, 3, 4]  # epoch 1 from its step 3 on, then epoch 2 whole
+    assert int(model.optimizer.iterations) == 7 and model._training_state is None
+
+
+def test_random_generators_hold_dropout_state_the_model_checkpoint_lacks(tmp_path):
+    keras.backend.experimental.enable_tf_random_generator()
+    try:
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dropout(0.5, seed=1)])
+        generators = _compat.random_generators(model)
+        assert len(generators) == 1
+        x = tf.ones((1, 64))
+        model(x, training=True)
+        tf.train.Checkpoint(model=model, rng=generators[0]).write(str(tmp_path / "with"))
+        plain = tf.train.Checkpoint(model=model).write(str(tmp_path / "plain"))
+        # Still untracked by the model: its own checkpoint has no generator state.
+        assert not [n for n, _ in tf.train.list_variables(plain) if "generator" in n.lower() or "state" in n.lower()]
+        expected = model(x, training=True).numpy()
+        model(x, training=True)  # advance the state
+        tf.train.Checkpoint(model=model, rng=generators[0]).read(str(tmp_path / "with"))
+        np.testing.assert_array_equal(model(x, training=True).numpy(), expected)
+    finally:
+        keras.backend.experimental.disable_tf_random_generator()

@@ -80,14 +80,15 @@ def test_parse_encoded_images(tmp_path, encoding):
 def test_training_batches_are_deterministic(mnist):
     cfg, info = mnist
     cfg = dataclasses.replace(cfg, deterministic=True, augment="shift")
-    first = [(x.numpy(), y.numpy()) for x, y in make_dataset(cfg, "train", training=True, info=info)]
-    again_ds = make_dataset(cfg, "train", training=True, info=info)
-    again = [(x.numpy(), y.numpy()) for x, y in again_ds]
-    assert len(first) == 1000 // 32 and all(x.shape == (32, 28, 28, 1) for x, _ in first)
+    per_epoch = 1000 // 32
+    first = [(x.numpy(), y.numpy()) for x, y in make_dataset(cfg, "train", training=True, info=info).take(per_epoch)]
+    again_stream = iter(make_dataset(cfg, "train", training=True, info=info))
+    again = [(x.numpy(), y.numpy()) for x, y in (next(again_stream) for _ in range(per_epoch))]
+    assert all(x.shape == (32, 28, 28, 1) for x, _ in first)
     for (x1, y1), (x2, y2) in zip(first, again):
         np.testing.assert_array_equal(x1, x2)
         np.testing.assert_array_equal(y1, y2)
-    epoch2 = [y.numpy() for _, y in again_ds]  # reshuffled for the next epoch
+    epoch2 = [next(again_stream)[1].numpy() for _ in range(per_epoch)]  # the next pass: reshuffled
     assert not all(np.array_equal(a, b) for (_, a), b in zip(again, epoch2))
 
 
@@ -108,7 +109,7 @@ def record_ids(batches):
 def training_epochs(cfg, info, epochs):
     """Record order of consecutive epochs of one repeated training dataset (as a training loop sees)."""
     per_epoch = info.splits["train"].num_records // cfg.global_batch_size
-    batches = iter(make_dataset(cfg, "train", training=True, info=info).repeat())
+    batches = iter(make_dataset(cfg, "train", training=True, info=info))
     return [record_ids(next(batches) for _ in range(per_epoch)) for _ in range(epochs)]
 
 
@@ -143,11 +144,11 @@ def test_memory_cache_serves_later_epochs(digits8, tmp_path):
     for f in info.splits["train"].files:  # copies we can delete once the cache holds them
         files.append(str(tmp_path / os.path.basename(f)))
         shutil.copy(f, files[-1])
-    ds = build(files, parse_fn(info, "train"), cfg, training=True, batch_size=40)  # counts the records
-    first = record_ids(ds)
+    stream = iter(build(files, parse_fn(info, "train"), cfg, training=True, batch_size=40))  # counts the records
+    first = record_ids(next(stream) for _ in range(25))
     for f in files:
         os.remove(f)
-    second = record_ids(ds)  # a new pass: from the cache, since the files are gone
+    second = record_ids(next(stream) for _ in range(25))  # the next pass: from the cache, the files are gone
     assert len(first) == 1000 and sorted(first) == sorted(second) and first != second
 
 
@@ -166,8 +167,9 @@ def test_two_pipelines_cover_every_record_once(data_root, num_shards, mode, trai
     info = prepare(cfg)
     assert len(info.splits["validation"].files) == num_shards
     whole = fingerprints(make_dataset(cfg, "validation", training=False, info=info))
-    parts = [fingerprints(make_dataset(cfg, "validation", training=training, input_context=c, info=info))
-             for c in contexts(2)]
+    # Training: the first pass of each pipeline's stream (equal shares here: 500 steps of 1 record).
+    parts = [fingerprints(make_dataset(cfg, "validation", training=training, input_context=c, info=info)
+                          .take(500 if training else -1)) for c in contexts(2)]
     assert len(whole) == 1000
     assert sorted(parts[0] + parts[1]) == whole  # together: every record, exactly once
     assert abs(len(parts[0]) - len(parts[1])) <= 250  # and shared out, not all on one side
@@ -217,8 +219,9 @@ def test_custom_augment_and_file_cache(mnist, tmp_path):
     cache = str(tmp_path / "cache" / "train")
     ds = build(info.splits["train"].files, parse_fn(info, "train"), cfg, training=True, batch_size=50,
                augment=lambda x, y: (1.0 - x, y), cache_path=cache)
-    for _ in range(2):  # the second epoch reads the file cache
-        batches = [x for x, _ in ds]
+    stream = iter(ds)
+    for _ in range(2):  # the second pass reads the file cache
+        batches = [next(stream)[0] for _ in range(20)]
         assert len(batches) == 20
         assert float(tf.reduce_max(batches[0])) == 1.0 and float(tf.reduce_mean(batches[0])) > 0.5  # inverted
     assert any(name.startswith("train") for name in os.listdir(tmp_path / "cache"))
@@ -238,3 +241,37 @@ def test_distribute_over_two_replicas(mnist):
     x, y = next(iter(dist))
     per_replica = strategy.experimental_local_results(x)
     assert len(per_replica) == 2 and all(p.shape == (16, 28, 28, 1) for p in per_replica)
+
+
+@pytest.mark.parametrize("cache, augment, pipelines", [("memory", "shift", 1), ("none", "none", 1),
+                                                       ("file", "none", 1), ("memory", "shift", 2)])
+def test_stream_resumed_at_a_step_equals_the_uninterrupted_tail(digits8, tmp_path, cache, augment, pipelines):
+    cfg, info = digits8
+    cfg = dataclasses.replace(cfg, cache=cache, augment=augment, data_dir=str(tmp_path))
+    ctx = contexts(pipelines)[-1] if pipelines > 1 else None
+    per_pass = 1000 // pipelines // (40 // pipelines)
+
+    def stream(start, n):
+        ds = make_dataset(cfg, "train", training=True, input_context=ctx, info=info, start_step=start)
+        return [(x.numpy(), y.numpy()) for x, y in ds.take(n)]
+
+    whole = stream(0, 2 * per_pass + 5)  # more than two passes
+    for start in (3, per_pass, per_pass + 7):  # mid-pass, a pass boundary, inside the second pass
+        tail = stream(start, len(whole) - start)
+        for (x1, y1), (x2, y2) in zip(whole[start:], tail, strict=True):
+            np.testing.assert_array_equal(y1, y2)
+            np.testing.assert_array_equal(x1, x2)
+    passes = [sorted(y for _, ys in whole[i * per_pass:(i + 1) * per_pass] for y in ys) for i in range(2)]
+    assert passes[0] == passes[1]  # every pass: the same records ...
+    assert not np.array_equal(np.concatenate([y for _, y in whole[:per_pass]]),
+                              np.concatenate([y for _, y in whole[per_pass:2 * per_pass]]))  # ... in a new order
+
+
+def test_batches_per_pass_is_the_smallest_share():
+    from tfopt.data.pipeline import batches_per_pass
+
+    assert batches_per_pass([100], 1, False, 32) == 3
+    assert batches_per_pass([50, 30, 20], 2, True, 10) == 3  # files 0 and 2 hold 70, file 1 holds 30
+    assert batches_per_pass([5, 5], 2, False, 2) == 2  # records 0,2,4 | 1,3 of each file: 6 and 4
+    with pytest.raises(DataError, match="fewer than one step of 64"):
+        batches_per_pass([100], 2, False, 64)

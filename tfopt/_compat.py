@@ -19,6 +19,8 @@ Private APIs (no public API does the job):
     convert_variables_to_constants_v2      tensorflow.python.framework.convert_to_constants
     ConverterError                         tensorflow.lite.python.convert_phase (the TFLite converter's error)
     interpreter_ops_details                LiteRT Interpreter._get_ops_details
+    fit_resumes_at                         tf_keras Model._training_state (fit's mid-epoch start)
+    random_generators                      tf_keras Layer._random_generator (dropout's RNG state)
 
 Workarounds for upstream defects:
 
@@ -53,11 +55,58 @@ __all__ = [
     "TARGETS", "PRUNE_WRAPPERS", "CLUSTER_WRAPPERS", "QUANTIZE_LAYERS", "prune_registry_supports",
     "prunable_weight_names", "cluster_registry_supports", "clusterable_weight_names", "is_graph_network",
     "producing_layer", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details", "fix_for_keras_format",
-    "StepCountingClusteringSummaries", "tfmot_layer_dtype", "float32_global_policy",
+    "StepCountingClusteringSummaries", "tfmot_layer_dtype", "float32_global_policy", "fit_resumes_at",
+    "random_generators",
 ]
 
 
 # -- private APIs -------------------------------------------------------------------------------
+
+class _StartAt:
+    """What tf_keras' ``fit`` asks ``Model._training_state`` for: the (epoch, step) to start at."""
+
+    def __init__(self, epoch: int, step: int):
+        self.epoch, self.step = epoch, step
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        return self.epoch, self.step
+
+
+def random_generators(model) -> list:
+    """The ``tf.random.Generator`` of every random layer of ``model`` (dropout...), created now.
+
+    tf_keras 2.21: with ``keras.backend.experimental.enable_tf_random_generator()`` a random layer
+    draws from a ``tf.random.Generator`` whose state is a variable, but the layer's generator is
+    made on first use and is not part of the model's checkpoint (layers without weights are not
+    tracked), so a backup would not hold it. Call inside the strategy's scope. Empty under the
+    legacy (stateful-op) random generator, whose state cannot be saved at all.
+    """
+    out = []
+    for layer in model.submodules:
+        rng = getattr(layer, "_random_generator", None)
+        if rng is None or not hasattr(rng, "_maybe_init"):
+            continue
+        rng._maybe_init()
+        if getattr(rng, "_generator", None) is not None:
+            out.append(rng._generator)
+    return out
+
+
+@contextmanager
+def fit_resumes_at(model, epoch: int, step: int) -> Iterator[None]:
+    """Makes ``model.fit`` inside the block start at ``step`` of ``epoch`` instead of epoch 0.
+
+    tf_keras 2.21: ``fit`` has only ``initial_epoch``; a mid-epoch start exists solely for its
+    own ``BackupAndRestore``, through ``Model._training_state`` (consulted after the callbacks'
+    ``on_train_begin``). The input must already begin at that step.
+    """
+    previous = model._training_state
+    model._training_state = _StartAt(epoch, step)
+    try:
+        yield
+    finally:
+        model._training_state = previous
+
 
 def _prune_wrappers() -> tuple:
     """tfmot 0.8.1 exports ``prune_low_magnitude`` but not the class it wraps layers in

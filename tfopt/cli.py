@@ -86,8 +86,8 @@ def run_main(prog: str, fn: Callable[[], int]) -> int:
     try:
         return fn()
     except TfoptError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"{prog}: {'error: ' if e.exit_code == 2 else ''}{e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

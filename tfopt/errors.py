@@ -2,7 +2,9 @@
 
 
 class TfoptError(Exception):
-    """Base class for errors a user can fix; CLIs print the message and exit 2."""
+    """Base class for errors a user can fix; CLIs print the message and exit with ``exit_code``."""
+
+    exit_code = 2
 
 
 class ConfigError(TfoptError, ValueError):
@@ -23,3 +25,27 @@ class ModelError(TfoptError):
 
 class OptimizeError(ModelError):
     """A model cannot be optimized as asked (unsupported layer, technique, strategy or policy)."""
+
+
+class TrainingError(TfoptError):
+    """Training cannot go on as configured (e.g. the loss stays NaN after every roll-back)."""
+
+
+class Preempted(TfoptError):
+    """SIGTERM stopped the run after it wrote a backup; rerunning the command resumes it.
+
+    Exit code 143 (128 + SIGTERM) marks "restart me" to the launcher and to Kubernetes'
+    ``ExitCode`` restart policy, which treats codes 1-127 as permanent failures.
+    """
+
+    exit_code = 143
+
+
+class PeerLost(TfoptError):
+    """A multi-worker job lost a peer task (killed, preempted, out of memory, node gone).
+
+    Exit code 138: retryable for the launcher and for Kubernetes' ``ExitCode`` restart policy
+    (128-255); the restarted job resumes from the last backup.
+    """
+
+    exit_code = 138

@@ -8,23 +8,34 @@ Like ``accelerate launch`` or ``torchrun``, but for tf.distribute: each task get
 
 Job semantics:
 
-* Any ``chief`` or ``worker`` task that exits non-zero fails the job: the other tasks are
-  stopped and the launcher returns that task's exit code.
-* Without ps tasks the job succeeds when every task has exited 0.
-* With ps tasks (ParameterServerStrategy) the chief's exit ends the job: the worker and ps
-  servers, which never exit by themselves, are then stopped.
+* A ``chief`` or ``worker`` task that exits non-zero fails the job: the other tasks are
+  stopped. Under ParameterServerStrategy (ps tasks) a ``worker`` may die without failing the job
+  (the ClusterCoordinator carries on with the others); a ``ps`` task that dies fails it.
+* Without ps tasks the job succeeds when every training task has exited 0; with ps tasks when
+  the chief has. The servers that never exit by themselves (worker, ps, evaluator) are then
+  stopped.
+* ``--max-restarts K``: a job that failed with a retryable code (128 or more: killed by a signal,
+  143 preempted, 138 lost a peer) is started again, all tasks on fresh ports, up to K times; the
+  stages resume from their last backup. TensorFlow restarts jobs, it does not replace a task in
+  place (the elastic-agent model). Codes 1-127 (bad input, a crash) are final, as under
+  Kubernetes' ``ExitCode`` restart policy.
+* SIGTERM to the launcher is passed on to every task (each writes a backup at its next step and
+  exits 143); the launcher then exits 143.
 * ``--timeout S`` stops everything after S seconds and returns 124.
+* ``--isolate`` runs the whole local cluster in a private network namespace (``unshare -n``):
+  TensorFlow servers listen on all interfaces, unauthenticated, even when TF_CONFIG names
+  127.0.0.1. Without it, launch on trusted machines only.
+* ``--render kubeflow`` prints a Kubeflow ``TFJob`` for the same cluster and command instead of
+  running it (see :mod:`tfopt.kube` and docs/kubernetes.md).
 
-Tasks are stopped with SIGTERM, then SIGKILL after a short grace period: a
-MultiWorkerMirroredStrategy process catches SIGTERM (TensorFlow's preemption notifier) and
-does not exit on it. TensorFlow servers listen on all interfaces, unauthenticated, even when
-TF_CONFIG names 127.0.0.1: launch on trusted machines only.
+Tasks are stopped with SIGTERM, then SIGKILL after ``--grace`` seconds.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,10 +44,14 @@ import threading
 import time
 from typing import IO, Mapping
 
+from tfopt import kube
 from tfopt.errors import ConfigError
 
 TIMEOUT_EXIT = 124
 INTERRUPT_EXIT = 130
+PREEMPTED_EXIT = 143
+RETRYABLE_FROM = 128  # exit codes from here on: signals, preemption (143), a lost peer (138)
+_ISOLATED_ENV = "TFOPT_ISOLATED"
 _POLL = 0.05
 
 
@@ -58,7 +73,8 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def make_cluster(workers: int, ps: int = 0, chief: bool = False, host: str = "127.0.0.1") -> dict[str, list[str]]:
+def make_cluster(workers: int, ps: int = 0, chief: bool = False, host: str = "127.0.0.1",
+                 evaluator: bool = False) -> dict[str, list[str]]:
     """Builds a TF_CONFIG ``cluster`` dict on free ports of ``host``.
 
     Args:
@@ -66,9 +82,11 @@ def make_cluster(workers: int, ps: int = 0, chief: bool = False, host: str = "12
         ps: Number of ``ps`` tasks.
         chief: Add one ``chief`` task.
         host: Address every task listens on.
+        evaluator: Add one ``evaluator`` task (listed in ``cluster``, as the Kubeflow operator does;
+            it takes no part in the training).
 
     Returns:
-        ``{"chief": [...], "worker": [...], "ps": [...]}`` with empty roles left out.
+        ``{"chief": [...], "worker": [...], "ps": [...], "evaluator": [...]}`` with empty roles left out.
 
     Raises:
         ConfigError: negative counts, no task at all, or ps tasks without a chief and a worker.
@@ -80,7 +98,7 @@ def make_cluster(workers: int, ps: int = 0, chief: bool = False, host: str = "12
     if ps and (not chief or workers < 1):
         raise ConfigError(f"--ps={ps} needs --chief and --workers >= 1 (ParameterServerStrategy: one chief, "
                           "workers and ps tasks); add --chief or drop --ps")
-    counts = {"chief": int(chief), "worker": workers, "ps": ps}
+    counts = {"chief": int(chief), "worker": workers, "ps": ps, "evaluator": int(evaluator)}
     ports = iter(free_ports(sum(counts.values()), host))
     return {role: [f"{host}:{next(ports)}" for _ in range(n)] for role, n in counts.items() if n}
 
@@ -141,8 +159,8 @@ def _say(message: str) -> None:
 
 
 def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, timeout: float | None = None,
-           env: Mapping[str, str] | None = None, host: str = "127.0.0.1", grace: float = 3.0,
-           out: IO[str] | None = None) -> int:
+           env: Mapping[str, str] | None = None, host: str = "127.0.0.1", grace: float = 10.0,
+           out: IO[str] | None = None, max_restarts: int = 0, evaluator: bool = False) -> int:
     """Runs ``command`` once per cluster task, each with its own TF_CONFIG, and waits for the job.
 
     Args:
@@ -156,10 +174,12 @@ def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, t
         host: Address the tasks listen on.
         grace: Seconds between SIGTERM and SIGKILL when stopping tasks.
         out: Where prefixed output lines go (default ``sys.stdout``).
+        max_restarts: Start a job that failed with a retryable code (>= 128) again, this many times.
+        evaluator: Add an ``evaluator`` task (it evaluates the chief's backups while training runs).
 
     Returns:
-        The job's exit code: 0 on success, the first failing chief/worker task's code
-        (128 + N when killed by signal N), 124 on timeout, 130 on Ctrl-C.
+        The job's exit code: 0 on success, the failing task's code (128 + N when killed by
+        signal N), 124 on timeout, 130 on Ctrl-C, 143 when the launcher got SIGTERM.
 
     Raises:
         ConfigError: an empty command or impossible task counts.
@@ -169,13 +189,57 @@ def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, t
                           "`python -m tfopt.launch --workers 2 -- python -m tfopt.train`")
     if timeout is not None and timeout <= 0:
         raise ConfigError(f"--timeout={timeout} must be > 0 seconds; omit it to wait forever")
-    cluster = make_cluster(workers, ps=ps, chief=chief, host=host)
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts={max_restarts} must be >= 0; 0 never restarts")
+    make_cluster(workers, ps=ps, chief=chief, host=host)  # check the counts before starting anything
     base = dict(os.environ if env is None else env)
     base.setdefault("PYTHONUNBUFFERED", "1")
     out = out or sys.stdout
+    deadline = None if timeout is None else time.monotonic() + timeout
+    terminated = threading.Event()
+    previous = _on_sigterm(terminated)
+    try:
+        for attempt in range(max_restarts + 1):
+            cluster = make_cluster(workers, ps=ps, chief=chief, host=host, evaluator=evaluator)
+            code, failed = _run_once(command, cluster, base, out, grace, deadline, timeout, terminated)
+            if code == 0 or code < RETRYABLE_FROM or code in (TIMEOUT_EXIT, INTERRUPT_EXIT) or terminated.is_set():
+                return code
+            if attempt == max_restarts:
+                if max_restarts:
+                    _say(f"{failed} exited with code {code}; no restart left (--max-restarts={max_restarts})")
+                return code
+            _say(f"{failed} exited with code {code} ({_meaning(code)}); restart {attempt + 1}/{max_restarts}: "
+                 "every task starts again and resumes from the last backup")
+        return code  # pragma: no cover - the loop always returns
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _meaning(code: int) -> str:
+    if code == PREEMPTED_EXIT:
+        return "preempted: it wrote a backup"
+    if code == 138:
+        return "it lost a peer task"
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return "retryable"
+
+
+def _on_sigterm(event: threading.Event):
+    """Makes SIGTERM set ``event`` (the wait loop then passes it on to the tasks)."""
+    try:
+        return signal.signal(signal.SIGTERM, lambda signum, frame: event.set())
+    except ValueError:  # not the main thread
+        return None
+
+
+def _run_once(command, cluster, base, out, grace, deadline, timeout, terminated) -> tuple[int, str]:
     lock = threading.Lock()
     tasks: list[_Task] = []
-    start = time.monotonic()
     try:
         for role, addresses in cluster.items():
             for index in range(len(addresses)):
@@ -187,33 +251,67 @@ def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, t
                     _stop(tasks, grace)
                     raise ConfigError(f"cannot start command {command[0]!r} ({e.strerror or e}); "
                                       "check the program name after `--`") from None
-        return _wait(tasks, ps > 0, timeout, start, grace)
+        return _wait(tasks, "ps" in cluster, deadline, timeout, grace, terminated)
     except KeyboardInterrupt:
         _say(f"interrupted; stopping {len(tasks)} task(s)")
         _stop(tasks, grace)
-        return INTERRUPT_EXIT
+        return INTERRUPT_EXIT, "launcher"
 
 
-def _wait(tasks: list[_Task], chief_ends_job: bool, timeout: float | None, start: float, grace: float) -> int:
-    primary = [t for t in tasks if (t.role == "chief" if chief_ends_job else t.role in ("chief", "worker"))]
+def _wait(tasks: list[_Task], parameter_servers: bool, deadline: float | None, timeout: float | None, grace: float,
+          terminated: threading.Event) -> tuple[int, str]:
+    """Waits for the job; returns (exit code, name of the task that decided it)."""
+    training = [t for t in tasks if t.role in ("chief", "worker")]
+    primary = [t for t in tasks if t.role == "chief"] if parameter_servers else training
+    # Under ParameterServerStrategy a worker may die: the coordinator goes on without it.
+    fatal = [t for t in tasks if t.role in (("chief", "ps") if parameter_servers else ("chief", "worker"))]
+    tolerated: set[str] = set()
     while True:
+        if terminated.is_set():
+            _say(f"got SIGTERM; passing it on to {len(tasks)} task(s) (each writes a backup and exits)")
+            _stop(tasks, grace)
+            return PREEMPTED_EXIT, "launcher"
         for t in tasks:
             code = t.proc.poll()
-            if code not in (None, 0) and t.role in ("chief", "worker"):
+            if code in (None, 0):
+                continue
+            if t in fatal:
                 others = [o for o in tasks if o is not t and o.proc.poll() is None]
                 _say(f"{t.name} exited with code {_exit_code(code)}; stopping the other {len(others)} task(s)")
                 _stop(tasks, grace)
-                return _exit_code(code)
+                return _exit_code(code), t.name
+            if t.name not in tolerated:
+                tolerated.add(t.name)
+                _say(f"{t.name} exited with code {_exit_code(code)}; the job goes on without it")
         if all(t.proc.poll() is not None for t in primary):
-            _stop(tasks, grace)  # under ParameterServerStrategy: the servers that never exit
-            return 0
-        if timeout is not None and time.monotonic() - start > timeout:
+            _stop(tasks, grace)  # the servers that never exit by themselves, and the evaluator
+            return 0, "job"
+        if deadline is not None and time.monotonic() > deadline:
             running = [t.name for t in tasks if t.proc.poll() is None]
             _say(f"job did not finish within --timeout={timeout:g}s; stopped {', '.join(running)}; "
                  "raise --timeout or check the tasks' logs above")
             _stop(tasks, grace)
-            return TIMEOUT_EXIT
+            return TIMEOUT_EXIT, "launcher"
         time.sleep(_POLL)
+
+
+def isolation_prefix() -> list[str]:
+    """The command prefix that runs a program in a private network namespace with loopback up.
+
+    Raises:
+        ConfigError: this kernel or user cannot create one (needs root and ``unshare``, ``ip``).
+    """
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(f"--isolate needs the {' and '.join(missing)} command(s); install util-linux and "
+                          "iproute2, or drop --isolate on a trusted machine")
+    prefix = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["unknown reason"])[-1]
+        raise ConfigError(f"--isolate cannot create a network namespace ({reason}); run as root (or with "
+                          "CAP_SYS_ADMIN), or drop --isolate on a trusted machine")
+    return prefix
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -224,23 +322,41 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         own, command = argv, []
     parser = argparse.ArgumentParser(
         prog="python -m tfopt.launch",
-        description="Run a command as every task of a local tf.distribute cluster (one TF_CONFIG each).",
-        epilog="example: python -m tfopt.launch --workers 2 -- python -m tfopt.train")
+        description="Run a command as every task of a local tf.distribute cluster (one TF_CONFIG each), "
+                    "or print it as a Kubeflow TFJob.",
+        epilog="example: python -m tfopt.launch --workers 2 --max-restarts 3 -- python -m tfopt.train "
+               "--strategy multi_worker_mirrored --backup-every 50")
     parser.add_argument("--workers", type=int, default=2, help="number of worker tasks (default 2)")
     parser.add_argument("--ps", type=int, default=0, help="number of parameter-server tasks (needs --chief)")
     parser.add_argument("--chief", action="store_true", help="add a chief task")
+    parser.add_argument("--evaluator", action="store_true",
+                        help="add an evaluator task: it evaluates each new backup while training runs")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                        help="restart a job that failed with a retryable code (>= 128) up to K times (default 0)")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run the cluster in a private network namespace (unshare -n; needs root)")
     parser.add_argument("--timeout", type=float, default=None, help="stop all tasks and exit 124 after S seconds")
     parser.add_argument("--host", default="127.0.0.1", help="address the tasks listen on (default 127.0.0.1)")
-    parser.add_argument("--grace", type=float, default=3.0, help="seconds between SIGTERM and SIGKILL (default 3)")
+    parser.add_argument("--grace", type=float, default=10.0,
+                        help="seconds between SIGTERM and SIGKILL (default 10: time to write a backup)")
+    kube.add_render_arguments(parser)
     return parser.parse_args(own), command
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: ``python -m tfopt.launch [options] -- COMMAND ...``; returns the exit code."""
-    args, command = _parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args, command = _parse(argv)
     try:
-        return launch(command, args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout,
-                      host=args.host, grace=args.grace)
+        if args.render:
+            sys.stdout.write(kube.render_from_args(args, command))
+            return 0
+        if args.isolate and not os.environ.get(_ISOLATED_ENV):
+            prefix = isolation_prefix()
+            os.environ[_ISOLATED_ENV] = "1"
+            os.execvp(prefix[0], [*prefix, sys.executable, "-m", "tfopt.launch", *argv])
+        return launch(command, args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout, host=args.host,
+                      grace=args.grace, max_restarts=args.max_restarts, evaluator=args.evaluator)
     except ConfigError as e:
         _say(str(e))
         return 2

@@ -74,7 +74,6 @@ class StrategySpec:
         needs_servers: ``worker``/``ps`` tasks only run TensorFlow servers; the chief coordinates.
         first_collective: Must be created before any other TensorFlow op; a first all-reduce
             proves every peer is up.
-        backup: Keras ``BackupAndRestore`` works under it.
         required_roles: TF_CONFIG roles the strategy cannot run without (when TF_CONFIG is set,
             or always when ``needs_servers``).
         forbidden_roles: TF_CONFIG roles it refuses.
@@ -86,7 +85,6 @@ class StrategySpec:
     multi_process: bool = False
     needs_servers: bool = False
     first_collective: bool = False
-    backup: bool = True
     required_roles: tuple[str, ...] = ()
     forbidden_roles: tuple[str, ...] = ()
 
@@ -117,7 +115,7 @@ class PrecisionSpec:
 _STRATEGY = "tfopt.runtime.strategy"
 
 STRATEGIES: Registry[StrategySpec] = Registry("runtime.strategy", (
-    StrategySpec("one_device", "one device: the GPU, else the CPU", f"{_STRATEGY}:one_device", backup=False),
+    StrategySpec("one_device", "one device: the GPU, else the CPU", f"{_STRATEGY}:one_device"),
     StrategySpec("mirrored", "replicas on the local GPUs, or on logical CPU devices", f"{_STRATEGY}:mirrored"),
     StrategySpec("multi_worker_mirrored", "synchronous replicas on several workers (TF_CONFIG)",
                  f"{_STRATEGY}:multi_worker", multi_process=True, first_collective=True, forbidden_roles=("ps",)),

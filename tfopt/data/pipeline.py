@@ -6,18 +6,20 @@ pipelines, else every n-th record of each file) -> parallel interleave of TFReco
 parallel parse/decode -> cache -> record shuffle (training) -> batch -> vectorized augmentation
 -> prefetch.
 
-Training data is reshuffled each epoch, seeded by ``data.seed``: two runs with the same seed (and
-``data.deterministic``) see the same sequence of epoch orders. A cache replays the order of the
-pass that filled it, so the file-order shuffle in front of it acts on the first epoch only; what
-reorders the later epochs is the record shuffle behind it:
+Training data is a stream of passes over the split, each a fresh order that is a pure function
+of (``data.seed``, pass index, input pipeline): ``build(..., start_step=g)`` yields exactly the
+batches an uninterrupted stream yields from its batch ``g`` on. That is how a resumed run sees
+the data it would have seen (with ``data.deterministic``; otherwise parallel reads may reorder
+records within a pass). Every pass has the same number of batches in every input pipeline, so
+the workers of a multi-worker job stay in step:
 
-- ``cache="memory"`` (default): the cache holds single parsed records and the record shuffle
-  buffer holds all of them (references to the cached tensors, not copies), so every epoch is a
-  fresh uniform permutation of the whole split. The first batch waits for the split to be read.
-- ``cache="none"``: files are reshuffled and re-read every epoch; records are mixed within
+- ``cache="memory"`` (default): parsed records are cached once; each pass is a full uniform
+  permutation of them (a shuffle buffer holding every record, by reference). The first batch
+  waits for the split to be read.
+- ``cache="none"``: each pass reads the files in a new order and mixes records within
   ``data.shuffle_buffer``.
-- ``cache="file"``: for data larger than memory. Later epochs replay the first epoch's file order,
-  mixed only within ``data.shuffle_buffer`` records (a full shuffle would need it all in memory).
+- ``cache="file"``: for data larger than memory. Each pass replays the cached order, mixed within
+  ``data.shuffle_buffer`` records with that pass's seed.
 
 Evaluation (``training=False``) reads deterministically, never shuffles nor drops a remainder, and
 with several input pipelines still sees every record exactly once across them.
@@ -39,6 +41,7 @@ from tfopt.errors import ConfigError, DataError
 SPLITS = ("train", "validation", "test")
 SHIFT_PIXELS = 2
 PARSE_BLOCK = 256  # records parsed per call of a vectorized parse function
+_ENDLESS = 2**62  # passes in a training stream: never reached
 
 Augment = Callable[[tf.Tensor, tf.Tensor], tuple]
 
@@ -89,20 +92,19 @@ def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Te
     return parse
 
 
-def shift_augment(seed: int) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
+def shift_augment(seed: int, start: int = 0) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
     """Returns a dataset transformation: random +-2 px translation of every batched image.
 
-    Seeded: the same seed gives the same shifts for the same batches; each epoch draws new ones.
-    Vacated pixels are filled with 0.
+    The shifts of a batch depend only on ``seed`` and the batch's index in the stream (the first
+    batch is number ``start``): a stream resumed at batch ``g`` shifts exactly as the uninterrupted
+    one. Vacated pixels are filled with 0.
     """
     def apply(ds: tf.data.Dataset) -> tf.data.Dataset:
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-
-        def shift(batch, batch_seed):
+        def shift(batch, index):
             images, labels = batch
             n = tf.shape(images)[0]
-            offsets = tf.random.stateless_uniform((n, 2), seed=batch_seed, minval=-SHIFT_PIXELS,
-                                                  maxval=SHIFT_PIXELS + 1, dtype=tf.int32)
+            offsets = tf.random.stateless_uniform((n, 2), seed=tf.stack([tf.cast(seed, tf.int64), index]),
+                                                  minval=-SHIFT_PIXELS, maxval=SHIFT_PIXELS + 1, dtype=tf.int32)
             dx, dy = tf.unstack(tf.cast(offsets, tf.float32), axis=1)
             one, zero = tf.ones_like(dx), tf.zeros_like(dx)
             # output(x, y) = input(x - dx, y - dy): a pure integer translation, no interpolation.
@@ -112,9 +114,38 @@ def shift_augment(seed: int) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
                 fill_value=0.0, interpolation="NEAREST", fill_mode="CONSTANT")
             return shifted, labels
 
-        return tf.data.Dataset.zip((ds, seeds)).map(shift, num_parallel_calls=tf.data.AUTOTUNE)
+        indices = tf.data.Dataset.range(start, _ENDLESS)
+        return tf.data.Dataset.zip((ds, indices)).map(shift, num_parallel_calls=tf.data.AUTOTUNE)
 
     return apply
+
+
+def pass_seed(seed, index):
+    """The shuffle seed of pass ``index`` of a pipeline seeded ``seed`` (ints or int64 tensors)."""
+    return tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(index, tf.int64)
+
+
+def batches_per_pass(counts: Sequence[int], pipelines: int, by_file: bool, rows: int) -> int:
+    """Batches of ``rows`` records every input pipeline yields per pass (the smallest shard's share).
+
+    Args:
+        counts: Records per file, in the (seeded) order the files are sharded in.
+        pipelines: Input pipelines the files are split over.
+        by_file: Whole files per pipeline (``files[i::pipelines]``), else every n-th record of each file.
+        rows: Records per step of one pipeline (its batch size times the replicas it feeds).
+
+    Raises:
+        DataError: a pipeline's share of the split is smaller than one step.
+    """
+    if by_file:
+        sizes = [sum(counts[i::pipelines]) for i in range(pipelines)]
+    else:
+        sizes = [sum(len(range(i, c, pipelines)) for c in counts) for i in range(pipelines)]
+    n = min(sizes) // rows
+    if n < 1:
+        raise DataError(f"each of the {pipelines} input pipeline(s) gets {min(sizes)} training records, fewer "
+                        f"than one step of {rows}; lower data.global_batch_size or use more data")
+    return n
 
 
 def _options(cfg: DataConfig, training: bool, sharded: bool) -> tf.data.Options:
@@ -137,7 +168,7 @@ def _cache_key(files: Sequence[str], training: bool, pipelines: int, pipeline_id
 
 def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: bool, batch_size: int,
           input_context: tf.distribute.InputContext | None = None, augment: Augment | None = None,
-          cache_path: str | None = None, num_records: int | None = None) -> tf.data.Dataset:
+          cache_path: str | None = None, num_records: int | None = None, start_step: int = 0) -> tf.data.Dataset:
     """Builds the input pipeline over TFRecord files.
 
     Args:
@@ -145,7 +176,8 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         parse: Maps one serialized record to ``(image, label)`` (see ``parse_fn``); when it has
             a true ``vectorized`` attribute it is given blocks of records instead.
         cfg: Parallelism, buffers, cache mode, seed, determinism and augmentation settings.
-        training: Shuffle files and records, drop the last partial batch, augment.
+        training: An endless stream of shuffled passes (see the module docstring), each without
+            its last partial step, augmented; else one ordered pass over every record.
         batch_size: Batch size of this pipeline (per replica under a strategy).
         input_context: Shards the data across ``num_input_pipelines``: by file when there are at
             least as many files as pipelines, else by record within each file.
@@ -154,12 +186,13 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         cache_path: File prefix for ``cfg.cache == "file"``; default under ``cfg.data_dir``.
         num_records: How many records ``files`` hold (sizes the full shuffle of a memory-cached
             training pipeline); counted from the files when not given.
+        start_step: Training only: the first batch of the stream to yield (a resumed run's step).
 
     Returns:
         A dataset of ``(images [B, H, W, C] float32, labels [B] int64)`` batches.
 
     Raises:
-        DataError: ``files`` is empty.
+        DataError: ``files`` is empty, or a pipeline's share is smaller than one step.
         ConfigError: ``batch_size`` < 1.
     """
     files = [str(f) for f in files]
@@ -175,56 +208,75 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
     by_file = pipelines > 1 and len(files) >= pipelines
     by_record = pipelines > 1 and not by_file
     ordered = None if training else True
-
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if by_file:
-        ds = ds.shard(pipelines, pipeline_id)
-    if training:  # a fresh file order on each pass over the files (a cache makes that the first only)
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    vectorized = getattr(parse, "vectorized", False)
 
     def read(path):
         records = tf.data.TFRecordDataset(path)
         # Sharding each file by record index makes the partition independent of read order.
         return records.shard(pipelines, pipeline_id) if by_record else records
 
-    ds = ds.interleave(read, cycle_length=_tune(cfg.interleave_cycle_length),
-                       num_parallel_calls=_tune(cfg.num_parallel_reads), deterministic=ordered)
-    vectorized = getattr(parse, "vectorized", False)
-    if vectorized:  # parse blocks of records
-        ds = ds.batch(PARSE_BLOCK)
-    ds = ds.map(parse, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
-    if cfg.cache == "file":
-        if cache_path is None:
-            key = _cache_key(files, training, pipelines, pipeline_id if isinstance(pipeline_id, int) else -1, cfg.seed)
-            cache_path = os.path.join(cfg.data_dir, "tfcache", key + ("" if isinstance(pipeline_id, int) else "-p{id}"))
-        os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
-        # blocks: fewer, larger elements to write and read back
-        ds = ds.cache(_pipeline_path(cache_path, pipeline_id))
-    if vectorized:
-        ds = ds.unbatch()
-    buffer = cfg.shuffle_buffer
-    if cfg.cache == "memory":
-        # Single records, so that the shuffle below can hold every one of them by reference.
-        ds = ds.cache()
-        if training:  # a full shuffle, or later epochs would replay the first one's file order;
-            # sized to the records, not beyond: tf.data allocates the whole buffer up front.
-            buffer = num_records if num_records is not None else sum(map(scan_tfrecord, files))
-    if training:
-        ds = ds.shuffle(max(1, buffer), seed=seed, reshuffle_each_iteration=True)
+    def records_of(file_ds: tf.data.Dataset, cache: bool) -> tf.data.Dataset:
+        ds = file_ds.interleave(read, cycle_length=_tune(cfg.interleave_cycle_length),
+                                num_parallel_calls=_tune(cfg.num_parallel_reads), deterministic=ordered)
+        if vectorized:  # parse blocks of records
+            ds = ds.batch(PARSE_BLOCK)
+        ds = ds.map(parse, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
+        if cache and cfg.cache == "file":  # blocks: fewer, larger elements to write and read back
+            ds = ds.cache(_pipeline_path(_file_cache(cfg, files, training, pipelines, pipeline_id, cache_path),
+                                         pipeline_id))
+        if vectorized:
+            ds = ds.unbatch()
+        # Single records, so that a shuffle can hold every one of them by reference.
+        return ds.cache() if cache and cfg.cache == "memory" else ds
+
+    file_ds = tf.data.Dataset.from_tensor_slices(files)
+    if by_file:
+        file_ds = file_ds.shard(pipelines, pipeline_id)
     # The replicas this pipeline feeds take consecutive batches of it as one global step. Training
     # drops the remainder at that step's size, so that every epoch's steps hold the same examples
     # whatever the replica count (mirrored on 2 devices trains exactly like one device).
     group = max(1, input_context.num_replicas_in_sync // pipelines) if input_context else 1
-    if training and group > 1:
-        ds = ds.batch(batch_size * group, drop_remainder=True).rebatch(batch_size)
+    if not training:
+        ds = records_of(file_ds, cache=True).batch(batch_size)
     else:
-        ds = ds.batch(batch_size, drop_remainder=training)
-    if training and augment is not None:
-        ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
-    elif training and cfg.augment == "shift":
-        ds = ds.apply(shift_augment(seed))
+        if pipelines == 1 and num_records is not None:
+            counts = [num_records]
+        else:
+            counts = [scan_tfrecord(f) for f in files]
+        per_pass = batches_per_pass(counts, pipelines, by_file, batch_size * group)
+        # Sized to the records, not beyond: tf.data allocates the whole buffer up front.
+        full = -(-sum(counts) // pipelines) if by_record else sum(counts)
+        buffer = full if cfg.cache == "memory" else cfg.shuffle_buffer
+        cached = records_of(file_ds, cache=True) if cfg.cache != "none" else None
+
+        def one_pass(index):
+            records = cached
+            if records is None:  # re-read the files, in this pass's order
+                records = records_of(file_ds.shuffle(len(files), seed=pass_seed(seed, index)), cache=False)
+            ds = records.shuffle(max(1, buffer), seed=pass_seed(seed, index), reshuffle_each_iteration=False)
+            if group > 1:
+                ds = ds.batch(batch_size * group, drop_remainder=True).rebatch(batch_size)
+            else:
+                ds = ds.batch(batch_size, drop_remainder=True)
+            return ds.take(per_pass * group)
+
+        first, skip = divmod(int(start_step), per_pass)
+        ds = tf.data.Dataset.range(first, _ENDLESS).flat_map(one_pass).skip(skip * group)
+        if augment is not None:
+            ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+        elif cfg.augment == "shift":
+            ds = ds.apply(shift_augment(seed, start=int(start_step) * group))
     ds = ds.prefetch(_tune(cfg.prefetch_buffer))
     return ds.with_options(_options(cfg, training, sharded=input_context is not None))
+
+
+def _file_cache(cfg: DataConfig, files: Sequence[str], training: bool, pipelines: int, pipeline_id,
+                cache_path: str | None) -> str:
+    if cache_path is None:
+        key = _cache_key(files, training, pipelines, pipeline_id if isinstance(pipeline_id, int) else -1, cfg.seed)
+        cache_path = os.path.join(cfg.data_dir, "tfcache", key + ("" if isinstance(pipeline_id, int) else "-p{id}"))
+    os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
+    return cache_path
 
 
 def _split(info: DatasetInfo, split: str):
@@ -284,7 +336,7 @@ def per_pipeline_batch_size(cfg: DataConfig, input_context: tf.distribute.InputC
 
 def make_dataset(cfg: DataConfig, split: str, *, training: bool,
                  input_context: tf.distribute.InputContext | None = None,
-                 info: DatasetInfo | None = None) -> tf.data.Dataset:
+                 info: DatasetInfo | None = None, start_step: int = 0) -> tf.data.Dataset:
     """Prepares (if needed) and reads one split.
 
     Args:
@@ -293,9 +345,11 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
         training: Training mode (see ``build``).
         input_context: From ``tf.distribute``; batches are then per replica.
         info: An already prepared dataset; saves re-verifying the shards.
+        start_step: Training only: the first step of the stream to yield (see ``build``).
 
     Returns:
-        A batched ``(images, labels)`` dataset, finite (one pass over this pipeline's records).
+        A batched ``(images, labels)`` dataset: an endless stream of shuffled passes when
+        ``training``, else one ordered pass over this pipeline's records.
 
     Raises:
         DataError: bad split name, or any ``prepare`` failure.
@@ -314,21 +368,22 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
         cache_path = os.path.join(dataset_dir(cfg), "tfcache", f"{split}-{mode}-seed{cfg.seed}-p{i}of{n}")
     return build(files, parse_fn(info, split), cfg, training=training,
                  batch_size=per_pipeline_batch_size(cfg, input_context), input_context=input_context,
-                 cache_path=cache_path, num_records=_split(info, split).num_records)
+                 cache_path=cache_path, num_records=_split(info, split).num_records, start_step=start_step)
 
 
-def dataset_fn(cfg: DataConfig, split: str, *, training: bool,
-               info: DatasetInfo | None = None) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-    """Returns ``fn(input_context) -> dataset`` for ``ParameterServerStrategy``'s DatasetCreator.
+def dataset_fn(cfg: DataConfig, split: str, *, training: bool, info: DatasetInfo | None = None,
+               start_step: int = 0) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    """Returns ``fn(input_context) -> dataset`` for ``distribute_datasets_from_function`` and
+    ``ParameterServerStrategy``'s DatasetCreator.
 
-    The dataset is prepared (and verified) once, now; training datasets repeat forever, as the
-    coordinator needs (set ``steps_per_epoch``).
+    The dataset is prepared (and verified) once, now; training streams are endless, as the
+    coordinator needs (set ``steps_per_epoch``), and begin at ``start_step``.
     """
     info = info or prepare(cfg)
 
     def fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        ds = make_dataset(cfg, split, training=training, input_context=per_worker_context(input_context), info=info)
-        return ds.repeat() if training else ds
+        return make_dataset(cfg, split, training=training, input_context=per_worker_context(input_context),
+                            info=info, start_step=start_step)
 
     return fn
 

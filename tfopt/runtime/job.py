@@ -36,6 +36,9 @@ from tfopt.data import pipeline, sources
 from tfopt.runs import RunRecord, default_output, fingerprint
 from tfopt.runtime import precision
 from tfopt.runtime import strategy as strategy_lib
+from tfopt import _compat
+from tfopt.errors import PeerLost, TrainingError
+from tfopt.runtime.backup import Backup, NonFinite
 from tfopt.runtime.callbacks import EpochTimer, MetricsLogger
 from tfopt.runtime.rundir import RunDir
 from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
@@ -139,6 +142,10 @@ class Job:
         self.timer: EpochTimer | None = None
         self.logger: MetricsLogger | None = None
         self.train_seconds = 0.0
+        self.resumed_from_step = 0  # the global step the last fit resumed at (0: from the start)
+        self.rollbacks = 0
+        self._fits = 0
+        self._lr_scale = None
         self._previous_policy: str | None = None
 
     @property
@@ -156,6 +163,10 @@ class Job:
             precision.set_policy(self.cfg.runtime.precision)
             # The same initial weights on every worker and in every run of this config.
             keras.utils.set_random_seed(self.cfg.train.seed)
+            if self.cfg.runtime.deterministic:
+                tf.config.experimental.enable_op_determinism()
+                # Dropout draws from tf.random.Generator variables, which backups save and restore.
+                keras.backend.experimental.enable_tf_random_generator()
             self.info = sources.prepare(self.cfg.data)
             if self.run_dir is not None:
                 self.run_dir.open()
@@ -188,9 +199,14 @@ class Job:
         return override or self.cfg.train.steps_per_epoch or max(1, n_train // self.cfg.data.global_batch_size)
 
     def steps_per_execution(self, steps_per_epoch: int) -> int:
-        """Steps per ``tf.function`` call: the configured value, else up to 32 (never more than an epoch)."""
+        """Steps per ``tf.function`` call: the configured value, else up to 32 (never more than an
+        epoch) and, with ``train.backup_every``, a divisor of it so that backups land on their steps."""
         # Per-step overhead dominates small models on CPU; a few dozen steps per call removes it.
-        return self.cfg.train.steps_per_execution or max(1, min(32, steps_per_epoch))
+        if self.cfg.train.steps_per_execution:
+            return self.cfg.train.steps_per_execution
+        most = max(1, min(32, steps_per_epoch))
+        every = self.cfg.train.backup_every
+        return max(d for d in range(1, most + 1) if every % d == 0) if every else most
 
     def learning_rate(self, lr: float | None = None) -> float:
         """``lr`` (default ``train.learning_rate``), times the replica count under ``train.scale_lr``."""
@@ -206,20 +222,28 @@ class Job:
         schedule = lr
         if self.cfg.train.lr_schedule == "cosine":
             schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(1, total_steps))
-        opt = keras.optimizers.Adam(schedule)
+        # The NaN guard lowers the rate through this variable (saved with every backup).
+        self._lr_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_scale")
+        opt = keras.optimizers.Adam(ScaledSchedule(schedule, self._lr_scale))
         if self.precision.loss_scaling:
             opt = keras.mixed_precision.LossScaleOptimizer(opt)
         return opt
 
     # -- data ---------------------------------------------------------------------------------
 
-    def train_input(self):
-        """The distributed, repeating training input for ``fit``.
+    def train_input(self, start_step: int = 0):
+        """The distributed, endless training input for ``fit``, from global step ``start_step`` on.
 
-        A repeating input with a fixed step count per epoch keeps every worker on the same number
-        of steps and reshuffles on every pass; parameter-server training gets a DatasetCreator.
+        An endless stream with a fixed step count per epoch keeps every worker on the same number
+        of steps and reshuffles on every pass; parameter-server training gets a DatasetCreator
+        (whose workers each read their own stream, so a resume starts each at its share of the steps).
         """
-        fn = pipeline.dataset_fn(self.cfg.data, "train", training=True, info=self.info)
+        data = self.cfg.data
+        if self.cfg.runtime.deterministic:
+            data = dataclasses.replace(data, deterministic=True)
+        if self.spec.needs_servers:
+            start_step //= max(1, self.cluster.num_workers if self.cluster else 1)
+        fn = pipeline.dataset_fn(data, "train", training=True, info=self.info, start_step=start_step)
         if self.spec.needs_servers:
             return keras.utils.experimental.DatasetCreator(fn)
         return self.strategy.distribute_datasets_from_function(fn)
@@ -244,7 +268,7 @@ class Job:
 
     def callbacks(self, validation: "keras.callbacks.Callback", extra: list | tuple = ()) -> list:
         """The callbacks every training stage uses, in order: ``extra`` (e.g. tfmot's), epoch timer,
-        validation, progress, metrics.csv/json, TensorBoard (optional) and the backup.
+        validation, progress, metrics.csv/json and TensorBoard (optional); ``fit`` adds the backup.
         """
         self.timer = EpochTimer()
         self.logger = MetricsLogger(self.write_dir, enabled=self.chief and self.run_dir is not None, timer=self.timer)
@@ -252,24 +276,67 @@ class Job:
         cbs: list = [*extra, self.timer, validation, keras.callbacks.ProgbarLogger(count_mode="steps"), self.logger]
         if self.cfg.train.tensorboard:
             cbs.append(keras.callbacks.TensorBoard(os.path.join(self.write_dir, "tensorboard")))
-        cbs += self.backup_callbacks()
         return cbs
 
-    def backup_callbacks(self) -> list:
-        """Epoch-level ``BackupAndRestore`` in the work directory where the strategy supports it."""
-        if self.run_dir is None or not self.spec.backup:
-            return []
-        # Every worker names the chief's directory; Keras writes the other workers' copies to
-        # temporary subdirectories it removes.
-        return [keras.callbacks.BackupAndRestore(os.path.join(self.run_dir.work, "backup"), save_freq="epoch")]
-
     def fit(self, model: "keras.Model", callbacks: list, *, epochs: int, steps_per_epoch: int):
-        """``model.fit`` on the training input; returns the History."""
+        """``model.fit`` on the training input with backups, resume and the NaN guard; returns the History.
+
+        Each ``fit`` of a job has its own backups (``backup/<n>`` in the work directory, n counting
+        the job's fits), so a job of several phases resumes in the phase it stopped in, finished
+        phases costing no step. A non-finite loss rolls back to the last backup with the learning
+        rate times ``train.nan_lr_factor``, at most ``train.nan_retries`` times.
+
+        Raises:
+            TrainingError: the loss is still not finite after every roll-back.
+            Preempted: SIGTERM arrived; a backup was written at the next step boundary.
+        """
+        slot, self._fits = self._fits, self._fits + 1
+        backup = None
+        if self.run_dir is not None:
+            backup = Backup(model, os.path.join(self.run_dir.work, "backup", str(slot)), steps_per_epoch=steps_per_epoch,
+                            every=self.cfg.train.backup_every, chief=self.chief,
+                            scratch=os.path.join(self.scratch, f"backup-{slot}"), strategy=self.strategy,
+                            lr_scale=self._lr_scale)
         started = time.perf_counter()
-        history = model.fit(self.train_input(), epochs=epochs, steps_per_epoch=steps_per_epoch,
-                            callbacks=callbacks, verbose=self.verbose)
-        self.train_seconds += time.perf_counter() - started
-        return history
+        lowered = 1.0  # learning-rate factor of a roll-back, applied on top of the restored scale
+        try:
+            while True:
+                start = backup.restore() if backup else 0
+                if lowered != 1.0 and self._lr_scale is not None:
+                    self._lr_scale.assign(self._lr_scale * lowered)
+                self.resumed_from_step = start
+                if start and self.chief:
+                    epoch, step = divmod(start, steps_per_epoch)
+                    print(f"tfopt.{self.stage}: resuming at step {start} (epoch {epoch + 1}, step {step}) "
+                          f"from {backup.directory}", file=sys.stderr, flush=True)
+                try:
+                    with _compat.fit_resumes_at(model, *divmod(start, steps_per_epoch)):
+                        return model.fit(self.train_input(start), epochs=epochs, steps_per_epoch=steps_per_epoch,
+                                         callbacks=[*callbacks, *([backup] if backup else [])], verbose=self.verbose)
+                except NonFinite as e:
+                    lowered = self._roll_back(e, backup)
+                except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError) as e:
+                    if not self.spec.multi_process:
+                        raise
+                    first = (e.message or type(e).__name__).strip().splitlines()[0][:200]
+                    raise PeerLost(f"lost a peer task during training ({type(e).__name__}: {first}); restart the "
+                                   "job (the launcher's --max-restarts or Kubernetes does) to resume from the "
+                                   "last backup") from None
+        finally:
+            self.train_seconds += time.perf_counter() - started
+
+    def _roll_back(self, error: NonFinite, backup: Backup | None) -> float:
+        """Counts a roll-back (or gives up); returns the learning-rate factor to apply after the restore."""
+        retries = self.cfg.train.nan_retries
+        if backup is None or self.rollbacks >= retries:
+            raise TrainingError(f"{error.what} is not finite at step {error.step} after {self.rollbacks} roll-back(s) "
+                                f"(train.nan_retries={retries}); lower --lr, or raise train.nan_retries") from None
+        self.rollbacks += 1
+        factor = self.cfg.train.nan_lr_factor
+        if self.chief:
+            print(f"tfopt.{self.stage}: {error.what} is not finite at step {error.step}; rolling back to the last "
+                  f"backup with the learning rate x{factor} ({self.rollbacks}/{retries})", file=sys.stderr, flush=True)
+        return factor
 
     # -- the record -----------------------------------------------------------------------------
 
@@ -295,7 +362,7 @@ class Job:
                 "global_batch_size": batch, "per_replica_batch_size": batch // self.replicas, "learning_rate": lr,
                 "seconds": round(self.train_seconds, 3), "epoch_seconds": seconds,
                 "examples_per_sec": round(steps_per_epoch * batch / statistics.median(steady), 1) if steady else None,
-                "resumed": self.resuming}
+                "resumed": self.resuming, "resumed_from_step": self.resumed_from_step, "nan_rollbacks": self.rollbacks}
 
     def record(self, **fields) -> RunRecord:
         """A RunRecord of this job: the common sections filled in, ``fields`` on top."""
@@ -325,6 +392,27 @@ class Job:
             if record.train.get("examples_per_sec") is not None:
                 summary["examples_per_sec"] = record.train["examples_per_sec"]
         print(f"{prog}: done {json.dumps(summary)}", flush=True)
+
+
+@keras.saving.register_keras_serializable(package="tfopt")
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning rate (constant or schedule) times a scale variable (lowered by the NaN guard)."""
+
+    def __init__(self, base, scale):
+        self.base, self.scale = base, scale
+
+    def __call__(self, step):
+        rate = self.base(step) if callable(self.base) else tf.constant(self.base, tf.float32)
+        return rate * tf.cast(self.scale, rate.dtype)
+
+    def get_config(self) -> dict:
+        base = keras.optimizers.schedules.serialize(self.base) if callable(self.base) else self.base
+        return {"base": base, "scale": float(self.scale.numpy()) if hasattr(self.scale, "numpy") else self.scale}
+
+    @classmethod
+    def from_config(cls, config):
+        base = config["base"]
+        return cls(keras.optimizers.schedules.deserialize(base) if isinstance(base, dict) else base, config["scale"])
 
 
 def replace_config(cfg: RunConfig, **sections) -> RunConfig:

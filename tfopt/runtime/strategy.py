@@ -43,20 +43,22 @@ def _gpus() -> list:
 
 
 def _resolver(cluster: ClusterInfo):
-    """Returns a cluster resolver for ``cluster``.
+    """Returns a cluster resolver for ``cluster``'s training tasks.
 
-    ``TFConfigClusterResolver`` is used when the process's TF_CONFIG is this very cluster (it
-    also counts local GPUs correctly); a ClusterInfo built some other way gets an equivalent
-    ``SimpleClusterResolver``.
+    ``TFConfigClusterResolver`` is used when the process's TF_CONFIG is this very cluster and
+    lists no evaluator (it also counts local GPUs correctly); otherwise an equivalent
+    ``SimpleClusterResolver`` over ``cluster.training_cluster``: TensorFlow must not see the
+    evaluator the Kubeflow operator lists in ``cluster`` (it runs no server, and a
+    ParameterServerStrategy coordinator connects to every task it is given).
     """
     try:
         from_env = parse_tf_config(os.environ.get("TF_CONFIG"))
     except ClusterError:
         from_env = None
-    if from_env == cluster:
+    if from_env == cluster and "evaluator" not in cluster.cluster:
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec({role: list(a) for role, a in cluster.cluster.items()}),
+        tf.train.ClusterSpec({role: list(a) for role, a in cluster.training_cluster.items()}),
         task_type=cluster.task_type, task_id=cluster.task_index, rpc_layer=cluster.rpc_layer,
         num_accelerators={"GPU": len(_gpus())})
 
@@ -123,11 +125,14 @@ def make_strategy(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
         ConfigError: unknown strategy name (the message lists the valid ones) or an
             impossible setting (NCCL without GPUs, CPU replicas after device initialisation).
         ClusterError: the cluster does not fit the strategy, this task must run a server
-            instead (``parameter_server`` worker/ps), or MultiWorkerMirroredStrategy came
-            after other TensorFlow work.
+            instead (``parameter_server`` worker/ps) or is the evaluator, or
+            MultiWorkerMirroredStrategy came after other TensorFlow work.
     """
     spec = STRATEGIES.get(runtime.strategy)
     validate_for_strategy(cluster, spec.name)
+    if cluster is not None and cluster.is_evaluator:
+        raise ClusterError(f"TF_CONFIG task.type='evaluator' takes no part in the training (strategy {spec.name!r}); "
+                           "evaluate the chief's checkpoints beside it instead of calling make_strategy()")
     return spec.build(runtime, cluster, variable_partitioner=variable_partitioner)
 
 
@@ -165,7 +170,7 @@ def run_server(cluster: ClusterInfo) -> NoReturn:
     config.inter_op_parallelism_threads = max(cluster.num_workers + 1, os.cpu_count() or 1)
     try:
         server = tf.distribute.Server(
-            tf.train.ClusterSpec({role: list(a) for role, a in cluster.cluster.items()}),
+            tf.train.ClusterSpec({role: list(a) for role, a in cluster.training_cluster.items()}),
             job_name=cluster.task_type, task_index=cluster.task_index, protocol=cluster.rpc_layer,
             config=config, start=True)
     except tf.errors.UnknownError as e:

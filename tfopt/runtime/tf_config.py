@@ -5,6 +5,20 @@ first collective), are spread over several lines, or never come at all (a wrong 
 start-up hang). This module checks the JSON once, at the edge, and raises a one-line
 :class:`~tfopt.errors.ClusterError` that quotes the bad value, the valid choices and the fix.
 
+It accepts TF_CONFIG as TensorFlow documents it and as the Kubeflow training operator
+(``TFJob``, ``kubeflow.org/v1``) writes it::
+
+    {"cluster": {"chief": ["job-chief-0.ns.svc:2222"], "worker": ["job-worker-0.ns.svc:2222"],
+                 "ps": ["job-ps-0.ns.svc:2222"], "evaluator": ["job-evaluator-0.ns.svc:2222"]},
+     "task": {"type": "worker", "index": 0}, "environment": "cloud"}
+
+The evaluator is not part of the training: it runs beside it (side-car evaluation of the
+checkpoints the chief writes), joins no collective and serves no variables. TensorFlow's own
+convention leaves it out of ``cluster`` (its TF_CONFIG may even name no other task); the
+operator (1.9) lists it there. Either way :attr:`ClusterInfo.training_cluster` is the cluster
+without it, which is what a strategy, a resolver or a server must be given, and
+:meth:`ClusterInfo.peers` never counts it.
+
 It deliberately imports no TensorFlow, so the launcher and the CLIs can use it cheaply.
 """
 from __future__ import annotations
@@ -18,6 +32,8 @@ from tfopt.errors import ClusterError
 from tfopt.specs import STRATEGIES
 
 ROLES = ("chief", "worker", "ps", "evaluator")
+EVALUATOR = "evaluator"
+TRAINING_ROLES = ("chief", "worker", "ps")
 TOP_LEVEL_KEYS = ("cluster", "task", "rpc_layer", "environment")
 TASK_KEYS = ("type", "index", "trial")
 
@@ -29,16 +45,20 @@ class ClusterInfo:
     """A validated TF_CONFIG: the cluster and this process's task in it.
 
     Attributes:
-        cluster: Role (``chief``, ``worker``, ``ps``, ``evaluator``) -> task addresses.
+        cluster: Role (``chief``, ``worker``, ``ps``, ``evaluator``) -> task addresses, as
+            TF_CONFIG gives it (an evaluator included when listed).
         task_type: This process's role.
         task_index: This process's index within its role.
         rpc_layer: The RPC protocol TensorFlow servers use.
+        environment: TF_CONFIG's ``environment`` (the Kubeflow operator writes ``"cloud"``);
+            "" when absent. Informational: tfopt does not act on it.
     """
 
     cluster: dict[str, tuple[str, ...]]
     task_type: str
     task_index: int
     rpc_layer: str = "grpc"
+    environment: str = ""
 
     @property
     def is_chief(self) -> bool:
@@ -48,32 +68,59 @@ class ClusterInfo:
         return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.cluster
 
     @property
+    def is_evaluator(self) -> bool:
+        """True for the ``evaluator`` task, which evaluates beside the training, outside its cluster."""
+        return self.task_type == EVALUATOR
+
+    @property
+    def training_cluster(self) -> dict[str, tuple[str, ...]]:
+        """The cluster without the evaluator: what a strategy, a resolver or a server must see.
+
+        The evaluator joins no collective and runs no server, while a ParameterServerStrategy
+        coordinator connects to every task of the ``ClusterSpec`` it is given.
+        """
+        return {role: addresses for role, addresses in self.cluster.items() if role != EVALUATOR}
+
+    @property
     def num_workers(self) -> int:
         """The number of ``worker`` tasks (the chief, ps and evaluator are not counted)."""
         return len(self.cluster.get("worker", ()))
 
     @property
     def address(self) -> str:
-        """This task's own ``host:port``."""
-        return self.cluster[self.task_type][self.task_index]
+        """This task's own ``host:port``; "" for an evaluator that TF_CONFIG leaves out of ``cluster``."""
+        addresses = self.cluster.get(self.task_type, ())
+        return addresses[self.task_index] if self.task_index < len(addresses) else ""
 
     @property
     def num_tasks(self) -> int:
-        """The number of tasks in the whole cluster, all roles included."""
+        """The number of tasks in the whole cluster, all roles (the evaluator too) included."""
         return sum(len(addresses) for addresses in self.cluster.values())
 
+    @property
+    def num_training_tasks(self) -> int:
+        """The number of tasks that take part in the training: every role but the evaluator."""
+        return sum(len(addresses) for addresses in self.training_cluster.values())
+
     def peers(self, roles: Iterable[str] | None = None) -> list[str]:
-        """Returns every address in the cluster except this task's own.
+        """Returns the addresses of the other tasks this task works with.
 
         Args:
             roles: Only list tasks of these roles (e.g. ``("chief", "worker")`` for the peers
-                a MultiWorkerMirroredStrategy start-up waits for). None lists all roles.
+                a MultiWorkerMirroredStrategy start-up waits for). None lists every training
+                role (chief, worker, ps): the evaluator listens on nothing and nobody waits
+                for it, and the evaluator itself has no peers.
 
         Returns:
-            ``host:port`` strings in role order chief, worker, ps, evaluator.
+            ``host:port`` strings in role order chief, worker, ps, evaluator, without this
+            task's own.
         """
+        if roles is None:
+            if self.is_evaluator:
+                return []
+            roles = TRAINING_ROLES
         own = self.address
-        wanted = ROLES if roles is None else tuple(roles)
+        wanted = tuple(roles)
         return [a for role in ROLES if role in wanted for a in self.cluster.get(role, ()) if a != own]
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,6 +131,8 @@ class ClusterInfo:
         }
         if self.rpc_layer != "grpc":
             out["rpc_layer"] = self.rpc_layer
+        if self.environment:
+            out["environment"] = self.environment
         return out
 
 
@@ -118,7 +167,9 @@ def _check_cluster(cluster: Any) -> dict[str, tuple[str, ...]]:
     seen: dict[str, str] = {}
     for role, addresses in cluster.items():
         if role not in ROLES:
-            raise ClusterError(f"TF_CONFIG cluster role {role!r} is unknown; valid roles: {', '.join(ROLES)}")
+            hint = ("; 'master' is the TensorFlow 1.x name of 'chief': rename it (a TFJob: use a Chief replica, "
+                    "not Master)" if role == "master" else "")
+            raise ClusterError(f"TF_CONFIG cluster role {role!r} is unknown; valid roles: {', '.join(ROLES)}{hint}")
         if not isinstance(addresses, list) or not addresses:
             raise ClusterError(f"TF_CONFIG cluster.{role}={addresses!r} must be a non-empty list of \"host:port\" "
                                f"strings; give e.g. [\"127.0.0.1:2222\"] or remove the role")
@@ -132,6 +183,9 @@ def _check_cluster(cluster: Any) -> dict[str, tuple[str, ...]]:
     if len(out.get("chief", ())) > 1:
         raise ClusterError(f"TF_CONFIG has {len(out['chief'])} chiefs {list(out['chief'])}; at most one chief "
                            "is allowed: make the others workers")
+    if len(out.get(EVALUATOR, ())) > 1:
+        raise ClusterError(f"TF_CONFIG has {len(out[EVALUATOR])} evaluators {list(out[EVALUATOR])}; TensorFlow "
+                           "allows at most one evaluator: remove the others")
     return out
 
 
@@ -146,10 +200,16 @@ def _check_task(task: Any, cluster: dict[str, tuple[str, ...]]) -> tuple[str, in
         raise ClusterError(f"TF_CONFIG task={task!r} has no \"type\"; give one of the cluster's roles: "
                            f"{', '.join(cluster)}")
     task_type = task["type"]
+    if task_type == EVALUATOR and EVALUATOR not in cluster:
+        # TensorFlow's convention: the evaluator is not part of the cluster it evaluates.
+        return task_type, _check_index(task, task_type, 1)
     if task_type not in cluster:
         raise ClusterError(f"TF_CONFIG task.type={task_type!r} is not a role of the cluster; "
                            f"choose one of {', '.join(cluster)} or add it to cluster")
-    n = len(cluster[task_type])
+    return task_type, _check_index(task, task_type, len(cluster[task_type]))
+
+
+def _check_index(task: dict, task_type: str, n: int) -> int:
     if "index" not in task:
         raise ClusterError(f"TF_CONFIG task={task!r} has no \"index\"; give an index in 0..{n - 1}")
     index = task["index"]
@@ -158,7 +218,7 @@ def _check_task(task: Any, cluster: dict[str, tuple[str, ...]]) -> tuple[str, in
     if not 0 <= index < n:
         raise ClusterError(f"TF_CONFIG task.index={index} is out of range for {task_type!r} "
                            f"({n} task{'s' if n != 1 else ''}: 0..{n - 1}); fix the index")
-    return task_type, index
+    return index
 
 
 def parse_tf_config(text: str | None) -> ClusterInfo | None:
@@ -189,7 +249,9 @@ def parse_tf_config(text: str | None) -> ClusterInfo | None:
                            f"give an object like {_EXAMPLE}")
     unknown = [k for k in raw if k not in TOP_LEVEL_KEYS]
     if unknown:
-        raise ClusterError(f"TF_CONFIG key {unknown[0]!r} is unknown; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+        hint = ("; it is what a TFJob with enableDynamicWorker writes, and tfopt needs the full \"cluster\": "
+                "set enableDynamicWorker: false" if unknown[0] == "sparseCluster" else "")
+        raise ClusterError(f"TF_CONFIG key {unknown[0]!r} is unknown; valid keys: {', '.join(TOP_LEVEL_KEYS)}{hint}")
     for key in ("cluster", "task"):
         if key not in raw:
             raise ClusterError(f"TF_CONFIG has no {key!r} key; it needs both \"cluster\" and \"task\", "
@@ -199,7 +261,12 @@ def parse_tf_config(text: str | None) -> ClusterInfo | None:
     rpc_layer = raw.get("rpc_layer") or "grpc"
     if not isinstance(rpc_layer, str):
         raise ClusterError(f"TF_CONFIG rpc_layer={rpc_layer!r} is not a string; give \"grpc\" or remove it")
-    return ClusterInfo(cluster=cluster, task_type=task_type, task_index=task_index, rpc_layer=rpc_layer)
+    environment = raw.get("environment") or ""
+    if not isinstance(environment, str):
+        raise ClusterError(f"TF_CONFIG environment={environment!r} is not a string; give \"cloud\" (what the "
+                           "Kubeflow operator writes) or remove it")
+    return ClusterInfo(cluster=cluster, task_type=task_type, task_index=task_index, rpc_layer=rpc_layer,
+                       environment=environment)
 
 
 def cluster_from_env(environ: dict[str, str] | None = None) -> ClusterInfo | None:
@@ -214,11 +281,16 @@ def _describe(info: ClusterInfo) -> str:
 def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
     """Checks that a cluster suits a strategy, before any TensorFlow work.
 
-    * ``one_device`` / ``mirrored`` run in one process: a TF_CONFIG of more than one task is
-      refused (it would silently train N unsynchronised copies).
+    * ``one_device`` / ``mirrored`` run in one process: a TF_CONFIG of more than one training
+      task is refused (it would silently train N unsynchronised copies); an evaluator beside
+      the one training task is fine.
     * ``multi_worker_mirrored`` needs ``worker`` tasks (plus an optional chief or evaluator)
       and no ``ps``. Without TF_CONFIG it runs as a single worker, as TensorFlow does.
     * ``parameter_server`` needs exactly one chief, at least one worker and at least one ps.
+    * The ``evaluator`` task is accepted by every strategy. It is not a peer of the training
+      tasks, so its TF_CONFIG need not list them (TensorFlow's convention gives it a cluster of
+      itself alone); a role the strategy refuses (``ps`` under multi_worker_mirrored) is still
+      refused.
 
     Args:
         info: The parsed TF_CONFIG, or None when unset.
@@ -230,9 +302,9 @@ def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
     """
     spec = STRATEGIES.get(strategy)
     if not spec.multi_process:
-        if info is not None and info.num_tasks > 1:
+        if info is not None and info.num_training_tasks > 1:
             raise ClusterError(
-                f"TF_CONFIG describes a {info.num_tasks}-task cluster ({_describe(info)}) but strategy "
+                f"TF_CONFIG describes a {info.num_training_tasks}-task cluster ({_describe(info)}) but strategy "
                 f"{strategy!r} runs in one process; use multi_worker_mirrored or parameter_server, or unset TF_CONFIG")
         return
     if info is None:
@@ -247,6 +319,8 @@ def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
             raise ClusterError(
                 f"TF_CONFIG has {role} tasks ({_describe(info)}) but strategy {strategy!r} uses none; "
                 f"remove the {role} role or use strategy {' or '.join(users) or 'another one'}")
+    if info.is_evaluator:
+        return  # evaluates beside the training: the training roles need not be listed
     if not spec.required_roles and "worker" not in info.cluster and "chief" not in info.cluster:
         raise ClusterError(f"TF_CONFIG cluster ({_describe(info)}) has no worker or chief for strategy "
                            f"{strategy!r}; add a \"worker\" list")

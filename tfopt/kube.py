@@ -1,0 +1,461 @@
+"""Kubernetes: a Kubeflow ``TFJob`` (training operator v1, ``kubeflow.org/v1``) for a tfopt command.
+
+    python -m tfopt.launch --render kubeflow --chief --workers 4 --ps 2 --evaluator \\
+        --image REG/tfopt:1 -- python -m tfopt.train --strategy parameter_server > tfjob.yaml
+    kubectl apply -f tfjob.yaml
+
+The operator makes one pod and one headless Service per task, named ``<name>-<role>-<i>``,
+writes each pod's TF_CONFIG (host names, ``"environment": "cloud"``, the evaluator inside
+``cluster``: :mod:`tfopt.runtime.tf_config` reads it as is), only into the container named
+``tensorflow``, and reads that container's exit code to decide what happens next.
+
+Job semantics, as rendered here:
+
+* Shared run directory. Every replica mounts one PersistentVolumeClaim (``--volume-claim``,
+  ReadWriteMany) at ``--mount-path`` and a tfopt stage without ``-o`` gets
+  ``-o <mount-path>/<name>``: Keras' BackupAndRestore keeps its backups in the chief's run
+  directory and every worker restores from there, so the directory must be the same shared
+  storage for all replicas and for every restart of the job. An ``-o`` outside the mount is
+  refused (it would be each pod's own disk, gone with the pod). Other commands run as given.
+* Exit codes. tfopt exits 0 when done, 2 on bad input (flags, config, TF_CONFIG: a restart
+  cannot fix it), 3 when its start-up watchdog gives up on peers that never came up, 1 on a
+  crash with a traceback (a bug, or TensorFlow's UnavailableError in a task that lost a peer),
+  and 143 on SIGTERM (preemption) once its backup is saved: restart me. The kernel's OOM killer
+  and the kubelet after the grace period send SIGKILL: 137.
+* ``--restart-policy ExitCode`` (default): the operator deletes and re-creates a pod that
+  exited with 128-255 (137, 143: retryable) and fails the job on 1-127 (1, 2, 3: permanent).
+  Bad input fails fast instead of looping. The operator's ``backoffLimit`` counts container
+  restarts, which re-created pods do not have, so it does not bound these retries.
+* ``--restart-policy OnFailure``: the kubelet restarts the container in place on any non-zero
+  exit, and the operator re-creates a pod that failed outright (e.g. evicted); the restarts of
+  the job's running pods count towards ``backoffLimit``. Choose it when a task must survive a
+  peer's hard kill: the survivors exit 1 (UnavailableError), which ExitCode treats as
+  permanent; OnFailure restarts them and they resume from the last backup.
+* Parameter servers: ParameterServerStrategy tolerates a killed worker (the operator re-creates
+  it under the same name and the coordinator re-runs its work) but not a killed ps: the chief
+  fails and the whole job must resume from the last backup; only OnFailure restarts the chief
+  then, at most ``backoffLimit`` times. The ps and worker servers never exit by themselves.
+* The evaluator (``--evaluator``) follows the same restart policy as every other replica: it
+  runs the same command and configuration, so its exit codes mean the same (2: its input is
+  wrong, a restart will not help; 137/143: retry it); one policy gives the job one rule. It is
+  not part of the training: no peer waits for it, and its failure, if not retried, fails the
+  job like any other replica's.
+* ``--clean-pod-policy Running`` (default): when the job ends, the pods still running are
+  deleted (the ps and worker servers of ParameterServerStrategy, which never exit, and an
+  evaluator) and finished pods are kept, so ``kubectl logs`` still shows what the chief and any
+  failed task printed. Kubeflow's TFJob guide recommends it for that reason; ``None`` would leave
+  the servers holding their CPUs and GPUs, ``All`` deletes the logs too.
+* Pods carry ``sidecar.istio.io/inject: "false"``: Kubeflow's TFJob guide notes TFJob pods do
+  not work with Istio's sidecar injection in Kubeflow user namespaces; elsewhere it is ignored.
+
+Nothing here imports TensorFlow; :func:`render_tfjob` is a pure function.
+"""
+from __future__ import annotations
+
+import argparse
+import posixpath
+import re
+from typing import Any
+
+from tfopt.errors import ConfigError
+
+API_VERSION, KIND = "kubeflow.org/v1", "TFJob"
+RENDER_TARGETS = ("kubeflow",)
+RESTART_POLICIES = ("ExitCode", "OnFailure")  # what --restart-policy offers (see the module docstring)
+OPERATOR_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")  # what the operator knows
+CLEAN_POD_POLICIES = ("Running", "All", "None")
+REPLICA_TYPES = ("Chief", "Worker", "PS", "Evaluator")  # rendered in this order
+OPERATOR_REPLICA_TYPES = ("Chief", "Master", "Worker", "PS", "Evaluator")
+CONTAINER_NAME = "tensorflow"  # the operator sets TF_CONFIG in, and reads the exit code of, this container only
+PORT_NAME, PORT = "tfjob-port", 2222
+VOLUME_NAME = "runs"
+GPU_RESOURCE = "nvidia.com/gpu"
+ISTIO_INJECT = "sidecar.istio.io/inject"
+DEFAULT_NAME, DEFAULT_CLAIM, DEFAULT_MOUNT = "tfopt", "tfopt-runs", "/runs"
+STAGES = ("train", "distill", "optimize", "export")  # the tfopt commands that take -o/--output
+
+_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A Kubernetes quantity, as the TFJob CRD's schema states it, without a sign.
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+_QUANTITY = re.compile(rf"{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?{_NUMBER}))?")
+
+
+def add_render_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Adds the ``--render kubeflow`` options to the launcher's parser.
+
+    The task counts come from the launcher's own ``--chief``, ``--workers``, ``--ps`` and
+    ``--evaluator``; they are not added here.
+
+    Args:
+        parser: The ``python -m tfopt.launch`` argument parser.
+
+    Returns:
+        The argument group "Kubernetes (--render kubeflow)".
+    """
+    g = parser.add_argument_group("Kubernetes (--render kubeflow)",
+                                  "print a Kubeflow TFJob (kubeflow.org/v1) that runs the command, instead of running "
+                                  "it; see docs/kubernetes.md")
+    g.add_argument("--render", choices=RENDER_TARGETS, help="print the TFJob YAML and exit")
+    g.add_argument("--image", help="container image with tfopt installed (required with --render)")
+    g.add_argument("--name", default=DEFAULT_NAME,
+                   help="TFJob name: pods <name>-<role>-<i>, run directory <mount-path>/<name> "
+                        f"(default {DEFAULT_NAME})")
+    g.add_argument("--namespace", help="namespace of the TFJob (default: kubectl's current one)")
+    g.add_argument("--restart-policy", choices=RESTART_POLICIES, default="ExitCode",
+                   help="ExitCode: retry exits 128-255 (143 preemption, 137 kill), fail on 1-127 (default); "
+                        "OnFailure: restart any failure in place, up to --backoff-limit")
+    g.add_argument("--backoff-limit", type=int, default=3,
+                   help="container restarts (OnFailure) before the job is marked failed (default 3)")
+    g.add_argument("--clean-pod-policy", choices=CLEAN_POD_POLICIES, default="Running",
+                   help="pods deleted when the job ends: Running keeps finished pods' logs (default)")
+    g.add_argument("--cpu", help="CPU request and limit of every pod, e.g. 4 or 500m")
+    g.add_argument("--memory", help="memory request and limit of every pod, e.g. 8Gi")
+    g.add_argument("--gpus", type=int, default=0,
+                   help=f"{GPU_RESOURCE} per chief, worker and evaluator pod (default 0)")
+    g.add_argument("--volume-claim", default=DEFAULT_CLAIM,
+                   help="ReadWriteMany PersistentVolumeClaim for run directories and backups "
+                        f"(default {DEFAULT_CLAIM})")
+    g.add_argument("--mount-path", default=DEFAULT_MOUNT, help=f"where the claim is mounted (default {DEFAULT_MOUNT})")
+    return g
+
+
+def render_from_args(args: argparse.Namespace, command: list[str]) -> str:
+    """Validates the launcher's arguments and returns the TFJob as YAML text.
+
+    Args:
+        args: The parsed launcher arguments: the options of :func:`add_render_arguments` plus
+            the launcher's ``chief``, ``workers``, ``ps`` and ``evaluator``.
+        command: The command after ``--``, run by every replica.
+
+    Returns:
+        The YAML of one ``kubeflow.org/v1`` TFJob, for ``kubectl apply -f``.
+
+    Raises:
+        ConfigError: a missing ``--image``, an empty command, a bad name, count, quantity or
+            path; one line naming the value, the rule and the fix.
+    """
+    import yaml  # only rendering needs it
+
+    if args.render not in RENDER_TARGETS:
+        raise ConfigError(f"--render={args.render!r} is not one of {', '.join(RENDER_TARGETS)}; use --render kubeflow")
+    if not args.image:
+        raise ConfigError("--render kubeflow needs --image: the container image with tfopt installed, "
+                          "e.g. --image registry.example.com/tfopt:1 (see docs/kubernetes.md)")
+    doc = render_tfjob(
+        name=args.name, namespace=args.namespace, image=args.image, command=command,
+        chief=args.chief, workers=args.workers, ps=args.ps, evaluator=getattr(args, "evaluator", False),
+        restart_policy=args.restart_policy, backoff_limit=args.backoff_limit, clean_pod_policy=args.clean_pod_policy,
+        cpu=args.cpu, memory=args.memory, gpus=args.gpus, volume_claim=args.volume_claim, mount_path=args.mount_path)
+    check_tfjob(doc)
+    return yaml.safe_dump(doc, sort_keys=False, width=120)
+
+
+def render_tfjob(*, name: str, image: str, command: list[str], chief: bool = False, workers: int = 2, ps: int = 0,
+                 evaluator: bool = False, namespace: str | None = None, restart_policy: str = "ExitCode",
+                 backoff_limit: int = 3, clean_pod_policy: str = "Running", cpu: str | None = None,
+                 memory: str | None = None, gpus: int = 0, volume_claim: str = DEFAULT_CLAIM,
+                 mount_path: str = DEFAULT_MOUNT) -> dict[str, Any]:
+    """Builds a ``kubeflow.org/v1`` TFJob as a plain dict (see the module docstring for its semantics).
+
+    Args:
+        name: TFJob name, a DNS-1035 label: pods and Services are ``<name>-<role>-<i>``.
+        image: Container image with tfopt installed.
+        command: What every replica runs; a tfopt stage without ``-o`` gets ``-o <mount_path>/<name>``.
+        chief: Add one ``Chief`` replica.
+        workers: Number of ``Worker`` replicas.
+        ps: Number of ``PS`` replicas (ParameterServerStrategy: needs a chief and workers).
+        evaluator: Add one ``Evaluator`` replica.
+        namespace: The TFJob's namespace; None leaves it to kubectl.
+        restart_policy: ``ExitCode`` or ``OnFailure``, for every replica.
+        backoff_limit: ``runPolicy.backoffLimit``.
+        clean_pod_policy: ``runPolicy.cleanPodPolicy``: ``Running``, ``All`` or ``None``.
+        cpu: CPU request and limit of every pod (a Kubernetes quantity), or None.
+        memory: Memory request and limit of every pod, or None.
+        gpus: ``nvidia.com/gpu`` limit of chief, worker and evaluator pods (ps pods get none).
+        volume_claim: The shared PersistentVolumeClaim (ReadWriteMany) for run directories.
+        mount_path: Where every replica mounts it.
+
+    Returns:
+        The TFJob: ``apiVersion``, ``kind``, ``metadata``, ``spec.runPolicy``, ``spec.tfReplicaSpecs``.
+
+    Raises:
+        ConfigError: any invalid argument, in one line.
+    """
+    command = _check_command(command)
+    _check_image(image)
+    _check_dns(name, "--name", _DNS1035, 63, "a DNS-1035 label (the operator's rule for TFJob names)",
+               "lower-case letters, digits and '-', starting with a letter, e.g. --name mnist-ps")
+    if namespace is not None:
+        _check_dns(namespace, "--namespace", _DNS1123_LABEL, 63, "a DNS-1123 label",
+                   "lower-case letters, digits and '-', e.g. --namespace ml-team")
+    counts = _check_counts(chief, workers, ps, evaluator)
+    _check_host_names(name, counts)
+    _check_choice(restart_policy, "--restart-policy", RESTART_POLICIES)
+    _check_choice(clean_pod_policy, "--clean-pod-policy", CLEAN_POD_POLICIES)
+    _check_count(backoff_limit, "--backoff-limit")
+    resources = {role: _resources(cpu, memory, gpus if role != "PS" else 0) for role in counts}
+    _check_dns(volume_claim, "--volume-claim", _DNS1123_SUBDOMAIN, 253, "a PersistentVolumeClaim name (DNS-1123)",
+               f"lower-case letters, digits, '-' and '.', e.g. --volume-claim {DEFAULT_CLAIM}")
+    mount_path = _check_mount_path(mount_path)
+    run_command = job_command(command, mount_path, name)
+    metadata: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    specs = {role: _replica(n, restart_policy, image, run_command, resources[role], volume_claim, mount_path)
+             for role, n in counts.items()}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
+            "spec": {"runPolicy": {"backoffLimit": backoff_limit, "cleanPodPolicy": clean_pod_policy},
+                     "tfReplicaSpecs": specs}}
+
+
+def job_command(command: list[str], mount_path: str, name: str) -> list[str]:
+    """Returns the command every replica runs, its run directory on the shared volume.
+
+    A tfopt stage (``python -m tfopt.train``, ``tfopt train``, ... for train, distill, optimize
+    and export) without ``-o``/``--output`` gets ``-o <mount_path>/<name>``, so every replica
+    and every restart uses the same run directory, where the chief keeps the backups all
+    workers restore from. Other commands are returned unchanged.
+
+    Raises:
+        ConfigError: a tfopt stage whose ``-o`` is not under ``mount_path``.
+    """
+    if _tfopt_stage(command) is None:
+        return list(command)
+    output = _output_of(command)
+    if output is None:
+        cut = command.index("--") if "--" in command else len(command)
+        return [*command[:cut], "-o", f"{mount_path}/{name}", *command[cut:]]
+    normal = posixpath.normpath(output) if output else ""
+    if not (normal == mount_path or normal.startswith(mount_path + "/")):
+        raise ConfigError(f"-o {output!r} is not under --mount-path {mount_path}, the volume every replica shares; "
+                          f"backups must be on it: give -o {mount_path}/{name} or drop -o")
+    return list(command)
+
+
+def check_tfjob(doc: dict) -> None:
+    """tfopt's own checks of a TFJob, beyond what the TFJob schema can say.
+
+    The operator sets TF_CONFIG in, and reads the exit code of, the container named
+    ``tensorflow`` only; TensorFlow allows one chief (Chief and Master are the same role) and
+    one evaluator; the Kubeflow SDK refuses a TFJob without ``runPolicy``.
+
+    Args:
+        doc: A TFJob as a dict (e.g. ``yaml.safe_load`` of a file, or :func:`render_tfjob`'s).
+
+    Raises:
+        ConfigError: the first problem found, in one line naming its field.
+    """
+    if not isinstance(doc, dict):
+        raise ConfigError(f"a TFJob must be a mapping, got {type(doc).__name__}; render it with --render kubeflow")
+    if (doc.get("apiVersion"), doc.get("kind")) != (API_VERSION, KIND):
+        raise ConfigError(f"apiVersion/kind={doc.get('apiVersion')!r}/{doc.get('kind')!r} is not "
+                          f"{API_VERSION}/{KIND}; this is not a training-operator v1 TFJob")
+    spec = _mapping(doc.get("spec"), "spec")
+    _check_run_policy(spec.get("runPolicy"))
+    specs = _mapping(spec.get("tfReplicaSpecs"), "spec.tfReplicaSpecs")
+    if not specs:
+        raise ConfigError("TFJob spec.tfReplicaSpecs is empty; add a Chief or Worker replica")
+    replicas = {role: _check_replica(role, value) for role, value in specs.items()}
+    chiefs = replicas.get("Chief", 0) + replicas.get("Master", 0)
+    if chiefs > 1:
+        raise ConfigError(f"TFJob has {chiefs} chiefs (Chief/Master replicas); TensorFlow allows at most one "
+                          "chief: set replicas: 1 and make the others workers")
+    if replicas.get("Evaluator", 0) > 1:
+        raise ConfigError(f"TFJob spec.tfReplicaSpecs.Evaluator.replicas={replicas['Evaluator']}; TensorFlow "
+                          "allows at most one evaluator: set replicas: 1")
+    if replicas.get("PS", 0) and not (chiefs and replicas.get("Worker", 0)):
+        raise ConfigError(f"TFJob has {replicas['PS']} PS replica(s) but chief:{chiefs} worker:"
+                          f"{replicas.get('Worker', 0)}; ParameterServerStrategy needs one Chief and >= 1 Worker")
+
+
+# -- validation helpers -------------------------------------------------------------------
+
+def _check_command(command: Any) -> list[str]:
+    if not command:
+        raise ConfigError("no command to render; put it after `--`, e.g. `python -m tfopt.launch --render kubeflow "
+                          "--image REG/tfopt:1 --workers 2 -- python -m tfopt.train`")
+    if not isinstance(command, (list, tuple)) or not all(isinstance(a, str) for a in command):
+        raise ConfigError(f"command={command!r} must be a list of strings (one per argument)")
+    return list(command)
+
+
+def _check_image(image: Any) -> None:
+    if not isinstance(image, str) or not image or any(c.isspace() for c in image):
+        raise ConfigError(f"--image={image!r} is not a container image reference; give e.g. "
+                          "--image registry.example.com/tfopt:1")
+
+
+def _check_dns(value: Any, flag: str, pattern: re.Pattern, limit: int, rule: str, fix: str) -> None:
+    if not isinstance(value, str) or not pattern.fullmatch(value) or len(value) > limit:
+        raise ConfigError(f"{flag}={value!r} is not {rule} of at most {limit} characters; use {fix}")
+
+
+def _check_count(value: Any, flag: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{flag}={value!r} must be an integer >= 0")
+    return value
+
+
+def _check_counts(chief: Any, workers: Any, ps: Any, evaluator: Any) -> dict[str, int]:
+    n_chief = _check_count(int(chief) if isinstance(chief, bool) else chief, "--chief")
+    if n_chief > 1:
+        raise ConfigError(f"--chief={n_chief}: a TFJob has at most one chief (TensorFlow's rule); "
+                          "give --chief once and make the others --workers")
+    workers, ps = _check_count(workers, "--workers"), _check_count(ps, "--ps")
+    n_eval = _check_count(int(evaluator) if isinstance(evaluator, bool) else evaluator, "--evaluator")
+    if n_eval > 1:
+        raise ConfigError(f"--evaluator={n_eval}: TensorFlow allows at most one evaluator; give --evaluator once")
+    if workers + n_chief < 1:
+        raise ConfigError(f"--workers={workers} without --chief renders no training task; give --workers 1 or more")
+    if ps and (not n_chief or workers < 1):
+        raise ConfigError(f"--ps={ps} needs --chief and --workers >= 1 (ParameterServerStrategy: one chief, "
+                          "workers and ps tasks); add --chief or drop --ps")
+    counts = dict(zip(REPLICA_TYPES, (n_chief, workers, ps, n_eval), strict=True))
+    return {role: n for role, n in counts.items() if n}
+
+
+def _check_host_names(name: str, counts: dict[str, int]) -> None:
+    # Each pod gets a Service <name>-<role>-<index>: a DNS-1035 label, so at most 63 characters.
+    longest = max((f"{name}-{role.lower()}-{n - 1}" for role, n in counts.items()), key=len)
+    if len(longest) > 63:
+        room = 63 - (len(longest) - len(name))
+        raise ConfigError(f"--name={name!r} makes the pod and Service name {longest!r} {len(longest)} characters "
+                          f"long; Kubernetes allows 63: shorten --name to at most {room} characters")
+
+
+def _check_choice(value: Any, flag: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag}={value!r} is not one of {', '.join(choices)}; pick one of them")
+
+
+def _quantity(value: Any, flag: str, example: str) -> str:
+    text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not _QUANTITY.fullmatch(text) or not re.search(r"[1-9]", text):
+        raise ConfigError(f"{flag}={value!r} is not a positive Kubernetes quantity; give e.g. {example} "
+                          "(suffixes Ki Mi Gi Ti, k M G T, m = thousandths)")
+    return text
+
+
+def _resources(cpu: Any, memory: Any, gpus: Any) -> dict[str, dict[str, Any]]:
+    amounts: dict[str, Any] = {}
+    if cpu is not None:
+        amounts["cpu"] = _quantity(cpu, "--cpu", "--cpu 4 or --cpu 500m")
+    if memory is not None:
+        amounts["memory"] = _quantity(memory, "--memory", "--memory 8Gi")
+    out: dict[str, dict[str, Any]] = {}
+    if amounts:
+        # Requests equal to limits: the Guaranteed QoS class, evicted last under node pressure.
+        out["requests"] = dict(amounts)
+        out["limits"] = dict(amounts)
+    if _check_count(gpus, "--gpus"):
+        # A quantity string like cpu and memory (the Kubernetes API's type for every resource amount).
+        out.setdefault("limits", {})[GPU_RESOURCE] = str(gpus)
+    return out
+
+
+def _check_mount_path(path: Any) -> str:
+    if not isinstance(path, str) or not path.startswith("/") or ":" in path or posixpath.normpath(path) == "/":
+        raise ConfigError(f"--mount-path={path!r} must be an absolute directory other than / and without ':'; "
+                          f"give e.g. --mount-path {DEFAULT_MOUNT}")
+    return posixpath.normpath(path)
+
+
+def _tfopt_stage(command: list[str]) -> str | None:
+    """The tfopt stage ``command`` runs (``python -m tfopt.train``, ``tfopt train``...), or None."""
+    if posixpath.basename(command[0]) == "tfopt":
+        return command[1] if len(command) > 1 and command[1] in STAGES else None
+    if "-m" in command:
+        module = command[command.index("-m") + 1:][:2]
+        if module and module[0].startswith("tfopt.") and module[0][len("tfopt."):] in STAGES:
+            return module[0][len("tfopt."):]
+        if module[:1] == ["tfopt"] and len(module) > 1 and module[1] in STAGES:
+            return module[1]
+    return None
+
+
+def _output_of(command: list[str]) -> str | None:
+    """The run directory a tfopt command names with ``-o``/``--output`` (or ``--set train.output_dir=``)."""
+    args = command[:command.index("--")] if "--" in command else command
+    for i, arg in enumerate(args):
+        if arg in ("-o", "--output"):
+            return args[i + 1] if i + 1 < len(args) else ""
+        for prefix in ("--output=", "train.output_dir=", "--set=train.output_dir="):
+            if arg.startswith(prefix):
+                return arg[len(prefix):]
+        if arg.startswith("-o") and not arg.startswith("--"):
+            return arg[2:]
+    return None
+
+
+def _replica(replicas: int, restart_policy: str, image: str, command: list[str], resources: dict,
+             claim: str, mount_path: str) -> dict[str, Any]:
+    # Fresh objects for every replica: a shared one would be dumped as YAML anchors and aliases.
+    container = {"name": CONTAINER_NAME, "image": image, "command": list(command),
+                 "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                 "ports": [{"name": PORT_NAME, "containerPort": PORT}],
+                 "resources": {kind: dict(amounts) for kind, amounts in resources.items()},
+                 "volumeMounts": [{"name": VOLUME_NAME, "mountPath": mount_path}]}
+    return {"replicas": replicas, "restartPolicy": restart_policy,
+            "template": {"metadata": {"annotations": {ISTIO_INJECT: "false"}},
+                         "spec": {"containers": [container],
+                                  "volumes": [{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim}}]}}}
+
+
+# -- check_tfjob helpers ------------------------------------------------------------------
+
+def _mapping(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"TFJob {where}={value!r} is missing or not a mapping; "
+                          "render the TFJob with --render kubeflow")
+    return value
+
+
+def _check_run_policy(policy: Any) -> None:
+    if policy is None:
+        raise ConfigError("TFJob spec.runPolicy is missing; add runPolicy: {backoffLimit: 3, cleanPodPolicy: Running} "
+                          "(the Kubeflow SDK refuses a TFJob without it)")
+    policy = _mapping(policy, "spec.runPolicy")
+    clean = policy.get("cleanPodPolicy")
+    if clean is not None and clean not in CLEAN_POD_POLICIES:
+        raise ConfigError(f"TFJob spec.runPolicy.cleanPodPolicy={clean!r} is not one of "
+                          f"{', '.join(CLEAN_POD_POLICIES)}; use Running (keeps the logs of finished pods)")
+    limit = policy.get("backoffLimit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ConfigError(f"TFJob spec.runPolicy.backoffLimit={limit!r} must be an integer >= 0")
+
+
+def _check_replica(role: str, spec: Any) -> int:
+    where = f"spec.tfReplicaSpecs.{role}"
+    if role not in OPERATOR_REPLICA_TYPES:
+        raise ConfigError(f"TFJob {where}: replica type {role!r} is unknown; "
+                          f"valid types: {', '.join(OPERATOR_REPLICA_TYPES)}")
+    spec = _mapping(spec, where)
+    replicas = spec.get("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ConfigError(f"TFJob {where}.replicas={replicas!r} must be an integer >= 0")
+    policy = spec.get("restartPolicy")
+    if policy not in OPERATOR_RESTART_POLICIES:
+        raise ConfigError(f"TFJob {where}.restartPolicy={policy!r} is not one of "
+                          f"{', '.join(OPERATOR_RESTART_POLICIES)}; use ExitCode (retries exits 128-255, "
+                          "e.g. 143 preemption) or OnFailure")
+    pod = _mapping(_mapping(spec.get("template"), f"{where}.template").get("spec"), f"{where}.template.spec")
+    containers = pod.get("containers")
+    if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
+        raise ConfigError(f"TFJob {where}.template.spec.containers={containers!r} must be a list of containers")
+    named = [c for c in containers if c.get("name") == CONTAINER_NAME]
+    if len(named) != 1:
+        names = [c.get("name") for c in containers]
+        raise ConfigError(f"TFJob {where} has {len(named)} containers named {CONTAINER_NAME!r} (names: {names}); "
+                          "the operator sets TF_CONFIG in, and reads the exit code of, the container of that "
+                          "name only: give exactly one container that name")
+    for c in containers:
+        if not c.get("image"):
+            raise ConfigError(f"TFJob {where} container {c.get('name')!r} has no image; set image")
+    ports = [p for p in named[0].get("ports") or [] if isinstance(p, dict) and p.get("name") == PORT_NAME]
+    if [p.get("containerPort") for p in ports] != [PORT]:
+        raise ConfigError(f"TFJob {where} container {CONTAINER_NAME!r} ports named {PORT_NAME!r}: "
+                          f"{[p.get('containerPort') for p in ports]}; give exactly one, "
+                          f"{{name: {PORT_NAME}, containerPort: {PORT}}} (the port TF_CONFIG addresses use)")
+    return replicas
