@@ -398,3 +398,17 @@ def test_random_generators_hold_dropout_state_the_model_checkpoint_lacks(tmp_pat
         np.testing.assert_array_equal(model(x, training=True).numpy(), expected)
     finally:
         keras.backend.experimental.disable_tf_random_generator()
+
+
+def test_accept_remote_logs_is_what_lets_batch_hooks_run_under_parameter_servers():
+    class Hook(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    hook = Hook()
+    assert hook._supports_tf_logs is False  # reset by Callback.__init__: set it afterwards
+    _compat.accept_remote_logs(hook)
+    assert hook._supports_tf_logs is True
+    import tf_keras.src.callbacks as callbacks_module
+    source = inspect.getsource(callbacks_module.CallbackList._disallow_batch_hooks_in_ps_strategy)
+    assert '"_supports_tf_logs"' in source  # the exemption the refusal still checks

@@ -21,6 +21,7 @@ Private APIs (no public API does the job):
     interpreter_ops_details                LiteRT Interpreter._get_ops_details
     fit_resumes_at                         tf_keras Model._training_state (fit's mid-epoch start)
     random_generators                      tf_keras Layer._random_generator (dropout's RNG state)
+    accept_remote_logs                     tf_keras Callback._supports_tf_logs (batch hooks under PS)
 
 Workarounds for upstream defects:
 
@@ -56,7 +57,7 @@ __all__ = [
     "prunable_weight_names", "cluster_registry_supports", "clusterable_weight_names", "is_graph_network",
     "producing_layer", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details", "fix_for_keras_format",
     "StepCountingClusteringSummaries", "tfmot_layer_dtype", "float32_global_policy", "fit_resumes_at",
-    "random_generators",
+    "random_generators", "accept_remote_logs",
 ]
 
 
@@ -70,6 +71,16 @@ class _StartAt:
 
     def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
         return self.epoch, self.step
+
+
+def accept_remote_logs(callback) -> None:
+    """Lets ``callback``'s batch hooks run under ParameterServerStrategy.
+
+    tf_keras 2.21 refuses batch-level callbacks under ParameterServerStrategy unless they declare
+    ``_supports_tf_logs`` (their batch logs are then unfetched ``RemoteValue``s, which the callback
+    must not read). Set it after ``Callback.__init__``, which resets it.
+    """
+    callback._supports_tf_logs = True
 
 
 def random_generators(model) -> list:

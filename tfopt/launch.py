@@ -263,6 +263,7 @@ def _wait(tasks: list[_Task], parameter_servers: bool, deadline: float | None, t
     """Waits for the job; returns (exit code, name of the task that decided it)."""
     training = [t for t in tasks if t.role in ("chief", "worker")]
     primary = [t for t in tasks if t.role == "chief"] if parameter_servers else training
+    primary += [t for t in tasks if t.role == "evaluator"]  # it stops by itself after the last backup
     # Under ParameterServerStrategy a worker may die: the coordinator goes on without it.
     fatal = [t for t in tasks if t.role in (("chief", "ps") if parameter_servers else ("chief", "worker"))]
     tolerated: set[str] = set()

@@ -70,12 +70,10 @@ class Backup(keras.callbacks.Callback):
         lr_scale: The optimizer's learning-rate scale variable (saved with the backup).
     """
 
-    # ParameterServerStrategy refuses batch-level callbacks unless they accept remote values.
-    _supports_tf_logs = True
-
     def __init__(self, model: "keras.Model", directory: str, *, steps_per_epoch: int, every: int, chief: bool,
                  scratch: str, strategy, lr_scale=None):
         super().__init__()
+        _compat.accept_remote_logs(self)  # ParameterServerStrategy allows batch hooks only then
         self.directory, self.spe, self.every, self.chief = directory, steps_per_epoch, every, chief
         self.strategy = strategy
         self.ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
@@ -161,7 +159,7 @@ class Backup(keras.callbacks.Callback):
 
             @tf.function
             def agree(flag):
-                return strategy.reduce(tf.distribute.ReduceOp.MAX, strategy.run(lambda: tf.identity(flag)), axis=None)
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None)
 
             self._agree = agree
         return bool(self._agree(tf.constant(1 if self._preempted else 0, tf.int32)).numpy())

@@ -95,6 +95,12 @@ class PlainValidation(keras.callbacks.Callback):
         self.enabled = enabled
         self.weights_fn = weights_fn
 
+    def evaluate(self, model: "keras.Model") -> dict:
+        """Evaluates ``model``'s current weights (through ``weights_fn`` when given) on the split."""
+        self.copy.set_weights(self.weights_fn() if self.weights_fn else model.get_weights())
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(self.copy.evaluate, self.dataset, return_dict=True, verbose=0).result()
+
     def on_epoch_end(self, epoch, logs=None):
         # Every worker reads the weights: reading sync-on-read variables (batch-norm statistics)
         # under MultiWorkerMirroredStrategy is a collective all-reduce.

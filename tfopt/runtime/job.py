@@ -34,12 +34,12 @@ from tfopt._keras import keras, tf
 from tfopt.config import RunConfig
 from tfopt.data import pipeline, sources
 from tfopt.runs import RunRecord, default_output, fingerprint
-from tfopt.runtime import precision
+from tfopt.runtime import precision, sidecar
 from tfopt.runtime import strategy as strategy_lib
 from tfopt import _compat
 from tfopt.errors import PeerLost, TrainingError
 from tfopt.runtime.backup import Backup, NonFinite
-from tfopt.runtime.callbacks import EpochTimer, MetricsLogger
+from tfopt.runtime.callbacks import EpochTimer, MetricsLogger, PlainValidation
 from tfopt.runtime.rundir import RunDir
 from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
 from tfopt.runtime.watchdog import StartupWatchdog
@@ -91,6 +91,8 @@ def result_config(cfg: RunConfig) -> dict:
 def connect(cfg: RunConfig, cluster: ClusterInfo | None):
     """Creates the strategy; multi-worker start-up is guarded by a watchdog and a first all-reduce."""
     spec = STRATEGIES.get(cfg.runtime.strategy)
+    if cluster is not None and cluster.is_evaluator:  # takes no part in the training: no collective, no server
+        return tf.distribute.get_strategy()
     if cluster is None or len(cluster.peers()) == 0:
         return strategy_lib.make_strategy(cfg.runtime, cluster)
     with StartupWatchdog(cfg.runtime.startup_timeout, cluster.peers()):
@@ -144,6 +146,7 @@ class Job:
         self.train_seconds = 0.0
         self.resumed_from_step = 0  # the global step the last fit resumed at (0: from the start)
         self.rollbacks = 0
+        self.optimizer_steps = 0  # steps the optimizer applied in the last fit (all of them, resumed or not)
         self._fits = 0
         self._lr_scale = None
         self._previous_policy: str | None = None
@@ -291,6 +294,8 @@ class Job:
             Preempted: SIGTERM arrived; a backup was written at the next step boundary.
         """
         slot, self._fits = self._fits, self._fits + 1
+        if self.evaluator:
+            return self._evaluate_backups(model, callbacks, slot, epochs * steps_per_epoch)
         backup = None
         if self.run_dir is not None:
             backup = Backup(model, os.path.join(self.run_dir.work, "backup", str(slot)), steps_per_epoch=steps_per_epoch,
@@ -311,8 +316,10 @@ class Job:
                           f"from {backup.directory}", file=sys.stderr, flush=True)
                 try:
                     with _compat.fit_resumes_at(model, *divmod(start, steps_per_epoch)):
-                        return model.fit(self.train_input(start), epochs=epochs, steps_per_epoch=steps_per_epoch,
-                                         callbacks=[*callbacks, *([backup] if backup else [])], verbose=self.verbose)
+                        history = model.fit(self.train_input(start), epochs=epochs, steps_per_epoch=steps_per_epoch,
+                                            callbacks=[*callbacks, *([backup] if backup else [])], verbose=self.verbose)
+                    self.optimizer_steps = int(model.optimizer.iterations.numpy())
+                    return history
                 except NonFinite as e:
                     lowered = self._roll_back(e, backup)
                 except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError) as e:
@@ -324,6 +331,31 @@ class Job:
                                    "last backup") from None
         finally:
             self.train_seconds += time.perf_counter() - started
+
+    @property
+    def evaluator(self) -> bool:
+        """True for the ``evaluator`` task: its ``fit`` evaluates the chief's backups instead."""
+        return self.cluster is not None and self.cluster.is_evaluator
+
+    def _evaluate_backups(self, model: "keras.Model", callbacks: list, slot: int, final_step: int):
+        """The evaluator's ``fit``: evaluates each backup of fit number ``slot`` as the chief writes it,
+        the way the stage's validation callback does (a plain copy, e.g. a Distiller's student)."""
+        if self.run_dir is None:
+            return keras.callbacks.History()
+        validation = next((c for c in callbacks if isinstance(c, PlainValidation)), None)
+        validation = validation or PlainValidation(plain_copy(model), self.dataset("validation"))
+        work, record = self.run_dir.work, os.path.join(self.run_dir.path, "run.json")
+        started = time.time()
+
+        def committed() -> bool:  # by the chief, after this evaluator started (not an older run's record)
+            return not os.path.isdir(work) and os.path.isfile(record) and os.path.getmtime(record) >= started - 1
+
+        rows = sidecar.evaluate_backups(
+            model, os.path.join(work, "backup", str(slot)), lambda: validation.evaluate(model), final_step=final_step,
+            out_dirs=(work, self.run_dir.path), finished=committed, prog=f"tfopt.{self.stage}")
+        history = keras.callbacks.History()
+        history.history = {f"evaluation_{k}": [r[k] for r in rows] for k in (rows[0] if rows else {}) if k != "step"}
+        return history
 
     def _roll_back(self, error: NonFinite, backup: Backup | None) -> float:
         """Counts a roll-back (or gives up); returns the learning-rate factor to apply after the restore."""
@@ -362,7 +394,8 @@ class Job:
                 "global_batch_size": batch, "per_replica_batch_size": batch // self.replicas, "learning_rate": lr,
                 "seconds": round(self.train_seconds, 3), "epoch_seconds": seconds,
                 "examples_per_sec": round(steps_per_epoch * batch / statistics.median(steady), 1) if steady else None,
-                "resumed": self.resuming, "resumed_from_step": self.resumed_from_step, "nan_rollbacks": self.rollbacks}
+                "resumed": self.resuming, "resumed_from_step": self.resumed_from_step, "nan_rollbacks": self.rollbacks,
+                "optimizer_steps": self.optimizer_steps}
 
     def record(self, **fields) -> RunRecord:
         """A RunRecord of this job: the common sections filled in, ``fields`` on top."""

@@ -1,0 +1,131 @@
+"""Backups in process: the NaN guard's roll-back, a full disk, debris of a killed write."""
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tfopt import config as C
+from tfopt._keras import keras, tf
+from tfopt.errors import TrainingError
+from tfopt.runtime.backup import remove_debris
+from tfopt.runtime.job import Job
+
+
+def _cfg(out, **train):
+    return C.from_dict({
+        "data": {"dataset": "digits", "global_batch_size": 32, "num_shards": 2},
+        "runtime": {"strategy": "one_device"},
+        "train": {"epochs": 2, "output_dir": str(out), "verbose": 0, "tensorboard": False, "backup_every": 10,
+                  "lr_schedule": "constant", **train},
+    })
+
+
+class PoisonAt(keras.callbacks.Callback):
+    """Sets one kernel weight to NaN after global step ``step`` (the first ``times`` times it gets there)."""
+
+    def __init__(self, step, spe, times):
+        super().__init__()
+        self.step, self.spe, self.times, self.epoch, self.done = step, spe, times, 0, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch * self.spe + batch + 1 == self.step and self.done < self.times:
+            self.done += 1
+            kernel = self.model.layers[-1].kernel
+            kernel.assign(tf.tensor_scatter_nd_update(kernel, [[0, 0]], [np.nan]))
+
+
+def _fit(out, times, **train):
+    cfg = _cfg(out, **train)
+    with Job(cfg, "train") as job:
+        steps = job.steps_per_epoch()
+        with job.strategy.scope():
+            model = keras.Sequential([keras.Input(job.info.image_shape), keras.layers.Flatten(),
+                                      keras.layers.Dense(job.info.num_classes)])
+            model.compile(optimizer=job.optimizer(job.learning_rate(), 2 * steps), metrics=["accuracy"],
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=1)
+        job.fit(model, [PoisonAt(15, steps, times)], epochs=2, steps_per_epoch=steps)
+        backups = sorted(glob.glob(os.path.join(job.run_dir.work, "backup", "0", "ckpt-*.index")))
+        return job, model, backups
+
+
+def test_a_nan_rolls_back_to_the_last_backup_with_a_lower_rate(tmp_path):
+    job, model, backups = _fit(tmp_path / "run", times=1)
+    assert job.rollbacks == 1 and float(job._lr_scale.numpy()) == 0.5
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    assert int(model.optimizer.iterations.numpy()) == 2 * job.steps_per_epoch()  # the planned steps, no more
+    for index in backups:  # no backup ever holds a non-finite weight
+        reader = tf.train.load_checkpoint(index[:-len(".index")])
+        for name in reader.get_variable_to_shape_map():
+            value = reader.get_tensor(name)
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                assert np.isfinite(value).all(), (index, name)
+
+
+def test_a_nan_after_every_roll_back_stops_with_the_step(tmp_path):
+    with pytest.raises(TrainingError, match=r"the loss \(nan\) is not finite at step 16 after 2 roll-back\(s\) "
+                                            r"\(train.nan_retries=2\); lower --lr"):
+        _fit(tmp_path / "run", times=99)
+
+
+def test_debris_of_a_killed_write_is_removed(tmp_path):
+    (tmp_path / "ckpt-20_temp").mkdir()
+    (tmp_path / "ckpt-20_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"torn")
+    (tmp_path / "ckpt-10.index").write_bytes(b"kept")
+    remove_debris(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-10.index"]
+
+
+FULL_DISK = textwrap.dedent("""
+    import os, subprocess, sys
+    from tfopt._keras import keras, tf
+    from tfopt.errors import TfoptError
+    from tfopt.runtime.backup import Backup
+    d = sys.argv[1]
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(tf.ones((8, 8)), tf.ones((8, 4)), verbose=0)
+    backup = Backup(model, d, steps_per_epoch=100, every=10, chief=True, scratch="/tmp",
+                    strategy=tf.distribute.get_strategy())
+    backup.set_model(model)
+    backup.step = 10
+    backup.save()
+    fd = os.open(os.path.join(d, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:  # fill the disk
+        while True:
+            os.write(fd, b"x" * 4096)
+    except OSError:
+        os.close(fd)
+    model.layers[0].kernel.assign(tf.zeros((8, 4)))
+    backup.step = 20
+    try:
+        backup.save()
+    except TfoptError as e:
+        print("ERROR", e)
+    os.unlink(os.path.join(d, "filler"))
+    model.layers[0].kernel.assign(tf.ones((8, 4)))
+    print("RESTORED", backup.restore(), float(model.layers[0].kernel.numpy().sum()))
+""")
+
+
+def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_backup(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK)
+    cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=256k tmpfs "$1" && exec "$0" "$2" "$1"',
+           sys.executable, str(mount), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    error = next(line for line in result.stdout.splitlines() if line.startswith("ERROR"))
+    assert f"cannot write a backup to {mount} at step 20" in error and "the previous backup is intact" in error
+    restored = next(line for line in result.stdout.splitlines() if line.startswith("RESTORED")).split()
+    assert restored[1] == "10" and float(restored[2]) != 32.0  # step 10's weights, not the ones after it
