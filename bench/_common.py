@@ -203,3 +203,53 @@ class QuietGate:
             "kept_foreign_load_median": median(self.kept_loads),
             "kept_foreign_load_max": max((x for x in self.kept_loads if x == x), default=float("nan")),
         }
+
+
+def lscpu_info() -> dict[str, Any]:
+    """What ``lscpu`` says about this machine's CPU (model, topology, caches, flags), JSON-ready.
+
+    Falls back to /proc/cpuinfo when ``lscpu`` is missing. ``flags`` is a sorted list; every
+    other ``lscpu`` field is kept as text under ``fields`` (vulnerability lines dropped).
+    """
+    import json as _json
+    import subprocess
+
+    fields: dict[str, str] = {}
+    try:
+        out = subprocess.run(["lscpu", "--json"], capture_output=True, text=True, timeout=10, check=True).stdout
+        for row in _json.loads(out).get("lscpu", []):
+            key = str(row.get("field", "")).rstrip(":").strip()
+            if key and row.get("data") is not None and not key.startswith("Vulnerability"):
+                fields[key] = str(row["data"])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    flags = fields.pop("Flags", "")
+    if not flags:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                flags = next((ln.split(":", 1)[1] for ln in f if ln.startswith("flags")), "")
+        except OSError:
+            pass
+    return {"source": "lscpu" if fields else "/proc/cpuinfo", "model": fields.get("Model name") or _cpu_model(),
+            "flags": sorted(flags.split()), "fields": fields}
+
+
+def environment_light() -> dict[str, Any]:
+    """Like :func:`environment`, without importing TensorFlow (versions from the installed metadata):
+    for a benchmark whose measuring processes are children that must start TensorFlow themselves."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    env: dict[str, Any] = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "usable_cores": usable_cores(),
+        "host_cpu_count": os.cpu_count(),
+    }
+    for key, dist in (("tensorflow", "tensorflow"), ("tf_keras", "tf-keras"), ("numpy", "numpy")):
+        try:
+            env[key] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return env
