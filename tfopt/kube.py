@@ -13,28 +13,27 @@ Job semantics, as rendered here:
 
 * Shared run directory. Every replica mounts one PersistentVolumeClaim (``--volume-claim``,
   ReadWriteMany) at ``--mount-path`` and a tfopt stage without ``-o`` gets
-  ``-o <mount-path>/<name>``: Keras' BackupAndRestore keeps its backups in the chief's run
+  ``-o <mount-path>/<name>``: tfopt keeps its backups in the chief's run
   directory and every worker restores from there, so the directory must be the same shared
   storage for all replicas and for every restart of the job. An ``-o`` outside the mount is
   refused (it would be each pod's own disk, gone with the pod). Other commands run as given.
 * Exit codes. tfopt exits 0 when done, 2 on bad input (flags, config, TF_CONFIG: a restart
   cannot fix it), 3 when its start-up watchdog gives up on peers that never came up, 1 on a
-  crash with a traceback (a bug, or TensorFlow's UnavailableError in a task that lost a peer),
-  and 143 on SIGTERM (preemption) once its backup is saved: restart me. The kernel's OOM killer
-  and the kubelet after the grace period send SIGKILL: 137.
+  crash with a traceback (a bug), 138 when a multi-worker task lost a peer (restart the job from
+  the last backup), and 143 on SIGTERM (preemption) once its backup is saved: restart me. The
+  kernel's OOM killer and the kubelet after the grace period send SIGKILL: 137.
 * ``--restart-policy ExitCode`` (default): the operator deletes and re-creates a pod that
-  exited with 128-255 (137, 143: retryable) and fails the job on 1-127 (1, 2, 3: permanent).
+  exited with 128-255 (137, 138, 143: retryable) and fails the job on 1-127 (1, 2, 3: permanent).
   Bad input fails fast instead of looping. The operator's ``backoffLimit`` counts container
   restarts, which re-created pods do not have, so it does not bound these retries.
 * ``--restart-policy OnFailure``: the kubelet restarts the container in place on any non-zero
   exit, and the operator re-creates a pod that failed outright (e.g. evicted); the restarts of
-  the job's running pods count towards ``backoffLimit``. Choose it when a task must survive a
-  peer's hard kill: the survivors exit 1 (UnavailableError), which ExitCode treats as
-  permanent; OnFailure restarts them and they resume from the last backup.
+  the job's running pods count towards ``backoffLimit``; it also restarts bad input (2) until
+  then.
 * Parameter servers: ParameterServerStrategy tolerates a killed worker (the operator re-creates
   it under the same name and the coordinator re-runs its work) but not a killed ps: the chief
-  fails and the whole job must resume from the last backup; only OnFailure restarts the chief
-  then, at most ``backoffLimit`` times. The ps and worker servers never exit by themselves.
+  exits 138 and the whole job resumes from the last backup. The ps and worker servers never
+  exit by themselves.
 * The evaluator (``--evaluator``) follows the same restart policy as every other replica: it
   runs the same command and configuration, so its exit codes mean the same (2: its input is
   wrong, a restart will not help; 137/143: retry it); one policy gives the job one rule. It is
@@ -104,7 +103,7 @@ def add_render_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentG
                         f"(default {DEFAULT_NAME})")
     g.add_argument("--namespace", help="namespace of the TFJob (default: kubectl's current one)")
     g.add_argument("--restart-policy", choices=RESTART_POLICIES, default="ExitCode",
-                   help="ExitCode: retry exits 128-255 (143 preemption, 137 kill), fail on 1-127 (default); "
+                   help="ExitCode: retry exits 128-255 (143 preemption, 138 lost peer, 137 kill), fail on 1-127 (default); "
                         "OnFailure: restart any failure in place, up to --backoff-limit")
     g.add_argument("--backoff-limit", type=int, default=3,
                    help="container restarts (OnFailure) before the job is marked failed (default 3)")
