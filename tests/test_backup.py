@@ -121,7 +121,7 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_backup(tmp_path)
     mount.mkdir()
     script = tmp_path / "full.py"
     script.write_text(FULL_DISK)
-    cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=256k tmpfs "$1" && exec "$0" "$2" "$1"',
+    cmd = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=256k tmpfs "$1" && exec "$0" "$2" "$1"',
            sys.executable, str(mount), str(script)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -51,7 +51,7 @@ class DataConfig:
     feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
     verify: bool = False  # re-hash every shard on prepare (else only when its size/mtime changed)
     service: str = ""  # tf.data service: "" (off) | local (in-process) | grpc://HOST:PORT (a dispatcher)
-    service_mode: str = "parallel_epochs"  # parallel_epochs | distributed_epoch
+    service_mode: str = "distributed_epoch"  # distributed_epoch (each batch once) | parallel_epochs
 
 
 @dataclass(frozen=True)

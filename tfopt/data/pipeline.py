@@ -34,6 +34,7 @@ import numpy as np
 
 from tfopt._keras import tf
 from tfopt.config import AUTOTUNE, DataConfig
+from tfopt.data import service
 from tfopt.data.shards import scan_tfrecord
 from tfopt.data.sources import DatasetInfo, dataset_dir, prepare
 from tfopt.errors import ConfigError, DataError
@@ -168,7 +169,8 @@ def _cache_key(files: Sequence[str], training: bool, pipelines: int, pipeline_id
 
 def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: bool, batch_size: int,
           input_context: tf.distribute.InputContext | None = None, augment: Augment | None = None,
-          cache_path: str | None = None, num_records: int | None = None, start_step: int = 0) -> tf.data.Dataset:
+          cache_path: str | None = None, num_records: int | None = None, start_step: int = 0,
+          service_job: str = "") -> tf.data.Dataset:
     """Builds the input pipeline over TFRecord files.
 
     Args:
@@ -187,6 +189,10 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         num_records: How many records ``files`` hold (sizes the full shuffle of a memory-cached
             training pipeline); counted from the files when not given.
         start_step: Training only: the first batch of the stream to yield (a resumed run's step).
+        service_job: Training with ``cfg.service``: the tf.data service job every trainer of the
+            run shares. The service workers then produce one unsharded stream (the shared job
+            splits it between the trainers, whole passes at a time under ``distributed_epoch``)
+            and a resume starts at the pass of ``start_step``, not at the step itself.
 
     Returns:
         A dataset of ``(images [B, H, W, C] float32, labels [B] int64)`` batches.
@@ -202,6 +208,11 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         raise ConfigError(f"batch_size={batch_size} must be >= 1; give a positive batch size")
     pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline_id = input_context.input_pipeline_id if input_context else 0
+    # The replicas this pipeline feeds take consecutive batches of it as one global step.
+    group = max(1, input_context.num_replicas_in_sync // pipelines) if input_context else 1
+    served = training and bool(cfg.service)
+    if served:  # the same graph on every trainer: the shared service job does the splitting
+        pipelines, pipeline_id = 1, 0
     seed = cfg.seed + pipeline_id  # different pipelines hold different data: decorrelate them
     if training:  # one seeded order, the same in every pipeline, so that file shards partition
         files = [files[i] for i in np.random.default_rng(cfg.seed).permutation(len(files))]
@@ -232,10 +243,8 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
     file_ds = tf.data.Dataset.from_tensor_slices(files)
     if by_file:
         file_ds = file_ds.shard(pipelines, pipeline_id)
-    # The replicas this pipeline feeds take consecutive batches of it as one global step. Training
-    # drops the remainder at that step's size, so that every epoch's steps hold the same examples
-    # whatever the replica count (mirrored on 2 devices trains exactly like one device).
-    group = max(1, input_context.num_replicas_in_sync // pipelines) if input_context else 1
+    # Training drops the remainder at a global step's size, so that every epoch's steps hold the
+    # same examples whatever the replica count (mirrored on 2 devices trains exactly like one device).
     if not training:
         ds = records_of(file_ds, cache=True).batch(batch_size)
     else:
@@ -261,11 +270,16 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
             return ds.take(per_pass * group)
 
         first, skip = divmod(int(start_step), per_pass)
-        ds = tf.data.Dataset.range(first, _ENDLESS).flat_map(one_pass).skip(skip * group)
+        ds = tf.data.Dataset.range(first, _ENDLESS).flat_map(one_pass)
+        if not served:
+            ds = ds.skip(skip * group)
         if augment is not None:
             ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
         elif cfg.augment == "shift":
-            ds = ds.apply(shift_augment(seed, start=int(start_step) * group))
+            ds = ds.apply(shift_augment(seed, start=(int(start_step) - (skip if served else 0)) * group))
+        if served:  # everything above runs on the service workers, with these options
+            ds = service.maybe_distribute(ds.with_options(_options(cfg, training, sharded=False)), cfg,
+                                          training=True, job_name=service_job)
     ds = ds.prefetch(_tune(cfg.prefetch_buffer))
     return ds.with_options(_options(cfg, training, sharded=input_context is not None))
 
@@ -336,7 +350,7 @@ def per_pipeline_batch_size(cfg: DataConfig, input_context: tf.distribute.InputC
 
 def make_dataset(cfg: DataConfig, split: str, *, training: bool,
                  input_context: tf.distribute.InputContext | None = None,
-                 info: DatasetInfo | None = None, start_step: int = 0) -> tf.data.Dataset:
+                 info: DatasetInfo | None = None, start_step: int = 0, service_job: str = "") -> tf.data.Dataset:
     """Prepares (if needed) and reads one split.
 
     Args:
@@ -346,6 +360,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
         input_context: From ``tf.distribute``; batches are then per replica.
         info: An already prepared dataset; saves re-verifying the shards.
         start_step: Training only: the first step of the stream to yield (see ``build``).
+        service_job: Training through the tf.data service: the run's shared job (see ``build``).
 
     Returns:
         A batched ``(images, labels)`` dataset: an endless stream of shuffled passes when
@@ -368,22 +383,24 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
         cache_path = os.path.join(dataset_dir(cfg), "tfcache", f"{split}-{mode}-seed{cfg.seed}-p{i}of{n}")
     return build(files, parse_fn(info, split), cfg, training=training,
                  batch_size=per_pipeline_batch_size(cfg, input_context), input_context=input_context,
-                 cache_path=cache_path, num_records=_split(info, split).num_records, start_step=start_step)
+                 cache_path=cache_path, num_records=_split(info, split).num_records, start_step=start_step,
+                 service_job=service_job)
 
 
 def dataset_fn(cfg: DataConfig, split: str, *, training: bool, info: DatasetInfo | None = None,
-               start_step: int = 0) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+               start_step: int = 0, service_job: str = "") -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """Returns ``fn(input_context) -> dataset`` for ``distribute_datasets_from_function`` and
     ``ParameterServerStrategy``'s DatasetCreator.
 
     The dataset is prepared (and verified) once, now; training streams are endless, as the
-    coordinator needs (set ``steps_per_epoch``), and begin at ``start_step``.
+    coordinator needs (set ``steps_per_epoch``), begin at ``start_step`` and, with ``data.service``,
+    come from the tf.data service job ``service_job``.
     """
     info = info or prepare(cfg)
 
     def fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         return make_dataset(cfg, split, training=training, input_context=per_worker_context(input_context),
-                            info=info, start_step=start_step)
+                            info=info, start_step=start_step, service_job=service_job)
 
     return fn
 

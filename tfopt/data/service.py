@@ -25,8 +25,8 @@ Processing modes (``data.service_mode``), with several service workers:
   trainers reading the job (at most once if a worker dies mid-split).
 - ``parallel_epochs`` (``ShardingPolicy.OFF``): every worker produces the whole dataset. A
   seeded pipeline then produces the *same* batches on every worker, so trainers receive each
-  batch once per worker; make the service-side seeds per worker (``worker_seeded``) or use one
-  worker. ``local_target`` starts one worker for that reason.
+  batch once per worker: use ``distributed_epoch`` with several workers. ``local_target``
+  starts one worker for that reason.
 
 Job names: trainers that give the same ``job_name`` to one dispatcher share one job, which
 splits the work among them (first come, first served): the multi-worker way to feed disjoint
@@ -39,11 +39,13 @@ dispatcher garbage-collects it. ``job_name`` builds names that follow these rule
 
 Determinism: the trainer receives batches in the order the workers deliver them, which no seed
 fixes. ``runtime.deterministic`` (bit-identical reruns and exact mid-epoch resumes) is refused
-with the service (``check``); a resumed run gets a fresh stream.
+with the service (``check``); a resumed run does not see the batches an uninterrupted run would
+have seen after that point.
 
 Lifetime: servers are stopped by ``LocalService.stop``, but a dataset still reading from a
-stopped service blocks without an error (it retries for ever), and a dispatcher without workers
-or an unreachable address makes the first read wait silently as well; hence ``resolve`` checks
+stopped service blocks without an error (still retrying after a minute, measured), and an
+unreachable address (while registering) or a dispatcher without workers (at the first read)
+wait silently as well; hence ``resolve`` checks
 that the dispatcher answers before any dataset is built, and the process-wide local service is
 never stopped: it ends with the process, which exits cleanly.
 
@@ -55,7 +57,6 @@ from __future__ import annotations
 import socket
 import threading
 import uuid
-from typing import Callable
 from urllib.parse import urlsplit
 
 from tfopt._keras import tf
@@ -98,8 +99,8 @@ class LocalService:
     def stop(self) -> None:
         """Stops the workers, then the dispatcher (idempotent).
 
-        Stop only when no dataset reads from this service any more: a reader left behind waits
-        for ever, without an error.
+        Stop only when no dataset reads from this service any more: a reader left behind keeps
+        retrying, without an error.
         """
         if self.stopped:
             return
@@ -260,23 +261,6 @@ def job_name(stage: str, split: str, fingerprint: str, cfg: DataConfig) -> str:
     """
     name = f"tfopt-{stage}-{split}-{fingerprint}"
     return f"{name}-{uuid.uuid4().hex[:8]}" if cfg.service == "local" else name
-
-
-def worker_seeded(make: Callable[[tf.Tensor], tf.data.Dataset]) -> tf.data.Dataset:
-    """Returns ``make(seed)`` where ``seed`` (an int64 scalar) is drawn when the dataset starts.
-
-    Under ``parallel_epochs`` each service worker (and each job) then shuffles with its own
-    seed instead of repeating the same batches as every other worker. Not for
-    ``distributed_epoch``: this dataset's first source is a single element, so one worker
-    would produce everything.
-    """
-    def draw(_):
-        # Both seeds 0: the kernel seeds itself from the OS (the Python API never yields (0, 0)
-        # once a global seed is set, and it is: Job seeds every run).
-        return tf.raw_ops.RandomUniformInt(shape=tf.constant([], tf.int32), minval=tf.constant(0, tf.int64),
-                                           maxval=tf.constant(2**31 - 1, tf.int64), seed=0, seed2=0)
-
-    return tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(draw).flat_map(make)
 
 
 def check(cfg: RunConfig) -> None:

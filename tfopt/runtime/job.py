@@ -32,7 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 from tfopt._version import __version__
 from tfopt._keras import keras, tf
 from tfopt.config import RunConfig
-from tfopt.data import pipeline, sources
+from tfopt.data import pipeline, service, sources
 from tfopt.runs import RunRecord, default_output, fingerprint
 from tfopt.runtime import precision, sidecar
 from tfopt.runtime import strategy as strategy_lib
@@ -129,6 +129,7 @@ class Job:
         self.cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
         validate_for_strategy(self.cluster, cfg.runtime.strategy)
         sources.check(cfg.data)
+        service.check(cfg)
         self.chief = strategy_lib.is_chief(self.cluster)
         self.options = options or {}
         self.fingerprint = fingerprint(stage, result_config(cfg), self.options)
@@ -170,6 +171,7 @@ class Job:
                 tf.config.experimental.enable_op_determinism()
                 # Dropout draws from tf.random.Generator variables, which backups save and restore.
                 keras.backend.experimental.enable_tf_random_generator()
+            service.resolve(self.cfg.data)  # a dead dispatcher fails now, not at the first batch
             self.info = sources.prepare(self.cfg.data)
             if self.run_dir is not None:
                 self.run_dir.open()
@@ -246,7 +248,8 @@ class Job:
             data = dataclasses.replace(data, deterministic=True)
         if self.spec.needs_servers:
             start_step //= max(1, self.cluster.num_workers if self.cluster else 1)
-        fn = pipeline.dataset_fn(data, "train", training=True, info=self.info, start_step=start_step)
+        name = service.job_name(self.stage, "train", self.fingerprint, data) if data.service else ""
+        fn = pipeline.dataset_fn(data, "train", training=True, info=self.info, start_step=start_step, service_job=name)
         if self.spec.needs_servers:
             return keras.utils.experimental.DatasetCreator(fn)
         return self.strategy.distribute_datasets_from_function(fn)
