@@ -43,6 +43,7 @@ SPLITS = ("train", "validation", "test")
 SHIFT_PIXELS = 2
 PARSE_BLOCK = 256  # records parsed per call of a vectorized parse function
 _ENDLESS = 2**62  # passes in a training stream: never reached
+_PASS_GRAPH_SEED = 0x5EED
 
 Augment = Callable[[tf.Tensor, tf.Tensor], tuple]
 
@@ -259,6 +260,9 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         cached = records_of(file_ds, cache=True) if cfg.cache != "none" else None
 
         def one_pass(index):
+            # A graph-level seed of this function's own: with a tensor op seed, TensorFlow's seed
+            # logic fails when the global seed is 0, and the order must not depend on it anyway.
+            tf.random.set_seed(_PASS_GRAPH_SEED)
             records = cached
             if records is None:  # re-read the files, in this pass's order
                 records = records_of(file_ds.shuffle(len(files), seed=pass_seed(seed, index)), cache=False)
