@@ -119,9 +119,10 @@ class Backup(keras.callbacks.Callback):
             self._previous_handler = None
 
     def on_train_end(self, logs=None):
-        self._restore_handler()
+        self.release()
 
-    def _restore_handler(self) -> None:
+    def release(self) -> None:
+        """Gives SIGTERM back to the handler that had it before ``fit`` (idempotent)."""
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None

@@ -333,6 +333,8 @@ class Job:
                                    "job (the launcher's --max-restarts or Kubernetes does) to resume from the "
                                    "last backup") from None
         finally:
+            if backup is not None:  # fit skips on_train_end when it raises
+                backup.release()
             self.train_seconds += time.perf_counter() - started
 
     @property
