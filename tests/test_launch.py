@@ -153,6 +153,57 @@ def test_ctrl_c_stops_children():
             os.kill(pid, 0)
 
 
+def test_sigterm_to_the_launcher_reaches_every_task_and_exits_143():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--grace", "20", "--",
+         *py("""
+             import signal
+             signal.signal(signal.SIGTERM, lambda *a: (print('saving', task['index'], flush=True), sys.exit(143)))
+             print('ready', flush=True)
+             time.sleep(60)
+             """)],
+        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ready = 0
+    while ready < 2:
+        ready += proc.stdout.readline().strip().endswith("ready")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert "[worker:0] saving 0" in out and "[worker:1] saving 1" in out  # each task handled it itself
+
+
+def test_restarts_only_retryable_failures_up_to_the_limit(tmp_path, capfd):
+    count = tmp_path / "attempts"
+    code, out, _ = run_launch(py(f"""
+        with open({str(count)!r}, "a") as f:
+            f.write(str(task["index"]))
+        if task["index"] == 1 and open({str(count)!r}).read().count("1") < 3:
+            os.kill(os.getpid(), 9)   # killed twice, then it succeeds
+        """), workers=2, max_restarts=2)
+    said = capfd.readouterr().err
+    assert code == 0 and count.read_text().count("1") == 3
+    assert "worker:1 exited with code 137 (killed by SIGKILL); restart 1/2" in said and "restart 2/2" in said
+    code, out, _ = run_launch(py("sys.exit(2 if task['index'] == 1 else 0)"), workers=2, max_restarts=3)
+    assert code == 2 and "restart" not in capfd.readouterr().err  # bad input is final
+    code, out, _ = run_launch(py("os.kill(os.getpid(), 9) if task['index'] == 0 else None"), workers=1,
+                              max_restarts=1)
+    assert code == 137 and "no restart left (--max-restarts=1)" in capfd.readouterr().err
+
+
+def test_isolate_runs_the_cluster_without_any_network_but_loopback():
+    if not ISOLATED:
+        pytest.skip("needs root (unshare -n)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfopt.launch", "--isolate", "--workers", "1", "--",
+         *py("print('interfaces', sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]), "
+             "flush=True)")],
+        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "[worker:0] interfaces ['lo']" in proc.stdout
+    outside = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])
+    assert outside != ["lo"]  # the test itself does see the host's interfaces
+
+
 # ---------------------------------------------------------------- watchdog (no TensorFlow)
 
 def test_timeout_message_names_only_unreachable_peers():
