@@ -1,8 +1,9 @@
 """The sidecar evaluator: the ``evaluator`` task evaluates each new backup while training runs.
 
 Like ``keras.utils.SidecarEvaluator``, but over tfopt's backups: the evaluator builds the same
-model as the training tasks, then polls the chief's backup directory; every new backup is
-restored into its own copy and evaluated on the held-out split. The workers never wait for it.
+model as the training tasks, then polls the chief's backup directory; every new backup (oldest
+first, as long as the chief keeps it) is restored into its own copy and evaluated on the held-out
+split. The workers never wait for it.
 Each evaluation is printed, appended to ``evaluator.json`` in the run's work directory and written
 as TensorBoard scalars (``tensorboard/evaluator``, x axis = the training step). The evaluator stops
 after the backup of the last step, or when the chief has committed the run.
@@ -40,14 +41,14 @@ def evaluate_backups(model: "keras.Model", directory: str, evaluate: Callable[[]
     step = tf.Variable(0, dtype=tf.int64, trainable=False)
     checkpoint = tf.train.Checkpoint(model=model, step=step)
     rows: list[dict] = []
-    seen = None
+    last = -1
     while True:
-        latest = tf.train.latest_checkpoint(directory) if os.path.isdir(directory) else None
-        if latest is not None and latest != seen:
-            seen = latest
+        fresh = [(n, p) for n, p in _backups(directory) if n > last]
+        for number, path in fresh:  # oldest first: every backup still there gets evaluated
+            last = number
             try:
-                checkpoint.restore(latest).expect_partial()
-            except (tf.errors.NotFoundError, tf.errors.DataLossError):  # pruned by a newer backup meanwhile
+                checkpoint.restore(path).expect_partial()
+            except (tf.errors.NotFoundError, tf.errors.DataLossError):  # pruned or committed meanwhile
                 continue
             metrics = evaluate()
             row = {"step": int(step.numpy()), **{k: round(float(v), 6) for k, v in metrics.items()}}
@@ -57,10 +58,22 @@ def evaluate_backups(model: "keras.Model", directory: str, evaluate: Callable[[]
                   file=sys.stderr, flush=True)
             if row["step"] >= final_step:
                 return rows
-            continue
-        if finished():
+        if not fresh and finished():
             return rows
-        time.sleep(poll)
+        if not fresh:
+            time.sleep(poll)
+
+
+def _backups(directory: str) -> list[tuple[int, str]]:
+    """(number, path) of the backups ``directory`` lists, oldest first (the number is the step)."""
+    state = tf.train.get_checkpoint_state(directory) if os.path.isdir(directory) else None
+    out = []
+    for path in (state.all_model_checkpoint_paths if state else []):
+        try:
+            out.append((int(path.rsplit("-", 1)[1]), path))
+        except (IndexError, ValueError):
+            continue
+    return sorted(out)
 
 
 def _write(rows: list[dict], metrics: dict, out_dirs: tuple[str, str]) -> None:
