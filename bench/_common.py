@@ -30,9 +30,8 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def environment(tf=None) -> dict[str, Any]:
-    """Returns a JSON-serializable description of where the benchmark ran."""
-    env: dict[str, Any] = {
+def _machine() -> dict[str, Any]:
+    return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -40,6 +39,11 @@ def environment(tf=None) -> dict[str, Any]:
         "usable_cores": usable_cores(),
         "host_cpu_count": os.cpu_count(),
     }
+
+
+def environment(tf=None) -> dict[str, Any]:
+    """Returns a JSON-serializable description of where the benchmark ran."""
+    env = _machine()
     if tf is not None:
         env["tensorflow"] = tf.__version__
     try:
@@ -239,14 +243,7 @@ def environment_light() -> dict[str, Any]:
     for a benchmark whose measuring processes are children that must start TensorFlow themselves."""
     from importlib.metadata import PackageNotFoundError, version
 
-    env: dict[str, Any] = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "processor": _cpu_model(),
-        "usable_cores": usable_cores(),
-        "host_cpu_count": os.cpu_count(),
-    }
+    env = _machine()
     for key, dist in (("tensorflow", "tensorflow"), ("tf_keras", "tf-keras"), ("numpy", "numpy")):
         try:
             env[key] = version(dist)
