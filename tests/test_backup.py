@@ -129,3 +129,56 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_backup(tmp_path)
     assert f"cannot write a backup to {mount} at step 20" in error and "the previous backup is intact" in error
     restored = next(line for line in result.stdout.splitlines() if line.startswith("RESTORED")).split()
     assert restored[1] == "10" and float(restored[2]) != 32.0  # step 10's weights, not the ones after it
+
+
+WRITER = textwrap.dedent("""
+    import json, os, sys
+    from tfopt._keras import keras, tf
+    from tfopt.runtime.backup import Backup
+    d, mode = sys.argv[1], sys.argv[2]
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(512)])  # 1 MB of weights per backup
+    model.compile(optimizer="adam", loss="mse")
+    backup = Backup(model, d, steps_per_epoch=10**6, every=1, chief=True, scratch="/tmp",
+                    strategy=tf.distribute.get_strategy())
+    backup.set_model(model)
+    if mode == "write":  # back up step s with every weight equal to s, as fast as possible, until killed
+        step = backup.restore()
+        while True:
+            step += 1
+            for w in model.weights:
+                w.assign(tf.fill(w.shape, float(step)))
+            backup.step = step
+            backup.save()
+            print(step, flush=True)
+    step = backup.restore()
+    values = {float(v) for w in model.get_weights() for v in w.ravel()[[0, -1]]}
+    print("RESTORED", json.dumps({"step": step, "values": sorted(values)}))
+""")
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_backup_write_leaves_the_previous_backup_usable(tmp_path):
+    """kill -9 at random moments of back-to-back writes: the newest complete backup restores, whole."""
+    import json
+    import random
+    import time
+
+    script, d = tmp_path / "writer.py", tmp_path / "backup"
+    script.write_text(WRITER)
+    rng = random.Random(0)
+    for kill in range(4):
+        proc = subprocess.Popen([sys.executable, str(script), str(d), "write"], stdout=subprocess.PIPE, text=True)
+        first = int(proc.stdout.readline())  # one backup completed in this process
+        time.sleep(rng.uniform(0.05, 0.6))
+        proc.kill()
+        done = [first] + [int(line) for line in proc.stdout.read().split()]
+        proc.wait()
+        result = subprocess.run([sys.executable, str(script), str(d), "check"], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+        line = next(x for x in result.stdout.splitlines() if x.startswith("RESTORED"))
+        restored = json.loads(line.split(" ", 1)[1])
+        step, values = restored["step"], restored["values"]
+        print(f"kill {kill}: last completed write step {done[-1]}, restored step {step}")
+        assert step in (done[-1], done[-1] + 1)  # the last one reported, or the one the kill cut after its commit
+        assert values == [float(step)]  # whole: every weight of that step, none of another
