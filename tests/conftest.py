@@ -38,3 +38,49 @@ def mnist_run(tmp_path_factory):
     })
     train(cfg)
     return str(out)
+
+
+def _pipeline(*args, **kw):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "tfopt.pipeline", "pipelines/mnist_edge.py", "--variant", "smoke",
+                             "--set", "train.backup_every=4", "--quiet", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=os.path.dirname(os.path.dirname(__file__)), **kw)
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(tmp_path_factory):
+    """The smoke ``mnist_edge`` pipeline, run three times into one run directory.
+
+    1. Stopped by SIGTERM during the student's distillation, right after its first backup.
+    2. Run again: the teacher is kept, the student resumes from its backup, the rest runs.
+    3. Run again with ``--set export.runs=10``: only the exports rerun; the report is rebuilt.
+
+    Returns ``{"run": path, "codes": [exit codes], "logs": [output of each run]}``.
+    """
+    import glob
+    import signal
+    import time
+
+    run = str(tmp_path_factory.mktemp("pipeline") / "mnist_edge")
+    codes, logs = [], []
+    proc = _pipeline("-o", run)
+    lines = []
+    backups = os.path.join(run, "student.partial", "backup", "0", "ckpt-*.index")
+    deadline = time.time() + 600
+    for line in proc.stdout:
+        lines.append(line)
+        if "student (distill): running" in line:
+            break
+    while not glob.glob(backups) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    lines += proc.stdout.readlines()
+    codes.append(proc.wait())
+    logs.append("".join(lines))
+    for extra in ((), ("--set", "export.runs=10")):
+        proc = _pipeline("-o", run, *extra)
+        logs.append(proc.stdout.read())
+        codes.append(proc.wait())
+    return {"run": run, "codes": codes, "logs": logs}

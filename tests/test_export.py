@@ -83,6 +83,16 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
     assert (out / "export.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in os.listdir(out) if p.startswith(".tmp")]
     assert "export" not in os.listdir(mnist_run)  # -o given: the input run is untouched
+    keras_fig = record["keras"]  # the float Keras model itself: the baseline every .tflite is compared with
+    assert keras_fig["params"] == 220522 and keras_fig["flops"] == on_disk["model"]["flops"]
+    assert keras_fig["weights_bytes"] == 4 * 220522  # float32; count_params() includes BN moving statistics
+    assert keras_fig["file_bytes"] == os.path.getsize(os.path.join(mnist_run, "model.keras"))
+    assert list(keras_fig["latency"]) == ["1t", "2t"]
+    for key, threads in (("1t", 1), ("2t", 2)):
+        lat = keras_fig["latency"][key]
+        assert lat["threads"] == threads and lat["inter_op_threads"] == 1 and lat["runs"] == FAST_BENCH.runs
+        assert 0 < lat["p50_ms"] <= lat["p95_ms"]
+    assert record["settings"]["bench"]["keras"] is True
     header = record["table"].splitlines()[0]
     for column in ("mode", "size", "gzip", "p50 xnnpack/1t", "p95 xnnpack/2t", "accuracy", "Δ vs Keras", "agreement"):
         assert column in header
@@ -299,11 +309,13 @@ def test_cli_user_errors_exit_2_with_one_line(args, needle, tmp_path):
 def test_cli_export_int8_io_then_evaluate_and_benchmark(mnist_run, tmp_path):
     out = tmp_path / "exp"
     proc = _cli("--from", mnist_run, "--modes", "int8", "--io", "int8", "--calibration-steps", "2",
-                "--eval-limit", "300", "--runs", "5", "--warmup", "1", "--threads", "1", "--no-plot", "-o", str(out))
+                "--eval-limit", "300", "--runs", "5", "--warmup", "1", "--threads", "1", "--no-plot",
+                "--no-keras-latency", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| int8 " in proc.stdout and "run.json" in proc.stdout
     record = json.loads((out / "run.json").read_text())["export"]
     assert record["modes"][0]["io"] == "int8" and record["settings"]["calibration_steps"] == 2
+    assert record["keras"]["latency"] == {} and record["keras"]["weights_bytes"] > 0  # --no-keras-latency
     tfl = str(out / "model_int8.tflite")
     bench = _cli("--benchmark", tfl, "--threads", "1,2", "--runs", "5", "--warmup", "1", "--kernels", "both",
                  "-o", str(tmp_path / "b"))

@@ -23,6 +23,7 @@ SMALL = {
     "tfopt.train": ["--limit", LIMIT, "--quiet"],
     "tfopt.distill": ["--limit", LIMIT, "--quiet"],
     "tfopt.optimize": ["--limit", LIMIT, "--quiet"],
+    "tfopt.pipeline": ["--variant", "smoke", "--quiet"],
     # The slice's models train a dozen steps (near chance): int8 flips many of their near-tied
     # top-1 answers, so the fidelity gate (tested on trained models in test_export) is loosened.
     "tfopt.export": ["--eval-limit", "300", "--runs", "10", "--warmup", "2", "--calibration-steps", "2",

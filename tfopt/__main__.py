@@ -10,6 +10,8 @@ COMMANDS = {
     "distill": ("tfopt.distill.cli", "distil trained teachers into a (compressed) student"),
     "optimize": ("tfopt.optimize.cli", "prune, quantization-aware train or cluster a trained run (tfmot)"),
     "export": ("tfopt.export.cli", "convert a run to TFLite, evaluate and benchmark every mode"),
+    "pipeline": ("tfopt.pipeline.cli", "run a pipeline end to end: teacher, student, compression, export, report"),
+    "report": ("tfopt.report.cli", "(re)build the report of a finished pipeline run"),
     "launch": ("tfopt.launch", "run a command as every task of a local TF_CONFIG cluster"),
 }
 

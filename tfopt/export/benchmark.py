@@ -5,6 +5,9 @@ then ``warmup`` untimed and ``runs`` timed ``invoke()`` calls; p50 and p95 are r
 count. ``kernel_report`` says which kernels run (how much of the graph the XNNPACK delegate took),
 because that decides whether int8 is faster than float on a CPU. ``litert_benchmark`` runs the
 ``litert-benchmark`` command (the CompiledModel API) as a cross-check when it is installed.
+``keras_latency`` times the Keras model itself (``model(x, training=False)`` in a ``tf.function``,
+batch 1) in a child process per thread count (:mod:`tfopt.export.keras_latency`): the float
+baseline every .tflite is compared with.
 """
 from __future__ import annotations
 
@@ -155,3 +158,36 @@ def keras_cost(model) -> dict:
     except (ValueError, tf.errors.OpError):  # a model that cannot be traced/frozen at batch 1: params only
         flops = None
     return {"params": int(model.count_params()), "flops": flops}
+
+
+def weights_bytes(model) -> int:
+    """Bytes of every weight of a Keras model (trainable or not, each variable once) at its dtype."""
+    seen: set[int] = set()
+    total = 0
+    for v in model.weights:
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        total += int(np.prod(v.shape)) * v.dtype.size
+    return total
+
+
+def keras_latency(path: str, *, threads: tuple[int, ...] = (1, 2), warmup: int = 20, runs: int = 200,
+                  trust_model: bool = False) -> dict:
+    """Batch-1 latency of the Keras model in ``path`` per TensorFlow intra-op thread count.
+
+    Each count is measured in its own child process (thread pools are fixed when TensorFlow
+    starts), one after the other so that they do not compete for the cores.
+
+    Returns:
+        ``{"1t": {"p50_ms", "p95_ms", "mean_ms", "min_ms", "runs", "warmup", "threads", ...}, "2t": ...}``.
+
+    Raises:
+        ConfigError: bad ``threads``, ``runs`` or ``warmup``.
+        ModelError: a child failed.
+    """
+    from tfopt.export import keras_latency as child
+
+    return {f"{t}t": child.measure(path, threads=t, runs=runs, warmup=warmup, trust_model=trust_model)
+            for t in threads}
+

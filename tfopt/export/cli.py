@@ -57,6 +57,8 @@ def _parser() -> cli.ArgumentParser:
     g.add_argument("--kernels", default="xnnpack", help=f"{', '.join(choices.KERNELS)}: XNNPACK delegate "
                    "(LiteRT's default) and/or builtin kernels only")
     g.add_argument("--litert-benchmark", action="store_true", help="also run the litert-benchmark command")
+    g.add_argument("--no-keras-latency", action="store_true",
+                   help="--from: do not time the Keras model (its float baseline; one process per thread count)")
     p.add_argument("--output", "-o", help="new run directory (default <RUN>-export, then -2, ...; --evaluate/--benchmark: "
                    "where to write their JSON, default none)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run at -o")
@@ -126,7 +128,8 @@ def _work(args) -> int:
         print(f"{PROG}: not the chief task; the chief exports", file=sys.stderr)
         return 0
     bench = runner.BenchSettings(threads=tuple(choices.parse_threads(args.threads)), runs=args.runs,
-                                 warmup=args.warmup, kernels=args.kernels, litert_benchmark=args.litert_benchmark)
+                                 warmup=args.warmup, kernels=args.kernels, litert_benchmark=args.litert_benchmark,
+                                 keras=not args.no_keras_latency)
     if args.source is not None:
         settings = runner.ExportSettings(
             modes=tuple(choices.parse_modes(args.modes)),

@@ -39,6 +39,7 @@ class BenchSettings:
     warmup: int = 20
     kernels: str = "xnnpack"  # xnnpack (LiteRT's default) | builtin (no delegate) | both
     litert_benchmark: bool = False  # also run the `litert-benchmark` command
+    keras: bool = True  # also time the Keras model (float baseline), one child process per thread count
 
     def __post_init__(self):
         check_choice("kernels", self.kernels, KERNELS, "--kernels")
@@ -161,6 +162,7 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
                                    reference, out_dir, say, notes))
         if mode == "int8" and settings.float_layers and not qat:
             rows.append(_partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say))
+    keras_figures = _keras_figures(model, run.model_path, cost, settings, say)
     table = summary.export_table(rows)
     write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.path}\n\n{table}\n")
     plot = None
@@ -177,9 +179,21 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
                  **{f"{r['mode']}_test_accuracy": r["eval"]["accuracy"] for r in rows}},
         artifacts=artifacts, fingerprint=rd.fingerprint,
         section={"source": run.path, "output": rd.path, "settings": _settings_dict(settings), "modes": rows,
-                 "notes": notes, "table": table})
+                 "keras": keras_figures, "notes": notes, "table": table})
     rd.commit(record)
     return record
+
+
+def _keras_figures(model, path: str, cost: dict, settings: ExportSettings, say) -> dict:
+    """The float Keras model's own figures (the baseline of every .tflite): latency, bytes, params, FLOPs."""
+    b = settings.bench
+    latency = {}
+    if b.keras:
+        say(f"timing the Keras model at {', '.join(map(str, b.threads))} thread(s)")
+        latency = bench.keras_latency(path, threads=b.threads, warmup=b.warmup, runs=b.runs,
+                                      trust_model=settings.trust_model)
+    return {"latency": latency, "weights_bytes": bench.weights_bytes(model),
+            "file_bytes": os.path.getsize(path), **cost}
 
 
 def _selective(model, calibration, conv, full: EvalResult, settings: ExportSettings, data_cfg, info, x_test, y_test,

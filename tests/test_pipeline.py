@@ -1,0 +1,138 @@
+"""The end-to-end runner: configs, stage fingerprints, resume at the first unfinished stage."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tfopt.errors import ConfigError
+from tfopt.pipeline import apply_overrides, load_pipeline, plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MNIST_EDGE = os.path.join(ROOT, "pipelines", "mnist_edge.py")
+
+
+def _prints(cfg):
+    return {s.name: s.fingerprint for s in plan(cfg)}
+
+
+def test_every_pipeline_file_gives_a_valid_config_for_every_variant():
+    import importlib.util
+
+    for name in sorted(os.listdir(os.path.join(ROOT, "pipelines"))):
+        if name.endswith(".py"):
+            path = os.path.join(ROOT, "pipelines", name)
+            spec = importlib.util.spec_from_file_location(name[:-3], path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            for variant in module.VARIANTS:
+                cfg = load_pipeline(path, variant)
+                assert cfg.name == name[:-3]
+                assert [s.name for s in plan(cfg)][:2] == ["teacher", "student"]
+
+
+def test_a_changed_setting_reruns_that_stage_and_the_stages_after_it_only():
+    cfg = load_pipeline(MNIST_EDGE, "smoke")
+    base = _prints(cfg)
+    assert _prints(apply_overrides(cfg, ["train.verbose=2", "select=acc_drop<=1"])) == base  # neither changes a result
+
+    def changed(*overrides):
+        new = _prints(apply_overrides(cfg, list(overrides)))
+        return sorted(n for n in base if new[n] != base[n])
+
+    assert changed("export.runs=10") == ["student-export", "student-pqat-export", "teacher-export"]
+    assert changed("student.alpha=0.5") == ["student", "student-export", "student-pqat", "student-pqat-export"]
+    assert changed("compress.sparsity=0.6") == ["student-pqat", "student-pqat-export"]
+    assert changed("teacher.epochs=2") == sorted(base)
+    assert changed("data.limit=512") == sorted(base)
+
+
+def test_overrides_and_their_errors():
+    cfg = load_pipeline(MNIST_EDGE, "smoke")
+    two = apply_overrides(cfg, ["compress.techniques=pqat,prune_2of4", "export.threads=1,2", "teacher.epochs=2"])
+    assert two.compress.techniques == ("pqat", "prune_2of4") and two.export.threads == (1, 2)
+    names = [s.name for s in plan(two)]
+    assert "student-prune_2of4-export" in names
+    modes = {s.name: s.settings["modes"] for s in plan(two) if s.kind == "export"}
+    assert modes["student-pqat-export"] == ["int8"]  # a QAT model converts to int8 only
+    assert modes["student-prune_2of4-export"] == list(cfg.export.modes)
+    assert [s.name for s in plan(apply_overrides(cfg, ["compress.techniques="]))] == [
+        "teacher", "student", "teacher-export", "student-export"]
+    for bad, message in [
+        (["teacher.epoch=2"], r"unknown key teacher.epoch; valid keys in 'teacher': model, epochs, learning_rate"),
+        (["compress.techniques=pqat,magic"], r"compress.techniques='pqat,magic' is not valid; give distinct names from"),
+        (["teacher.model=resnet"], r"unknown model 'resnet'; choose one of"),
+        (["export.modes=int4"], r"int4"),
+        (["student.alpha=2"], r"student.alpha=2.0 in \[0, 1\]"),
+        (["teacher.epochs=two"], r"teacher.epochs='two' is not a int"),
+        (["nonsense"], r"override 'nonsense' is not of the form section.key=value"),
+        (["stages.x=1"], r"unknown pipeline section 'stages'; valid sections:"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            apply_overrides(cfg, bad)
+    with pytest.raises(ConfigError, match=r"--variant 'huge' is not one of .*mnist_edge.py's variants: default, smoke"):
+        load_pipeline(MNIST_EDGE, "huge")
+    with pytest.raises(ConfigError, match=r"pipeline 'nope.py' is not a .py file"):
+        load_pipeline("nope.py")
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+    not_ours = tmp_path / "mine"
+    not_ours.mkdir()
+    (not_ours / "notes.txt").write_text("keep me")
+    for args, message in [
+        (["pipelines/nope.py"], "pipeline 'pipelines/nope.py' is not a .py file"),
+        ([MNIST_EDGE, "--set", "teacher.epochs=0"], "teacher.epochs=0 must be >= 1"),
+        ([MNIST_EDGE, "--variant", "smoke", "-o", str(not_ours)], "is a non-empty directory without pipeline.json"),
+    ]:
+        result = subprocess.run([sys.executable, "-m", "tfopt.pipeline", *args], capture_output=True, text=True,
+                                cwd=ROOT, timeout=120)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [f"tfopt.pipeline: error: {result.stderr.split('error: ', 1)[1].strip()}"]
+        assert message in result.stderr
+    assert os.listdir(not_ours) == ["notes.txt"]
+
+
+@pytest.mark.slow
+def test_a_stopped_pipeline_resumes_at_its_unfinished_stage(pipeline_run):
+    stopped, resumed, changed = pipeline_run["logs"]
+    assert pipeline_run["codes"] == [143, 0, 0], stopped[-2000:] + resumed[-2000:] + changed[-2000:]
+    assert "stopped by SIGTERM at step" in stopped
+    assert "teacher (train): finished earlier with the same settings, kept" in resumed
+    step = int(re.search(r"resuming at step (\d+)", resumed).group(1))
+    assert step >= 4  # the student went on from its backup, not from scratch
+    assert "student (distill): running" in resumed
+    kept = re.findall(r"\] \d+/\d+ (\S+) \(\w+\): finished earlier", changed)
+    ran = re.findall(r"\] \d+/\d+ (\S+) \(\w+\): running", changed)
+    assert kept == ["teacher", "student", "student-pqat"] and ran == [
+        "teacher-export", "student-export", "student-pqat-export"]
+    state = json.load(open(os.path.join(pipeline_run["run"], "pipeline.json")))
+    assert [s["status"] for s in state["stages"]] == ["done"] * 6
+    assert {s["name"] for s in state["stages"]} <= set(os.listdir(pipeline_run["run"]))
+    records = {n: json.load(open(os.path.join(pipeline_run["run"], n, "run.json"))) for n in ("teacher", "student")}
+    assert records["student"]["train"]["resumed"] and records["student"]["train"]["resumed_from_step"] == step
+    assert not records["teacher"]["train"]["resumed"]
+    export = json.load(open(os.path.join(pipeline_run["run"], "teacher-export", "run.json")))
+    assert export["export"]["settings"]["bench"]["runs"] == 10
+    assert 0 <= state["probe"]["input_bound_fraction"] <= 1 and state["probe"]["input_examples_per_sec"] > 0
+
+
+@pytest.mark.slow
+def test_multi_worker_training_stages_run_under_the_launcher(tmp_path):
+    """Under multi_worker_mirrored each training stage is a tfopt.launch process group of 2 workers."""
+    run = tmp_path / "mwms"
+    result = subprocess.run(
+        [sys.executable, "-m", "tfopt.pipeline", MNIST_EDGE, "--variant", "smoke", "--strategy", "multi_worker_mirrored",
+         "--set", "compress.techniques=", "--set", "export.modes=float32", "--set", "probe.steps=0", "--no-report",
+         "--quiet", "-o", str(run)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for stage in ("teacher", "student"):
+        record = json.load(open(run / stage / "run.json"))
+        assert record["strategy"]["name"] == "multi_worker_mirrored" and record["strategy"]["num_workers"] == 2
+    # both workers trained the same weights (the launcher's tasks each print their digest)
+    digests = re.findall(r"\[worker:(\d)\] tfopt.train: done \{\"task\": \"worker:\d\", \"weights_sha256\": \"(\w+)\"",
+                         result.stdout)
+    assert sorted(w for w, _ in digests) == ["0", "1"] and len({d for _, d in digests}) == 1
+    assert json.load(open(run / "teacher-export" / "run.json"))["export"]["modes"][0]["mode"] == "float32"

@@ -1,0 +1,93 @@
+"""The stages of a pipeline run and what each one is given, derived from a PipelineConfig.
+
+``teacher`` (train) -> ``student`` (distill from the teacher) -> ``student-<technique>``
+(optimize, one per compression technique) -> ``<model>-export`` (export every model). Each
+stage's fingerprint covers its own inputs and the fingerprints of the stages it reads, so a
+changed setting reruns that stage and every stage after it, and nothing else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from tfopt import config as config_lib
+from tfopt.config import RunConfig
+from tfopt.pipeline.config import PipelineConfig
+from tfopt.runs import fingerprint
+
+QAT_TECHNIQUES = ("qat", "pqat", "cqat", "pcqat")  # these convert to int8 only
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a pipeline run.
+
+    Attributes:
+        name: Also its run directory under the pipeline run (``teacher``, ``student-pqat-export``).
+        kind: ``train``, ``distill``, ``optimize`` or ``export``.
+        inputs: Names of the stages whose runs it reads.
+        settings: Everything that determines its result, as plain data.
+        fingerprint: Digest of ``settings`` and of its inputs' fingerprints.
+    """
+
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    settings: dict
+    fingerprint: str
+
+    @property
+    def trains(self) -> bool:
+        """True for stages that run a distribution strategy (launched as several processes when needed)."""
+        return self.kind in ("train", "distill", "optimize")
+
+
+def stage_run_config(cfg: PipelineConfig, model: str, epochs: int, learning_rate: float, output_dir: str) -> RunConfig:
+    """The RunConfig of one training stage: the pipeline's base with that stage's model and schedule."""
+    return config_lib.from_dict({"model": {"name": model},
+                                 "train": {"epochs": epochs, "learning_rate": learning_rate,
+                                           "output_dir": output_dir}}, cfg.base)
+
+
+def _result_part(run_cfg: RunConfig) -> dict:
+    out = run_cfg.to_dict()
+    out["train"] = {k: v for k, v in out["train"].items() if k not in ("output_dir", "verbose", "tensorboard")}
+    return out
+
+
+def plan(cfg: PipelineConfig) -> list[Stage]:
+    """The stages of ``cfg`` in the order they run (every stage after the ones it reads)."""
+    stages: dict[str, Stage] = {}
+
+    def add(name: str, kind: str, inputs: tuple[str, ...], settings: dict) -> None:
+        digest = fingerprint(kind, settings, [stages[i].fingerprint for i in inputs])
+        stages[name] = Stage(name, kind, inputs, settings, digest)
+
+    t, s, c, e = cfg.teacher, cfg.student, cfg.compress, cfg.export
+    add("teacher", "train", (), {"run": _result_part(stage_run_config(cfg, t.model, t.epochs, t.learning_rate, ""))})
+    add("student", "distill", ("teacher",),
+        {"run": _result_part(stage_run_config(cfg, s.model, s.epochs, s.learning_rate, "")),
+         "temperature": s.temperature, "alpha": s.alpha})
+    for technique in c.techniques:
+        add(f"student-{technique}", "optimize", ("student",),
+            {"run": _result_part(stage_run_config(cfg, s.model, s.epochs, s.learning_rate, "")),
+             "technique": technique, "sparsity": c.sparsity, "epochs": c.epochs, "learning_rate": c.learning_rate})
+    for source in ["teacher", "student", *[f"student-{x}" for x in c.techniques]]:
+        qat = source.startswith("student-") and source[len("student-"):] in QAT_TECHNIQUES
+        modes = ["int8"] if qat else list(e.modes)
+        add(f"{source}-export", "export", (source,),
+            {"modes": modes, "eval_limit": e.eval_limit, "runs": e.runs, "warmup": e.warmup,
+             "threads": list(e.threads)})
+    return list(stages.values())
+
+
+def stage_dir(run_dir: str, stage: Stage | str) -> str:
+    """The run directory of ``stage`` inside the pipeline run ``run_dir``."""
+    return os.path.join(run_dir, stage if isinstance(stage, str) else stage.name)
+
+
+def replace_output(run_cfg: RunConfig, output_dir: str, verbose: int) -> RunConfig:
+    """``run_cfg`` writing to ``output_dir`` with Keras progress ``verbose``."""
+    return dataclasses.replace(run_cfg, train=dataclasses.replace(run_cfg.train, output_dir=output_dir,
+                                                                  verbose=verbose))

@@ -1,0 +1,177 @@
+"""Choosing the edge model: a rule of constraints, and why every other variant lost.
+
+A rule is comma-separated constraints ``KEY OP NUMBER``, e.g. ``acc_drop<=0.5,p50_us<=50``.
+Among the .tflite variants that satisfy every constraint, the one with the smallest gzip size
+wins (what a device downloads); equal sizes go to the lower p50 latency at 1 thread, then to the
+name. Every other variant gets the reason it lost: the first constraint it fails with its value,
+or that it passes but is larger than the chosen one. Keras variants are references, never chosen.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+from tfopt.errors import ConfigError
+from tfopt.report.collect import Variant
+
+# key -> (what it is, unit, how to read it from a variant)
+KEYS: dict[str, tuple[str, str, Callable[[Variant], float | None]]] = {
+    "acc": ("test accuracy", "%", lambda v: v.accuracy_pct),
+    "acc_drop": ("accuracy lost against the teacher's Keras model", "pt",
+                 lambda v: None if v.delta_pt is None else -v.delta_pt),
+    "agreement": ("top-1 agreement with its own Keras model", "%", lambda v: v.agreement_pct),
+    "size_kb": (".tflite size", "KiB", lambda v: None if v.size_bytes is None else v.size_bytes / 1024),
+    "gzip_kb": ("gzip -9 size", "KiB", lambda v: None if v.gzip_bytes is None else v.gzip_bytes / 1024),
+    "p50_us": ("p50 latency at 1 thread", "us", lambda v: v.p50_us),
+    "p95_us": ("p95 latency at 1 thread", "us", lambda v: v.p95_us),
+    "p50_us_2t": ("p50 latency at 2 threads", "us", lambda v: v.p50_us_2t),
+    "params": ("parameters", "", lambda v: None if v.params is None else float(v.params)),
+}
+OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
+                                                   ">": operator.gt}
+EXAMPLE = "acc_drop<=0.5,p50_us<=50"
+_TOKEN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``key op value``, e.g. ``acc_drop <= 0.5``."""
+
+    key: str
+    op: str
+    value: float
+
+    def __str__(self) -> str:
+        return f"{self.key}{self.op}{self.value:g}"
+
+    def measure(self, variant: Variant) -> float | None:
+        """The variant's value of ``key`` (None when not measured)."""
+        return KEYS[self.key][2](variant)
+
+    def holds(self, variant: Variant) -> bool:
+        """True when the variant's value is measured and satisfies the constraint."""
+        value = self.measure(variant)
+        return value is not None and OPS[self.op](value, self.value)
+
+
+def _help() -> str:
+    keys = ", ".join(f"{k} ({unit})" if unit else k for k, (_, unit, _) in KEYS.items())
+    return f"valid keys: {keys}; operators: {', '.join(OPS)}; example: --select '{EXAMPLE}'"
+
+
+def parse_rule(rule: str | None) -> list[Constraint]:
+    """Parses ``acc_drop<=0.5,p50_us<=50`` into constraints (empty/None: no constraint).
+
+    Raises:
+        ConfigError: one line naming the bad token, the valid keys and operators, and an example.
+    """
+    if rule is None or not rule.strip():
+        return []
+    out: list[Constraint] = []
+    for token in rule.split(","):
+        if not token.strip():
+            raise ConfigError(f"selection rule {rule!r} has an empty constraint (two commas or a trailing comma); "
+                              + _help())
+        m = _TOKEN.match(token)
+        if not m:
+            raise ConfigError(f"selection rule constraint {token.strip()!r} is not KEY OP NUMBER; " + _help())
+        key, op, number = m.groups()
+        if key not in KEYS:
+            raise ConfigError(f"selection rule constraint {token.strip()!r}: unknown key {key!r}; " + _help())
+        value = float(number)
+        if not math.isfinite(value):
+            raise ConfigError(f"selection rule constraint {token.strip()!r}: the number is not finite; " + _help())
+        out.append(Constraint(key, op, value))
+    return out
+
+
+def _fmt(value: float | None, key: str) -> str:
+    if value is None:
+        return "not measured"
+    unit = KEYS[key][1]
+    text = f"{value:.0f}" if key == "params" else f"{value:.2f}"
+    return f"{text} {unit}".strip()
+
+
+@dataclass
+class Selection:
+    """The chosen variant and every other variant's reason.
+
+    Attributes:
+        rule: The rule as given.
+        constraints: Its parsed constraints, as text.
+        chosen: The chosen variant's name, or None when none passes.
+        statement: One sentence saying what was chosen and why (or that nothing passes).
+        passing: Names of the .tflite variants satisfying every constraint, best first.
+        rejected: Variant name -> why it was not chosen.
+    """
+
+    rule: str
+    constraints: list[str]
+    chosen: str | None
+    statement: str
+    passing: list[str]
+    rejected: dict[str, str]
+
+    def to_dict(self) -> dict:
+        """JSON-friendly dict."""
+        return asdict(self)
+
+
+def _order(v: Variant) -> tuple:
+    inf = float("inf")
+    return (v.gzip_bytes if v.gzip_bytes is not None else inf, v.p50_us if v.p50_us is not None else inf, v.name)
+
+
+def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
+    """Chooses among the .tflite variants the smallest (gzip) one satisfying every constraint.
+
+    Args:
+        variants: Every variant of the run (Keras ones are listed as references, never chosen).
+        rule: The rule text (see :func:`parse_rule`); None or empty: every .tflite variant passes.
+
+    Returns:
+        The selection; ``chosen`` is None (and ``statement`` says so) when no variant passes.
+
+    Raises:
+        ConfigError: a bad rule.
+    """
+    constraints = parse_rule(rule)
+    rejected: dict[str, str] = {}
+    passing: list[Variant] = []
+    for v in variants:
+        if not v.is_tflite:
+            rejected[v.name] = "a Keras model: the reference, not an edge model (only .tflite variants are chosen)"
+            continue
+        failed = next((c for c in constraints if not c.holds(v)), None)
+        if failed is None:
+            passing.append(v)
+        else:
+            value = failed.measure(v)
+            rejected[v.name] = (f"fails {failed}: {failed.key} is {_fmt(value, failed.key)}" if value is not None
+                                else f"fails {failed}: {failed.key} not measured")
+    passing.sort(key=_order)
+    text = rule.strip() if rule and rule.strip() else ""
+    where = f"the rule {text!r}" if text else "no rule (every .tflite variant passes)"
+    if not passing:
+        count = sum(1 for v in variants if v.is_tflite)
+        statement = (f"No .tflite variant satisfies {where}: all {count} fail a constraint (reasons below); "
+                     "nothing is chosen. Relax the rule (--select) or improve the models.")
+        return Selection(text, [str(c) for c in constraints], None, statement, [], rejected)
+    best = passing[0]
+    for v in passing[1:]:
+        same = v.gzip_bytes == best.gzip_bytes
+        rejected[v.name] = ("passes but has the same gzip size and a higher p50 latency than the chosen one"
+                            if same else f"passes but is larger than the chosen one (gzip {_kib(v.gzip_bytes)} vs "
+                            f"{_kib(best.gzip_bytes)})")
+    statement = (f"{best.name} is chosen: the smallest gzip size ({_kib(best.gzip_bytes)}) of the "
+                 f"{len(passing)} .tflite variant(s) satisfying {where}.")
+    return Selection(text, [str(c) for c in constraints], best.name, statement, [v.name for v in passing],
+                     {v.name: rejected[v.name] for v in variants if v.name in rejected})
+
+
+def _kib(n: int | None) -> str:
+    return "not measured" if n is None else f"{n / 1024:.1f} KiB"
