@@ -145,6 +145,7 @@ class Job:
         self.timer: EpochTimer | None = None
         self.logger: MetricsLogger | None = None
         self.train_seconds = 0.0
+        self._resumed = False  # a work directory of this config was there when the Job started
         self.resumed_from_step = 0  # the global step the last fit resumed at (0: from the start)
         self.rollbacks = 0
         self.optimizer_steps = 0  # steps the optimizer applied in the last fit (all of them, resumed or not)
@@ -174,6 +175,7 @@ class Job:
             service.resolve(self.cfg.data)  # a dead dispatcher fails now, not at the first batch
             self.info = sources.prepare(self.cfg.data)
             if self.run_dir is not None:
+                self._resumed = self.run_dir.resuming  # before open() stamps the work directory
                 self.run_dir.open()
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -196,7 +198,7 @@ class Job:
     @property
     def resuming(self) -> bool:
         """True when this run continues a crashed run of the same settings."""
-        return self.run_dir is not None and self.run_dir.resuming
+        return self._resumed
 
     def steps_per_epoch(self, override: int = 0) -> int:
         """``override``, else ``train.steps_per_epoch``, else one pass over the training split."""
