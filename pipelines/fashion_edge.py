@@ -18,7 +18,7 @@ DEFAULT = {
     "student": {"model": "small_cnn", "epochs": 8, "learning_rate": 2e-3, "temperature": 4.0, "alpha": 0.9},
     "compress": {"techniques": ["pqat"], "sparsity": 0.5, "epochs": 1, "learning_rate": 5e-4},
     "export": {"modes": ["float32", "dynamic", "float16", "int8", "int16x8"], "runs": 200, "threads": [1, 2]},
-    "select": "acc_drop<=1.5",
+    "select": "acc_drop<=1.5,min:p50_us",
 }
 
 SMOKE = {

@@ -42,7 +42,7 @@ def test_bad_rule_is_one_line_naming_the_token_keys_operators_and_an_example(rul
     message = str(e.value)
     assert "\n" not in message and token in message
     assert "valid keys: acc (%), acc_drop (pt)" in message and "p50_us_2t" in message
-    assert "operators: <=, >=, <, >" in message and "example: --select 'acc_drop<=0.5,p50_us<=50'" in message
+    assert "operators: <=, >=, <, >" in message and "example: --select 'acc_drop<=0.5,p50_us<=50,min:gzip_kb'" in message
 
 
 # --- the choice -----------------------------------------------------------------------------------
@@ -73,8 +73,9 @@ def test_choice_is_the_smallest_gzip_passing_every_constraint_and_every_other_va
                            "teacher/float32"]
     assert set(sel.rejected) == {v.name for v in VARIANTS} - {"student-pqat/dynamic"}
     assert sel.rejected["student/int8"] == "fails acc_drop<=0.5: acc_drop is 1.00 pt"
-    assert "same gzip size and a higher p50" in sel.rejected["student-pqat/int8"]
-    assert sel.rejected["teacher/float32"].startswith("passes but is larger than the chosen one (gzip 781.2 KiB")
+    assert "same gzip -9 size and a higher p50" in sel.rejected["student-pqat/int8"]
+    assert sel.rejected["teacher/float32"] == ("passes but its gzip -9 size is higher than the chosen one's "
+                                               "(781.25 KiB vs 14.65 KiB)")
     assert "Keras model" in sel.rejected["teacher/keras"]
     assert "student-pqat/dynamic is chosen" in sel.statement and "'acc_drop<=0.5'" in sel.statement
 
@@ -84,6 +85,16 @@ def test_choice_is_the_smallest_gzip_passing_every_constraint_and_every_other_va
     assert fast.rejected["teacher/int8"] == "fails p50_us<=25: p50_us is 90.00 us"  # the first failing constraint
 
     assert choose(VARIANTS, None).chosen == "student-pqat/dynamic"  # no rule: smallest of all
+
+    fastest = choose(VARIANTS, "acc_drop<=0.5,min:p50_us")
+    assert fastest.chosen == "student/float32" and fastest.objective == "min:p50_us"
+    assert fastest.rejected["student-pqat/dynamic"] == ("passes but its p50 latency at 1 thread is higher than the "
+                                                        "chosen one's (30.00 us vs 20.00 us)")
+    assert "the lowest p50 latency at 1 thread (20.00 us)" in fastest.statement
+    assert choose(VARIANTS, "max:acc").chosen == "teacher/float32"
+    for bad in ("min:speed", "fast:p50_us", "min:acc,max:acc"):
+        with pytest.raises(ConfigError, match="objective|objectives"):
+            choose(VARIANTS, bad)
 
 
 def test_no_passing_variant_is_a_statement_not_a_crash():

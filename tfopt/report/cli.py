@@ -24,8 +24,8 @@ def _parser() -> cli.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="a pipeline run directory (the -o of python -m tfopt.pipeline)")
     p.add_argument("--select", metavar="RULE",
                    help=f"choose the edge model by this rule instead of the pipeline's, e.g. '{EXAMPLE}' "
-                        f"(keys: {', '.join(KEYS)}; operators: {' '.join(OPS)}; the smallest gzip size that "
-                        "satisfies every constraint wins)")
+                        f"(keys: {', '.join(KEYS)}; operators: {' '.join(OPS)}; objective min:KEY or max:KEY, "
+                        "default min:gzip_kb: the best of the variants that satisfy every constraint wins)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 

@@ -59,7 +59,7 @@ def _summary(report: dict) -> list[dict]:
                      f"gzipped), p50 {_us(chosen['p50_us'])} us at 1 thread.")
     if chosen:
         rule = f"`{sel['rule']}`" if sel["rule"] else "no rule"
-        items.append(f"Chosen by {rule}: the smallest gzip size among the {len(sel['passing'])} .tflite variant(s) "
+        items.append(f"Chosen by {rule}: {_objective_text(sel)} among the {len(sel['passing'])} .tflite variant(s) "
                      "satisfying it (see Selection for why every other variant lost).")
     else:
         items.append(sel["statement"])
@@ -126,12 +126,19 @@ def _pareto(report: dict) -> list[dict]:
     return out
 
 
+def _objective_text(sel: dict) -> str:
+    from tfopt.report.select import KEYS
+
+    direction, _, key = sel.get("objective", "min:gzip_kb").partition(":")
+    return f"the {'lowest' if direction == 'min' else 'highest'} {KEYS[key][0]}"
+
+
 def _selection(report: dict) -> list[dict]:
     sel = report["selection"]
     rule = f"`{sel['rule']}`" if sel["rule"] else "none"
     out = [{"type": "h2", "text": "Selection"},
-           {"type": "p", "text": f"Rule: {rule}. Among the .tflite variants satisfying every constraint, the smallest "
-                                 "gzip size wins (ties: the lower p50 latency at 1 thread)."},
+           {"type": "p", "text": f"Rule: {rule}. Among the .tflite variants satisfying every constraint, "
+                                 f"{_objective_text(sel)} wins (ties: the lower p50 latency at 1 thread)."},
            {"type": "p", "text": sel["statement"]}]
     rows, classes = [], []
     if sel["chosen"]:

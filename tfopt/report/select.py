@@ -1,10 +1,11 @@
 """Choosing the edge model: a rule of constraints, and why every other variant lost.
 
-A rule is comma-separated constraints ``KEY OP NUMBER``, e.g. ``acc_drop<=0.5,p50_us<=50``.
-Among the .tflite variants that satisfy every constraint, the one with the smallest gzip size
-wins (what a device downloads); equal sizes go to the lower p50 latency at 1 thread, then to the
-name. Every other variant gets the reason it lost: the first constraint it fails with its value,
-or that it passes but is larger than the chosen one. Keras variants are references, never chosen.
+A rule is comma-separated constraints ``KEY OP NUMBER``, e.g. ``acc_drop<=0.5,p50_us<=50``, and
+optionally one objective ``min:KEY`` or ``max:KEY`` (default ``min:gzip_kb``). Among the .tflite
+variants that satisfy every constraint, the one with the best objective wins (by default the
+smallest gzip size: what a device downloads); ties go to the lower p50 latency at 1 thread, then
+to the name. Every other variant gets the reason it lost: the first constraint it fails with its
+value, or that it passes but has a worse objective. Keras variants are references, never chosen.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ KEYS: dict[str, tuple[str, str, Callable[[Variant], float | None]]] = {
 }
 OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
                                                    ">": operator.gt}
-EXAMPLE = "acc_drop<=0.5,p50_us<=50"
+EXAMPLE = "acc_drop<=0.5,p50_us<=50,min:gzip_kb"
+DEFAULT_OBJECTIVE = ("min", "gzip_kb")
 _TOKEN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
 
@@ -59,22 +61,48 @@ class Constraint:
 
 def _help() -> str:
     keys = ", ".join(f"{k} ({unit})" if unit else k for k, (_, unit, _) in KEYS.items())
-    return f"valid keys: {keys}; operators: {', '.join(OPS)}; example: --select '{EXAMPLE}'"
+    return (f"valid keys: {keys}; operators: {', '.join(OPS)}; objective: min:KEY or max:KEY; "
+            f"example: --select '{EXAMPLE}'")
+
+
+def parse_objective(rule: str | None) -> tuple[str, str]:
+    """The rule's objective ``(min|max, KEY)`` (default ``("min", "gzip_kb")``).
+
+    Raises:
+        ConfigError: a bad or repeated objective.
+    """
+    found = []
+    for token in (rule or "").split(","):
+        direction, colon, key = token.strip().partition(":")
+        if not colon:
+            continue
+        if direction not in ("min", "max") or key.strip() not in KEYS:
+            raise ConfigError(f"selection rule objective {token.strip()!r} is not min:KEY or max:KEY; " + _help())
+        found.append((direction, key.strip()))
+    if len(found) > 1:
+        raise ConfigError(f"selection rule {rule!r} has {len(found)} objectives; give at most one; " + _help())
+    return found[0] if found else DEFAULT_OBJECTIVE
 
 
 def parse_rule(rule: str | None) -> list[Constraint]:
     """Parses ``acc_drop<=0.5,p50_us<=50`` into constraints (empty/None: no constraint).
+
+    An objective token (``min:KEY``/``max:KEY``) is checked here and returned by
+    :func:`parse_objective`.
 
     Raises:
         ConfigError: one line naming the bad token, the valid keys and operators, and an example.
     """
     if rule is None or not rule.strip():
         return []
+    parse_objective(rule)
     out: list[Constraint] = []
     for token in rule.split(","):
         if not token.strip():
             raise ConfigError(f"selection rule {rule!r} has an empty constraint (two commas or a trailing comma); "
                               + _help())
+        if ":" in token:
+            continue
         m = _TOKEN.match(token)
         if not m:
             raise ConfigError(f"selection rule constraint {token.strip()!r} is not KEY OP NUMBER; " + _help())
@@ -103,6 +131,7 @@ class Selection:
     Attributes:
         rule: The rule as given.
         constraints: Its parsed constraints, as text.
+        objective: ``min:KEY`` or ``max:KEY``: what decides among the passing variants.
         chosen: The chosen variant's name, or None when none passes.
         statement: One sentence saying what was chosen and why (or that nothing passes).
         passing: Names of the .tflite variants satisfying every constraint, best first.
@@ -111,6 +140,7 @@ class Selection:
 
     rule: str
     constraints: list[str]
+    objective: str
     chosen: str | None
     statement: str
     passing: list[str]
@@ -121,13 +151,20 @@ class Selection:
         return asdict(self)
 
 
-def _order(v: Variant) -> tuple:
+def _order(objective: tuple[str, str]) -> Callable[[Variant], tuple]:
+    direction, key = objective
+    sign = 1.0 if direction == "min" else -1.0
     inf = float("inf")
-    return (v.gzip_bytes if v.gzip_bytes is not None else inf, v.p50_us if v.p50_us is not None else inf, v.name)
+
+    def order(v: Variant) -> tuple:
+        value = KEYS[key][2](v)
+        return (sign * value if value is not None else inf, v.p50_us if v.p50_us is not None else inf, v.name)
+
+    return order
 
 
 def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
-    """Chooses among the .tflite variants the smallest (gzip) one satisfying every constraint.
+    """Chooses among the .tflite variants satisfying every constraint the one with the best objective.
 
     Args:
         variants: Every variant of the run (Keras ones are listed as references, never chosen).
@@ -140,6 +177,9 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
         ConfigError: a bad rule.
     """
     constraints = parse_rule(rule)
+    objective = parse_objective(rule)
+    direction, key = objective
+    best_word = {"min": "lowest", "max": "highest"}[direction]
     rejected: dict[str, str] = {}
     passing: list[Variant] = []
     for v in variants:
@@ -153,23 +193,25 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
             value = failed.measure(v)
             rejected[v.name] = (f"fails {failed}: {failed.key} is {_fmt(value, failed.key)}" if value is not None
                                 else f"fails {failed}: {failed.key} not measured")
-    passing.sort(key=_order)
+    passing.sort(key=_order(objective))
     text = rule.strip() if rule and rule.strip() else ""
     where = f"the rule {text!r}" if text else "no rule (every .tflite variant passes)"
     if not passing:
         count = sum(1 for v in variants if v.is_tflite)
         statement = (f"No .tflite variant satisfies {where}: all {count} fail a constraint (reasons below); "
                      "nothing is chosen. Relax the rule (--select) or improve the models.")
-        return Selection(text, [str(c) for c in constraints], None, statement, [], rejected)
+        return Selection(text, [str(c) for c in constraints], f"{direction}:{key}", None, statement, [], rejected)
     best = passing[0]
+    measure = KEYS[key][2]
+    what = KEYS[key][0]
     for v in passing[1:]:
-        same = v.gzip_bytes == best.gzip_bytes
-        rejected[v.name] = ("passes but has the same gzip size and a higher p50 latency than the chosen one"
-                            if same else f"passes but is larger than the chosen one (gzip {_kib(v.gzip_bytes)} vs "
-                            f"{_kib(best.gzip_bytes)})")
-    statement = (f"{best.name} is chosen: the smallest gzip size ({_kib(best.gzip_bytes)}) of the "
+        same = measure(v) == measure(best)
+        rejected[v.name] = (f"passes but has the same {what} and a higher p50 latency than the chosen one" if same
+                            else f"passes but its {what} is {'higher' if direction == 'min' else 'lower'} than the "
+                            f"chosen one's ({_fmt(measure(v), key)} vs {_fmt(measure(best), key)})")
+    statement = (f"{best.name} is chosen: the {best_word} {what} ({_fmt(measure(best), key)}) of the "
                  f"{len(passing)} .tflite variant(s) satisfying {where}.")
-    return Selection(text, [str(c) for c in constraints], best.name, statement, [v.name for v in passing],
+    return Selection(text, [str(c) for c in constraints], f"{direction}:{key}", best.name, statement, [v.name for v in passing],
                      {v.name: rejected[v.name] for v in variants if v.name in rejected})
 
 
