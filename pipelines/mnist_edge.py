@@ -31,7 +31,7 @@ SMOKE = {
     "compress": {"epochs": 1},
     "probe": {"steps": 8},
     "export": {"modes": ["float32", "dynamic", "int8"], "eval_limit": 256, "runs": 20, "warmup": 3, "threads": [1]},
-    "select": "acc_drop<=100",
+    "select": "acc_drop<=100,min:p50_us",
 }
 
 

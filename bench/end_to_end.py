@@ -1,0 +1,72 @@
+"""Benchmark B8 (end to end): the teacher as a float Keras model vs the edge model ``mnist_edge`` picks.
+
+    PYTHONPATH=. python bench/end_to_end.py                 # runs pipelines/mnist_edge.py (~15 min, 2 cores)
+    PYTHONPATH=. python bench/end_to_end.py --run runs/mnist_edge   # reads a finished pipeline run
+    PYTHONPATH=. python bench/end_to_end.py --smoke         # the smoke variant (tests)
+
+The figures are the pipeline report's (``report.json`` ``b8``): size = the teacher's float32
+weight bytes / the chosen .tflite file's bytes; latency = the teacher's Keras p50 (one example
+per call in a ``tf.function``, 1 intra-op thread, its own process) / the chosen .tflite's LiteRT
+p50 (XNNPACK, 1 thread); accuracy = the teacher's test accuracy - the chosen model's, on the whole
+test split. The pipeline, its selection rule and every training setting are the published ones:
+nothing is tuned here. Writes ``bench/results/end_to_end.json`` with the CPU's lscpu flags.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import environment_light, lscpu_info, markdown_table, write_json_atomic  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPELINE = os.path.join(REPO, "pipelines", "mnist_edge.py")
+TARGETS = {"size": ">= 20x smaller", "latency": ">= 10x faster (1 thread)", "accuracy": "<= 0.5 pt lost"}
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run", help="a finished mnist_edge pipeline run to read (default: run the pipeline)")
+    p.add_argument("--workdir", default="runs/bench-end_to_end", help="where the pipeline runs (default %(default)s)")
+    p.add_argument("--smoke", action="store_true", help="the pipeline's smoke variant (checks the script runs)")
+    p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "end_to_end.json"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs (or reads) the pipeline, prints the B8 table and writes the JSON result."""
+    args = _args(argv)
+    started = time.perf_counter()
+    variant = "smoke" if args.smoke else "default"
+    run_dir = args.run
+    if run_dir is None:
+        from tfopt.pipeline import load_pipeline, run_pipeline
+
+        run_dir = args.workdir + ("-smoke" if args.smoke else "")
+        run_pipeline(load_pipeline(PIPELINE, variant), run_dir, variant=variant, file=PIPELINE, verbose=2)
+    from tfopt.report import build
+
+    report = build(run_dir)
+    b8, variants = report["b8"], {v["name"]: v for v in report["variants"]}
+    teacher, chosen = variants.get(b8["teacher"]), variants.get(b8["chosen"] or "")
+    rows = [[r["name"], "-" if r["value"] is None else f"{r['value']:.2f} {r['unit']}", r["target"], r["status"],
+             r["detail"]] for r in b8["rows"]]
+    print(f"B8 end to end: {b8['teacher']} vs {b8['chosen']} (rule {report['selection']['rule']!r}), {run_dir}")
+    print(markdown_table(["figure", "measured", "target", "status", "detail"], rows))
+    result = {
+        "benchmark": "B8 end to end", "variant": variant, "run_dir": os.path.abspath(run_dir),
+        "pipeline": report["pipeline"], "rule": report["selection"]["rule"],
+        "teacher": teacher, "chosen": chosen, "b8": b8, "stages": report["stages"],
+        "pipeline_wall_seconds": report.get("wall_seconds"), "environment": environment_light(),
+        "lscpu": lscpu_info(), "wall_seconds": round(time.perf_counter() - started, 1),
+        "params": {"smoke": args.smoke},
+    }
+    write_json_atomic(args.out, result)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
