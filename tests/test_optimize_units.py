@@ -84,7 +84,7 @@ def test_polynomial_schedule_reaches_target_and_table_reads_stripped_weights(tmp
 
 
 def test_block_pruning_zeroes_whole_dense_blocks_and_leaves_convolutions_unstructured():
-    spec = prune_lib.PruneSpec(sparsity=0.75, frequency=1, block_size=(4, 1)).validate()
+    spec = prune_lib.PruneSpec(sparsity=0.75, schedule="constant", frequency=1, block_size=(4, 1)).validate()
     wrapped = prune_lib.wrap(rebuild(_cnn(), "float32"), spec, total_steps=4)
     _fit(wrapped, prune_lib.callbacks(None), steps=4)
     stripped = prune_lib.strip(wrapped)

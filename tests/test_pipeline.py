@@ -114,6 +114,8 @@ def test_a_stopped_pipeline_resumes_at_its_unfinished_stage(pipeline_run):
     records = {n: json.load(open(os.path.join(pipeline_run["run"], n, "run.json"))) for n in ("teacher", "student")}
     assert records["student"]["train"]["resumed"] and records["student"]["train"]["resumed_from_step"] == step
     assert not records["teacher"]["train"]["resumed"]
+    compressed = json.load(open(os.path.join(pipeline_run["run"], "student-pqat", "run.json")))["optimize"]
+    assert compressed["checks"]["sparsity"]["ok"], compressed["checks"]  # pruned to compress.sparsity
     export = json.load(open(os.path.join(pipeline_run["run"], "teacher-export", "run.json")))
     assert export["export"]["settings"]["bench"]["runs"] == 10
     assert 0 <= state["probe"]["input_bound_fraction"] <= 1 and state["probe"]["input_examples_per_sec"] > 0

@@ -31,6 +31,11 @@ SCHEDULES = ("constant", "polynomial")
 POLICIES = ("none", "xnnpack")
 
 
+def auto_frequency(total_steps: int) -> int:
+    """Mask updates about 20 times in a phase of ``total_steps``, at most every 100 steps (tfmot's default)."""
+    return max(1, min(100, total_steps // 20))
+
+
 @dataclass(frozen=True)
 class PruneSpec:
     """How to prune.
@@ -44,7 +49,7 @@ class PruneSpec:
         end_step: Last step that updates the masks. -1: ConstantSparsity keeps updating to the
             end; PolynomialDecay reaches the target two thirds into the phase, so the last third
             fine-tunes at the final sparsity (a last-step jump would leave no time to recover).
-        frequency: Update the masks every this many steps.
+        frequency: Update the masks every this many steps (0: about 20 times per phase).
         m_by_n: Structured pruning: at least m zeros in every n consecutive weights, e.g.
             ``(2, 4)``; replaces the schedule (tfmot computes the mask once, at step 1).
         block_size: Block sparsity ``(rows, cols)`` of a rank-2 (Dense) kernel ``[in, out]``:
@@ -58,11 +63,11 @@ class PruneSpec:
     """
 
     sparsity: float = 0.8
-    schedule: str = "constant"
+    schedule: str = "polynomial"
     initial_sparsity: float = 0.0
     begin_step: int = 0
     end_step: int = -1
-    frequency: int = 100
+    frequency: int = 0  # 0: about 20 updates per phase, at most every 100 steps (the command line's default)
     m_by_n: tuple[int, int] | None = None
     block_size: tuple[int, int] = (1, 1)
     policy: str = "none"
@@ -98,11 +103,12 @@ class PruneSpec:
         """The tfmot pruning schedule; ``total_steps`` (the phase length) fills in ``end_step=-1``."""
         recover = (total_steps - self.begin_step) // 3
         end = self.end_step if self.end_step != -1 else max(self.begin_step + 1, total_steps - recover)
+        frequency = self.frequency or auto_frequency(total_steps)
         if self.schedule == "polynomial":
             return _sparsity.PolynomialDecay(self.initial_sparsity, self.sparsity, begin_step=self.begin_step,
-                                             end_step=end, frequency=self.frequency)
+                                             end_step=end, frequency=frequency)
         return _sparsity.ConstantSparsity(self.sparsity, begin_step=self.begin_step, end_step=self.end_step,
-                                          frequency=self.frequency)
+                                          frequency=frequency)
 
     def to_dict(self) -> dict:
         """JSON-ready description (for run.json)."""

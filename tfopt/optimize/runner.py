@@ -174,8 +174,7 @@ def _resolved(settings: OptimizeSettings, fine_tunes: dict[str, FineTune]) -> Op
     """Settings with pruning's automatic mask-update frequency (0) resolved for this phase length."""
     if settings.prune.frequency:
         return settings
-    # About 20 updates per phase, at most every 100 steps (tfmot's default for long runs).
-    frequency = max(1, min(100, fine_tunes["prune"].total_steps // 20))
+    frequency = prune_lib.auto_frequency(fine_tunes["prune"].total_steps)
     return replace(settings, prune=replace(settings.prune, frequency=frequency))
 
 
