@@ -27,7 +27,8 @@ SMALL = {
     # The slice's models train a dozen steps (near chance): int8 flips many of their near-tied
     # top-1 answers, so the fidelity gate (tested on trained models in test_export) is loosened.
     "tfopt.export": ["--eval-limit", "300", "--runs", "10", "--warmup", "2", "--calibration-steps", "2",
-                     "--search-limit", "300", "--min-agreement", "0.9", "--max-accuracy-drop", "10", "--quiet"],
+                     "--search-limit", "300", "--min-agreement", "0.9", "--max-accuracy-drop", "10",
+                     "--no-keras-latency", "--quiet"],
 }
 
 
