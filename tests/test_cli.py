@@ -8,10 +8,10 @@ def test_console_script_dispatch(capsys):
     assert main([]) == 2
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("train", "distill", "optimize", "export", "launch"):
+    for command in ("train", "distill", "optimize", "export", "pipeline", "report", "launch"):
         assert f"  {command} " in out, out  # every command with its one-line purpose
     assert main(["deploy"]) == 2
-    assert "unknown command 'deploy'; choose one of train, distill, optimize, export, launch" in capsys.readouterr().err
+    assert "unknown command 'deploy'; choose one of train, distill, optimize, export, pipeline, report, launch" in capsys.readouterr().err
 
 
 def test_console_script_runs_a_subcommand():
