@@ -250,3 +250,61 @@ def environment_light() -> dict[str, Any]:
         except PackageNotFoundError:
             pass
     return env
+
+
+# --- The one summary every result file carries (bench/run_all.py builds the README table from it) ---
+
+_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+
+
+def figure(name: str, values: Iterable[float | None], unit: str, *, target: tuple[str, float] | None = None,
+           peer: str | None = None, anchor: str | None = None, detail: str | None = None,
+           digits: int = 2) -> dict[str, Any]:
+    """One published figure: the median of its repeats, their range, and its verdict.
+
+    Args:
+        name: What is measured, e.g. ``"epoch 1 input throughput, tfopt / naive"``.
+        values: The figure of every repeat (None or NaN: a repeat that measured nothing).
+        unit: ``"x"`` (a ratio), ``"%"``, ``"pt"``, ``"ms"``, ...
+        target: ``(op, bound)`` in ``unit`` (op one of ``>=``, ``<=``, ``>``, ``<``), or None for
+            information only.
+        peer: What the public recipe gives on the same run (its figure, or what the ratio is against).
+        anchor: The published figure the field has shown (BENCHMARKS.md), for context.
+        detail: One line: the raw measurements behind the ratio.
+        digits: Decimals shown in the README table.
+
+    Returns:
+        A JSON-ready dict with ``value`` (median), ``spread`` ([min, max]), ``repeats``,
+        ``values``, ``target`` (e.g. ``">= 1.8x"``), ``op``/``bound`` and ``status``
+        (``pass``, ``MISS``, ``n/a`` when nothing was measured, ``-`` without a target).
+    """
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    value = statistics.median(vals) if vals else None
+    out: dict[str, Any] = {
+        "name": name, "value": value, "unit": unit, "repeats": len(vals), "values": vals,
+        "spread": [min(vals), max(vals)] if vals else None, "digits": digits,
+        "target": None, "op": None, "bound": None, "status": "-",
+        "peer": peer, "anchor": anchor, "detail": detail,
+    }
+    if target is not None:
+        op, bound = target
+        if op not in _OPS:
+            raise ValueError(f"target op {op!r} is not one of {', '.join(_OPS)}")
+        sep = "" if unit in ("x", "%") else " "
+        out.update(target=f"{op} {bound:g}{sep}{unit}", op=op, bound=float(bound),
+                   status="n/a" if value is None else ("pass" if _OPS[op](value, bound) else "MISS"))
+    return out
+
+
+def result(bench_id: str, title: str, command: str, figures: Sequence[dict], **payload: Any) -> dict[str, Any]:
+    """The JSON a benchmark commits to ``bench/results/``: who, where, what, and every figure.
+
+    Args:
+        bench_id: ``"B1"`` ... ``"B8"`` (BENCHMARKS.md's row).
+        title: A few words, e.g. ``"ingestion"``.
+        command: The command that produced it, as a user types it.
+        figures: :func:`figure` dicts, in the order the README shows them.
+        **payload: The benchmark's own details (parameters, every repeat, raw timings).
+    """
+    return {"id": bench_id, "title": title, "command": command, "environment": environment_light(),
+            "lscpu": lscpu_info(), "figures": list(figures), **payload}

@@ -19,11 +19,23 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment_light, lscpu_info, markdown_table, write_json_atomic  # noqa: E402
+from _common import environment_light, figure, lscpu_info, markdown_table, write_json_atomic  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(REPO, "pipelines", "mnist_edge.py")
 TARGETS = {"size": ">= 20x smaller", "latency": ">= 10x faster (1 thread)", "accuracy": "<= 0.5 pt lost"}
+ANCHOR = {"size": "tfmot combined (prune + cluster + QAT): ~10x"}
+
+
+def figures(b8: dict) -> list[dict]:
+    """The three B8 rows of the pipeline's report as ``bench/_common.figure`` dicts (one run each)."""
+    out = []
+    for row in b8["rows"]:
+        key = row["name"].split(":")[0].split()[0]
+        op, bound = row["target"].split()[:2]
+        out.append(figure(row["name"], [row["value"]], row["unit"], target=(op, float(bound.rstrip("x"))),
+                          anchor=ANCHOR.get(key), detail=row["detail"]))
+    return out
 
 
 def _args(argv):
@@ -56,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"B8 end to end: {b8['teacher']} vs {b8['chosen']} (rule {report['selection']['rule']!r}), {run_dir}")
     print(markdown_table(["figure", "measured", "target", "status", "detail"], rows))
     result = {
-        "benchmark": "B8 end to end", "variant": variant, "run_dir": os.path.abspath(run_dir),
+        "id": "B8", "title": "end to end", "command": "PYTHONPATH=. python bench/end_to_end.py",
+        "figures": figures(b8), "benchmark": "B8 end to end", "variant": variant, "run_dir": os.path.abspath(run_dir),
         "pipeline": report["pipeline"], "rule": report["selection"]["rule"],
         "teacher": teacher, "chosen": chosen, "b8": b8, "stages": report["stages"],
         "pipeline_wall_seconds": report.get("wall_seconds"), "environment": environment_light(),

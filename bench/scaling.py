@@ -968,6 +968,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None, help="JSON output (default bench/results/scaling.json)")
     ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     ap.add_argument("--cores", default=None, help="the two cores to pin to (default: the first two usable)")
+    ap.add_argument("--model", default=None, help="the registered model of the scaling phase (default cnn)")
     ap.add_argument("--batch", type=int, default=None, help="per-process batch B (default 64)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per process (default 256)")
     ap.add_argument("--warmup-steps", type=int, default=None)
@@ -993,7 +994,7 @@ def parse_args(argv=None):
                     help="tiny, 1 repeat: about a minute, mostly TensorFlow start-ups (for tests)")
     args = ap.parse_args(argv)
     over = dict(SMOKE) if args.smoke else {}
-    for name in ("repeats", "batch", "steps", "warmup_steps", "backup_steps", "backup_batch", "intra_threads",
+    for name in ("model", "repeats", "batch", "steps", "warmup_steps", "backup_steps", "backup_batch", "intra_threads",
                  "inter_threads"):
         if getattr(args, name) is not None:
             over[name] = getattr(args, name)
