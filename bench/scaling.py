@@ -79,6 +79,7 @@ from bench._common import (
     QuietGate,
     _proc_stat,
     environment_light,
+    figure,
     lscpu_info,
     markdown_table,
     median,
@@ -879,6 +880,33 @@ def phase_backup(ctx: Ctx, gate: QuietGate, bar) -> dict:
 
 # -- report ----------------------------------------------------------------------------------------
 
+def figures(res: dict) -> list[dict]:
+    """The published B3 figures (``bench/_common.figure``), one value per repeat."""
+    sc, ar, bk = res.get("scaling"), res.get("allreduce"), res.get("backup")
+    out = []
+    if sc:
+        runs = sc["repeats"]
+        out.append(figure("efficiency: 2 MWMS workers / 2 independent processes (the control)",
+                          [x["efficiency"] for x in runs], "x", target=TARGETS["efficiency"], digits=3,
+                          anchor="Horovod: ~0.90",
+                          detail=f"{sc['b_examples_per_sec']:.0f} vs {sc['c_examples_per_sec']:.0f} ex/s"))
+        out.append(figure("(info) weak scaling: 2 MWMS workers / (2 x 1 pinned process)",
+                          [x["weak_scaling"] for x in runs], "x", digits=3))
+    if ar:
+        for mb in ar["sizes_mb"]:
+            out.append(figure(f"(info) all-reduce {mb} MB, measured / ring model 2(N-1)/N x size / bandwidth",
+                              [x["sizes"][str(mb)]["ratio_to_model"] for x in ar["repeats"]], "x", digits=1,
+                              anchor="ring all-reduce: >= 1x the model",
+                              detail=f"{ar['sizes'][str(mb)]['ms']:.2f} ms vs {ar['sizes'][str(mb)]['model_ms']:.2f} ms"))
+    if bk:
+        out.append(figure(f"backup overhead per step, --backup-every {bk['backup_every']} vs none",
+                          [x["overhead_pct"] for x in bk["repeats"]], "%", target=TARGETS["backup_overhead_pct"],
+                          detail=f"{bk['on_step_ms']:.1f} vs {bk['off_step_ms']:.1f} ms/step"))
+        out.append(figure("(info) the same inside the backup run: executions with vs without a backup",
+                          [x["within_run"]["pct"] for x in bk["repeats"] if x["within_run"]], "%"))
+    return out
+
+
 def _check(key: str, value) -> bool | None:
     op, bound = TARGETS[key]
     if value is None or math.isnan(value):
@@ -1044,7 +1072,8 @@ def main(argv=None) -> int:
     root = tempfile.mkdtemp(prefix="b3-", dir=args.workdir)
     timeout = args.timeout or (240.0 if p.smoke else 900.0)
     ctx = Ctx(p, cores, isolate, root, timeout)
-    res: dict = {"benchmark": "B3 multi-worker scaling", "params": dataclasses.asdict(p), "phases": phases,
+    res: dict = {"id": "B3", "title": "multi-worker scaling", "command": "PYTHONPATH=. python bench/scaling.py",
+                 "benchmark": "B3 multi-worker scaling", "params": dataclasses.asdict(p), "phases": phases,
                  "cores": cores, "isolated_network": isolate, "environment": {**environment_light(), "tfopt": tfopt_version},
                  "lscpu": lscpu_info(), "scaling": None, "allreduce": None, "backup": None}
     try:
@@ -1063,6 +1092,7 @@ def main(argv=None) -> int:
                 "backup_overhead_pct": res["backup"]["overhead_pct"] if res["backup"] else None}
     res["targets"] = {k: {"op": op, "value": v, "measured": measured[k], "pass": _check(k, measured[k])}
                       for k, (op, v) in TARGETS.items()}
+    res["figures"] = figures(res)
     text = report(res, p)
     res["table_markdown"] = text
     write_json_atomic(out, res)

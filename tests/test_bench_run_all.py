@@ -1,0 +1,69 @@
+"""bench/run_all.py: the README's performance tables come from the committed result files."""
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+import run_all  # noqa: E402
+from _common import figure  # noqa: E402
+
+
+def test_figure_takes_the_median_and_judges_it():
+    f = figure("epoch 1, tfopt / naive", [1.7, 1.95, 1.82, None, float("nan")], "x", target=(">=", 1.8))
+    assert f["value"] == pytest.approx(1.82) and f["spread"] == [1.7, 1.95] and f["repeats"] == 3
+    assert (f["target"], f["status"]) == (">= 1.8x", "pass")
+    assert figure("loss", [0.4, 0.5, 0.6], "pt", target=("<=", 0.3))["status"] == "MISS"
+    assert figure("loss", [], "pt", target=("<=", 0.3))["status"] == "n/a"
+    assert figure("info", [3.0], "ms")["status"] == "-"
+    with pytest.raises(ValueError, match="target op '=>'"):
+        figure("bad", [1.0], "x", target=("=>", 1.0))
+
+
+def test_every_committed_result_renders_and_its_verdicts_follow_from_its_numbers():
+    seen = 0
+    for bench in run_all.BENCHES:
+        if not os.path.exists(bench.result):
+            continue
+        with open(bench.result, encoding="utf-8") as fh:
+            res = json.load(fh)
+        assert res["id"] == bench.id and res["figures"], bench.result
+        assert res["lscpu"]["flags"], bench.result  # the CPU's flags travel with every figure
+        for f in res["figures"]:
+            again = figure(f["name"], f["values"], f["unit"],
+                           target=(f["op"], f["bound"]) if f["op"] else None)
+            assert (again["value"], again["status"]) == (f["value"], f["status"]), (bench.id, f["name"])
+        block = run_all.section(bench)
+        assert block.startswith(f"**{bench.id} {bench.title}**") and bench.command in block
+        assert block.count("\n| ") == len(res["figures"]) + 1  # header + one row per figure
+        seen += 1
+    assert seen >= 1
+
+
+def test_readme_holds_exactly_the_tables_the_results_give(tmp_path):
+    readme = os.path.join(REPO, "README.md")
+    with open(readme, encoding="utf-8") as fh:
+        text = fh.read()
+    start, end = text.index(run_all.START) + len(run_all.START), text.index(run_all.END)
+    assert text[start:end].strip() == run_all.tables().strip(), "run: PYTHONPATH=. python bench/run_all.py --table-only"
+
+
+def test_update_readme_rewrites_only_between_the_markers(tmp_path):
+    path = tmp_path / "README.md"
+    path.write_text(f"# x\nbefore\n{run_all.START}\nold\n{run_all.END}\nafter\n")
+    assert run_all.update_readme(str(path), "new table") is True
+    assert path.read_text() == f"# x\nbefore\n{run_all.START}\nnew table\n{run_all.END}\nafter\n"
+    assert run_all.update_readme(str(path), "new table") is False
+    path.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="lacks the"):
+        run_all.update_readme(str(path), "t")
+    assert path.read_text() == "no markers\n"
+
+
+def test_only_names_known_benchmarks():
+    assert [b.id for b in run_all.select("b2, B7")] == ["B2", "B7"]
+    with pytest.raises(SystemExit, match="unknown benchmark 'B9'; choose from B1, B2"):
+        run_all.select("B2,B9")
