@@ -32,7 +32,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--data-dir", help="where datasets are cached as TFRecord shards")
     g.add_argument("--limit", type=int, help="use only the first N records of each split")
     g.add_argument("--batch-size", type=int, help="global batch size (split across replicas)")
-    g.add_argument("--model", help="registered model name (cnn, small_cnn, tiny_cnn, mlp, mobilenet_tiny)")
+    g.add_argument("--model", help="registered model name (cnn, small_cnn, tiny_cnn, mlp, mobilenet_tiny, wide_cnn)")
     g.add_argument("--epochs", type=int)
     g.add_argument("--lr", type=float, help="learning rate")
     g.add_argument("--scale-lr", action="store_true", default=None, help="multiply the learning rate by the replica count")

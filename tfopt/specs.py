@@ -130,4 +130,10 @@ PRECISIONS: Registry[PrecisionSpec] = Registry("runtime.precision", (
                   loss_scaling=True, hardware="GPUs with Tensor Cores"),
     PrecisionSpec("mixed_bfloat16", "bfloat16 math, float32 variables (CPUs with AVX512-BF16/AMX, TPUs)",
                   "bfloat16", hardware="CPUs with AVX512_BF16 or AMX, TPUs"),
+    # Not a Keras policy: the Job times a few training steps under each candidate and sets the
+    # faster one (tfopt.runtime.autoprecision) before the stage builds its model.
+    PrecisionSpec("auto", "time a few training steps of float32 and mixed_bfloat16 (mixed_float16 too on a GPU) "
+                  "on this machine and model, keep the faster", ""),
 ))
+
+AUTO_PRECISION = "auto"

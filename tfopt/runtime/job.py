@@ -34,7 +34,7 @@ from tfopt._keras import keras, tf
 from tfopt.config import RunConfig
 from tfopt.data import pipeline, service, sources
 from tfopt.runs import RunRecord, default_output, fingerprint
-from tfopt.runtime import precision, sidecar
+from tfopt.runtime import autoprecision, precision, sidecar
 from tfopt.runtime import strategy as strategy_lib
 from tfopt import _compat
 from tfopt.errors import PeerLost, TrainingError
@@ -43,7 +43,7 @@ from tfopt.runtime.callbacks import EpochTimer, MetricsLogger, PlainValidation
 from tfopt.runtime.rundir import RunDir
 from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
 from tfopt.runtime.watchdog import StartupWatchdog
-from tfopt.specs import PRECISIONS, STRATEGIES
+from tfopt.specs import AUTO_PRECISION, PRECISIONS, STRATEGIES
 
 # Settings that change where or how loudly a run writes, not what it computes.
 _NOT_FINGERPRINTED = {("train", "output_dir"), ("train", "verbose"), ("train", "tensorboard"),
@@ -152,6 +152,7 @@ class Job:
         self._fits = 0
         self._lr_scale = None
         self._previous_policy: str | None = None
+        self.precision_probe: autoprecision.Probe | None = None  # what `auto` measured and chose
 
     @property
     def serves(self) -> bool:
@@ -165,7 +166,8 @@ class Job:
         self.scratch = tempfile.mkdtemp(prefix=f"tfopt-{self.stage}-")
         try:
             self.strategy = connect(self.cfg, self.cluster)  # the first TensorFlow work (MultiWorkerMirrored)
-            precision.set_policy(self.cfg.runtime.precision)
+            requested = self.cfg.runtime.precision
+            precision.set_policy("float32" if requested == AUTO_PRECISION else requested)
             # The same initial weights on every worker and in every run of this config.
             keras.utils.set_random_seed(self.cfg.train.seed)
             if self.cfg.runtime.deterministic:
@@ -174,6 +176,7 @@ class Job:
                 keras.backend.experimental.enable_tf_random_generator()
             service.resolve(self.cfg.data)  # a dead dispatcher fails now, not at the first batch
             self.info = sources.prepare(self.cfg.data)
+            self._resolve_precision()
             if self.run_dir is not None:
                 self._resumed = self.run_dir.resuming  # before open() stamps the work directory
                 self.run_dir.open()
@@ -181,6 +184,23 @@ class Job:
             self.__exit__(*sys.exc_info())
             raise
         return self
+
+    def _resolve_precision(self) -> None:
+        """``auto``: probe the candidate policies, then run under the faster (``self.cfg`` names it
+        from now on); an explicit ``mixed_bfloat16`` without bf16 hardware: a warning."""
+        prog = f"tfopt.{self.stage}"
+        if self.cfg.runtime.precision != AUTO_PRECISION:
+            if self.chief:
+                precision.warn_without_bf16_hardware(self.cfg.runtime.precision, prog)
+            return
+        self.precision_probe = autoprecision.resolve(self)
+        chosen = self.precision_probe.policy
+        self.cfg = replace_config(self.cfg, runtime={"precision": chosen})
+        self.precision = PRECISIONS.get(chosen)
+        precision.set_policy(chosen)
+        keras.utils.set_random_seed(self.cfg.train.seed)  # the probe drew from the generators: same start as without it
+        # Every process says what it runs under (multi-worker: the same averaged numbers, the same choice).
+        print(f"{prog}: {self.precision_probe.log_line()}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc) -> None:
         if self._previous_policy is not None:
@@ -383,7 +403,8 @@ class Job:
         """Strategy name, class, replicas and workers."""
         return {"name": self.cfg.runtime.strategy, "class": type(self.strategy).__name__,
                 "num_replicas": self.replicas, "num_workers": self.cluster.num_workers if self.cluster else 1,
-                "precision": self.cfg.runtime.precision}
+                "precision": self.cfg.runtime.precision,
+                **({"precision_auto": self.precision_probe.to_dict()} if self.precision_probe else {})}
 
     def data_section(self) -> dict:
         """Dataset name, image shape, classes and records per split."""

@@ -1,0 +1,241 @@
+"""``--precision auto``: time each candidate policy on this machine and this model, keep the faster.
+
+Whether bfloat16 pays depends on the CPU (AMX: 2-5x on conv nets; AVX512_BF16 alone: ~1.5x;
+neither: slower than float32) and on the model (per-step overheads dominate a small one), so
+tfopt measures instead of guessing. What :func:`resolve` does, in the Job, before the stage builds
+its model:
+
+1. Candidates: ``float32`` and ``mixed_bfloat16``; ``mixed_float16`` too where a GPU is present.
+2. For each, the run's registered model (``model.name``: train's model, distill's student, the
+   model optimize fine-tunes) is built under that policy inside the run's strategy scope and
+   compiled as training compiles it (Adam, sparse cross-entropy on the logits, accuracy).
+3. All of them read one stream of the run's own training input (its pipeline, batch size and
+   strategy; never the tf.data service job, whose elements belong to the run). Each takes
+   :data:`WARMUP_STEPS` untimed step (it traces the step function), then timed steps, one step
+   per call, the policies taking turns in a rotating order (a burst of load on a shared machine
+   hits every candidate alike), until one policy is :data:`CLEAR_RATIO` x slower than another
+   after 2 rounds, or the timed steps add up to :data:`ENOUGH_SECONDS` after :data:`MIN_ROUNDS`,
+   or after :data:`MAX_ROUNDS`: a few seconds, however slow the slow policy is (bf16 without
+   bf16 hardware can be 10x slower). A policy's throughput is the global batch / its median step.
+   One step per call adds the same per-call overhead to every policy, which, on small models,
+   can only make the mixed policies look less attractive than they are.
+4. :func:`choose` keeps float32 unless a mixed policy is more than :data:`MARGIN` faster (the
+   probe is short, and float32 is the safer numerics); ties go to float32.
+
+Seeded runs stay reproducible: the Job seeds every generator again after the probe, and the
+training input is a fresh pipeline with the data seed's order, so a run with ``auto`` starts from
+the same weights and batches as a run of the policy it chose.
+
+Multi-process strategies: every ``multi_worker_mirrored`` worker probes (its steps are
+collectives, so all workers run the same steps); after every round the per-policy median times
+(and the time spent) are averaged over the workers with an all-reduce, so every worker stops after
+the same round and computes the same decision from the same numbers. Under ``parameter_server``
+only the chief runs this code (workers and parameter servers just serve), and the chief traces
+every function the workers run: it probes on its own CPU, outside the strategy, and its decision
+is the job's. The ``evaluator`` trains nothing: it keeps float32. A resumed run probes again (its
+backups hold float32 variables, valid under any policy).
+
+What it does not see: distillation's teacher passes and tfmot's wrappers (the probe times the
+plain registered model), and the run's steps per execution (one step per call here).
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from tfopt._keras import keras, tf
+from tfopt.data import pipeline
+from tfopt.runtime import precision
+from tfopt.specs import resolve as resolve_path
+
+if TYPE_CHECKING:  # the Job imports this module
+    from tfopt.runtime.job import Job
+
+MARGIN = 0.05  # a mixed policy must be more than 5% faster than float32 to be chosen
+WARMUP_STEPS = 1  # untimed steps per policy: the first call traces the step function
+MIN_ROUNDS = 3  # timed steps per policy before ENOUGH_SECONDS can end the probe
+MAX_ROUNDS = 30
+ENOUGH_SECONDS = 3.0  # timed seconds (all policies) that make a probe long enough
+CLEAR_RATIO = 2.0  # after 2 rounds, a policy this much slower than another ends the probe
+# The model registry, named as the strategy factories in tfopt.specs are: the runtime layer
+# must not import tfopt.models (import-linter's one-way layers).
+MODEL_BUILDER = "tfopt.models.registry:build_model"
+
+
+@dataclass
+class Probe:
+    """What the probe measured and what it chose (``run.json``: ``strategy.precision_auto``).
+
+    Attributes:
+        policy: The chosen policy.
+        reason: Why, in a few words.
+        examples_per_sec: Per candidate, in the order measured, from the (all-reduced) median
+            step time (empty when nothing was measured).
+        step_seconds: Per candidate, every timed step's seconds on this process.
+        global_batch_size: Examples per step.
+        warmup_steps: Untimed steps per candidate.
+        seconds: Wall time of the whole probe (building, tracing, warm-up, timed steps).
+        workers: Processes whose timings were averaged into the decision.
+    """
+
+    policy: str
+    reason: str
+    examples_per_sec: dict[str, float] = field(default_factory=dict)
+    step_seconds: dict[str, list[float]] = field(default_factory=dict)
+    global_batch_size: int = 0
+    warmup_steps: int = 0
+    seconds: float = 0.0
+    workers: int = 1
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (``requested: auto`` first)."""
+        return {"requested": "auto", **dataclasses.asdict(self)}
+
+    def log_line(self) -> str:
+        """``precision auto: float32 412 ex/s, mixed_bfloat16 301 ex/s -> float32 (reason)``."""
+        measured = ", ".join(f"{p} {v:,.0f} ex/s" for p, v in self.examples_per_sec.items())
+        return f"precision auto: {measured or 'nothing measured'} -> {self.policy} ({self.reason})"
+
+
+def candidates(gpu: bool) -> tuple[str, ...]:
+    """The policies worth measuring: float32 first, mixed_float16 only where a GPU is present."""
+    return ("float32", "mixed_bfloat16") + (("mixed_float16",) if gpu else ())
+
+
+def choose(examples_per_sec: Mapping[str, float], margin: float = MARGIN) -> tuple[str, str]:
+    """The policy to keep, and why.
+
+    Args:
+        examples_per_sec: Measured throughput per policy; must include ``float32``.
+        margin: How much faster than float32 a mixed policy must be to be kept.
+
+    Returns:
+        ``(policy, reason)``: the fastest mixed policy when it beats float32 by more than
+        ``margin``, else float32 (ties included).
+    """
+    base = examples_per_sec["float32"]
+    mixed = {p: v for p, v in examples_per_sec.items() if p != "float32"}
+    if not mixed:
+        return "float32", "no other candidate"
+    best = max(mixed, key=lambda p: mixed[p])  # among equals, the first measured
+    ratio = mixed[best] / base if base > 0 else float("inf")
+    if ratio > 1 + margin:
+        return best, f"{best} is {ratio:.2f}x float32"
+    return "float32", f"{best} is {ratio:.2f}x float32, not above {1 + margin:.2f}x"
+
+
+def measure(steps: Mapping[str, Callable[[], None]], *, warmup: int = WARMUP_STEPS, min_rounds: int = MIN_ROUNDS,
+            max_rounds: int = MAX_ROUNDS, enough_seconds: float = ENOUGH_SECONDS, clear_ratio: float = CLEAR_RATIO,
+            timer: Callable[[], float] = time.perf_counter, agree: Callable[[list[float]], list[float]] | None = None,
+            ) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Times rounds of one step per policy, after ``warmup`` untimed ones, until the answer is clear.
+
+    The policies take turns and the order rotates every round, so drifting load on a shared
+    machine falls on all of them alike. After round k the probe stops when k >= 2 and the slowest
+    median step is ``clear_ratio`` x the fastest, or k >= ``min_rounds`` and the timed steps add
+    up to ``enough_seconds``, or k == ``max_rounds``.
+
+    Args:
+        steps: Policy -> a function running one training step of its model to completion.
+        warmup: Untimed steps per policy first.
+        min_rounds, max_rounds, enough_seconds, clear_ratio: The stopping rule above.
+        timer: Seconds (injectable for tests).
+        agree: Averages ``[median per policy..., seconds spent]`` over the processes of a
+            multi-worker job (an all-reduce), so that all of them stop after the same round and
+            decide from the same numbers; None: this process alone.
+
+    Returns:
+        ``(seconds of every timed step per policy on this process, the agreed median per policy)``.
+    """
+    order = list(steps)
+    for _ in range(warmup):
+        for p in order:
+            steps[p]()
+    seconds: dict[str, list[float]] = {p: [] for p in order}
+    medians: dict[str, float] = {}
+    for k in range(1, max_rounds + 1):
+        shift = (k - 1) % len(order)
+        for p in order[shift:] + order[:shift]:
+            start = timer()
+            steps[p]()
+            seconds[p].append(timer() - start)
+        values = [statistics.median(seconds[p]) for p in order] + [sum(sum(v) for v in seconds.values())]
+        if agree is not None:
+            values = agree(values)
+        medians, spent = dict(zip(order, values[:-1])), values[-1]
+        clear = k >= 2 and max(medians.values()) >= clear_ratio * min(medians.values())
+        if clear or (k >= min_rounds and spent >= enough_seconds):
+            break
+    return seconds, medians
+
+
+def decide(medians: Mapping[str, float], examples_per_step: int) -> tuple[str, str, dict[str, float]]:
+    """Throughput per policy from its median step time, and the decision of :func:`choose`.
+
+    Returns:
+        ``(policy, reason, examples_per_sec)``.
+    """
+    rates = {p: round(examples_per_step / s, 1) if s > 0 else float("inf") for p, s in medians.items()}
+    policy, reason = choose(rates)
+    return policy, reason, rates
+
+
+def resolve(job: "Job") -> Probe:
+    """Probes the candidates for ``job`` (entered: strategy, data info) and returns the decision.
+
+    Leaves the global policy at float32 and the random generators drawn from: the Job sets the
+    chosen policy and seeds again.
+    """
+    started = time.perf_counter()
+    if job.evaluator:
+        return Probe("float32", "the evaluator trains nothing")
+    cfg = job.cfg
+    build = resolve_path(MODEL_BUILDER)
+    policies = candidates(gpu="GPU" in precision.accelerators())
+    local = job.spec.needs_servers  # parameter servers: the chief probes on its own CPU (see above)
+    strategy = tf.distribute.get_strategy() if local else job.strategy
+    data = dataclasses.replace(cfg.data, service="", deterministic=cfg.data.deterministic or cfg.runtime.deterministic)
+    fn = pipeline.dataset_fn(data, "train", training=True, info=job.info)
+    dataset = fn(tf.distribute.InputContext()) if local else strategy.distribute_datasets_from_function(fn)
+    iterator = iter(dataset)
+    models = {}
+    try:
+        for policy in policies:
+            precision.set_policy(policy)
+            with strategy.scope():
+                # ConfigError for a name the registry lacks, before any step ran
+                model = build(cfg.model.name, job.info.image_shape, job.info.num_classes, cfg.model.dropout)
+                model.compile(optimizer=keras.optimizers.Adam(job.learning_rate()),
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                              metrics=["accuracy"])
+            models[policy] = model
+    finally:
+        precision.set_policy("float32")
+
+    def step_of(model) -> Callable[[], None]:
+        train_function = model.make_train_function()
+
+        def step() -> None:
+            logs = train_function(iterator)
+            next(iter(logs.values())).numpy()  # waits for the step to finish
+
+        return step
+
+    workers = 1 if local else job.cluster.num_workers if (job.cluster and job.spec.multi_process) else 1
+    agree = None if workers == 1 else (lambda values: _mean_over_workers(strategy, values))
+    seconds, medians = measure({p: step_of(m) for p, m in models.items()}, agree=agree)
+    policy, reason, rates = decide(medians, cfg.data.global_batch_size)
+    del models, iterator, dataset
+    gc.collect()
+    return Probe(policy, reason, rates, {p: [round(s, 5) for s in v] for p, v in seconds.items()},
+                 cfg.data.global_batch_size, WARMUP_STEPS, round(time.perf_counter() - started, 3), workers)
+
+
+def _mean_over_workers(strategy: "tf.distribute.Strategy", values: list[float]) -> list[float]:
+    """The element-wise mean of ``values`` over every replica of ``strategy`` (an all-reduce)."""
+    per_replica = strategy.run(lambda: tf.constant(values, tf.float32))
+    return [float(v) for v in strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None).numpy()]
