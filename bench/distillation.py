@@ -1,23 +1,31 @@
 """Benchmark B6 (distillation): a small student from scratch vs distilled from one and two teachers.
 
-Protocol (one run, side by side, on real MNIST; see BENCHMARKS.md row B6 and PITFALLS "Distillation"):
+Protocol (one run, side by side, on real MNIST; BENCHMARKS.md row B6, PITFALLS "Distillation"):
 
-1. Teachers: two default ``cnn`` models (~220k parameters, dropout 0.25, seeds 100 and 101)
-   trained 3 epochs on the full 50k training split (no augmentation; ``--teacher-augment shift``
-   trains them on shifted images instead). They must be clearly better than the student, or a
-   gap-closed figure means nothing: their test accuracies are printed beside it.
-2. Regime (where soft targets are known to help, Hinton et al. 2015 sec. 3 and 6): the student,
-   ``tiny_cnn`` (~20k parameters, 11x fewer than a teacher), sees only a small labelled subset
-   (default 1,000 images, 2% of the split, a different random subset per seed) for a long,
-   fixed budget (150 epochs: distillation gains grow with the schedule, Beyer et al. 2022), with
-   the same shift augmentation: the teacher labels every shifted view the student sees.
-3. Per seed, from the SAME initial weights, subset, batch order, shifts and schedule:
-   scratch (labels only) / distilled from teacher A / distilled from teachers A+B (probabilities
-   mixed with weights from their validation accuracy). Accuracies on the full 10k test split.
-4. Gap closed = (distilled - scratch) / (teacher - scratch), per seed, then mean and spread; the
-   multi-teacher reference is the two teachers' combined soft target. For reference, the
-   student architecture trained on all 50k labels (``ceiling_epochs``) shows how much of the
-   gap is capacity that no teacher can transfer into 20k parameters.
+1. Teachers A and B: the main job's recipe (``cnn``, ~220k parameters, 3 epochs on the 50k
+   labelled training images, batch 128, Adam 1e-3 cosine, dropout 0.25; seeds 100 and 101).
+2. The setting, fixed before any run (Hinton et al. 2015 sec. 6: soft targets carry most when
+   labels are scarce): the student, ``tiny_cnn`` (~20k parameters, 11x fewer), has a labelled
+   subset of ``labeled`` (1,000) training images, a different random subset per seed, and a budget
+   of ``steps`` updates of batch 64, whatever it trains on.
+3. Selection, on the 10k VALIDATION split only, at a selection seed of its own (``selection_seed``:
+   its subset and initial weights are used by no reported run). Each arm keeps its best validation
+   accuracy; the scratch arm gets more configurations than the distilled one:
+   - scratch (labels only): learning rate x augmentation (none / +-2 px shifts), 6 configurations;
+   - distilled from A: transfer set x learning rate (3e-3, 1e-2), 4 configurations. Transfer set
+     ``labeled``: the labelled subset, loss 0.9 x teacher (T=4) + 0.1 x labels; ``all``: the 50k
+     training images with the teacher's soft targets alone (T=2, alpha=1: no label is read,
+     "function matching", Beyer et al. 2022). Both shift every image (+-2 px) and the teacher
+     labels the very view the student sees.
+4. Per reported seed, from the SAME initial weights and labelled subset: scratch (its chosen
+   recipe), distilled from A and from A+B (the chosen recipe; teachers mixed as probabilities with
+   weights from their validation accuracy; tfopt's library ``Distiller``), and the peer: keras.io's
+   "Knowledge Distillation" recipe (``bench/peers/keras_distillation.py``: alpha=0.1 on the labels,
+   T=10, Adam 1e-3, batch 32) distilling A on the labelled subset, the same examples seen.
+   Accuracies on the 10k TEST split, read once, after all choices were made.
+5. Gap closed = (distilled - scratch) / (teacher - scratch) per seed; A+B against the two
+   teachers' combined soft target. For reference, the student trained on all 50k labels for the
+   same steps shows how much of the gap is capacity that no teacher can transfer.
 
     PYTHONPATH=. python bench/distillation.py [--seeds 3] [--out bench/results/distillation.json]
     PYTHONPATH=. python bench/distillation.py --smoke     # tiny and fast; used by a test
@@ -27,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -38,15 +45,21 @@ if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfop
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from bench._common import environment, markdown_table, status, usable_cores, write_json_atomic  # noqa: E402
+from bench._common import figure, markdown_table, result, usable_cores, write_json_atomic  # noqa: E402
+from bench.peers import keras_distillation as peer  # noqa: E402
 from tfopt._keras import keras, tf  # noqa: E402
 from tfopt.config import DataConfig  # noqa: E402
 from tfopt.data import pipeline, sources  # noqa: E402
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs  # noqa: E402
 from tfopt.models.registry import build_model  # noqa: E402
 
-TARGETS = {"gap_closed_mean": (">=", 0.9), "multi_minus_single_pt": (">=", 0.0)}
 SCCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+ANCHOR = "Hinton et al. 2015, MNIST: distillation closed ~0.91 of the gap"
+SCRATCH_GRID = tuple({"lr": lr, "augment": aug} for lr in (1e-3, 3e-3, 1e-2) for aug in ("none", "shift"))
+# Transfer set x learning rate; T=4 with labels (the CLI's former default), T=2 for the soft targets alone.
+DISTILL_GRID = tuple({"transfer": transfer, "temperature": 4.0 if transfer == "labeled" else 2.0,
+                      "alpha": 0.9 if transfer == "labeled" else 1.0, "lr": lr, "augment": "shift"}
+                     for transfer in ("labeled", "all") for lr in (3e-3, 1e-2))
 
 
 @dataclass(frozen=True)
@@ -54,27 +67,21 @@ class Params:
     """Everything that shapes the measurement (recorded in the JSON)."""
 
     seeds: int = 3
-    labeled: int = 1000  # student's labelled subset of the training split
+    labeled: int = 1000  # the student's labelled subset of the training split
     student: str = "tiny_cnn"
-    student_epochs: int = 150  # long schedules favour distillation ("patient" teachers, Beyer et al. 2022)
-    student_lr: float = 3e-3
+    steps: int = 1600  # student updates of batch_size, for every arm (~100 passes over 1,000 images)
+    batch_size: int = 64
     teacher: str = "cnn"
     teacher_epochs: int = 3
     teacher_lr: float = 1e-3
-    ceiling_epochs: int = 5  # the student on all 50k labels: a reference for what its capacity allows
-    temperature: float = 8.0
-    alpha: float = 0.9
-    batch_size: int = 64
     teacher_batch_size: int = 128
     steps_per_execution: int = 16  # per-step Keras overhead dominates a 20k-parameter student
-    augment: str = "shift"  # students' augmentation: none | shift (+-2 px)
-    teacher_augment: str = "none"  # teachers' augmentation: none | shift
+    selection_seed: int = 99  # the selection's subset and initial weights (no reported run uses them)
     limit: int = 0  # 0 = full MNIST (50k/10k/10k); smoke runs use a slice
     smoke: bool = False
 
 
-SMOKE = dict(seeds=1, labeled=128, student_epochs=2, teacher="tiny_cnn", teacher_epochs=1, ceiling_epochs=1, limit=3000,
-             smoke=True)
+SMOKE = dict(seeds=1, labeled=128, steps=24, teacher="tiny_cnn", teacher_epochs=1, limit=2000, smoke=True)
 
 
 def _arrays(cfg: DataConfig, info, split: str):
@@ -82,59 +89,82 @@ def _arrays(cfg: DataConfig, info, split: str):
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def _dataset(x, y, seed: int, batch_size: int, augment: str):
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(batch_size)
-    return ds.apply(pipeline.shift_augment(seed)) if augment == "shift" else ds
+def _stream(x, y, seed: int, batch_size: int, augment: str):
+    """Endless shuffled batches (reshuffled every pass), shifted by ``pipeline.shift_augment`` if asked."""
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).repeat().batch(batch_size)
+    ds = ds.apply(pipeline.shift_augment(seed)) if augment == "shift" else ds
+    return ds.prefetch(tf.data.AUTOTUNE)
 
 
 def _adam(lr: float, steps: int):
     return keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(lr, max(1, steps)))
 
 
-def _logits(model, x):
-    return model.predict(x, batch_size=1000, verbose=0)
+def _acc(model, x, y) -> float:
+    return float(np.mean(np.argmax(model.predict(x, batch_size=1000, verbose=0), -1) == y))
 
 
-def _acc(logits, y) -> float:
-    return float(np.mean(np.argmax(logits, -1) == y))
-
-
-def _fit_plain(name: str, x, y, p: Params, seed: int, epochs: int, lr: float, batch_size: int, weights=None,
-               dropout: float = 0.0, augment: str | None = None):
-    keras.utils.set_random_seed(seed)
-    model = build_model(name, x.shape[1:], 10, dropout=dropout)
-    if weights is not None:
-        model.set_weights(weights)
-    model.compile(_adam(lr, -(-len(x) // batch_size) * epochs), SCCE, steps_per_execution=p.steps_per_execution)
-    model.fit(_dataset(x, y, seed, batch_size, p.augment if augment is None else augment), epochs=epochs, verbose=0)
+def _student(p: Params, init, shape):
+    model = build_model(p.student, shape, 10, dropout=0.0)
+    model.set_weights(init)
     return model
 
 
-def _fit_distilled(x, y, p: Params, seed: int, init, teachers, weights):
-    student = build_model(p.student, x.shape[1:], 10, dropout=0.0)
-    student.set_weights(init)
-    distiller = Distiller(student, teachers, temperature=p.temperature, alpha=p.alpha, teacher_weights=weights)
-    distiller.compile(_adam(p.student_lr, -(-len(x) // p.batch_size) * p.student_epochs),
-                      steps_per_execution=p.steps_per_execution)
-    keras.utils.set_random_seed(seed)  # the same batch order and shifts as the scratch run
-    distiller.fit(_dataset(x, y, seed, p.batch_size, p.augment), epochs=p.student_epochs, verbose=0)
+def _fit_teacher(p: Params, x, y, seed: int):
+    keras.utils.set_random_seed(seed)
+    model = build_model(p.teacher, x.shape[1:], 10, dropout=0.25)
+    steps = -(-len(x) // p.teacher_batch_size) * p.teacher_epochs
+    model.compile(_adam(p.teacher_lr, steps), SCCE, steps_per_execution=p.steps_per_execution)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(p.teacher_batch_size)
+    model.fit(ds.prefetch(tf.data.AUTOTUNE), epochs=p.teacher_epochs, verbose=0)
+    return model
+
+
+def _scratch(p: Params, init, x, y, seed: int, recipe: dict):
+    """The student on its labelled subset alone."""
+    model = _student(p, init, x.shape[1:])
+    model.compile(_adam(recipe["lr"], p.steps), SCCE, steps_per_execution=p.steps_per_execution)
+    keras.utils.set_random_seed(seed)
+    model.fit(_stream(x, y, seed, p.batch_size, recipe["augment"]), steps_per_epoch=p.steps, epochs=1, verbose=0)
+    return model
+
+
+def _distilled(p: Params, init, labeled, unlabeled_x, seed: int, recipe: dict, teachers, weights=None):
+    """The student taught by ``teachers`` with tfopt's Distiller, on the recipe's transfer set."""
+    if recipe["transfer"] == "all":
+        # alpha=1: the loss never reads a label, so the images go in with placeholder labels.
+        assert recipe["alpha"] == 1.0, recipe
+        x, y = unlabeled_x, np.zeros(len(unlabeled_x), np.int64)
+    else:
+        x, y = labeled
+    student = _student(p, init, x.shape[1:])
+    distiller = Distiller(student, teachers, temperature=recipe["temperature"], alpha=recipe["alpha"],
+                          teacher_weights=weights)
+    distiller.compile(_adam(recipe["lr"], p.steps), steps_per_execution=p.steps_per_execution)
+    keras.utils.set_random_seed(seed)
+    distiller.fit(_stream(x, y, seed, p.batch_size, recipe["augment"]), steps_per_epoch=p.steps, epochs=1, verbose=0)
     return student
 
 
-def _stats(values):
-    vals = [v for v in values if v is not None]
-    return {"mean": statistics.mean(vals) if vals else None,
-            "stdev": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-            "min": min(vals) if vals else None, "max": max(vals) if vals else None, "values": list(values)}
+def _peer(p: Params, init, labeled, seed: int, teacher):
+    """keras.io's recipe on the labelled subset, for as many examples as the other arms see."""
+    x, y = labeled
+    epochs = max(1, round(p.steps * p.batch_size / len(x)))
+    return peer.distil(_student(p, init, x.shape[1:]), teacher, x, y, epochs=epochs, seed=seed)
+
+
+def _subset(p: Params, n: int, seed: int):
+    return np.random.default_rng(seed).choice(n, min(p.labeled, n), replace=False)
 
 
 def run(p: Params) -> dict:
-    """Runs the whole protocol; returns the JSON payload."""
+    """Runs the whole protocol; returns the result payload (without the figures)."""
     cfg = DataConfig(dataset="mnist", limit=p.limit, global_batch_size=1000,
                      num_shards=4 if p.limit else DataConfig.num_shards)
     info = sources.prepare(cfg)
     (xtr, ytr), (xva, yva), (xte, yte) = (_arrays(cfg, info, s) for s in ("train", "validation", "test"))
-    units = 2 + 1 + 3 * p.seeds
+    scratch_grid, distill_grid = (SCRATCH_GRID[::3], DISTILL_GRID[::3]) if p.smoke else (SCRATCH_GRID, DISTILL_GRID)
+    units = 2 + len(scratch_grid) + len(distill_grid) + 1 + 4 * p.seeds
     bar = tqdm(total=units, desc="B6 distillation", unit="fit", file=sys.stdout, disable=None)
     started = time.perf_counter()
     seconds: dict[str, list[float]] = {}
@@ -146,30 +176,47 @@ def run(p: Params) -> dict:
         bar.update(1)
         return out
 
-    teachers = [timed("teacher", lambda s=s: _fit_plain(p.teacher, xtr, ytr, p, 100 + s, p.teacher_epochs,
-                                                         p.teacher_lr, p.teacher_batch_size, dropout=0.25,
-                                                         augment=p.teacher_augment))
-                for s in range(2)]
-    t_test = [_logits(t, xte) for t in teachers]
-    t_acc = [_acc(z, yte) for z in t_test]
-    t_val_acc = [_acc(_logits(t, xva), yva) for t in teachers]
-    multi_w = accuracy_weights(t_val_acc, 10)
-    ens_acc = _acc(teacher_log_probs(t_test, multi_w, p.temperature).numpy(), yte)
-    ceiling = timed("ceiling", lambda: _fit_plain(p.student, xtr, ytr, p, 7, p.ceiling_epochs, p.student_lr,
-                                                  p.batch_size))
-    ceiling_acc = _acc(_logits(ceiling, xte), yte)
+    def init_weights(seed):
+        keras.utils.set_random_seed(seed)
+        return build_model(p.student, xtr.shape[1:], 10, dropout=0.0).get_weights()
 
+    teachers = [timed("teacher", lambda s=s: _fit_teacher(p, xtr, ytr, 100 + s)) for s in range(2)]
+    t_val_acc = [_acc(t, xva, yva) for t in teachers]
+    multi_w = accuracy_weights(t_val_acc, 10)
+
+    # Selection: validation split only, the selection seed's subset and initial weights.
+    s = p.selection_seed
+    idx, init = _subset(p, len(xtr), s), init_weights(s)
+    labeled = (xtr[idx], ytr[idx])
+    trials = []
+    for recipe in scratch_grid:
+        acc = _acc(timed("selection", lambda: _scratch(p, init, *labeled, s, recipe)), xva, yva)
+        trials.append({"arm": "scratch", "recipe": recipe, "val_accuracy": acc})
+    for recipe in distill_grid:
+        acc = _acc(timed("selection", lambda: _distilled(p, init, labeled, xtr, s, recipe, teachers[:1])), xva, yva)
+        trials.append({"arm": "distilled", "recipe": recipe, "val_accuracy": acc})
+    chosen = {arm: max((t for t in trials if t["arm"] == arm), key=lambda t: t["val_accuracy"])["recipe"]
+              for arm in ("scratch", "distilled")}
+
+    # Reported runs: test split read once per model, after every choice above.
+    t_test = [teachers[i].predict(xte, batch_size=1000, verbose=0) for i in range(2)]
+    t_acc = [float(np.mean(np.argmax(z, -1) == yte)) for z in t_test]
+    ens_acc = float(np.mean(np.argmax(teacher_log_probs(t_test, multi_w, 1.0).numpy(), -1) == yte))
+    ceiling = timed("ceiling", lambda: _scratch(p, init_weights(7), xtr, ytr, 7, chosen["scratch"]))
+    ceiling_acc = _acc(ceiling, xte, yte)
     rows = []
     for seed in range(p.seeds):
-        idx = np.random.default_rng(seed).choice(len(xtr), min(p.labeled, len(xtr)), replace=False)
-        x, y = xtr[idx], ytr[idx]
-        keras.utils.set_random_seed(seed)
-        init = build_model(p.student, x.shape[1:], 10, dropout=0.0).get_weights()
-        scratch = timed("scratch", lambda: _fit_plain(p.student, x, y, p, seed, p.student_epochs, p.student_lr,
-                                                      p.batch_size, init))
-        single = timed("single", lambda: _fit_distilled(x, y, p, seed, init, teachers[:1], None))
-        multi = timed("multi", lambda: _fit_distilled(x, y, p, seed, init, teachers, multi_w))
-        a = {k: _acc(_logits(m, xte), yte) for k, m in (("scratch", scratch), ("single", single), ("multi", multi))}
+        idx, init = _subset(p, len(xtr), seed), init_weights(seed)
+        labeled = (xtr[idx], ytr[idx])
+        models = {
+            "scratch": timed("scratch", lambda: _scratch(p, init, *labeled, seed, chosen["scratch"])),
+            "single": timed("single", lambda: _distilled(p, init, labeled, xtr, seed, chosen["distilled"],
+                                                         teachers[:1])),
+            "multi": timed("multi", lambda: _distilled(p, init, labeled, xtr, seed, chosen["distilled"],
+                                                       teachers, multi_w)),
+            "peer": timed("peer", lambda: _peer(p, init, labeled, seed, teachers[0])),
+        }
+        a = {k: _acc(m, xte, yte) for k, m in models.items()}
 
         def closed(acc, ref):
             return (acc - a["scratch"]) / (ref - a["scratch"]) if ref > a["scratch"] else None
@@ -177,75 +224,71 @@ def run(p: Params) -> dict:
         rows.append({"seed": seed, **{f"{k}_acc": v for k, v in a.items()},
                      "gap_closed_single": closed(a["single"], t_acc[0]),
                      "gap_closed_multi": closed(a["multi"], ens_acc),
-                     "gap_closed_multi_vs_teacher_a": closed(a["multi"], t_acc[0]),
-                     "ceiling_gap": closed(ceiling_acc, t_acc[0]),
+                     "gap_closed_peer": closed(a["peer"], t_acc[0]),
                      "multi_minus_single_pt": 100 * (a["multi"] - a["single"])})
     bar.close()
-    summary = {k: _stats([r[k] for r in rows]) for k in rows[0] if k != "seed"}
-    measured = {"gap_closed_mean": summary["gap_closed_single"]["mean"],
-                "multi_minus_single_pt": summary["multi_minus_single_pt"]["mean"]}
-    targets = {}
-    for key, (op, bar_value) in TARGETS.items():
-        value = measured[key]
-        ok = None if value is None else (value >= bar_value if op == ">=" else value <= bar_value)
-        targets[key] = {"measured": value, "op": op, "target": bar_value, "pass": ok}
     student_params = build_model(p.student, xtr.shape[1:], 10, dropout=0.0).count_params()
     return {
-        "benchmark": "B6 distillation",
         "params": dataclasses.asdict(p),
-        "environment": environment(tf),
         "data": {"train": len(xtr), "validation": len(xva), "test": len(xte),
                  "labeled_subset": min(p.labeled, len(xtr))},
         "models": {"teacher": p.teacher, "teacher_params": int(teachers[0].count_params()),
                    "student": p.student, "student_params": int(student_params)},
         "teachers": {"test_accuracy": t_acc, "val_accuracy": t_val_acc, "multi_weights": multi_w,
                      "combined_test_accuracy": ens_acc},
-        "student_ceiling_test_accuracy": ceiling_acc,
+        "selection": {"split": "validation", "seed": s, "trials": trials, "chosen": chosen},
+        "peer": {"tutorial": peer.TUTORIAL, "url": peer.URL, "alpha_labels": peer.ALPHA,
+                 "temperature": peer.TEMPERATURE, "learning_rate": peer.LEARNING_RATE, "batch_size": peer.BATCH_SIZE},
+        "student_all_labels_test_accuracy": ceiling_acc,
         "per_seed": rows,
-        "summary": summary,
-        "targets": targets,
         "seconds": {"total": round(time.perf_counter() - started, 1), **seconds},
     }
 
 
-def _pct(x):
-    return "n/a" if x is None else f"{100 * x:.2f}%"
+def figures(res: dict) -> list[dict]:
+    """The published figures, each from the per-seed rows."""
+    rows, t = res["per_seed"], res["teachers"]
 
+    def col(key):
+        return [r[key] for r in rows]
 
-def _ms(s, scale=1.0, digits=2):
-    if s["mean"] is None:
-        return "n/a"
-    return f"{scale * s['mean']:.{digits}f} ± {scale * s['stdev']:.{digits}f}"
+    def pct(key):
+        return ", ".join(f"{100 * v:.2f}" for v in col(key))
+
+    med = figure("", col("gap_closed_peer"), "of gap")["value"]
+    peer_text = f"keras.io recipe on the same run: {'n/a' if med is None else f'{med:.2f}'} of the gap"
+    return [
+        figure("gap closed, teacher A: (distilled - scratch) / (teacher - scratch)", col("gap_closed_single"),
+               "of gap", target=(">=", 0.9), peer=peer_text, anchor=ANCHOR,
+               detail=f"teacher A {100 * t['test_accuracy'][0]:.2f}%; distilled {pct('single_acc')}; "
+                      f"scratch {pct('scratch_acc')} (test %, per seed)"),
+        figure("multi (A+B) - single (A) teacher, student test accuracy", col("multi_minus_single_pt"), "pt",
+               target=(">=", 0.0), detail=f"A+B {pct('multi_acc')}; A {pct('single_acc')}"),
+        figure("gap closed, teachers A+B (vs their combined soft target)", col("gap_closed_multi"), "of gap",
+               detail=f"combined target {100 * t['combined_test_accuracy']:.2f}%"),
+        figure("student distilled from A, test accuracy", [100 * v for v in col("single_acc")], "%"),
+        figure("student from scratch (recipe tuned on validation), test accuracy",
+               [100 * v for v in col("scratch_acc")], "%"),
+        figure("peer: keras.io recipe, gap closed", col("gap_closed_peer"), "of gap",
+               detail=f"peer student {pct('peer_acc')}"),
+    ]
 
 
 def report(res: dict) -> str:
-    """The markdown tables printed at the end (and pasted into the README)."""
-    s, t, p = res["summary"], res["teachers"], res["params"]
-    n = len(res["per_seed"])
-    seeds = lambda k, f: ", ".join(f(v) for v in s[k]["values"])  # noqa: E731
-    fmt2 = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
-    head = ["B6 distillation", f"measured (mean ± sd over {n} seeds)", "per seed", "target", "status"]
-    rows = [
-        ["teacher A / B test accuracy", f"{_pct(t['test_accuracy'][0])} / {_pct(t['test_accuracy'][1])}", "", "", ""],
-        ["A+B combined target accuracy", _pct(t["combined_test_accuracy"]), "", "", ""],
-        [f"student from scratch ({p['labeled']} labels)", _ms(s["scratch_acc"], 100) + " %",
-         seeds("scratch_acc", _pct), "", ""],
-        ["student distilled from A", _ms(s["single_acc"], 100) + " %", seeds("single_acc", _pct), "", ""],
-        ["student distilled from A+B", _ms(s["multi_acc"], 100) + " %", seeds("multi_acc", _pct), "", ""],
-        ["gap closed, A (distilled-scratch)/(teacher-scratch)", _ms(s["gap_closed_single"]),
-         seeds("gap_closed_single", fmt2), ">= 0.9", status(res["targets"]["gap_closed_mean"]["pass"])],
-        ["gap closed, A+B (vs combined target)", _ms(s["gap_closed_multi"]), seeds("gap_closed_multi", fmt2), "", ""],
-        ["multi - single teacher (pt)", _ms(s["multi_minus_single_pt"]), seeds("multi_minus_single_pt", fmt2),
-         ">= 0", status(res["targets"]["multi_minus_single_pt"]["pass"])],
-        [f"reference: student on all labels ({p['ceiling_epochs']} ep) / its gap",
-         f"{_pct(res['student_ceiling_test_accuracy'])} / {_ms(s['ceiling_gap'])}", "", "", ""],
-    ]
-    m = res["models"]
-    note = (f"teacher {m['teacher']} ({m['teacher_params']:,} params) x2, student {m['student']} "
-            f"({m['student_params']:,} params); {p['labeled']} labelled images, {p['student_epochs']} epochs, "
-            f"T={p['temperature']}, alpha={p['alpha']}, student augment={p['augment']}, teacher augment="
-            f"{p['teacher_augment']}; {res['seconds']['total']:.0f} s on "
-            f"{res['environment']['usable_cores']} cores")
+    """The markdown table printed at the end."""
+    rows = []
+    for f in res["figures"]:
+        lo, hi = f["spread"] or (None, None)
+        fmt = (lambda v: "n/a" if v is None else f"{v:.2f}")  # noqa: E731
+        rows.append([f["name"], f"{fmt(f['value'])} {f['unit']}", f"{fmt(lo)} to {fmt(hi)} ({f['repeats']})",
+                     f["target"] or "", f["status"]])
+    head = ["B6 distillation", "median", "range (seeds)", "target", "status"]
+    d, p = res["selection"]["chosen"], res["params"]
+    note = (f"teachers {res['models']['teacher']} x2: {100 * res['teachers']['test_accuracy'][0]:.2f}% / "
+            f"{100 * res['teachers']['test_accuracy'][1]:.2f}%; student {p['student']} "
+            f"({res['models']['student_params']:,} params), {p['labeled']} labels, {p['steps']} steps; chosen on "
+            f"validation: scratch {d['scratch']}, distilled {d['distilled']}; student on all labels "
+            f"{100 * res['student_all_labels_test_accuracy']:.2f}%; {res['seconds']['total']:.0f} s")
     return markdown_table(head, rows) + "\n" + note
 
 
@@ -266,11 +309,13 @@ def main(argv=None) -> int:
     if args.smoke:
         values.update(SMOKE)
     p = Params(**values)
-    print(f"B6: {p.seeds} seeds x (scratch, distilled A, distilled A+B) + 2 teachers + ceiling "
-          f"on {usable_cores()} cores", flush=True)
+    print(f"B6: 2 teachers, selection on validation, then {p.seeds} seeds x (scratch, distilled A, distilled A+B, "
+          f"keras.io peer) on {usable_cores()} cores", flush=True)
     res = run(p)
-    print(report(res))
-    write_json_atomic(args.out, res)
+    command = "PYTHONPATH=. python bench/distillation.py" + (" --smoke" if p.smoke else "")
+    payload = result("B6", "distillation", command, figures(res), **res)
+    print(report(payload))
+    write_json_atomic(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 

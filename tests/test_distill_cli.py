@@ -68,10 +68,13 @@ def _check_common(out, teacher_dir, strategy, replicas, reference=None, toleranc
 def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(tmp_path, mnist_run, reference):
     before = _tree_digest(mnist_run)
     out = tmp_path / "distilled"
-    assert main(["--teacher", mnist_run, "--student", "tiny_cnn", "--temperature", "4", "--alpha", "0.9",
-                 "--strategy", "mirrored", "--lr", "0.003", "-o", str(out), *COMMON]) == 0
+    assert main(["--teacher", mnist_run, "--student", "tiny_cnn", "--strategy", "mirrored", "--lr", "0.003",
+                 "-o", str(out), *COMMON]) == 0
     run = _check_common(out, mnist_run, "mirrored", 2, reference, tolerance=0.01)  # equal step by step
-    assert run["distill"]["settings"]["temperature"] == 4.0 and run["distill"]["settings"]["alpha"] == 0.9
+    from tfopt.distill.options import DistillOptions
+
+    settings = run["distill"]["settings"]
+    assert (settings["temperature"], settings["alpha"]) == (DistillOptions.temperature, DistillOptions.alpha)
     assert run["distill"]["teachers"][0]["weight"] == 1.0 and "compression" not in run["distill"]
     assert _tree_digest(mnist_run) == before
 
@@ -167,3 +170,35 @@ def test_bad_input_one_line_exit_2(tmp_path, mnist_run, capsys, args, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not out.exists()
+
+
+def _printed(capsys, argv):
+    assert main(["--teacher", "runs/any", "--print-config", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_defaults_are_the_chosen_recipe_and_user_settings_win(tmp_path, capsys):
+    from tfopt.distill.cli import RECIPE
+    from tfopt.distill.options import DistillOptions
+
+    chosen = json.load(open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench", "results",
+                                         "distill_defaults.json")))["selection"]["chosen"]["distill"]
+    out = _printed(capsys, [])
+    # The defaults are the configuration the committed selection experiment chose on validation.
+    assert out["distill"]["temperature"] == DistillOptions.temperature == float(chosen["temperature"])
+    assert out["distill"]["alpha"] == DistillOptions.alpha == float(chosen["alpha"])
+    assert out["config"]["train"]["learning_rate"] == RECIPE[("train", "learning_rate")] == float(chosen["lr"])
+    assert out["config"]["data"]["augment"] == RECIPE[("data", "augment")] == chosen["set:data.augment"]
+    assert out["config"]["model"]["name"] == "tiny_cnn" and out["config"]["train"]["seed"] == 42
+    # A flag, --set and a --config file each win over the recipe; a file that does not set a key keeps it.
+    assert RECIPE[("data", "augment")] != "none" and RECIPE[("train", "learning_rate")] != 0.0123
+    out = _printed(capsys, ["--lr", "0.0123", "--set", "data.augment=none", "--seed", "7"])
+    assert out["config"]["train"]["learning_rate"] == 0.0123 and out["config"]["data"]["augment"] == "none"
+    assert out["config"]["train"]["seed"] == 7 and out["config"]["data"]["seed"] == 7
+    for text, lr in (("train:\n  learning_rate: 0.0456\n", 0.0456),
+                     ("train:\n  epochs: 5\n", RECIPE[("train", "learning_rate")])):
+        path = tmp_path / "cfg.yaml"
+        path.write_text(text)
+        out = _printed(capsys, ["--config", str(path)])
+        assert out["config"]["train"]["learning_rate"] == lr
+        assert out["config"]["data"]["augment"] == RECIPE[("data", "augment")]

@@ -1,20 +1,43 @@
 """``python -m tfopt.distill``: argument parsing only; the work is :func:`tfopt.distill.stage.run`.
 
-    python -m tfopt.distill --teacher runs/train --student tiny_cnn --temperature 4 --alpha 0.9 --strategy mirrored
+    python -m tfopt.distill --teacher runs/train --student tiny_cnn --epochs 2     # the defaults below
     python -m tfopt.distill --teacher runs/train --teacher runs/train-2 --student tiny_cnn --teacher-weights accuracy
     python -m tfopt.distill --teacher runs/train --student tiny_cnn --technique prune --sparsity 0.75
+
+Defaults (temperature, alpha and the student's recipe: learning rate, augmentation) were chosen
+on the validation split by ``bench/distill_defaults.py`` (every configuration tried, its seeds and
+validation accuracies: ``bench/results/distill_defaults.json``): with them, ``--student tiny_cnn
+--epochs 2`` from the main job's teacher beats ``python -m tfopt.train --model tiny_cnn --epochs 2``
+at the same seed and budget. The recipe applies where neither a flag, ``--set`` nor the
+``--config`` file sets its key; like ``tfopt.train``, runs are seeded (``train.seed``, default 42).
 """
 from __future__ import annotations
 
 import json
 
 from tfopt import cli
+from tfopt import config as config_lib
 from tfopt.distill.options import COMBINE_MODES, DistillOptions, parse_feature
 from tfopt.errors import ConfigError
 from tfopt.optimize.techniques import ONE_PHASE
 
 PROG = "tfopt.distill"
-DESCRIPTION = "Distil trained teacher runs into a student, optionally compressed while it learns."
+DESCRIPTION = ("Distil trained teacher runs into a student, optionally compressed while it learns. Defaults chosen "
+               "on the validation split: bench/results/distill_defaults.json.")
+# The student's training recipe where the user sets none (flags, --set and --config win); chosen
+# on validation with the temperature and alpha defaults (DistillOptions), see the module doc.
+RECIPE = {("train", "learning_rate"): 0.01, ("data", "augment"): "shift"}
+
+
+def _recipe_overrides(config_path: str | None) -> list[str]:
+    """``--set`` entries for the RECIPE keys that the ``--config`` file (if any) leaves unset."""
+    nested: dict = {}
+    for (section, key), value in RECIPE.items():
+        nested.setdefault(section, {})[key] = value
+    if config_path:  # a key the file sets comes out the same whatever the base
+        plain, based = config_lib.load(config_path), config_lib.load(config_path, config_lib.from_dict(nested))
+    return [f"{section}.{key}={value}" for (section, key), value in RECIPE.items()
+            if not config_path or getattr(getattr(plain, section), key) != getattr(getattr(based, section), key)]
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -24,8 +47,12 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--teacher", action="append", default=[], metavar="RUN",
                    help="run directory of a trained teacher (repeat for several teachers)")
     g.add_argument("--student", help="registered student model: tiny_cnn (default), mlp, mobilenet_tiny, cnn")
-    g.add_argument("--temperature", type=float, default=4.0, help="softmax temperature T (default 4)")
-    g.add_argument("--alpha", type=float, default=0.9, help="weight of the teacher term in [0, 1] (default 0.9)")
+    recipe = ", ".join(f"{s}.{k}={v}" for (s, k), v in RECIPE.items())
+    g.add_argument("--temperature", type=float, default=DistillOptions.temperature,
+                   help=f"softmax temperature T (default {DistillOptions.temperature:g}, chosen on validation)")
+    g.add_argument("--alpha", type=float, default=DistillOptions.alpha,
+                   help=f"weight of the teacher term in [0, 1] (default {DistillOptions.alpha:g}, chosen on "
+                        f"validation); the student's recipe defaults to {recipe} unless set")
     g.add_argument("--teacher-weights", default="equal",
                    help="equal (default), accuracy (from validation accuracy) or W1,W2,... (one per --teacher)")
     g.add_argument("--combine", default="probs", help=f"combine teachers' {' or '.join(COMBINE_MODES)} (default probs)")
@@ -36,7 +63,8 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--sparsity", type=float, default=0.75, help="target sparsity for --technique prune")
     g.add_argument("--clusters", type=int, default=16, help="centroids per kernel for --technique cluster")
     g.add_argument("--baseline", metavar="RUN", help="run of the same student trained without a teacher (gap closed)")
-    g.add_argument("--seed", type=int, help="seed for the student's initial weights")
+    g.add_argument("--seed", type=int, help="seed of the run: initial weights, data order, augmentation "
+                   "(sets train.seed and data.seed; default 42, as tfopt.train)")
     g.add_argument("--trust-model", action="store_true", help="load teacher files that can run code (see models.io)")
     cli.add_config_args(parser)
     return parser
@@ -50,13 +78,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.student and args.model and args.student != args.model:
             raise ConfigError(f"--student {args.student!r} and --model {args.model!r} disagree; give only --student")
         args.model = args.student or args.model or "tiny_cnn"
+        seeds = [] if args.seed is None else [f"train.seed={args.seed}", f"data.seed={args.seed}"]
+        args.set = [*_recipe_overrides(args.config), *seeds, *args.set]
         cfg = cli.config_from_args(args)
         opts = DistillOptions(
             teachers=tuple(args.teacher), temperature=args.temperature, alpha=args.alpha,
             teacher_weights=args.teacher_weights, combine=args.combine,
             features=tuple(parse_feature(f) for f in args.feature), feature_weight=args.feature_weight,
             technique=args.technique, sparsity=args.sparsity, clusters=args.clusters, baseline=args.baseline,
-            seed=args.seed, trust_model=args.trust_model)
+            trust_model=args.trust_model)
         opts.fixed_weights()
         if args.print_config:
             print(json.dumps({"config": cfg.to_dict(), "distill": opts.to_dict()}, indent=2))

@@ -25,13 +25,13 @@ class DistillOptions:
         sparsity: Target sparsity for ``prune``.
         clusters: Centroids per kernel for ``cluster``.
         baseline: Run directory of the same student trained without a teacher (gap closed).
-        seed: Seed for the student's initial weights.
         trust_model: Load teacher files that can run code.
     """
 
     teachers: tuple[str, ...]
-    temperature: float = 4.0
-    alpha: float = 0.9
+    # Chosen on the validation split (bench/distill_defaults.py); see tfopt.distill.cli.
+    temperature: float = 1.0
+    alpha: float = 0.5
     teacher_weights: str = "equal"
     combine: str = "probs"
     features: tuple[tuple[str, str, int], ...] = ()
@@ -40,7 +40,6 @@ class DistillOptions:
     sparsity: float = 0.75
     clusters: int = 16
     baseline: str | None = None
-    seed: int | None = None
     trust_model: bool = False
 
     def fixed_weights(self) -> list[float] | None:

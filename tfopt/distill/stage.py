@@ -69,9 +69,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
             raise ConfigError(f"-o {cfg.train.output_dir!r} is an input run; a stage writes a NEW run directory: "
                               "give another -o")
     job = Job(cfg, "distill", options=opts.to_dict(), overwrite=overwrite)
-    with job:
-        if opts.seed is not None:
-            keras.utils.set_random_seed(opts.seed)
+    with job:  # seeded by the Job: train.seed (initial weights, dropout), data.seed (order, shifts)
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
