@@ -244,10 +244,12 @@ def test_distribute_over_two_replicas(mnist):
 
 
 @pytest.mark.parametrize("cache, augment, pipelines", [("memory", "shift", 1), ("none", "none", 1),
-                                                       ("file", "none", 1), ("memory", "shift", 2)])
+                                                       ("file", "none", 1), ("memory", "shift", 2),
+                                                       ("memory", "crop_flip", 2)])
 def test_stream_resumed_at_a_step_equals_the_uninterrupted_tail(digits8, tmp_path, cache, augment, pipelines):
     cfg, info = digits8
-    cfg = dataclasses.replace(cfg, cache=cache, augment=augment, data_dir=str(tmp_path))
+    cfg = dataclasses.replace(cfg, cache=cache, augment=augment, data_dir=str(tmp_path),
+                              crop_padding=2 if augment == "crop_flip" else 0)
     ctx = contexts(pipelines)[-1] if pipelines > 1 else None
     per_pass = 1000 // pipelines // (40 // pipelines)
 

@@ -19,6 +19,8 @@ AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow her
 CACHE_MODES = ("memory", "none", "file")
 SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 COLLECTIVES = ("auto", "ring", "nccl")
+AUGMENTS = ("none", "shift", "crop_flip")
+NORMALIZE_PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
 
 
 def default_data_dir() -> str:
@@ -41,7 +43,10 @@ class DataConfig:
     seed: int = 42
     shuffle_buffer: int = 10000
     cache: str = "memory"  # memory | none | file (under data_dir)
-    augment: str = "none"  # none | shift (random +-2 px translation, after batching)
+    augment: str = "none"  # none | shift (random +-2 px translation) | crop_flip (see tfopt/data/augment.py)
+    crop_size: int = 0  # crop_flip: side of the random square window (0 = the image's own height x width)
+    crop_padding: int = 0  # crop_flip: zero pixels added on each side before the window is taken
+    normalize: str = ""  # "" (off) | imagenet | MEAN/STD per channel in [0, 1] units, e.g. 0.5,0.5,0.5/0.25
     interleave_cycle_length: int = AUTOTUNE
     num_parallel_reads: int = AUTOTUNE
     num_parallel_calls: int = AUTOTUNE
@@ -112,7 +117,7 @@ _CHOICES = {
     ("runtime", "precision"): PRECISIONS.names(),
     ("runtime", "collective"): COLLECTIVES,
     ("data", "cache"): CACHE_MODES,
-    ("data", "augment"): ("none", "shift"),
+    ("data", "augment"): AUGMENTS,
     ("data", "service_mode"): SERVICE_MODES,
     ("train", "lr_schedule"): ("constant", "cosine"),
 }
@@ -146,6 +151,45 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
     return value
 
 
+def parse_normalize(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """Reads ``data.normalize``: ``""`` -> None, ``imagenet`` or ``MEAN/STD`` -> (means, stds).
+
+    ``MEAN`` and ``STD`` are comma-separated per-channel values in units of the [0, 1] image (one
+    value applies to every channel), e.g. ``0.485,0.456,0.406/0.229,0.224,0.225``.
+
+    Raises:
+        ConfigError: malformed text or a standard deviation that is not > 0.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    if text in NORMALIZE_PRESETS:
+        return NORMALIZE_PRESETS[text]
+    fix = ("give MEAN/STD per channel, e.g. 0.485,0.456,0.406/0.229,0.224,0.225, or one of "
+           + ", ".join(NORMALIZE_PRESETS))
+    mean, sep, std = text.partition("/")
+    try:
+        values = tuple(tuple(float(v) for v in part.split(",")) for part in (mean, std))
+    except ValueError:
+        raise ConfigError(f"data.normalize={text!r} is not valid; {fix}") from None
+    if not sep or "/" in std or not all(v == v and abs(v) != float("inf") for part in values for v in part):
+        raise ConfigError(f"data.normalize={text!r} is not valid; {fix}")
+    if min(values[1]) <= 0:
+        raise ConfigError(f"data.normalize={text!r} has a standard deviation <= 0; every STD value must be > 0")
+    return values
+
+
+def _validate_augment(data: DataConfig) -> None:
+    for key in ("crop_size", "crop_padding"):
+        value = getattr(data, key)
+        if value < 0:
+            raise ConfigError(f"data.{key}={value} must be >= 0; give a number of pixels")
+        if value and data.augment != "crop_flip":
+            raise ConfigError(f"data.{key}={value} has no effect with data.augment={data.augment}; "
+                              f"set data.augment=crop_flip or leave data.{key} at 0")
+    parse_normalize(data.normalize)
+
+
 def _validate(cfg: RunConfig) -> RunConfig:
     for (section, key), choices in _CHOICES.items():
         value = getattr(getattr(cfg, section), key)
@@ -171,6 +215,7 @@ def _validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"model.dropout={cfg.model.dropout} must be in [0, 1)")
     if not 0.0 < cfg.train.nan_lr_factor <= 1.0:
         raise ConfigError(f"train.nan_lr_factor={cfg.train.nan_lr_factor} must be in (0, 1]; 1 keeps the rate")
+    _validate_augment(cfg.data)
     service = cfg.data.service
     if service not in ("", "local") and not (service.startswith("grpc://") and ":" in service[len("grpc://"):]):
         raise ConfigError(f"data.service={service!r} is not valid; give local, grpc://HOST:PORT or nothing (off)")

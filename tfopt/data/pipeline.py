@@ -35,6 +35,7 @@ import numpy as np
 from tfopt._keras import tf
 from tfopt.config import AUTOTUNE, DataConfig
 from tfopt.data import service
+from tfopt.data.augment import check_model_shape, crop_flip_augment, eval_transform, normalize_batches
 from tfopt.data.shards import scan_tfrecord
 from tfopt.data.sources import DatasetInfo, dataset_dir, prepare
 from tfopt.errors import ConfigError, DataError
@@ -184,8 +185,8 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         batch_size: Batch size of this pipeline (per replica under a strategy).
         input_context: Shards the data across ``num_input_pipelines``: by file when there are at
             least as many files as pipelines, else by record within each file.
-        augment: ``(images, labels) -> (images, labels)`` on batches; replaces ``cfg.augment``.
-            Applied only when ``training``.
+        augment: ``(images, labels) -> (images, labels)`` on batches; replaces ``cfg.augment``
+            (``cfg.normalize`` still applies after it). Applied only when ``training``.
         cache_path: File prefix for ``cfg.cache == "file"``; default under ``cfg.data_dir``.
         num_records: How many records ``files`` hold (sizes the full shuffle of a memory-cached
             training pipeline); counted from the files when not given.
@@ -248,6 +249,9 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
     # same examples whatever the replica count (mirrored on 2 devices trains exactly like one device).
     if not training:
         ds = records_of(file_ds, cache=True).batch(batch_size)
+        evaluate = eval_transform(cfg)  # crop_flip's central window, data.normalize
+        if evaluate is not None:
+            ds = ds.apply(evaluate)
     else:
         if pipelines == 1 and num_records is not None:
             counts = [num_records]
@@ -277,10 +281,15 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         ds = tf.data.Dataset.range(first, _ENDLESS).flat_map(one_pass)
         if not served:
             ds = ds.skip(skip * group)
+        start = (int(start_step) - (skip if served else 0)) * group  # stream index of the first batch
         if augment is not None:
             ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
         elif cfg.augment == "shift":
-            ds = ds.apply(shift_augment(seed, start=(int(start_step) - (skip if served else 0)) * group))
+            ds = ds.apply(shift_augment(seed, start=start))
+        elif cfg.augment == "crop_flip":  # normalizes in the same pass
+            ds = ds.apply(crop_flip_augment(cfg, seed, start=start))
+        if cfg.normalize and (augment is not None or cfg.augment != "crop_flip"):
+            ds = ds.apply(normalize_batches(cfg))
         if served:  # everything above runs on the service workers, with these options
             ds = service.maybe_distribute(ds.with_options(_options(cfg, training, sharded=False)), cfg,
                                           training=True, job_name=service_job)
@@ -377,6 +386,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
     if split not in SPLITS:
         raise DataError(f"split {split!r} does not exist; choose one of {', '.join(SPLITS)}")
     info = info or prepare(cfg)
+    check_model_shape(cfg, info.image_shape)
     files = _split(info, split).files
     cache_path = None
     if cfg.cache == "file":
