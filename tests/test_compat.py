@@ -185,6 +185,36 @@ def test_litert_ops_details_is_still_private():
         "LiteRT changed Interpreter._get_ops_details: update tfopt._compat.interpreter_ops_details")
 
 
+def test_tflite_model_editing_is_still_private():
+    import ai_edge_litert
+    from ai_edge_litert.interpreter import Interpreter
+
+    public = [n for n in dir(ai_edge_litert) + dir(tf.lite) + dir(tf.lite.experimental)
+              if re.search(r"strip|flatbuffer|read_model", n, re.I)]
+    assert not public, (f"LiteRT / tf.lite now export {public}: use them in tfopt._compat.read_tflite_model / "
+                        "write_tflite_model")
+    fn = tf.function(lambda x: tf.nn.relu(x) * 2.0).get_concrete_function(tf.TensorSpec([1, 4], tf.float32))
+    content = tf.lite.TFLiteConverter.from_concrete_functions([fn], fn).convert()
+    model = _compat.read_tflite_model(content)
+    names = [t.name for t in model.subgraphs[0].tensors]
+    assert all(isinstance(n, bytes) for n in names) and any(names), (
+        "LiteRT changed flatbuffer_utils' object model: update tfopt._compat.read_tflite_model")
+    for t in model.subgraphs[0].tensors:
+        t.name = None
+    again = _compat.write_tflite_model(model)
+    assert again[4:8] == b"TFL3" and len(again) < len(content), "update tfopt._compat.write_tflite_model"
+    x = np.array([[-1.0, 0.5, 2.0, -3.0]], np.float32)
+    outs = []
+    for blob in (content, again):
+        interpreter = Interpreter(model_content=blob)
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+        interpreter.invoke()
+        outs.append(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[1], [[0.0, 1.0, 4.0, 0.0]])
+
+
 # -- QAT models and the .keras format --------------------------------------------------------------
 
 def _qat_model():

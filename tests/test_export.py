@@ -293,6 +293,9 @@ def _cli(*args, timeout=300):
     (["--evaluate", "missing.tflite", "--dataset", "mnist"], "--evaluate 'missing.tflite': no such file"),
     (["--benchmark", "x.tflite", "--threads", "1,zero"], "thread count 'zero' is not an integer"),
     (["--from", ".", "--calibration-steps", "0"], "--calibration-steps 0 must be >= 1"),
+    (["--from", ".", "--auto-candidates", "1"], "--auto-candidates 1 must be >= 2"),
+    (["--from", ".", "--modes", "int8_automatic"], "unknown mode 'int8_automatic'; choose one of float32, dynamic, "
+     "float16, int8, int8_auto, int16x8"),
     ([], "one of the arguments --from --evaluate --benchmark is required"),
 ])
 def test_cli_user_errors_exit_2_with_one_line(args, needle, tmp_path):
@@ -353,6 +356,8 @@ def test_qat_model_converts_to_int8_only(run, test_set):
     assert tflite.is_qat_model(qat)
     with pytest.raises(ConfigError, match="QAT.*int8 only, not float32"):
         tflite.check_modes_for(qat, ["float32", "int8"])
+    with pytest.raises(ConfigError, match="int8 only, not int8_auto"):  # it carries its own ranges: no search
+        tflite.check_modes_for(qat, ["int8_auto"])
     conv = tflite.convert(qat, "int8", options=tflite.ConvertOptions(io="int8"))  # no calibration needed
     m = TFLiteModel(conv.content)
     assert conv.qat and m.input_dtype == np.int8

@@ -19,6 +19,7 @@ Private APIs (no public API does the job):
     convert_variables_to_constants_v2      tensorflow.python.framework.convert_to_constants
     ConverterError                         tensorflow.lite.python.convert_phase (the TFLite converter's error)
     interpreter_ops_details                LiteRT Interpreter._get_ops_details
+    read_tflite_model, write_tflite_model  LiteRT tools.flatbuffer_utils (.tflite <-> editable object)
     fit_resumes_at                         tf_keras Model._training_state (fit's mid-epoch start)
     random_generators                      tf_keras Layer._random_generator (dropout's RNG state)
     accept_remote_logs                     tf_keras Callback._supports_tf_logs (batch hooks under PS)
@@ -55,7 +56,8 @@ TARGETS = {"tensorflow": "2.21", "tf_keras": "2.21", "tensorflow-model-optimizat
 __all__ = [
     "TARGETS", "PRUNE_WRAPPERS", "CLUSTER_WRAPPERS", "QUANTIZE_LAYERS", "prune_registry_supports",
     "prunable_weight_names", "cluster_registry_supports", "clusterable_weight_names", "is_graph_network",
-    "producing_layer", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details", "fix_for_keras_format",
+    "producing_layer", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details",
+    "read_tflite_model", "write_tflite_model", "fix_for_keras_format",
     "StepCountingClusteringSummaries", "tfmot_layer_dtype", "float32_global_policy", "fit_resumes_at",
     "random_generators", "accept_remote_logs",
 ]
@@ -233,6 +235,25 @@ def interpreter_ops_details(interpreter) -> list[dict]:
     ``Interpreter._get_ops_details``; it is the only way to see which kernels XNNPACK took.
     """
     return interpreter._get_ops_details()
+
+
+def read_tflite_model(content: bytes):
+    """A .tflite flatbuffer as an editable object (``schema_py_generated.ModelT``).
+
+    ai-edge-litert 2.3 ships the reader in ``ai_edge_litert.tools.flatbuffer_utils``, which is not
+    part of its documented API (nor is TensorFlow's copy, ``tensorflow.lite.tools``); neither
+    tf.lite nor LiteRT has a public way to edit a model (e.g. to strip its tensor names).
+    """
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    return flatbuffer_utils.read_model_from_bytearray(bytearray(content))
+
+
+def write_tflite_model(model) -> bytes:
+    """The flatbuffer of an object from :func:`read_tflite_model` (same private module)."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
 
 
 # -- workarounds for upstream defects ---------------------------------------------------------

@@ -6,6 +6,7 @@ before TensorFlow is imported.
 import importlib
 
 _EXPORTS = {
+    "tfopt.export.auto": ("AutoResult", "search"),
     "tfopt.export.benchmark": ("file_sizes", "keras_cost", "kernel_report", "latency", "litert_benchmark"),
     "tfopt.export.choices": ("IO_TYPES", "KERNELS", "MODES", "parse_modes", "parse_threads"),
     "tfopt.export.evaluate": ("EvalResult", "TFLiteModel", "evaluate", "keras_outputs", "load_split", "read_tflite"),
@@ -13,7 +14,7 @@ _EXPORTS = {
                               "selective_search"),
     "tfopt.export.runner": ("BenchSettings", "ExportSettings", "benchmark_file", "evaluate_file", "run"),
     "tfopt.export.tflite": ("ConversionError", "ConvertOptions", "Converted", "calibration_batches", "convert",
-                            "is_qat_model", "make_converter", "weight_sparsity"),
+                            "is_qat_model", "make_converter", "strip_strings", "weight_sparsity"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

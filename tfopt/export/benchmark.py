@@ -39,7 +39,9 @@ def kernel_report(model: TFLiteModel) -> dict:
     A delegate node covers the original nodes between its input and output tensors; they are
     found by walking back from its outputs until its inputs.
     """
-    ops = model.interpreter._get_ops_details()  # noqa: SLF001 - the only view of the execution plan
+    from tfopt._compat import interpreter_ops_details  # imports TensorFlow: only when asked
+
+    ops = interpreter_ops_details(model.interpreter)  # the only view of the execution plan
     delegates = [op for op in ops if op["op_name"] == "DELEGATE"]
     originals = [op for op in ops if op["op_name"] != "DELEGATE"]
     producer = {int(t): op for op in originals for t in op["outputs"]}
@@ -88,7 +90,16 @@ def latency(model: str | bytes, *, threads: int = 1, warmup: int = 20, runs: int
     m = TFLiteModel(model, num_threads=threads, xnnpack=xnnpack)
     q = _example_input(m)
     m.invoke_raw(q)  # sets the input and sizes the tensors; later calls only invoke
-    invoke = m.interpreter.invoke
+    return {**time_invokes(m.interpreter.invoke, warmup=warmup, runs=runs), "threads": threads,
+            "kernels": kernel_report(m)}
+
+
+def time_invokes(invoke, *, warmup: int, runs: int) -> dict:
+    """Calls ``invoke`` ``warmup`` times untimed, then ``runs`` times timed one by one.
+
+    Returns:
+        ``{"p50_ms", "p95_ms", "mean_ms", "min_ms", "runs", "warmup"}``.
+    """
     for _ in range(warmup):
         invoke()
     times = np.empty(runs)
@@ -99,8 +110,7 @@ def latency(model: str | bytes, *, threads: int = 1, warmup: int = 20, runs: int
         times[i] = clock() - t0
     ms = times * 1e3
     return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "mean_ms": float(ms.mean()), "min_ms": float(ms.min()), "runs": runs, "warmup": warmup,
-            "threads": threads, "kernels": kernel_report(m)}
+            "mean_ms": float(ms.mean()), "min_ms": float(ms.min()), "runs": runs, "warmup": warmup}
 
 
 def litert_benchmark(path: str, *, threads: int = 1, runs: int = 200, warmup: int = 20,

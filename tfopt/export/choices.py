@@ -26,6 +26,8 @@ class PtqMode:
         ops: ``builtins``; ``int8`` (full-integer: every op must have an int8 kernel, unless the
             model is QAT or Select TF ops are allowed); ``int16x8`` (16-bit activations, 8-bit weights).
         io_types: Input/output types it can give the model (``--io``).
+        latency_aware: Chosen by measurement (:mod:`tfopt.export.auto`): int8 with the ops whose
+            int8 kernel is slower than float kept in float. The converter settings are int8's.
     """
 
     name: str
@@ -35,6 +37,7 @@ class PtqMode:
     supported_types: tuple[str, ...] = ()
     ops: str = "builtins"
     io_types: tuple[str, ...] = ("float",)
+    latency_aware: bool = False
 
 
 MODES: Registry[PtqMode] = Registry("mode", (
@@ -43,6 +46,8 @@ MODES: Registry[PtqMode] = Registry("mode", (
     PtqMode("float16", "float16 weights", supported_types=("float16",)),
     PtqMode("int8", "full-integer: int8 weights and activations, calibrated", calibration=True, ops="int8",
             io_types=("float", "int8", "uint8")),
+    PtqMode("int8_auto", "int8, with the ops whose int8 kernel is slower (measured with LiteRT) kept in float",
+            calibration=True, ops="int8", io_types=("float", "int8", "uint8"), latency_aware=True),
     PtqMode("int16x8", "int16 activations, int8 weights, calibrated", calibration=True, ops="int16x8"),
 ))
 IO_TYPES = ("float", "int8", "uint8")

@@ -2,6 +2,7 @@
 
     python -m tfopt.export --from runs/mnist --modes float32,dynamic,float16,int8,int16x8
     python -m tfopt.export --from runs/mnist-pqat --modes int8 --io int8 --calibration-steps 100
+    python -m tfopt.export --from runs/mnist --modes float32,int8_auto --strip-strings
     python -m tfopt.export --evaluate model.tflite --dataset mnist
     python -m tfopt.export --benchmark model.tflite --threads 1,2
 
@@ -38,6 +39,10 @@ def _parser() -> cli.ArgumentParser:
                    help="let ops without a builtin kernel run as TF Select (Flex) ops")
     g.add_argument("--sparsity", default="auto", help="sparse weight encoding: auto (when >= 50%% zeros and "
                    "smaller), on, off")
+    g.add_argument("--strip-strings", action="store_true",
+                   help="strip tensor names and other strings the runtime does not need (smaller files)")
+    g.add_argument("--auto-candidates", type=int, default=5,
+                   help="int8_auto: mixed models timed and gated end to end (default 5, >= 2)")
     g = p.add_argument_group("fidelity gate (--from)")
     g.add_argument("--min-agreement", type=float, default=0.99, help="top-1 agreement with Keras (default 0.99)")
     g.add_argument("--max-accuracy-drop", type=float, default=0.5, help="accuracy points it may lose (default 0.5)")
@@ -81,7 +86,8 @@ def _check_args(args) -> None:
     choices.parse_threads(args.threads)
     for flag, value, low in (("--calibration-steps", args.calibration_steps, 1), ("--runs", args.runs, 1),
                              ("--warmup", args.warmup, 0), ("--eval-limit", args.eval_limit, 0),
-                             ("--max-float-layers", args.max_float_layers, 1), ("--search-limit", args.search_limit, 0)):
+                             ("--max-float-layers", args.max_float_layers, 1), ("--search-limit", args.search_limit, 0),
+                             ("--auto-candidates", args.auto_candidates, 2)):
         if value < low:
             raise ConfigError(f"{flag} {value} must be >= {low}")
     if args.source is not None and not os.path.isdir(args.source):
@@ -133,12 +139,14 @@ def _work(args) -> int:
     if args.source is not None:
         settings = runner.ExportSettings(
             modes=tuple(choices.parse_modes(args.modes)),
-            options=ConvertOptions(io=args.io, allow_select_tf_ops=args.allow_select_tf_ops, sparsity=args.sparsity),
+            options=ConvertOptions(io=args.io, allow_select_tf_ops=args.allow_select_tf_ops, sparsity=args.sparsity,
+                                   strip_strings=args.strip_strings),
             calibration_steps=args.calibration_steps,
             thresholds=Thresholds(min_agreement=args.min_agreement, max_accuracy_drop_pt=args.max_accuracy_drop),
             selective=not args.no_selective, max_float_layers=args.max_float_layers,
             float_layers=tuple(n.strip() for n in args.float_layers.split(",") if n.strip()), eval_limit=args.eval_limit,
-            search_limit=args.search_limit, bench=bench, plot=not args.no_plot, trust_model=args.trust_model)
+            search_limit=args.search_limit, bench=bench, plot=not args.no_plot, trust_model=args.trust_model,
+            auto_candidates=args.auto_candidates)
         record = runner.run(args.source, settings, out_dir=args.output, overwrite=args.overwrite,
                             progress=_say(args.quiet))
         export = record.section

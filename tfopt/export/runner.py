@@ -4,7 +4,9 @@
 write ``model_<mode>.tflite`` atomically -> evaluate on the held-out test split against the Keras
 model -> fidelity gate -> (int8 failing the gate: selective quantization, searched on the
 validation split, the chosen model re-scored on test) -> latency per thread count and kernel
-setting. Then ``export.json``, ``export.md`` (the table) and ``export.png`` go next to the models.
+setting. ``int8_auto`` is searched, not converted (:mod:`tfopt.export.auto`: per-op timings, then
+candidates timed end to end and gated on the validation split); its row carries the timings and
+the decision. Then ``export.json``, ``export.md`` (the table) and ``export.png`` go next to the models.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tfopt._keras import keras
 from tfopt.config import DataConfig
 from tfopt.data.sources import prepare
 from tfopt.export import benchmark as bench
-from tfopt.export import fidelity, summary, tflite
+from tfopt.export import auto, fidelity, summary, tflite
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
 from tfopt.export.evaluate import EvalResult, TFLiteModel, evaluate, keras_outputs, load_split, read_tflite
 from tfopt.fileio import write_bytes, write_text
@@ -43,6 +45,8 @@ class BenchSettings:
 
     def __post_init__(self):
         check_choice("kernels", self.kernels, KERNELS, "--kernels")
+        if not self.threads:
+            raise ConfigError("no thread count given; use e.g. --threads 1,2")
 
     def settings(self) -> list[tuple[str, bool, int]]:
         """``(key, xnnpack, threads)`` for every measurement, e.g. ``("xnnpack/1t", True, 1)``."""
@@ -61,6 +65,8 @@ class ExportSettings:
     selective: bool = True  # retry a failing int8 with the worst layers in float
     max_float_layers: int = 4
     float_layers: tuple[str, ...] = ()  # Keras layers to keep in float in an extra int8 model
+    auto_candidates: int = 5  # int8_auto: mixed models timed and gated end to end
+    auto_rounds: int = 3  # int8_auto: interleaved timing rounds (per op and end to end)
     eval_limit: int = 0  # test examples to score (0 = the whole split)
     search_limit: int = 2000  # validation examples for the selective search
     bench: BenchSettings = field(default_factory=BenchSettings)
@@ -135,7 +141,7 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     x_test, y_test = load_split(data_cfg, "test", settings.eval_limit, info)
     reference = keras_outputs(model, x_test)
     calibration = None
-    if not qat and any(m in ("int8", "int16x8") for m in modes):
+    if not qat and any(MODES.get(m).calibration for m in modes):
         say(f"drawing {settings.calibration_steps} calibration batches from the training pipeline")
         calibration = tflite.calibration_batches(data_cfg, settings.calibration_steps, info)
     cost = bench.keras_cost(model)
@@ -143,7 +149,12 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     out_dir = rd.work
     rows: list[dict] = []
     notes: list[str] = []
+    validation = _Validation(model, data_cfg, info, settings.search_limit)
     for i, mode in enumerate(modes, 1):
+        if MODES.get(mode).latency_aware:
+            rows.append(_auto(model, calibration, settings, validation, x_test, y_test, reference, out_dir,
+                              lambda msg, i=i: say(f"[{i}/{len(modes)}] {msg}"), notes))
+            continue
         say(f"[{i}/{len(modes)}] {mode}: converting")
         started = time.perf_counter()
         conv = tflite.convert(model, mode, calibration=calibration, options=settings.options)
@@ -158,7 +169,7 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
         rows.append(_row(mode, conv.io, file, conv.content, result, gate, latency, sparse=conv.sparse,
                          qat=conv.qat, convert_seconds=round(convert_s, 2), notes=conv.notes))
         if mode == "int8" and not gate.passed and settings.selective and not qat:
-            rows.append(_selective(model, calibration, conv, result, settings, data_cfg, info, x_test, y_test,
+            rows.append(_selective(model, calibration, conv, result, settings, validation, x_test, y_test,
                                    reference, out_dir, say, notes))
         if mode == "int8" and settings.float_layers and not qat:
             rows.append(_partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say))
@@ -196,17 +207,35 @@ def _keras_figures(model, path: str, cost: dict, settings: ExportSettings, say) 
             "file_bytes": os.path.getsize(path), **cost}
 
 
-def _selective(model, calibration, conv, full: EvalResult, settings: ExportSettings, data_cfg, info, x_test, y_test,
-               reference, out_dir, say, notes) -> dict:
+class _Validation:
+    """The validation split the searches score candidates on (never the test split), read on first use."""
+
+    def __init__(self, model, data_cfg: DataConfig, info, limit: int):
+        self.model, self.data_cfg, self.info, self.limit = model, data_cfg, info, limit
+        self._data = None
+
+    @property
+    def examples(self) -> int:
+        return int(len(self._load()[1]))
+
+    def _load(self):
+        if self._data is None:
+            x, y = load_split(self.data_cfg, "validation", self.limit, self.info)
+            self._data = (x, y, keras_outputs(self.model, x))
+        return self._data
+
+    def score(self, content: bytes) -> EvalResult:
+        """A candidate's accuracy and agreement with the Keras model on the validation split."""
+        x, y, ref = self._load()
+        return evaluate(TFLiteModel(content), x, y, ref)
+
+
+def _selective(model, calibration, conv, full: EvalResult, settings: ExportSettings, validation: _Validation,
+               x_test, y_test, reference, out_dir, say, notes) -> dict:
     say("int8 failed the fidelity gate: ranking layers with the quantization debugger")
-    x_val, y_val = load_split(data_cfg, "validation", settings.search_limit, info)
-    ref_val = keras_outputs(model, x_val)
-
-    def score(content: bytes) -> EvalResult:
-        return evaluate(TFLiteModel(content), x_val, y_val, ref_val)
-
-    found = fidelity.selective_search(model, calibration, score, settings.thresholds, io_type=conv.io,
+    found = fidelity.selective_search(model, calibration, validation.score, settings.thresholds, io_type=conv.io,
                                       max_float_layers=settings.max_float_layers)
+    found.content = tflite.finish(found.content, settings.options)
     file = "model_int8_selective.tflite"
     write_bytes(os.path.join(out_dir, file), found.content)
     result = evaluate(TFLiteModel(found.content), x_test, y_test, reference)
@@ -220,7 +249,38 @@ def _selective(model, calibration, conv, full: EvalResult, settings: ExportSetti
     say(trade)
     latency = _latency(found.content, settings.bench, os.path.join(out_dir, file))
     return _row("int8-selective", _io_of(found.content), file, found.content, result, gate, latency,
-                selective={**found.to_dict(), "search_split": "validation", "search_examples": int(len(y_val))},
+                selective={**found.to_dict(), "search_split": "validation", "search_examples": validation.examples},
+                notes=[trade])
+
+
+def _auto(model, calibration, settings: ExportSettings, validation: _Validation, x_test, y_test, reference,
+          out_dir, say, notes) -> dict:
+    """int8_auto: the latency-aware search (timed at the first --threads count), then the usual row."""
+    b = settings.bench
+    started = time.perf_counter()
+    found = auto.search(model, calibration, validation.score, settings.thresholds, io_type=settings.options.io,
+                        threads=b.threads[0], rounds=settings.auto_rounds, runs=b.runs, warmup=b.warmup,
+                        max_candidates=settings.auto_candidates, progress=say)
+    content = tflite.finish(found.content, settings.options)
+    search_s = time.perf_counter() - started
+    file = "model_int8_auto.tflite"
+    write_bytes(os.path.join(out_dir, file), content)
+    say("int8_auto: evaluating the chosen model on the test split")
+    result = evaluate(TFLiteModel(content), x_test, y_test, reference)
+    gate = fidelity.check(result, settings.thresholds)
+    chosen = found.candidates[found.chosen]
+    plain = found.candidates[0]
+    kept = ", ".join(chosen.float_nodes) or "no op"
+    why = "the fastest that passed the gate on validation" if found.passed else "no candidate passed the gate on validation"
+    trade = (f"int8_auto: int8 measured slower than float for {', '.join(found.slow) or 'no op'} "
+             f"({b.threads[0]} thread(s)); kept in float: {kept} ({why}; end to end {chosen.p50_ms:.3f} ms vs "
+             f"{plain.p50_ms:.3f} ms for plain int8)")
+    notes.append(trade)
+    say(trade)
+    latency = _latency(content, b, os.path.join(out_dir, file))
+    return _row("int8_auto", _io_of(content), file, content, result, gate, latency, float_nodes=chosen.float_nodes,
+                search_seconds=round(search_s, 2),
+                auto={**found.to_dict(), "search_split": "validation", "search_examples": validation.examples},
                 notes=[trade])
 
 
@@ -235,7 +295,7 @@ def _partial(model, calibration, conv, settings: ExportSettings, x_test, y_test,
     say(f"int8 with {', '.join(layers)} kept in float")
     debugger = fidelity.quantization_debugger(model, calibration, calibration[:1])
     nodes = fidelity.nodes_for_layers(fidelity.rank_layers(debugger), layers)
-    content = fidelity.requantize(debugger, nodes, conv.io)
+    content = tflite.finish(fidelity.requantize(debugger, nodes, conv.io), settings.options)
     file = "model_int8_partial.tflite"
     write_bytes(os.path.join(out_dir, file), content)
     result = evaluate(TFLiteModel(content), x_test, y_test, reference)

@@ -9,6 +9,11 @@ Modes (``MODES``):
   or becomes int8/uint8 (``ConvertOptions.io``). A quantization-aware-trained (QAT) model
   converts to int8 with the ranges it learned, no calibration needed.
 - ``int16x8``: 16-bit activations, 8-bit weights (calibrated; float I/O).
+- ``int8_auto``: int8 with the ops whose int8 kernel is slower kept in float, chosen by measurement
+  (:mod:`tfopt.export.auto`; ``convert`` refuses it, the export runner does the search).
+
+``ConvertOptions.strip_strings`` removes what the runtime never reads from the flatbuffer (tensor
+names, the subgraph name, the model description): see :func:`strip_strings`.
 
 The representative dataset is drawn deterministically from the run's own training pipeline
 (``calibration_batches``). Only TFLite builtin ops are allowed unless the caller opts into
@@ -37,8 +42,8 @@ from tfopt.export import native_stderr
 from tfopt.export.choices import IO_TYPES, MODES, SPARSITY_CHOICES, check_choice
 from tfopt.optimize.common import tfmot_imported
 
-# TF 2.21: the MLIR converter's error class is not in tf.lite's public API.
-from tfopt._compat import ConverterError  # noqa: E402
+# TF 2.21: the MLIR converter's error class is not in tf.lite's public API; nor is editing a flatbuffer.
+from tfopt._compat import ConverterError, read_tflite_model, write_tflite_model  # noqa: E402
 
 # Below this fraction of zero weights the sparse encoding costs more than it saves.
 SPARSITY_THRESHOLD = 0.5
@@ -68,11 +73,14 @@ class ConvertOptions:
             .tflite then needs the Flex delegate at run time.
         sparsity: ``auto`` (try the sparse weight encoding when at least ``SPARSITY_THRESHOLD``
             of the weights are zero, keep it if the file is smaller), ``on`` or ``off``.
+        strip_strings: Strip tensor names and other strings the runtime does not need
+            (:func:`strip_strings`).
     """
 
     io: str = "float"
     allow_select_tf_ops: bool = False
     sparsity: str = "auto"
+    strip_strings: bool = False
 
     def __post_init__(self):
         check_choice("io", self.io, IO_TYPES, "--io")
@@ -325,6 +333,9 @@ def convert(model: "keras.Model", mode: str, *, calibration: Sequence[np.ndarray
         ConfigError: bad mode/options, or no calibration data where needed.
         ConversionError: the converter failed; the message names the unsupported op(s).
     """
+    if MODES.get(check_choice("mode", mode, MODES.names(), "--modes")).latency_aware:
+        raise ConfigError(f"mode {mode!r} is chosen by measuring candidate models, not by one conversion: use "
+                          "tfopt.export.auto.search, or python -m tfopt.export --modes int8_auto")
     model = float32_copy(model)
     qat = is_qat_model(model)
     content = _run(make_converter(model, mode, calibration=calibration, options=options), model, mode, options)
@@ -346,7 +357,29 @@ def convert(model: "keras.Model", mode: str, *, calibration: Sequence[np.ndarray
         else:
             notes.append(f"sparse encoding tried ({zeros:.0%} zero weights) but not smaller; kept dense")
     io_type = options.io if mode == "int8" else "float"
-    return Converted(mode=mode, content=content, io=io_type, sparse=sparse, qat=qat, notes=notes)
+    return Converted(mode=mode, content=finish(content, options), io=io_type, sparse=sparse, qat=qat, notes=notes)
+
+
+def finish(content: bytes, options: ConvertOptions) -> bytes:
+    """The last step of every exported flatbuffer: strips its strings when ``options`` ask for it."""
+    return strip_strings(content) if options.strip_strings else content
+
+
+def strip_strings(content: bytes) -> bytes:
+    """Removes the strings the runtime does not need: tensor names, subgraph names, the description.
+
+    The same fields TFLite's own ``flatbuffer_utils.strip_strings`` clears, except the signature
+    defs: they are kept (a few bytes), because LiteRT's CompiledModel API and the interpreter's
+    signature runner address inputs and outputs by their signature names. Op codes, custom op
+    names and metadata stay. The model computes exactly what it computed before.
+    """
+    model = read_tflite_model(content)
+    model.description = None
+    for subgraph in model.subgraphs or []:
+        subgraph.name = None
+        for tensor in subgraph.tensors or []:
+            tensor.name = None
+    return write_tflite_model(model)
 
 
 def _sparse_problem(sparse: bytes, dense: bytes, model: "keras.Model",

@@ -1,0 +1,138 @@
+"""Latency-aware int8 (``int8_auto``) and ``--strip-strings``: the decision rule on given timings,
+one-op models against Keras, a real search and export on a trained MNIST CNN, stripped models
+that compute the same outputs."""
+import json
+
+import numpy as np
+import pytest
+
+from tfopt._keras import keras
+from tfopt.errors import ConfigError
+from tfopt.export import auto, tflite
+from tfopt.export.evaluate import TFLiteModel, keras_outputs, load_split
+from tfopt.export.runner import BenchSettings, ExportSettings
+from tfopt.export.runner import run as export_run
+from tfopt.runs import load_run
+
+
+def _timing(node, float_rounds, int8_rounds, denylistable=True):
+    return auto.OpTiming(index=0, op="CONV_2D", node=node, float_rounds=float_rounds, int8_rounds=int8_rounds,
+                         denylistable=denylistable)
+
+
+def test_slow_set_is_exactly_the_ops_whose_measured_int8_time_is_slower():
+    timings = [
+        _timing("conv0", [0.030, 0.031, 0.029], [0.160, 0.150, 0.170]),  # int8 5x slower
+        _timing("pool0", [0.010, 0.012, 0.011], [0.011, 0.013, 0.0105]),  # median 0.011 vs 0.011: not slower
+        _timing("conv1", [0.200, 0.210, 0.190], [0.050, 0.060, 0.055]),  # int8 faster
+        _timing("fc", [0.040, 0.041, 0.042], [0.045, 0.039, 0.046]),  # median 0.041 vs 0.045: slower
+        _timing("reshape", [0.001], [0.002], denylistable=False),  # slower, but the debugger cannot keep it float
+        _timing("flex", [], []),  # not timed
+    ]
+    expected = [t.node for t in timings
+                if t.denylistable and t.float_rounds and np.median(t.int8_rounds) > np.median(t.float_rounds)]
+    assert [t.node for t in auto.slow_ops(timings)] == expected == ["conv0", "fc"]
+    # Candidates: plain int8, then cumulatively by loss (conv0 loses 0.13 ms, fc 0.004 ms).
+    assert auto.candidate_sets(timings) == [[], ["conv0"], ["conv0", "fc"]]
+    many = [_timing(f"op{i}", [0.01], [0.01 + 0.001 * (i + 1)]) for i in range(6)]
+    sets = auto.candidate_sets(many, max_candidates=3)
+    assert sets == [[], ["op5"], ["op5", "op4", "op3", "op2", "op1", "op0"]]  # the whole slow set stays
+    assert auto.candidate_sets([_timing("conv1", [0.2], [0.05])]) == [[]]  # nothing slower: plain int8 only
+    with pytest.raises(ConfigError, match="max candidates=1 must be >= 2"):
+        auto.candidate_sets(timings, max_candidates=1)
+    row = timings[0].to_dict()
+    assert row["slower_in_int8"] and row["int8_speedup"] == pytest.approx(0.030 / 0.160)
+
+
+def test_one_op_models_compute_what_the_op_computes():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12, 12, 1), name="image")
+    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv0")(inputs)
+    h = keras.layers.MaxPooling2D(name="pool0")(h)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="logits")(keras.layers.Flatten(name="flat")(h)))
+    content = tflite.convert(model, "float32").content
+    ops = auto.model_ops(content)
+    assert [op for op, _ in ops] == ["CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED"]
+    x = np.random.default_rng(1).random((1, 12, 12, 1), dtype=np.float32)
+    conv = TFLiteModel(auto.single_op_model(content, 0))
+    want = keras.Model(inputs, model.get_layer("conv0").output)(x).numpy()
+    np.testing.assert_allclose(conv.predict(x), want, rtol=1e-5, atol=1e-5)
+    pool = auto.single_op_model(content, 1)
+    got = TFLiteModel(pool).predict(want)
+    np.testing.assert_allclose(got, want.reshape(1, 5, 2, 5, 2, 4).max(axis=(2, 4)), rtol=1e-6)
+    # The int8 model's ops pair with the float ones once QUANTIZE / DEQUANTIZE are set aside.
+    calib = [np.random.default_rng(2).random((8, 12, 12, 1), dtype=np.float32)]
+    int8_ops = auto.model_ops(tflite.convert(model, "int8", calibration=calib).content)
+    assert [op for op, _ in int8_ops][0] == "QUANTIZE" and int8_ops[-1][0] == "DEQUANTIZE"
+    assert auto.pair_ops(ops, int8_ops) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    with pytest.raises(tflite.ConversionError, match="cannot pair the ops"):
+        auto.pair_ops(ops[:3], int8_ops)
+    with pytest.raises(ConfigError, match="chosen by measuring"):
+        tflite.convert(model, "int8_auto", calibration=calib)
+
+
+@pytest.mark.slow
+def test_int8_auto_keeps_the_slower_int8_ops_in_float_and_exports_the_fastest_passing_model(mnist_run, tmp_path):
+    settings = ExportSettings(modes=("float32", "int8", "int8_auto"), calibration_steps=4, eval_limit=1000,
+                              search_limit=1000, bench=BenchSettings(threads=(1,), runs=60, warmup=5, keras=False),
+                              plot=False, options=tflite.ConvertOptions(strip_strings=True), auto_rounds=2)
+    out = tmp_path / "out"
+    record = export_run(mnist_run, settings, out_dir=str(out))
+    rows = {r["mode"]: r for r in record.section["modes"]}
+    row = rows["int8_auto"]
+    found = row["auto"]
+    # The decision follows from the raw per-op rounds: int8 median above float median, op denylistable.
+    expected = [t["node"] for t in found["ops"] if t["denylistable"] and t["float_rounds"]
+                and np.median(t["int8_rounds"]) > np.median(t["float_rounds"])]
+    assert found["slow"] == expected
+    assert [o["op"] for o in found["ops"]][:2] == ["CONV_2D", "MAX_POOL_2D"]
+    assert all(len(t["float_rounds"]) == len(t["int8_rounds"]) == 2 for t in found["ops"])
+    cands = found["candidates"]
+    assert cands[0]["float_nodes"] == [] and sorted(cands[-1]["float_nodes"]) == sorted(expected)
+    # The chosen one: the fastest (median of its end-to-end rounds) among those that passed the gate.
+    passing = [i for i, c in enumerate(cands) if c["gate"]["passed"]]
+    assert found["chosen"] == min(passing, key=lambda i: np.median(cands[i]["p50_rounds"]))
+    assert found["search_split"] == "validation" and found["search_examples"] == 1000
+    assert row["float_nodes"] == cands[found["chosen"]]["float_nodes"] and row["gate"]["passed"]
+    assert row["eval"]["agreement"] >= 0.98 and row["file"] == "model_int8_auto.tflite"
+    # The exported model computes in float exactly the ops kept in float (names are stripped: count by type).
+    m = TFLiteModel(str(out / row["file"]), xnnpack=False)
+    dtypes = {t["index"]: np.dtype(t["dtype"]) for t in m.interpreter.get_tensor_details()}
+    float_ops = [op["op_name"] for op in m.interpreter._get_ops_details()
+                 if op["op_name"] not in ("QUANTIZE", "DEQUANTIZE") and dtypes[int(op["outputs"][0])] == np.float32]
+    op_of = {t["node"]: t["op"] for t in found["ops"]}
+    assert sorted(float_ops) == sorted(op_of[n] for n in row["float_nodes"])
+    # Stripped: no tensor name left in any exported model, and run.json has the row with its timings.
+    for r in rows.values():
+        names = [t["name"] for t in TFLiteModel(str(out / r["file"])).interpreter.get_tensor_details()]
+        assert not any(names), (r["mode"], names[:3])
+    on_disk = json.loads((out / "run.json").read_text())
+    assert on_disk["export"]["modes"][2]["auto"]["chosen"] == found["chosen"]
+    assert on_disk["export"]["settings"]["options"]["strip_strings"] is True
+    assert any(n.startswith("int8_auto:") for n in record.section["notes"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["float32", "int8"])
+def test_strip_strings_gives_a_smaller_model_with_identical_outputs(mnist_run, mode):
+    from tfopt.models.io import load_model
+
+    run = load_run(mnist_run)
+    model = load_model(run.model_path)
+    calib = tflite.calibration_batches(run.config.data, 2)
+    plain = tflite.convert(model, mode, calibration=calib).content
+    stripped = tflite.convert(model, mode, calibration=calib, options=tflite.ConvertOptions(strip_strings=True)).content
+    assert stripped == tflite.strip_strings(plain) and len(stripped) < len(plain) - 300
+    a, b = TFLiteModel(plain), TFLiteModel(stripped)
+    assert any("conv0" in t["name"] for t in a.interpreter.get_tensor_details())
+    assert not any(t["name"] for t in b.interpreter.get_tensor_details())
+    assert b"conv0" in plain and b"conv0" not in stripped and b"MLIR Converted" not in stripped
+    x, _ = load_split(run.config.data, "test", 500)
+    np.testing.assert_array_equal(a.predict(x), b.predict(x))  # bit for bit, on real images
+    assert np.mean(a.predict(x).argmax(-1) == keras_outputs(model, x).argmax(-1)) > 0.97
+    # The signature stays: LiteRT's signature runner (and CompiledModel) address I/O by its names.
+    assert a.interpreter.get_signature_list() == b.interpreter.get_signature_list()
+    runner = b.interpreter.get_signature_runner()
+    (name,) = b.interpreter.get_signature_list()["serving_default"]["inputs"]
+    out = runner(**{name: x[:1]})
+    np.testing.assert_array_equal(next(iter(out.values())), a.predict(x[:1]))

@@ -1,0 +1,345 @@
+"""Latency-aware int8 (mode ``int8_auto``): the ops whose int8 kernel is slower than float stay float.
+
+Full-integer int8 is not always faster on a CPU: XNNPACK's int8 convolution over a 1-channel
+image, for one, is several times slower than its float kernel, and tiny ops gain nothing from int8
+while the QUANTIZE / DEQUANTIZE around them cost time. :func:`search` finds out, per op, on the
+machine it runs on:
+
+1. Convert the model to float32 and to int8. The int8 model comes from TFLite's quantization
+   debugger (:mod:`tfopt.export.fidelity`), whose ``denylisted_nodes`` later keep chosen ops in
+   float. Pair the ops of the two models: the same ops in the same order once int8's QUANTIZE and
+   DEQUANTIZE are set aside (a mismatch is a ConversionError, not a guess).
+2. Per-op latency: every op is cut out of its .tflite into a one-op model (the same tensors,
+   weights, quantization parameters and fused activation) and timed with the LiteRT interpreter
+   the whole model runs in (XNNPACK, ``threads``), float and int8 interleaved over ``rounds``; each
+   op's figure is the median of its rounds' p50. Why one-op models and not an op profiler:
+   ai-edge-litert 2.3's ``litert-benchmark`` command has no op-profiling flag (its ``--help``
+   lists none), its Python ``Interpreter`` exposes no profiler, and the C API's profiler
+   (``LiteRtCompiledModelGetProfiler``) is reachable only through ctypes and unpublished option
+   structures; TFLite's ``benchmark_model --enable_op_profiling`` is a separate binary that no
+   package installs. One-op models time the very kernels the model runs, through the public
+   interpreter API.
+3. Decision: the ops whose int8 p50 is above their float p50 (and that the debugger can keep in
+   float) form the slow set.
+4. Candidates: plain int8, then the slow ops kept in float cumulatively, the largest loss first,
+   the whole slow set always among them (at most ``max_candidates`` models).
+5. Keeping an op in float adds a DEQUANTIZE before it and a QUANTIZE after it, which one-op
+   timings do not see: every candidate is timed end to end (interleaved rounds, p50 at
+   ``threads``) and scored by ``evaluate_fn`` against the fidelity gate, on held-out data the caller
+   chooses (the export uses the validation split, never the test split).
+6. The fastest candidate that passes the gate is chosen; when none passes, the one with the best
+   agreement (and the export reports the failed gate).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from tfopt._compat import interpreter_ops_details, read_tflite_model, write_tflite_model
+from tfopt.errors import ConfigError
+from tfopt.export import benchmark as bench
+from tfopt.export import fidelity, native_stderr, tflite
+from tfopt.export.evaluate import EvalResult, _interpreter_class
+
+# Ops the quantizer inserts at float <-> int8 borders: not ops of the model itself.
+_BORDER_OPS = ("QUANTIZE", "DEQUANTIZE")
+
+
+@dataclass
+class OpTiming:
+    """One op of the model, timed alone in float32 and in int8."""
+
+    index: int  # the op's index in the float32 model
+    op: str  # builtin op name, e.g. CONV_2D
+    node: str  # the float op's output tensor name: what the debugger's ``denylisted_nodes`` takes
+    float_rounds: list[float] = field(default_factory=list)  # p50 (ms) of every round
+    int8_rounds: list[float] = field(default_factory=list)
+    denylistable: bool = True  # the quantization debugger can keep it in float
+    error: str | None = None  # why it could not be timed alone
+
+    @property
+    def float_ms(self) -> float | None:
+        """Median over rounds of the float op's p50 (None when not timed)."""
+        return statistics.median(self.float_rounds) if self.float_rounds else None
+
+    @property
+    def int8_ms(self) -> float | None:
+        """Median over rounds of the int8 op's p50 (None when not timed)."""
+        return statistics.median(self.int8_rounds) if self.int8_rounds else None
+
+    @property
+    def loss_ms(self) -> float | None:
+        """How much slower the int8 kernel is (negative: faster)."""
+        if self.float_ms is None or self.int8_ms is None:
+            return None
+        return self.int8_ms - self.float_ms
+
+    @property
+    def slower(self) -> bool:
+        """True when this op goes into the slow set: timed, int8 slower, and the debugger can keep it in float."""
+        return self.denylistable and self.loss_ms is not None and self.loss_ms > 0
+
+    def to_dict(self) -> dict:
+        """JSON-friendly dict, with the medians and the decision."""
+        return {**asdict(self), "float_ms": self.float_ms, "int8_ms": self.int8_ms,
+                "int8_speedup": (self.float_ms / self.int8_ms if self.float_ms and self.int8_ms else None),
+                "slower_in_int8": self.slower}
+
+
+@dataclass
+class Candidate:
+    """One mixed model: int8 with ``float_nodes`` kept in float."""
+
+    float_nodes: list[str]
+    size_bytes: int
+    p50_rounds: list[float]  # end-to-end p50 (ms) of every round
+    result: EvalResult
+    gate: fidelity.GateResult
+
+    @property
+    def p50_ms(self) -> float:
+        """Median over rounds of the end-to-end p50."""
+        return statistics.median(self.p50_rounds)
+
+    def to_dict(self) -> dict:
+        """JSON-friendly dict."""
+        return {"float_nodes": self.float_nodes, "size_bytes": self.size_bytes, "p50_ms": self.p50_ms,
+                "p50_rounds": self.p50_rounds, "result": self.result.to_dict(), "gate": self.gate.to_dict()}
+
+
+@dataclass
+class AutoResult:
+    """What the latency-aware search measured and chose."""
+
+    threads: int
+    ops: list[OpTiming]
+    candidates: list[Candidate]
+    chosen: int  # index into candidates
+    content: bytes = b""  # the chosen model
+
+    @property
+    def slow(self) -> list[str]:
+        """The nodes whose int8 kernel measured slower than float."""
+        return [t.node for t in slow_ops(self.ops)]
+
+    @property
+    def passed(self) -> bool:
+        """True when the chosen candidate passed the gate."""
+        return self.candidates[self.chosen].gate.passed
+
+    def to_dict(self) -> dict:
+        """JSON-friendly dict (without the model bytes)."""
+        return {"threads": self.threads, "ops": [t.to_dict() for t in self.ops], "slow": self.slow,
+                "candidates": [c.to_dict() for c in self.candidates], "chosen": self.chosen,
+                "float_nodes": self.candidates[self.chosen].float_nodes, "passed": self.passed}
+
+
+def slow_ops(timings: Sequence[OpTiming]) -> list[OpTiming]:
+    """The ops to keep in float: timed alone, int8 slower than float, and denylistable; in model order."""
+    return [t for t in timings if t.slower]
+
+
+def candidate_sets(timings: Sequence[OpTiming], max_candidates: int = 5) -> list[list[str]]:
+    """The float-node sets to try end to end: none, then the slow ops cumulatively, largest loss first.
+
+    The whole slow set is always the last set; with more slow ops than ``max_candidates`` allows,
+    the middle prefixes are dropped.
+
+    Raises:
+        ConfigError: ``max_candidates`` < 2 (plain int8 and the slow set are the least to compare).
+    """
+    if max_candidates < 2:
+        raise ConfigError(f"max candidates={max_candidates} must be >= 2 (plain int8 and the slow set) "
+                          "(--auto-candidates)")
+    ranked = sorted(slow_ops(timings), key=lambda t: -(t.loss_ms or 0.0))
+    sets = [[t.node for t in ranked[:k]] for k in range(len(ranked) + 1)]
+    if len(sets) > max_candidates:
+        sets = sets[:max_candidates - 1] + [sets[-1]]
+    return sets
+
+
+# -- the models' ops --------------------------------------------------------------------------------
+
+def model_ops(content: bytes) -> list[tuple[str, str]]:
+    """``(op name, first output tensor name)`` of every op of subgraph 0, in execution order."""
+    Interpreter, OpResolverType = _interpreter_class()
+    with native_stderr.filtered():
+        interpreter = Interpreter(model_content=content,
+                                  experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    names = {t["index"]: t["name"] for t in interpreter.get_tensor_details()}
+    return [(op["op_name"], names.get(int(op["outputs"][0]), "") if len(op["outputs"]) else "")
+            for op in interpreter_ops_details(interpreter)]
+
+
+def pair_ops(float_ops: Sequence[tuple[str, str]], int8_ops: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
+    """Pairs every op of the float model with its int8 counterpart: ``[(float index, int8 index)]``.
+
+    Raises:
+        tflite.ConversionError: the two models do not hold the same ops in the same order.
+    """
+    f = [i for i, (op, _) in enumerate(float_ops) if op not in _BORDER_OPS]
+    q = [i for i, (op, _) in enumerate(int8_ops) if op not in _BORDER_OPS]
+    if [float_ops[i][0] for i in f] != [int8_ops[i][0] for i in q]:
+        raise tflite.ConversionError(
+            "int8_auto cannot pair the ops of the float32 and int8 models (float: "
+            f"{', '.join(float_ops[i][0] for i in f)}; int8: {', '.join(int8_ops[i][0] for i in q)}); "
+            "export --modes int8 (with --float-layers to keep layers in float) instead")
+    return list(zip(f, q))
+
+
+def single_op_model(content: bytes, index: int) -> bytes:
+    """The op ``index`` of subgraph 0 alone as a .tflite: its tensors, weights and options unchanged.
+
+    Its non-constant inputs become the model's inputs, its outputs the model's outputs. Buffers
+    keep their indices (unused ones stay in the file: they cost bytes, not time).
+    """
+    model = read_tflite_model(content)
+    graph = model.subgraphs[0]
+    op = graph.operators[index]
+    used = [t for t in [*op.inputs, *op.outputs, *(op.intermediates or [])] if t >= 0]
+    remap = {old: new for new, old in enumerate(dict.fromkeys(used))}
+    graph.tensors = [graph.tensors[old] for old in remap]
+    op.inputs = [remap[t] if t >= 0 else -1 for t in op.inputs]
+    op.outputs = [remap[t] for t in op.outputs]
+    if op.intermediates:
+        op.intermediates = [remap[t] for t in op.intermediates]
+
+    def constant(t: int) -> bool:
+        buf = model.buffers[graph.tensors[t].buffer]
+        return buf.data is not None and len(buf.data) > 0
+
+    graph.inputs = [t for t in op.inputs if t >= 0 and not constant(t)]
+    graph.outputs = list(op.outputs)
+    graph.operators = [op]
+    model.subgraphs = [graph]
+    model.signatureDefs = None  # they name tensors of the whole graph
+    return write_tflite_model(model)
+
+
+class _OpRunner:
+    """A one-op model in the LiteRT interpreter (XNNPACK), its inputs filled with random values."""
+
+    def __init__(self, content: bytes, threads: int, seed: int = 0):
+        Interpreter, OpResolverType = _interpreter_class()
+        with native_stderr.filtered():
+            self.interpreter = Interpreter(model_content=content, num_threads=threads,
+                                           experimental_op_resolver_type=OpResolverType.AUTO)
+            self.interpreter.allocate_tensors()
+        rng = np.random.default_rng(seed)
+        for detail in self.interpreter.get_input_details():
+            dtype = np.dtype(detail["dtype"])
+            shape = [max(1, int(d)) for d in detail["shape"]]
+            if dtype.kind == "f":
+                value = rng.random(shape).astype(dtype)  # like images scaled to [0, 1)
+            elif dtype in (np.int8, np.uint8, np.int16):
+                info = np.iinfo(dtype)
+                value = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+            else:
+                raise ValueError(f"input of type {dtype} (only float and quantized inputs are timed alone)")
+            self.interpreter.set_tensor(detail["index"], value)
+        self.interpreter.invoke()  # first run: XNNPACK packs the weights
+
+    def p50_ms(self, runs: int, warmup: int) -> float:
+        return bench.time_invokes(self.interpreter.invoke, warmup=warmup, runs=runs)["p50_ms"]
+
+
+def time_ops(float_content: bytes, int8_content: bytes, *, threads: int = 1, rounds: int = 3, runs: int = 100,
+             warmup: int = 10) -> list[OpTiming]:
+    """Times every op of the float model and its int8 counterpart alone (see the module docstring).
+
+    Args:
+        float_content: The float32 .tflite.
+        int8_content: The int8 .tflite of the same model.
+        threads: Interpreter threads.
+        rounds: Interleaved rounds (float op, int8 op, next op, ...).
+        runs: Timed invokes per op per round.
+        warmup: Untimed invokes first, every round.
+
+    Returns:
+        One OpTiming per op of the float model, in model order. An op that cannot run alone
+        (e.g. one calling another subgraph) has no rounds and its ``error`` set.
+    """
+    float_ops, int8_ops = model_ops(float_content), model_ops(int8_content)
+    pairs = pair_ops(float_ops, int8_ops)
+    timings, runners = [], []
+    for fi, qi in pairs:
+        timing = OpTiming(index=fi, op=float_ops[fi][0], node=float_ops[fi][1])
+        timings.append(timing)
+        try:
+            runners.append((timing, _OpRunner(single_op_model(float_content, fi), threads),
+                            _OpRunner(single_op_model(int8_content, qi), threads)))
+        except (ValueError, RuntimeError) as e:  # what the interpreter raises for a model it refuses
+            timing.error = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    for _ in range(rounds):
+        for timing, f, q in runners:
+            timing.float_rounds.append(f.p50_ms(runs, warmup))
+            timing.int8_rounds.append(q.p50_ms(runs, warmup))
+    return timings
+
+
+# -- the search ------------------------------------------------------------------------------------
+
+def search(model, calibration: Sequence[np.ndarray], evaluate_fn: Callable[[bytes], EvalResult],
+           thresholds: fidelity.Thresholds, *, io_type: str = "float", threads: int = 1, rounds: int = 3,
+           runs: int = 100, warmup: int = 10, max_candidates: int = 5,
+           progress: Callable[[str], None] | None = None) -> AutoResult:
+    """Int8 with the ops whose int8 kernel is slower kept in float: the fastest such model that passes the gate.
+
+    Args:
+        model: The float Keras model (not QAT).
+        calibration: Representative batches of the int8 conversion.
+        evaluate_fn: Scores a candidate flatbuffer against the Keras model on held-out data that
+            is not the test set the final figures are reported on (e.g. the validation split).
+        thresholds: The fidelity gate.
+        io_type: I/O type of the candidates (``float``, ``int8``, ``uint8``; an op kept in float at
+            the model's edge keeps float I/O there).
+        threads: Interpreter threads the latency is measured (and minimized) at.
+        rounds: Interleaved rounds for the per-op and the end-to-end timings.
+        runs: Timed invokes per model per round.
+        warmup: Untimed invokes first.
+        max_candidates: Models timed and scored end to end (>= 2).
+        progress: Called with one short line per step, or None.
+
+    Returns:
+        Every op's timings, every candidate and the chosen model.
+
+    Raises:
+        ConfigError: bad ``max_candidates``, ``rounds``, ``runs`` or ``threads``.
+        tflite.ConversionError: the converter failed, or the float and int8 ops do not pair.
+    """
+    say = progress or (lambda _msg: None)
+    for name, value, low in (("rounds", rounds, 1), ("runs", runs, 1), ("threads", threads, 1),
+                             ("warmup", warmup, 0)):
+        if value < low:
+            raise ConfigError(f"int8_auto {name}={value} must be >= {low}")
+    if max_candidates < 2:
+        candidate_sets([], max_candidates)  # raises the one-line error
+    debugger = fidelity.quantization_debugger(model, calibration, list(calibration)[:1])
+    nodes = {r.tensor_name for r in fidelity.rank_layers(debugger)}
+    float_content = tflite.convert(model, "float32", options=tflite.ConvertOptions(sparsity="off")).content
+    int8_content = fidelity.requantize(debugger, [])
+    say(f"int8_auto: timing every op alone in float32 and int8 ({threads} thread(s), {rounds} rounds)")
+    timings = time_ops(float_content, int8_content, threads=threads, rounds=rounds, runs=runs, warmup=warmup)
+    for t in timings:
+        t.denylistable = t.node in nodes
+    sets = candidate_sets(timings, max_candidates)
+    say(f"int8_auto: int8 slower for {', '.join(t.node for t in slow_ops(timings)) or 'no op'}; "
+        f"timing {len(sets)} candidate(s) end to end")
+    contents = [fidelity.requantize(debugger, s, io_type) for s in sets]
+    p50s: list[list[float]] = [[] for _ in sets]
+    for r in range(rounds):
+        order = list(range(len(sets)))
+        order = order[r % len(order):] + order[:r % len(order)]  # rotate: no candidate always goes first
+        for i in order:
+            p50s[i].append(bench.latency(contents[i], threads=threads, warmup=warmup, runs=runs)["p50_ms"])
+    candidates = []
+    for s, content, rounds_ms in zip(sets, contents, p50s):
+        result = evaluate_fn(content)
+        candidates.append(Candidate(list(s), len(content), rounds_ms, result, fidelity.check(result, thresholds)))
+    passing = [i for i, c in enumerate(candidates) if c.gate.passed]
+    chosen = (min(passing, key=lambda i: candidates[i].p50_ms) if passing
+              else max(range(len(candidates)), key=lambda i: candidates[i].result.agreement or 0.0))
+    return AutoResult(threads=threads, ops=timings, candidates=candidates, chosen=chosen, content=contents[chosen])
