@@ -235,3 +235,63 @@ def test_sidecar_evaluator_evaluates_each_backup_as_the_chief_validates(tmp_path
         assert row["accuracy"] == pytest.approx(history[row["step"]]["val_accuracy"], abs=1e-6)
         assert row["loss"] == pytest.approx(history[row["step"]]["val_loss"], rel=1e-5)
     assert glob.glob(str(out / "tensorboard" / "evaluator" / "events.out.tfevents.*"))
+
+
+@pytest.fixture(scope="module")
+def small_teacher(tmp_path_factory):
+    """An mlp trained one epoch on the slice: the run that distill and optimize start from."""
+    out = tmp_path_factory.mktemp("ft-teacher") / "teacher"
+    result = _run([sys.executable, "-m", "tfopt.train", "--strategy", "one_device", "--limit", "2048",
+                   "--epochs", "1", "--batch-size", "32", "--model", "mlp", "--quiet", "--set",
+                   "train.tensorboard=false", "-o", str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return str(out)
+
+
+def _wait_for_slot_backup(out, slot, proc, timeout=300):
+    """Waits until fit number ``slot`` (0 = the first phase) of run ``out`` has a complete backup."""
+    deadline = time.monotonic() + timeout
+    state = os.path.join(f"{out}.partial", "backup", str(slot), "checkpoint")
+    while time.monotonic() < deadline:
+        if os.path.exists(state):
+            with open(state) as f:
+                m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', f.read(), re.M)
+            if m and int(m.group(1)) >= EVERY:
+                return int(m.group(1))
+        assert proc.poll() is None, f"the run ended before a backup of its fit {slot}"
+        time.sleep(0.02)
+    raise AssertionError(f"no backup of fit {slot} within {timeout}s")
+
+
+# distill: one fit (the Distiller, teacher frozen); optimize pqat: two fits (pruning, then
+# prune-preserving QAT), killed in the second, so the resume must find its phase and wrapper state.
+STAGES = {
+    "distill": (["-m", "tfopt.distill", "--teacher", "{teacher}", "--student", "mlp", "--epochs", "2"], 0),
+    "optimize": (["-m", "tfopt.optimize", "--from", "{teacher}", "--technique", "pqat", "--epochs", "1"], 1),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_kill9_of_a_later_stage_resumes_to_identical_weights(tmp_path, small_teacher, stage):
+    args, slot = STAGES[stage]
+    common = ["--strategy", "one_device", "--limit", "2048", "--batch-size", "32", "--backup-every", str(EVERY),
+              "--deterministic", "--quiet", "--set", "train.tensorboard=false"]
+
+    def cmd(out):
+        return [sys.executable, *[a.format(teacher=small_teacher) for a in args], *common, "-o", str(out)]
+
+    reference = _run(cmd(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    out = tmp_path / "run"
+    proc = subprocess.Popen(cmd(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    saved = _wait_for_slot_backup(out, slot, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    result = _run(cmd(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = int(re.findall(r"resuming at step (\d+)", result.stderr)[-1])  # in the fit that was killed
+    dw = _max_dw(out, tmp_path / "reference")
+    digest = {json.loads((d / "run.json").read_text())["weights_sha256"] for d in (out, tmp_path / "reference")}
+    print(f"\n{stage} kill -9 in fit {slot}: backup at step {saved}, resumed at step {resumed}; "
+          f"max |dw| vs uninterrupted {dw:.3g}")
+    assert resumed >= saved > 0 and len(digest) == 1 and dw == 0.0

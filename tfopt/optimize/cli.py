@@ -76,6 +76,10 @@ def build_parser() -> cli.ArgumentParser:
                    "run's train.lr_schedule is cosine, the default)")
     g.add_argument("--batch-size", type=int, help="global batch size (default: the input run's)")
     g.add_argument("--limit", type=int, help="use only the first N records of each split")
+    g.add_argument("--backup-every", type=int, metavar="N",
+                   help="back up every N steps as well as at each epoch end (a restart resumes there)")
+    g.add_argument("--deterministic", action="store_true", default=None,
+                   help="op determinism and a deterministic input: reruns and resumes give identical weights")
     g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
     g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard (pruning summaries) logs")
     g.add_argument("--no-saved-model", action="store_true", help="write model.keras only (faster)")
@@ -86,7 +90,8 @@ def build_parser() -> cli.ArgumentParser:
 
 _FLAGS = {"strategy": ("runtime", "strategy"), "precision": ("runtime", "precision"),
           "cpu_replicas": ("runtime", "cpu_replicas"), "collective": ("runtime", "collective"),
-          "batch_size": ("data", "global_batch_size"), "limit": ("data", "limit")}
+          "batch_size": ("data", "global_batch_size"), "limit": ("data", "limit"),
+          "backup_every": ("train", "backup_every"), "deterministic": ("runtime", "deterministic")}
 
 
 def resolve_config(args, base: config_lib.RunConfig) -> config_lib.RunConfig:

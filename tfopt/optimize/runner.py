@@ -183,6 +183,7 @@ def _optimize_one(ctx: Context, run_record, base, settings: OptimizeSettings, rd
     scratch = tempfile.mkdtemp(prefix="tfopt-optimize-")
     try:
         precision_lib.set_policy(job.cfg.runtime.precision)
+        job.attach(rd)  # backups (--backup-every, each epoch) in this run's work directory
         ctx.log_dir = os.path.join(scratch, "tensorboard") if settings.tensorboard else None
         ctx.phases_run = 0
         fine_tunes = _fine_tunes(ctx, settings)
@@ -264,7 +265,7 @@ def _write(ctx: Context, source, base, settings: OptimizeSettings, final, infos:
         "quantized_model": is_qat,
         "accuracy_delta": round(float(metrics["accuracy"]) - float(baseline["accuracy"]), 5),
     }
-    rd.open()
+    rd.open()  # already open after a fit; kept for a chain without one
     artifacts = save_model(final, rd.work) if settings.saved_model else _save_keras(final, rd.work)
     if ctx.log_dir and os.path.isdir(ctx.log_dir):
         shutil.copytree(ctx.log_dir, os.path.join(rd.work, "tensorboard"))

@@ -150,6 +150,7 @@ class Job:
         self.rollbacks = 0
         self.optimizer_steps = 0  # steps the optimizer applied in the last fit (all of them, resumed or not)
         self._fits = 0
+        self._unopened = False  # an attached run directory not opened yet
         self._lr_scale = None
         self._previous_policy: str | None = None
         self.precision_probe: autoprecision.Probe | None = None  # what `auto` measured and chose
@@ -323,6 +324,9 @@ class Job:
             return self._evaluate_backups(model, callbacks, slot, epochs * steps_per_epoch)
         backup = None
         if self.run_dir is not None:
+            if self._unopened:
+                self.run_dir.open()
+                self._unopened = False
             backup = Backup(model, os.path.join(self.run_dir.work, "backup", str(slot)), steps_per_epoch=steps_per_epoch,
                             every=self.cfg.train.backup_every, chief=self.chief,
                             scratch=os.path.join(self.scratch, f"backup-{slot}"), strategy=self.strategy,
@@ -358,6 +362,15 @@ class Job:
             if backup is not None:  # fit skips on_train_end when it raises
                 backup.release()
             self.train_seconds += time.perf_counter() - started
+
+    def attach(self, run_dir: RunDir) -> None:
+        """Makes ``run_dir`` the run this job writes from now on, for a stage that writes several runs
+        in turn (``tfopt.optimize --technique a,b``): its work directory holds the backups of the
+        fits that follow, counted from 0, so a killed job resumes in the run and phase it stopped in.
+        """
+        self._resumed = run_dir.resuming
+        self.run_dir, self._fits, self._unopened = run_dir, 0, True  # opened by the first fit: a mistake
+        # found while the model is wrapped leaves nothing behind
 
     @property
     def evaluator(self) -> bool:
