@@ -1,251 +1,371 @@
-"""Benchmark B4 (compression): float .tflite vs pruned+int8 and clustered+int8, gzip sizes and accuracy.
+"""Benchmark B4 (compression): gzip size and accuracy of pruned / clustered int8 .tflite models vs float.
 
-What it does, in one run on one machine (row B4 of /work/shared/design/BENCHMARKS.md):
+Row B4 of /work/shared/design/BENCHMARKS.md, in one run on one machine:
 
-1. Trains (once, then reuses from ``--workdir``) the default ``cnn`` on real MNIST (50k train
-   images) with ``tfopt.train``, or starts from ``--from RUN``.
-2. Per repeat (a different data order / dropout seed), fine-tunes it with ``tfopt.optimize`` in
-   one job (Adam 5e-4, cosine-decayed over each phase): ``prune`` (8 epochs, PolynomialDecay
-   0 -> 0.8 over the first two thirds, every kernel but the first convolution's 288 weights:
-   79.9% of all kernel weights), the same with 4x1 blocks in the Dense kernels (runs of 4
-   inputs, contiguous in TFLite's layout, so they compress better), ``cluster`` (1 epoch, 16
-   clusters, k-means++), ``pqat`` (each pruning, then 1 epoch of prune-preserving QAT) and
-   ``pcqat`` (the unstructured pruning, 1 epoch of sparsity-preserving clustering, 1 epoch of
-   sparsity-and-cluster-preserving QAT). pqat and pcqat reuse the pruning phase of the same job.
-3. Converts with ``tfopt.export`` (the code behind ``python -m tfopt.export``): the float model
-   without optimizations (the baseline), the float model as full-integer int8 PTQ (for
-   reference), the pruned and the clustered models as full-integer int8 PTQ (calibrated on 25
-   batches of the run's training pipeline, the export default), and the PQAT / PCQAT models as
-   int8 from their learned ranges. Sparse tensor encoding is used where it is smaller.
-4. Measures each ``.tflite``: bytes, gzip -9 bytes, the ratio float-gzip / variant-gzip, and its
-   accuracy on the 10k test images with the LiteRT interpreter; accuracy deltas are against the
-   float ``.tflite``.
+1. Base: the default ``cnn`` trained 4 epochs on real MNIST (50k train images) with
+   ``tfopt.train`` (once, reused from ``--workdir``), or ``--from RUN``. Converted with
+   ``tfopt.export`` to float32 (the baseline every ratio divides) and to int8 PTQ (for reference).
+2. Repeats (``--repeats``, default 3), each a tfopt.optimize job with its own seed (data order,
+   dropout): the library's fine-tuning (``tfopt.optimize.phases.run_chain``, what ``python -m
+   tfopt.optimize`` runs, without its run directory and its test-split evaluation) of
+   - the pruning recipe (80% of the selected kernels, PolynomialDecay, Adam cosine-decayed);
+   - the float control: the very same job with sparsity 0 (same layers wrapped, optimizer,
+     schedule, epochs and data order; no weight is zeroed);
+   - ``cluster`` (16 clusters, k-means++, 1 epoch) and ``pcqat`` (the recipe's pruning, then
+     1 epoch of sparsity-preserving clustering and 1 of sparsity-and-cluster-preserving QAT),
+     with the library's defaults;
+   then, beside them on the same trained model and training images, the two peers
+   (``bench/peers/tfmot_pruning.py``, ``bench/peers/tfmot_clustering.py``: the tfmot tutorials).
+3. Selection, on the validation split only: the first repeat's job also fine-tunes every
+   candidate recipe of ``CANDIDATES`` (block shape, epochs, learning rate, which layers); each is
+   converted to int8 and scored on the 10k validation images. Rule (``choose``): among the
+   candidates whose gzip ratio reaches ``TARGET_RATIO``, the highest validation accuracy (ties:
+   fewer epochs, then the earlier candidate); if none reaches it, the largest ratio. The chosen
+   recipe's model of that job is repeat 1's pruned model; repeats 2+ train it afresh. No
+   candidate ever sees the test split.
+4. Test: each final model (control, pruned, clustered, PCQAT, both peers) is converted
+   (``tfopt.export.tflite.convert``: int8 PTQ calibrated on 25 training batches, QAT models from
+   their learned ranges, sparse encoding where smaller; the peers as their tutorials convert)
+   and scored once on the 10k test images with the LiteRT interpreter
+   (``tfopt.export.evaluate``). Sizes are gzip -9 of each ``.tflite``.
 
-Sizes are deterministic for a given model; accuracies vary with the fine-tuning seed, so the
-table reports the median over ``--repeats`` (and the JSON every repeat).
+Figures (``bench/_common.figure``, medians over repeats with min-max): float/pruned+int8 gzip
+ratio (target >= 12x), accuracy loss of pruned+int8 vs the equally fine-tuned float control
+(target <= 0.3 pt), the same loss vs the un-fine-tuned float (information), the clustered+int8
+and PCQAT ratios; each with the peer's figure from the same run and the tfmot tutorials' anchors.
 
-    PYTHONPATH=. python bench/compression.py [--repeats 2] [--out bench/results/compression.json]
+    PYTHONPATH=. python bench/compression.py [--repeats 3] [--out bench/results/compression.json]
     PYTHONPATH=. python bench/compression.py --smoke --from RUN_DIR     # seconds; used by a test
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import os
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from bench._common import environment, markdown_table, median, status, write_json_atomic  # noqa: E402
+from bench._common import figure, markdown_table, median, result, write_json_atomic  # noqa: E402
 from tfopt import config as C  # noqa: E402
-from tfopt._keras import keras, tf  # noqa: E402
+from tfopt._keras import keras  # noqa: E402
 
-ANCHORS = {"pruned_int8": "tfmot: ~10x pruned+quantized", "clustered_int8": "tfmot: ~8x clustered+quantized"}
-VARIANTS = ("float", "int8", "pruned_int8", "pqat_int8", "block_pruned_int8", "block_pqat_int8", "clustered_int8",
-            "pcqat_int8")
-LABELS = {"float": "float32 (baseline)", "int8": "int8 PTQ only", "pruned_int8": "pruned 80% + int8 PTQ",
-          "pqat_int8": "pruned 80% + PQAT int8", "block_pruned_int8": "pruned 80% (4x1 blocks) + int8 PTQ",
-          "block_pqat_int8": "pruned 80% (4x1 blocks) + PQAT int8", "clustered_int8": "clustered 16 + int8 PTQ",
-          "pcqat_int8": "pruned 80% + clustered 16 + PCQAT int8"}
-# (variant, technique, Dense block size): 4x1 blocks are runs of 4 inputs, contiguous in TFLite.
-FINE_TUNED = (("pruned_int8", "prune", (1, 1)), ("pqat_int8", "pqat", (1, 1)), ("block_pruned_int8", "prune", (4, 1)),
-              ("block_pqat_int8", "pqat", (4, 1)), ("clustered_int8", "cluster", (1, 1)),
-              ("pcqat_int8", "pcqat", (1, 1)))
-# The first convolution (288 weights, 0.1% of the model) is left dense, as the tfmot guides
-# advise: 80% of its 9 weights per filter would cost accuracy and save nothing.
-PRUNED_LAYERS = ("conv1", "fc", "logits")
+COMMAND = "PYTHONPATH=. python bench/compression.py"
+SPARSITY, CLUSTERS = 0.8, 16
+TARGET_RATIO, TARGET_LOSS_PT = 12.0, 0.3
+ANCHOR_PRUNED = "tfmot pruning tutorial: 3x pruned, ~10x pruned + quantized"
+ANCHOR_CLUSTERED = "tfmot clustering tutorial: ~8x clustered + quantized"
+# The first convolution (288 weights, 0.1% of the model) left dense, as tfmot's guides advise.
+DENSE_FIRST = ("conv1", "fc", "logits")
 
 
-def _base_config(workdir: str, smoke: bool) -> C.RunConfig:
-    data = {"dataset": "mnist", "global_batch_size": 128, "num_shards": 8}
-    train = {"epochs": 4, "output_dir": os.path.join(workdir, "base"), "verbose": 0, "tensorboard": False}
-    if smoke:
-        data.update(limit=2000, global_batch_size=64, num_shards=4)
-        train.update(epochs=1)
-    return C.from_dict({"data": data, "model": {"name": "tiny_cnn" if smoke else "cnn"},
-                        "runtime": {"strategy": "one_device"}, "train": train})
+@dataclass(frozen=True)
+class Recipe:
+    """A pruning recipe for tfopt.optimize: what the selection chooses among.
 
+    Attributes:
+        name: Short label.
+        epochs: Fine-tuning epochs of the pruning phase.
+        block: Block shape of the Dense kernels ``[in, out]`` (``(4, 1)``: runs of 4 inputs,
+            contiguous in TFLite's layout); convolutions are pruned weight by weight.
+        lr: Peak learning rate (Adam, cosine-decayed over the phase).
+        layers: Layers to prune (``()`` = every layer tfmot can prune).
+    """
+
+    name: str
+    epochs: int
+    block: tuple[int, int] = (1, 1)
+    lr: float = 5e-4
+    layers: tuple[str, ...] = DENSE_FIRST
+
+    def settings(self, technique: str = "prune", sparsity: float = SPARSITY, steps: int = 0):
+        """The ``OptimizeSettings`` of ``technique`` with this recipe's pruning (clustering and QAT: defaults)."""
+        from tfopt.optimize import ClusterSpec, OptimizeSettings, PruneSpec, Selection
+
+        prune = PruneSpec(sparsity=sparsity, block_size=self.block if sparsity else (1, 1),
+                          selection=Selection(names=self.layers))
+        return OptimizeSettings(technique=technique, prune=prune, cluster=ClusterSpec(clusters=CLUSTERS),
+                                epochs=1, phase_epochs=(("prune", self.epochs),), steps_per_epoch=steps,
+                                learning_rate=self.lr, tensorboard=False, saved_model=False)
+
+
+# Block shape and learning rate, one factor at a time. Fixed beforehand, not selected: 2 pruning
+# epochs (the tfmot tutorial's; what ~40 min of a 2-core machine at ~80 s per epoch allows for
+# 3 repeats with their controls, clustering and peers) and the layers (DENSE_FIRST).
+CANDIDATES = (
+    Recipe("unstructured, lr 5e-4", 2),
+    Recipe("4x1 blocks, lr 5e-4", 2, (4, 1)),
+    Recipe("4x1 blocks, lr 1e-3", 2, (4, 1), 1e-3),
+)
+SMOKE_CANDIDATES = (Recipe("unstructured", 1, layers=()), Recipe("4x1 blocks", 1, (4, 1), layers=()))
+CLUSTER_ONLY = Recipe("cluster", 1, layers=())  # its lr and epochs: the library's defaults
+
+
+def choose(rows: list[dict], bar: float = TARGET_RATIO) -> int:
+    """Index of the chosen candidate (see the module docstring): validation numbers only.
+
+    Args:
+        rows: One per candidate, with ``ratio``, ``val_accuracy`` and ``recipe.epochs``.
+        bar: The gzip ratio a candidate must reach.
+    """
+    passing = [i for i, r in enumerate(rows) if r["ratio"] >= bar]
+    if passing:
+        return min(passing, key=lambda i: (-rows[i]["val_accuracy"], rows[i]["recipe"]["epochs"], i))
+    return max(range(len(rows)), key=lambda i: (rows[i]["ratio"], -i))
+
+
+# --- the base run, the data, conversion and scoring ---------------------------------------------
 
 def _base_run(args) -> str:
     if args.source:
         return args.source
-    cfg = _base_config(args.workdir, args.smoke)
-    path = cfg.train.output_dir
-    if not os.path.isfile(os.path.join(path, "run.json")):
+    out = os.path.join(args.workdir, "base")
+    if not os.path.isfile(os.path.join(out, "run.json")):
         from tfopt.train import run as train
 
-        print(f"B4: training the base {cfg.model.name} ({cfg.train.epochs} epochs) into {path}", file=sys.stderr)
+        cfg = C.from_dict({"data": {"dataset": "mnist", "global_batch_size": 128, "num_shards": 8},
+                           "model": {"name": "cnn"}, "runtime": {"strategy": "one_device", "precision": "float32"},
+                           "train": {"epochs": 4, "output_dir": out, "verbose": 0, "tensorboard": False}})
+        print(f"B4: training the base cnn (4 epochs) into {out}", file=sys.stderr, flush=True)
         train(cfg)
-    return path
+    return out
 
 
-def _fine_tune(run_dir: str, out_dir: str, repeat: int, smoke: bool) -> dict:
-    """Runs prune, cluster, pqat and pcqat in one tfopt.optimize job; returns {technique: output dir}."""
-    from dataclasses import replace
-
-    from tfopt.optimize.common import Selection
-    from tfopt.optimize.cli import build_parser, resolve_config, settings_for
-    from tfopt.optimize.runner import run as run_optimize
-    from tfopt.runs import load_run
-
-    run = load_run(run_dir)
-    names = sorted({technique for _, technique, _ in FINE_TUNED})
-    argv = ["--from", run_dir, "--technique", ",".join(names), "--strategy", "one_device", "--precision", "float32",
-            "--quiet", "--no-saved-model", "--no-tensorboard", "--sparsity", "0.8", "--schedule", "polynomial",
-            "--clusters", "16", "--lr", "5e-4", "--epochs", "1", "--phase-epochs", "prune=1" if smoke else "prune=8",
-            "--set", f"data.seed={1000 + repeat}"]
-    if smoke:
-        argv += ["--steps-per-epoch", "8", "--set", "train.steps_per_execution=1"]
-    args = build_parser().parse_args(argv)
-    cfg = resolve_config(args, run.config)
-    keras.utils.set_random_seed(1000 + repeat)
-    settings = []
-    for _, technique, block in FINE_TUNED:
-        s = settings_for(args, technique)
-        prune = replace(s.prune, block_size=block)
-        settings.append(replace(s, prune=prune if smoke else replace(prune, selection=Selection(names=PRUNED_LAYERS))))
-    outs = [os.path.join(out_dir, f"r{repeat}-{variant}") for variant, _, _ in FINE_TUNED]
-    results = run_optimize(run_dir, cfg, settings, outs, keep_going=False)
-    return {variant: r["output"] for (variant, _, _), r in zip(FINE_TUNED, results)}
-
-
-def _convert(model, mode: str, calibration=None) -> bytes:
-    """The ``tfopt.export`` conversion (sparse encoding when it is smaller, as ``python -m tfopt.export`` does)."""
+def _tflite(model, mode: str, calibration=None) -> dict:
+    """``tfopt.export``'s conversion (sparse encoding where smaller), with its gzip -9 size."""
     from tfopt.export.tflite import convert
 
-    return convert(model, mode, calibration=calibration).content
+    done = convert(model, mode, calibration=calibration)
+    return {"content": done.content, "bytes": len(done.content), "gzip_bytes": len(gzip.compress(done.content, 9)),
+            "sparse": done.sparse}
 
 
-def _accuracy(tflite: bytes, x: np.ndarray, y: np.ndarray, batch: int = 500) -> float:
-    from ai_edge_litert.interpreter import Interpreter
+def _accuracy(content: bytes, x, y) -> float:
+    from tfopt.export.evaluate import TFLiteModel, evaluate
 
-    interpreter = Interpreter(model_content=tflite, num_threads=2)
-    inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
-    correct = 0
-    for start in range(0, len(x), batch):
-        xb = x[start:start + batch]
-        interpreter.resize_tensor_input(inp["index"], list(xb.shape))
-        interpreter.allocate_tensors()
-        interpreter.set_tensor(inp["index"], xb.astype(np.float32))
-        interpreter.invoke()
-        correct += int((interpreter.get_tensor(out["index"]).argmax(-1) == y[start:start + batch]).sum())
-    return correct / len(x)
+    return evaluate(TFLiteModel(content, num_threads=2), x, y, batch_size=500).accuracy
 
 
-def _arrays(cfg: C.RunConfig, split: str, limit: int | None = None):
-    from tfopt.data import pipeline
-
-    xs, ys = [], []
-    for xb, yb in pipeline.make_dataset(cfg.data, split, training=False):
-        xs.append(xb.numpy())
-        ys.append(yb.numpy())
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    return (x[:limit], y[:limit]) if limit else (x, y)
+def _row(converted: dict, float_gzip: int, **scores) -> dict:
+    row = {k: v for k, v in converted.items() if k != "content"}
+    return dict(row, ratio=round(float_gzip / row["gzip_bytes"], 3), **scores)
 
 
-def _measure(tflite: bytes, x, y) -> dict:
-    return {"bytes": len(tflite), "gzip_bytes": len(gzip.compress(tflite, 9)), "accuracy": _accuracy(tflite, x, y)}
+@contextlib.contextmanager
+def _optimize_job(run_dir: str, seed: int, smoke: bool):
+    """One tfopt.optimize job on ``run_dir``'s model; yields ``tune(settings) -> (model, phase infos)``.
+
+    ``tune`` runs what ``python -m tfopt.optimize`` runs for one technique (the same Job, phase
+    chain and mask-update frequency), keeps the model in memory and reads no test data; a phase
+    chain already run in the job (e.g. the pruning that pcqat starts with) is reused.
+    """
+    from tfopt.models.io import load_model
+    from tfopt.optimize.phases import Context, run_chain
+    from tfopt.optimize.runner import _fine_tunes, _resolved
+    from tfopt.runs import load_run
+    from tfopt.runtime.job import Job
+
+    run = load_run(run_dir)
+    train = {"seed": seed, "verbose": 0, "tensorboard": False}
+    if smoke:
+        train["steps_per_execution"] = 1
+    cfg = C.from_dict({"data": {"seed": seed}, "train": train,
+                       "runtime": {"strategy": "one_device", "precision": "float32"}}, run.config)
+    with Job(cfg, "optimize", out_dir=False) as job:
+        ctx = Context(job=job)
+        base = load_model(run.model_path)
+
+        def tune(settings):
+            settings.validate()
+            fine_tunes = _fine_tunes(ctx, settings)
+            return run_chain(ctx, fine_tunes, base, _resolved(settings, fine_tunes).chain())
+
+        yield tune
+
+
+# --- selection, repeats --------------------------------------------------------------------------
+
+def _select(tune, candidates, steps: int, calibration, val, float_gzip: int) -> dict:
+    rows = []
+    for recipe in candidates:
+        started = time.perf_counter()
+        model, infos = tune(recipe.settings(steps=steps))
+        converted = _tflite(model, "int8", calibration)
+        rows.append(_row(converted, float_gzip, val_accuracy=_accuracy(converted["content"], *val),
+                         recipe=asdict(recipe), train_accuracy=infos[-1].get("train_accuracy"),
+                         seconds=round(time.perf_counter() - started, 1)))
+    chosen = choose(rows)
+    return {"rule": f"among candidates with gzip ratio >= {TARGET_RATIO:g}x, the highest validation accuracy "
+                    "(ties: fewer epochs, then the earlier one); if none, the largest ratio",
+            "split": "validation", "candidates": rows, "chosen": chosen, "recipe": rows[chosen]["recipe"]}
+
+
+def _repeat(args, base_dir: str, index: int, data: dict, base_model, float_gzip: int,
+            recipe: Recipe | None) -> tuple[dict, dict | None, Recipe]:
+    """One seed: (repeat 1: the selection, then) the control, pruned, clustered and PCQAT models, and the peers."""
+    from bench.peers import tfmot_clustering, tfmot_pruning
+
+    seed = 1000 + index
+    steps = 8 if args.smoke else 0
+    calibration, test = data["calibration"], data["test"]
+    started, cpu = time.perf_counter(), time.process_time()
+    selection = None
+    with _optimize_job(base_dir, seed, args.smoke) as tune:
+        if recipe is None:
+            candidates = SMOKE_CANDIDATES if args.smoke else CANDIDATES
+            selection = _select(tune, candidates, steps, calibration, data["validation"], float_gzip)
+            recipe = candidates[selection["chosen"]]
+        control, _ = tune(recipe.settings(sparsity=0.0, steps=steps))
+        pruned, _ = tune(recipe.settings(steps=steps))
+        clustered, _ = tune(CLUSTER_ONLY.settings("cluster", steps=steps))
+        pcqat, _ = tune(recipe.settings("pcqat", steps=steps))
+    rows = {}
+    control_tfl = _tflite(control, "float32")
+    rows["control_float"] = _row(control_tfl, float_gzip, test_accuracy=_accuracy(control_tfl["content"], *test))
+    if selection is not None:  # for the record: how the control scores where the candidates were compared
+        selection["control_val_accuracy"] = _accuracy(control_tfl["content"], *data["validation"])
+    for name, model, cal in (("pruned_int8", pruned, calibration), ("clustered_int8", clustered, calibration),
+                             ("pcqat_int8", pcqat, None)):
+        converted = _tflite(model, "int8", cal)
+        rows[name] = _row(converted, float_gzip, test_accuracy=_accuracy(converted["content"], *test))
+    x_train, y_train = data["train"]
+    smoke_pruning = {"epochs": 1, "frequency": 1} if args.smoke else {}  # to reach 80% in 4 steps
+    for name, peer, kwargs in (("peer_pruning", tfmot_pruning, smoke_pruning),
+                               ("peer_clustering", tfmot_clustering, {})):
+        out = peer.run(base_model, x_train, y_train, seed=seed, steps_per_epoch=4 if args.smoke else None, **kwargs)
+        content = out.pop("tflite")
+        converted = {"bytes": len(content), "gzip_bytes": len(gzip.compress(content, 9)), "sparse": False}
+        rows[name] = _row(converted, float_gzip, test_accuracy=_accuracy(content, *test), **out)
+    rows["seed"], rows["recipe"] = seed, recipe.name
+    rows["seconds"], rows["cpu_seconds"] = round(time.perf_counter() - started, 1), round(time.process_time() - cpu, 1)
+    return rows, selection, recipe
 
 
 def run(args) -> dict:
-    from tfopt.optimize.quantize import load_quantized_model
+    """Runs the whole benchmark; returns the result dict (``bench/_common.result``)."""
+    from tfopt.export.evaluate import load_split
+    from tfopt.export.tflite import calibration_batches
+    from tfopt.models.io import load_model
     from tfopt.runs import load_run
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     base_dir = _base_run(args)
-    base = load_run(base_dir)
-    cfg = base.config
-    x_test, y_test = _arrays(cfg, "test", 1000 if args.smoke else None)
-    from tfopt.export.tflite import calibration_batches
-
-    calibration = calibration_batches(cfg.data, 4 if args.smoke else 25)
-    from tfopt.models.io import load_model
-
-    model = load_model(base.model_path)
-    units = 2 + len(FINE_TUNED) * args.repeats
-    per_repeat = []
-    with tqdm(total=units, desc="B4", unit="model", disable=None, file=sys.stderr) as bar:
-        float_row = _measure(_convert(model, "float32"), x_test, y_test)
-        bar.update()
-        int8_row = _measure(_convert(model, "int8", calibration), x_test, y_test)
-        bar.update()
-        for repeat in range(args.repeats):
-            outs = _fine_tune(base_dir, os.path.join(args.workdir, "optimized"), repeat, args.smoke)
-            rows = {}
-            for variant, technique, _ in FINE_TUNED:
-                opt = load_quantized_model(os.path.join(outs[variant], "model.keras"))
-                qat = technique.endswith("qat")
-                rows[variant] = _measure(_convert(opt, "int8", None if qat else calibration), x_test, y_test)
-                rows[variant]["keras_run"] = outs[variant]
-                bar.update()
-            per_repeat.append(rows)
-    return _summarize(args, base_dir, float_row, int8_row, per_repeat, time.perf_counter() - started)
-
-
-def _summarize(args, base_dir, float_row, int8_row, per_repeat, seconds) -> dict:
-    fgz = float_row["gzip_bytes"]
-    variants = {"float": dict(float_row, ratio=1.0, delta_pt=0.0), "int8": dict(int8_row)}
-    variants["int8"].update(ratio=round(fgz / int8_row["gzip_bytes"], 2),
-                            delta_pt=round(100 * (int8_row["accuracy"] - float_row["accuracy"]), 3))
-    for name, _, _ in FINE_TUNED:
-        rows = [r[name] for r in per_repeat]
-        variants[name] = {
-            "bytes": int(median(r["bytes"] for r in rows)), "gzip_bytes": int(median(r["gzip_bytes"] for r in rows)),
-            "ratio": round(median(fgz / r["gzip_bytes"] for r in rows), 2),
-            "accuracy": median(r["accuracy"] for r in rows),
-            "delta_pt": round(median(100 * (r["accuracy"] - float_row["accuracy"]) for r in rows), 3),
-            "repeats": rows}
-    targets = {}
-    for name in ("pruned_int8", "pqat_int8", "block_pruned_int8", "block_pqat_int8"):  # all "pruned (80%) + int8"
-        ratio, loss = variants[name]["ratio"], -variants[name]["delta_pt"]
-        targets[f"{name}_ratio"] = {"measured": ratio, "target": ">= 12", "pass": ratio >= 12.0}
-        targets[f"{name}_loss_pt"] = {"measured": round(loss, 3), "target": "<= 0.3", "pass": loss <= 0.3}
-    return {"benchmark": "B4 compression", "params": {"smoke": args.smoke, "repeats": args.repeats,
-                                                    "base_run": os.path.abspath(base_dir)},
-            "environment": environment(tf), "variants": variants, "targets": targets,
-            "seconds": round(seconds, 1)}
+    cfg = load_run(base_dir).config
+    limit = 1000 if args.smoke else 0
+    data = {"validation": load_split(cfg.data, "validation", limit), "test": load_split(cfg.data, "test", limit),
+            "train": load_split(cfg.data, "train"), "calibration": calibration_batches(cfg.data, 4 if args.smoke else 25)}
+    base_model = load_model(load_run(base_dir).model_path)
+    base = {}
+    for name, mode in (("float", "float32"), ("int8", "int8")):
+        converted = _tflite(base_model, mode, data["calibration"] if mode == "int8" else None)
+        base[name] = {k: v for k, v in converted.items() if k != "content"}
+        base[name].update(val_accuracy=_accuracy(converted["content"], *data["validation"]),
+                          test_accuracy=_accuracy(converted["content"], *data["test"]))
+    float_gzip = base["float"]["gzip_bytes"]
+    base["int8"]["ratio"] = round(float_gzip / base["int8"]["gzip_bytes"], 3)
+    repeats, selection, recipe = [], None, None
+    for index in range(args.repeats):
+        rows, chosen, recipe = _repeat(args, base_dir, index, data, base_model, float_gzip, recipe)
+        selection = selection or chosen
+        repeats.append(rows)
+        # What is done so far, should a later repeat fail (the run takes ~40 min).
+        write_json_atomic(os.path.join(args.workdir, "partial.json"),
+                          {"base": base, "selection": selection, "repeats": repeats})
+        print(f"B4: repeat {index + 1}/{args.repeats} done in {rows['seconds']:.0f} s", file=sys.stderr, flush=True)
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+    params = {"smoke": args.smoke, "repeats": args.repeats, "base_run": os.path.abspath(base_dir),
+              "sparsity": SPARSITY, "clusters": CLUSTERS, "validation_examples": int(len(data["validation"][1])),
+              "test_examples": int(len(data["test"][1])), "train_examples": int(len(data["train"][1]))}
+    return result("B4", "compression", COMMAND, figures(base, selection, repeats), params=params, base=base,
+                  selection=selection, repeats=repeats, seconds=round(seconds, 1), cpu_seconds=round(cpu_seconds, 1))
 
 
-def _table(res: dict) -> str:
-    rows = []
-    t = res["targets"]
-    for name in VARIANTS:
-        v = res["variants"][name]
-        target, verdict = "", ""
-        if f"{name}_ratio" in t:
-            target = ">= 12x, loss <= 0.3 pt"
-            verdict = f"size {status(t[f'{name}_ratio']['pass'])}, loss {status(t[f'{name}_loss_pt']['pass'])}"
-        rows.append([f"B4 {LABELS[name]}", f"{v['bytes']:,}", f"{v['gzip_bytes']:,}", f"{v['ratio']:.2f}x",
-                     f"{100 * v['accuracy']:.2f}%", f"{v['delta_pt']:+.2f}", ANCHORS.get(name, ""), target, verdict])
-    header = ["variant", ".tflite bytes", "gzip bytes", "smaller (gzip)", "test acc", "delta pt", "anchor",
-              "target", "pass/miss"]
-    return markdown_table(header, rows)
+# --- figures ------------------------------------------------------------------------------------
+
+def _pt(a: float, b: float) -> float:
+    return round(100.0 * (a - b), 3)
+
+
+def figures(base: dict, selection: dict, repeats: list[dict]) -> list[dict]:
+    """The published figures, each recomputable from the byte counts and accuracies of ``repeats``."""
+    recipe = selection["recipe"]
+    fgz, facc = base["float"]["gzip_bytes"], base["float"]["test_accuracy"]
+
+    def ratios(name):
+        return [fgz / r[name]["gzip_bytes"] for r in repeats]
+
+    def med(name, key):
+        return median(r[name][key] for r in repeats)
+
+    pruned, peer_p = median(ratios("pruned_int8")), median(ratios("peer_pruning"))
+    clustered, peer_c = median(ratios("clustered_int8")), median(ratios("peer_clustering"))
+    loss_ctrl = [_pt(r["control_float"]["test_accuracy"], r["pruned_int8"]["test_accuracy"]) for r in repeats]
+    loss_base = [_pt(facc, r["pruned_int8"]["test_accuracy"]) for r in repeats]
+    peer_loss = median(_pt(facc, r["peer_pruning"]["test_accuracy"]) for r in repeats)
+    label = f"{recipe['name']} (chosen on validation)"
+    return [
+        figure(f"pruned 80% + int8 PTQ, gzip size: float / pruned, {label}", ratios("pruned_int8"), "x",
+               target=(">=", TARGET_RATIO), anchor=ANCHOR_PRUNED,
+               peer=f"tfmot pruning tutorial {peer_p:.2f}x (tfopt / peer {pruned / peer_p:.2f}x)",
+               detail=f"float .tflite {fgz:,} B gzipped, pruned + int8 {med('pruned_int8', 'gzip_bytes'):,.0f} B"),
+        figure(f"pruned 80% + int8 PTQ, accuracy loss vs the float control fine-tuned the same "
+               f"{recipe['epochs']} epochs", loss_ctrl, "pt", target=("<=", TARGET_LOSS_PT),
+               peer=f"tfmot pruning tutorial: test accuracy {100 * med('peer_pruning', 'test_accuracy'):.2f}%",
+               detail=f"control {100 * med('control_float', 'test_accuracy'):.2f}%, pruned + int8 "
+                      f"{100 * med('pruned_int8', 'test_accuracy'):.2f}% (10k test images, LiteRT)"),
+        figure("(info) pruned 80% + int8 PTQ, accuracy loss vs the float model not fine-tuned", loss_base, "pt",
+               peer=f"tfmot pruning tutorial {peer_loss:.2f} pt",
+               detail=f"float model {100 * facc:.2f}%; the control's fine-tuning gained "
+                      f"{median(_pt(r['control_float']['test_accuracy'], facc) for r in repeats):+.2f} pt"),
+        figure("clustered 16 + int8 PTQ, gzip size: float / clustered", ratios("clustered_int8"), "x",
+               anchor=ANCHOR_CLUSTERED,
+               peer=f"tfmot clustering tutorial {peer_c:.2f}x (tfopt / peer {clustered / peer_c:.2f}x)",
+               detail=f"accuracy {100 * med('clustered_int8', 'test_accuracy'):.2f}% (peer "
+                      f"{100 * med('peer_clustering', 'test_accuracy'):.2f}%), float {100 * facc:.2f}%"),
+        figure("pruned 80% + clustered 16 + PCQAT int8, gzip size: float / PCQAT", ratios("pcqat_int8"), "x",
+               detail=f"accuracy {100 * med('pcqat_int8', 'test_accuracy'):.2f}%, loss vs the control "
+                      f"{median(_pt(r['control_float']['test_accuracy'], r['pcqat_int8']['test_accuracy']) for r in repeats):.2f} pt "
+                      f"(PCQAT fine-tunes 2 epochs more)"),
+    ]
+
+
+def _tables(res: dict) -> str:
+    figs = [[f["name"], f"{f['value']:.2f} {f['unit']}", "-" if not f["spread"] else
+             f"{f['spread'][0]:.2f} to {f['spread'][1]:.2f} ({f['repeats']})", f["target"] or "-", f["status"],
+             f["peer"] or "-"] for f in res["figures"]]
+    sel = res["selection"]
+    cands = [[("-> " if i == sel["chosen"] else "") + c["recipe"]["name"], f"{c['gzip_bytes']:,}", f"{c['ratio']:.2f}x",
+              f"{100 * c['val_accuracy']:.2f}%"] for i, c in enumerate(sel["candidates"])]
+    return (markdown_table(["figure", "median", "range (repeats)", "target", "status", "peer, same run"], figs)
+            + "\n\nSelection (validation split):\n"
+            + markdown_table(["candidate", "gzip bytes", "float / candidate", "val acc"], cands))
 
 
 def main(argv=None) -> int:
+    """Runs the benchmark, prints its tables and writes the JSON result."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=2, help="fine-tunings per variant (default 2; median reported)")
+    ap.add_argument("--repeats", type=int, default=3, help="fine-tuning repeats, one seed each (default 3)")
     ap.add_argument("--from", dest="source", help="start from this run instead of training the base CNN")
-    ap.add_argument("--workdir", default=None, help="where the base run and the optimized runs go "
+    ap.add_argument("--workdir", default=None, help="where the base run goes "
                     "(default: $TMPDIR/tfopt-bench-compression)")
     ap.add_argument("--out", default=None, help="JSON output (default bench/results/compression.json)")
-    ap.add_argument("--smoke", action="store_true", help="tiny model and data, 1 repeat: runs in seconds (for tests)")
+    ap.add_argument("--smoke", action="store_true", help="tiny data and fine-tunings, 1 repeat (for tests)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.repeats = 1
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats} must be >= 1")
     args.workdir = args.workdir or os.path.join(tempfile.gettempdir(), "tfopt-bench-compression" +
                                                 ("-smoke" if args.smoke else ""))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compression.json")
     res = run(args)
-    print(_table(res))
-    print(f"\nB4: {res['params']['repeats']} repeat(s), medians; accuracy on "
-          f"{'1,000' if args.smoke else 'the 10,000'} real MNIST test images with LiteRT; {res['seconds']:.0f} s")
+    print(_tables(res))
+    print(f"\nB4: {args.repeats} repeat(s), medians; {res['seconds']:.0f} s wall, {res['cpu_seconds']:.0f} s CPU")
     write_json_atomic(out, res)
     return 0
 

@@ -1,26 +1,33 @@
-"""Benchmark B5 (TFLite PTQ): float32 / dynamic / float16 / int8 / int16x8 .tflite of one model, side by side.
+"""Benchmark B5 (TFLite PTQ): float32 / dynamic / float16 / int8 / int8_auto / int16x8 of `cnn` and `mobilenet_tiny`.
 
 What it does, in one run on one machine (BENCHMARKS.md, row B5):
 
-1. Trains (once, then reuses from ``--workdir``) the default ``cnn`` (~220k params, ~8 MFLOPs per
-   image) on real MNIST (50k train) with ``tfopt.train``, and exports it with ``tfopt.export`` in
-   every PTQ mode (25 calibration batches from the run's own training pipeline; float I/O).
-2. Scores every .tflite on the full MNIST test split (10k) with the LiteRT interpreter: accuracy,
-   loss vs the Keras model, top-1 agreement.
-3. Latency at batch 1 (p50 of ``--runs`` invokes after ``--warmup``) with the LiteRT interpreter:
-   XNNPACK delegate (LiteRT's default) at 1 and 2 threads, and builtin kernels only at 1 thread;
-   ``--repeats`` rounds, models interleaved in every round, each round's ratio vs float32 taken
-   side by side, and the median over rounds reported. A quiet-gate (bench/_common.py) re-runs a
-   round when other tenants kept the shared machine busy.
-4. Which kernels run: per-layer micro-models (each conv/dense layer alone, float32 vs int8,
-   XNNPACK, 1 thread) locate where int8 gains or loses; plus one extra int8 variant with the
-   slowest int8 layer kept in float (``--float-layers``), reported separately from the PTQ int8.
-5. Optional QAT (``--qat``, on by default): tfmot ``quantize_model`` on the trained cnn, 1 epoch of
-   fine-tuning, converted to int8; accuracy loss vs the float Keras model.
-6. Cross-check with the ``litert-benchmark`` command (CompiledModel API) for float32 and int8.
+1. Trains (once, then reuses from ``--workdir``) the default ``cnn`` (~220k params) and
+   ``mobilenet_tiny`` (~10k params) on real MNIST (50k train) with ``tfopt.train``.
+2. Exports each with the library's export stage (``tfopt.export.runner.run``, what
+   ``python -m tfopt.export --modes ... --strip-strings`` does): every PTQ mode, 25 calibration
+   batches from the run's training pipeline, float I/O, strings stripped. ``int8_auto`` is the
+   latency-aware search: each op timed alone in float and int8 (1 thread), the ops whose int8
+   kernel is slower kept in float, candidates timed end to end and gated on the validation split.
+   Every model is scored on the whole MNIST test split (10k): accuracy, top-1 agreement with Keras.
+3. QAT against an equally trained control: from the same trained model, (a) tfmot QAT through
+   ``tfopt.optimize.quantize.wrap`` fine-tuned 1 epoch, converted to int8; (b) the float model
+   fine-tuned the same epoch with the same optimizer and data stream. Loss = (b)'s Keras test
+   accuracy - (a)'s .tflite test accuracy; ``--qat-seeds`` seeds (the fine-tuning order).
+4. Peers on the same data and machine: TF's "Post-training integer quantization" tutorial
+   (``bench/peers/ptq_tutorial.py``: its model, trained and converted as it says) and tfmot's
+   "Quantization aware training in Keras example" (``bench/peers/qat_example.py``).
+5. Latency at batch 1 (p50 of ``--runs`` invokes after ``--warmup``) with the LiteRT interpreter,
+   XNNPACK (LiteRT's default) at 1 and 2 threads: ``--repeats`` rounds, every model of both
+   families and the peers interleaved (order rotated) in every round; each round's ratio vs its
+   own float32 is taken side by side, the median and range over rounds reported. A quiet gate
+   (bench/_common.py) re-runs a round that other tenants disturbed.
+
+Sizes are file bytes with ``--strip-strings`` on both sides (the unstripped sizes are recorded
+too). Writes ``bench/results/tflite_ptq.json`` (figures via ``bench/_common.figure``).
 
     PYTHONPATH=. python bench/tflite_ptq.py [--repeats 5] [--out bench/results/tflite_ptq.json]
-    PYTHONPATH=. python bench/tflite_ptq.py --smoke        # ~1 min, MNIST slice; used by a test
+    PYTHONPATH=. python bench/tflite_ptq.py --smoke        # MNIST slice, one repeat; used by a test
 """
 from __future__ import annotations
 
@@ -38,72 +45,84 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import (  # noqa: E402
-    CpuSample, QuietGate, environment, markdown_table, median, status, write_json_atomic)
+    CpuSample, QuietGate, figure, markdown_table, median, result, write_json_atomic)
+from bench.peers import ptq_tutorial, qat_example  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt._keras import keras, tf  # noqa: E402
+from tfopt._keras import keras  # noqa: E402
 from tfopt.export import benchmark as bench  # noqa: E402
-from tfopt.export import fidelity, tflite  # noqa: E402
+from tfopt.export import tflite  # noqa: E402
 from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split  # noqa: E402
+from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
+from tfopt.export.runner import run as export_run  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
-TARGETS = {  # B5: int8 >= 4x faster than float, >= 3.9x smaller, accuracy loss <= 0.3 pt (PTQ), <= 0.1 pt (QAT)
-    "int8_speedup_xnnpack_1t": (">=", 4.0),
-    "int8_size_ratio": (">=", 3.9),
-    "int8_accuracy_loss_pt": ("<=", 0.3),
-    "qat_int8_accuracy_loss_pt": ("<=", 0.1),
-}
-SETTINGS = (("xnnpack/1t", True, 1), ("xnnpack/2t", True, 2), ("builtin/1t", False, 1))
+MODELS = ("cnn", "mobilenet_tiny")
+SETTINGS = (("xnnpack/1t", 1), ("xnnpack/2t", 2))
+# B5: int8_auto >= 3x faster than float at 1 thread, >= 3.9x smaller, <= 0.3 pt lost (PTQ), <= 0.1 pt (QAT).
+TARGETS = {"int8_auto_speedup_1t": (">=", 3.0), "int8_auto_size_ratio": (">=", 3.9),
+           "int8_auto_accuracy_loss_pt": ("<=", 0.3), "qat_accuracy_loss_pt": ("<=", 0.1)}
+ANCHOR_SPEED = "TF docs: int8 '3x+ faster'"
+ANCHOR_SIZE = "TF docs: int8 '4x smaller'"
+COMMAND = "PYTHONPATH=. python bench/tflite_ptq.py"
 
 
 @dataclass(frozen=True)
 class Params:
     """Everything that shapes the measurement (recorded in the JSON)."""
 
-    model: str = "cnn"
+    models: tuple = MODELS
     epochs: int = 2
     limit: int = 0  # MNIST records per split (0 = full 50k/10k/10k)
     batch_size: int = 128
     calibration_steps: int = 25
     eval_limit: int = 0  # test examples scored (0 = all)
+    search_limit: int = 2000  # validation examples the int8_auto / selective searches score on
     repeats: int = 5
     runs: int = 300
     warmup: int = 30
-    float_layers: tuple = ("conv0",)  # the extra int8 variant keeps these in float
-    qat: bool = True
+    export_runs: int = 100  # the export stage's own timings (int8_auto's search included)
+    qat_seeds: int = 3
     qat_epochs: int = 1
     qat_lr: float = 1e-4
-    litert: bool = True
+    peer_epochs: int = ptq_tutorial.EPOCHS
+    peers: bool = True
     smoke: bool = False
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated (default cnn,mobilenet_tiny)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--no-qat", action="store_true")
-    ap.add_argument("--no-litert", action="store_true")
+    ap.add_argument("--qat-seeds", type=int, default=3, help="QAT / control seeds (0: no QAT)")
+    ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-gate", action="store_true", help="no quiet-gate (measure whatever the load)")
     ap.add_argument("--workdir", default=os.path.join(config_lib.default_data_dir(), "bench-b5"))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                    "tflite_ptq.json"))
     ap.add_argument("--smoke", action="store_true", help="MNIST slice, 1 epoch, few runs: checks the script runs")
     a = ap.parse_args(argv)
-    p = Params(repeats=a.repeats, runs=a.runs, warmup=a.warmup, epochs=a.epochs, qat=not a.no_qat,
-               litert=not a.no_litert)
+    models = tuple(m.strip() for m in a.models.split(",") if m.strip())
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        ap.error(f"unknown model {', '.join(unknown) or a.models!r}; choose from {', '.join(MODELS)} (--models)")
+    p = Params(models=models, repeats=a.repeats, runs=a.runs, warmup=a.warmup, epochs=a.epochs,
+               qat_seeds=a.qat_seeds, peers=not a.no_peers)
     if a.smoke:
         p = dataclasses.replace(p, epochs=1, limit=2000, batch_size=64, calibration_steps=2, eval_limit=300,
-                                repeats=1, runs=20, warmup=2, smoke=True)
+                                search_limit=300, repeats=1, runs=20, warmup=2, export_runs=10,
+                                qat_seeds=min(p.qat_seeds, 1), peer_epochs=1, smoke=True)
     gate = QuietGate(enabled=not (a.no_gate or a.smoke))
     return p, gate, a.out, a.workdir
 
 
-def ensure_run(workdir: str, p: Params) -> str:
-    """Trains the model once per (model, epochs, limit, batch) and reuses the run directory."""
+def ensure_run(workdir: str, p: Params, model: str) -> str:
+    """Trains ``model`` once per (epochs, limit, batch) and reuses the run directory."""
     from tfopt.train import run as train
 
-    run_dir = os.path.join(workdir, f"{p.model}-e{p.epochs}-l{p.limit}-b{p.batch_size}")
+    run_dir = os.path.join(workdir, f"{model}-e{p.epochs}-l{p.limit}-b{p.batch_size}")
     if os.path.exists(os.path.join(run_dir, "run.json")):
         try:
             load_run(run_dir)
@@ -112,86 +131,110 @@ def ensure_run(workdir: str, p: Params) -> str:
             pass
     cfg = config_lib.from_dict({
         "data": {"dataset": "mnist", "limit": p.limit, "global_batch_size": p.batch_size},
-        "model": {"name": p.model}, "runtime": {"strategy": "one_device"},
+        "model": {"name": model}, "runtime": {"strategy": "one_device"},
         "train": {"epochs": p.epochs, "output_dir": run_dir, "verbose": 0, "tensorboard": False}})
     train(cfg)
     return run_dir
 
 
-def layer_microbench(model, p: Params) -> list[dict]:
-    """Each Conv2D / Dense layer alone (same shapes and weights), float32 vs int8, XNNPACK, 1 thread."""
-    rng = np.random.default_rng(0)
-    rows = []
-    for layer in model.layers:
-        if not isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)):
-            continue
-        inputs = keras.Input(layer.input_shape[1:])
-        clone = type(layer).from_config({**layer.get_config(), "dtype": "float32"})
-        micro = keras.Model(inputs, clone(inputs))
-        clone.set_weights(layer.get_weights())
-        calib = [rng.random((8, *layer.input_shape[1:]), dtype=np.float32) for _ in range(4)]
-        f32 = tflite.convert(micro, "float32").content
-        i8 = tflite.convert(micro, "int8", calibration=calib).content
-        t_f, t_i = [], []
-        for _ in range(max(1, p.repeats)):
-            t_f.append(bench.latency(f32, threads=1, runs=p.runs, warmup=p.warmup)["p50_ms"])
-            t_i.append(bench.latency(i8, threads=1, runs=p.runs, warmup=p.warmup)["p50_ms"])
-        shape = "x".join(str(d) for d in layer.input_shape[1:])
-        rows.append({"layer": layer.name, "type": type(layer).__name__, "input": shape,
-                     "float32_us": 1e3 * median(t_f), "int8_us": 1e3 * median(t_i),
-                     "int8_speedup": median(f / i for f, i in zip(t_f, t_i))})
-    return rows
+def export_family(run_dir: str, workdir: str, name: str, p: Params) -> dict:
+    """The export stage on one trained run: every mode, stripped; returns its rows and the plain sizes."""
+    settings = ExportSettings(
+        modes=tflite.MODES.names(), options=tflite.ConvertOptions(strip_strings=True),
+        calibration_steps=p.calibration_steps, eval_limit=p.eval_limit, search_limit=p.search_limit,
+        selective=False,  # B5 compares the PTQ modes; the fidelity-driven selective int8 is not one
+        bench=BenchSettings(threads=(1, 2), runs=p.export_runs, warmup=min(p.warmup, 10), keras=False), plot=False)
+    out = os.path.join(workdir, f"{name}-export{'-smoke' if p.smoke else ''}")
+    record = export_run(run_dir, settings, out_dir=out, overwrite=True)
+    rows = {r["mode"]: r for r in record.section["modes"]}
+    for r in rows.values():
+        with open(os.path.join(out, r["file"]), "rb") as f:
+            r["content"] = f.read()
+    return {"rows": rows, "export_dir": out, "notes": record.section["notes"],
+            "keras_test_accuracy": record.metrics["keras_test_accuracy"]}
 
 
-def build_models(run, model, p: Params, bar) -> tuple[dict, list]:
-    """All .tflite flatbuffers to compare: the five PTQ modes, the partial-float int8, and QAT int8."""
-    calibration = tflite.calibration_batches(run.config.data, p.calibration_steps)
-    models = {}
-    for mode in tflite.MODES:
-        bar.set_postfix_str(f"convert {mode}")
-        models[mode] = {"content": tflite.convert(model, mode, calibration=calibration).content, "kind": "PTQ"}
-        bar.update(1)
-    bar.set_postfix_str("convert int8 partial")
-    debugger = fidelity.quantization_debugger(model, calibration, calibration[:1])
-    nodes = fidelity.nodes_for_layers(fidelity.rank_layers(debugger), list(p.float_layers))
-    models[f"int8+float:{','.join(p.float_layers)}"] = {"content": fidelity.requantize(debugger, nodes),
-                                                        "kind": "PTQ, selective"}
-    bar.update(1)
-    return models, calibration
+def plain_sizes(model, run) -> dict:
+    """float32 and int8 file bytes without --strip-strings (what stripping saved)."""
+    calibration = tflite.calibration_batches(run.config.data, 2)
+    return {m: len(tflite.convert(model, m, calibration=calibration).content) for m in ("float32", "int8")}
 
 
-def qat_model(run, model, p: Params):
-    """tfmot QAT on the trained model: quantize_model + fine-tuning, then int8 conversion."""
-    import tensorflow_model_optimization as tfmot
-
+def qat_vs_control(run, model, p: Params, seed: int, x, y) -> dict:
+    """QAT (tfopt.optimize.quantize.wrap) and the float control, each fine-tuned the same epoch(s)."""
     from tfopt.data.pipeline import make_dataset
+    from tfopt.optimize import quantize
 
-    qat = tfmot.quantization.keras.quantize_model(model)
-    qat.compile(optimizer=keras.optimizers.Adam(p.qat_lr),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    data = dataclasses.replace(run.config.data, seed=seed)
+    steps = run.record.data["splits"]["train"] // data.global_batch_size  # one pass of the training stream
+
+    def fine_tune(m) -> float:
+        m.compile(optimizer=keras.optimizers.Adam(p.qat_lr),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        started = time.perf_counter()
+        m.fit(make_dataset(data, "train", training=True), epochs=p.qat_epochs, steps_per_epoch=steps, verbose=0)
+        return time.perf_counter() - started
+
+    keras.utils.set_random_seed(seed)
+    control = keras.models.clone_model(model)
+    control.set_weights(model.get_weights())
+    control_s = fine_tune(control)
+    keras.utils.set_random_seed(seed)
+    qat = quantize.wrap(model, quantize.QatSpec())
+    qat_s = fine_tune(qat)
+    content = tflite.convert(qat, "int8", options=tflite.ConvertOptions(strip_strings=True)).content
+    control_acc = float(np.mean(keras_outputs(control, x).argmax(-1) == y))
+    ev = evaluate(TFLiteModel(content), x, y, keras_outputs(qat, x)).to_dict()
+    return {"seed": seed, "control_keras_accuracy": control_acc, "qat_tflite_accuracy": ev["accuracy"],
+            "qat_keras_accuracy": ev["keras_accuracy"], "qat_agreement": ev["agreement"],
+            "loss_pt": round(100 * (control_acc - ev["accuracy"]), 3), "size_bytes": len(content),
+            "control_seconds": round(control_s, 1), "qat_seconds": round(qat_s, 1), "content": content}
+
+
+def run_peers(p: Params, data_cfg) -> dict:
+    """Both tutorials' recipes on the benchmark's MNIST splits (test read once, for the figures)."""
+    x_train, y_train = load_split(data_cfg, "train")
+    x_val, y_val = load_split(data_cfg, "validation")
+    x_test, y_test = load_split(data_cfg, "test", p.eval_limit)
+    tr, va, te = x_train[..., 0], x_val[..., 0], x_test[..., 0]  # the tutorials' models take 28x28 images
+    out = {}
     started = time.perf_counter()
-    data = run.config.data
-    steps = run.data["splits"]["train"] // data.global_batch_size  # one pass of the training stream per epoch
-    qat.fit(make_dataset(data, "train", training=True), epochs=p.qat_epochs, steps_per_epoch=steps, verbose=0)
-    seconds = time.perf_counter() - started
-    return qat, tflite.convert(qat, "int8").content, seconds
+    model = ptq_tutorial.train(tr, y_train, va, y_val, epochs=p.peer_epochs)
+    f32, i8 = ptq_tutorial.convert_float(model), ptq_tutorial.convert_int8(model, tr)
+    keras_acc = float(np.mean(model.predict(te, verbose=0).argmax(-1) == y_test))
+    out["ptq_tutorial"] = {
+        "tutorial": ptq_tutorial.TUTORIAL, "url": ptq_tutorial.URL, "epochs": p.peer_epochs,
+        "params": int(model.count_params()), "keras_test_accuracy": keras_acc,
+        "float32": {"content": f32, "accuracy": float(np.mean(ptq_tutorial.predict(f32, te) == y_test))},
+        "int8": {"content": i8, "accuracy": float(np.mean(ptq_tutorial.predict(i8, te) == y_test))},
+        "seconds": round(time.perf_counter() - started, 1)}
+    started = time.perf_counter()
+    q = qat_example.run(tr, y_train)
+    keras_acc = float(np.mean(q["model"].predict(te, verbose=0).argmax(-1) == y_test))
+    out["qat_example"] = {
+        "tutorial": qat_example.TUTORIAL, "url": qat_example.URL, "keras_test_accuracy": keras_acc,
+        "float32": {"content": q["float_tflite"],
+                    "accuracy": float(np.mean(qat_example.predict(q["float_tflite"], te) == y_test))},
+        "int8": {"content": q["qat_tflite"],
+                 "accuracy": float(np.mean(qat_example.predict(q["qat_tflite"], te) == y_test))},
+        "seconds": round(time.perf_counter() - started, 1)}
+    return out
 
 
-def measure(models: dict, p: Params, gate: QuietGate, bar) -> dict:
-    """p50 per (model, setting) per round; models interleaved (order rotated) within every round."""
+def measure(models: dict[str, bytes], p: Params, gate: QuietGate, bar) -> dict:
+    """p50 per (model, setting) per round; every model interleaved (order rotated) within every round."""
     names = list(models)
-    per = {name: {key: [] for key, _, _ in SETTINGS} for name in names}
+    per = {name: {key: [] for key, _ in SETTINGS} for name in names}
     for r in range(p.repeats):
         order = names[r % len(names):] + names[:r % len(names)]
-        for key, xnnpack, threads in SETTINGS:
+        for key, threads in SETTINGS:
             def unit():
                 with CpuSample() as s:
-                    out = {n: bench.latency(models[n]["content"], threads=threads, warmup=p.warmup, runs=p.runs,
-                                            xnnpack=xnnpack)["p50_ms"] for n in order}
+                    out = {n: bench.latency(models[n], threads=threads, warmup=p.warmup, runs=p.runs)["p50_ms"]
+                           for n in order}
                 return out, [s.foreign]
 
-            result = gate.run(unit)
-            for n, v in result.items():
+            for n, v in gate.run(unit).items():
                 per[n][key].append(v)
             bar.set_postfix_str(f"latency round {r + 1}/{p.repeats} {key}")
             bar.update(1)
@@ -201,116 +244,190 @@ def measure(models: dict, p: Params, gate: QuietGate, bar) -> dict:
 def main(argv=None) -> int:
     p, gate, out, workdir = parse_args(argv)
     t_start = time.perf_counter()
-    total = len(tflite.MODES) + 1 + p.repeats * len(SETTINGS) + 3
+    total = 4 * len(p.models) + (1 if p.peers else 0) + p.repeats * len(SETTINGS)
+    families: dict[str, dict] = {}
+    timed: dict[str, bytes] = {}
+    peers: dict = {}
     with tqdm(total=total, desc="B5", unit="step", disable=None, file=sys.stderr) as bar:
-        bar.set_postfix_str("training (once)")
-        run = load_run(ensure_run(workdir, p))
-        from tfopt.models.io import load_model
+        for name in p.models:
+            bar.set_postfix_str(f"{name}: training (once)")
+            run = load_run(ensure_run(workdir, p, name))
+            from tfopt.models.io import load_model
 
-        model = load_model(run.model_path)
-        models, _ = build_models(run, model, p, bar)
-        qat_info = None
-        if p.qat:
-            bar.set_postfix_str("QAT fine-tune")
-            qat, qat_content, qat_seconds = qat_model(run, model, p)
-            models["qat-int8"] = {"content": qat_content, "kind": "QAT"}
-            qat_info = {"epochs": p.qat_epochs, "lr": p.qat_lr, "fine_tune_seconds": round(qat_seconds, 1)}
-        bar.update(1)
-        bar.set_postfix_str("evaluating on the test split")
-        x, y = load_split(run.config.data, "test", p.eval_limit)
-        reference = keras_outputs(model, x)
-        keras_acc = float(np.mean(reference.argmax(-1) == y))
-        for name, m in models.items():
-            ref = keras_outputs(qat, x) if name == "qat-int8" else reference
-            m["eval"] = evaluate(TFLiteModel(m["content"]), x, y, ref).to_dict()
-            m["loss_vs_float_keras_pt"] = round(100 * (keras_acc - m["eval"]["accuracy"]), 3)
-            m.update(bench.file_sizes(m["content"]))
-            m["kernels"] = bench.latency(m["content"], threads=1, runs=1, warmup=0)["kernels"]
-        if qat_info is not None:
-            qat_info["keras_qat_accuracy"] = models["qat-int8"]["eval"]["keras_accuracy"]
-        bar.update(1)
-        per = measure(models, p, gate, bar)
-        bar.set_postfix_str("per-layer kernels")
-        layers = layer_microbench(model, p)
-        litert = {}
-        if p.litert:
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as tmp:
-                for name in ("float32", "int8"):
-                    path = os.path.join(tmp, f"{name}.tflite")
-                    with open(path, "wb") as f:
-                        f.write(models[name]["content"])
-                    litert[name] = bench.litert_benchmark(path, threads=1, runs=p.runs, warmup=p.warmup)
-        bar.update(1)
-    res = summarize(run, model, p, models, per, keras_acc, layers, litert, qat_info)
+            model = load_model(run.model_path)
+            bar.update(1)
+            bar.set_postfix_str(f"{name}: export (every mode, int8_auto search)")
+            fam = export_family(run.path, workdir, name, p)
+            fam.update(run=run.path, model={"name": name, **bench.keras_cost(model)},
+                       plain_sizes=plain_sizes(model, run))
+            bar.update(1)
+            x, y = load_split(run.config.data, "test", p.eval_limit)
+            fam["qat"] = []
+            for seed in range(p.qat_seeds):
+                bar.set_postfix_str(f"{name}: QAT vs control, seed {seed}")
+                fam["qat"].append(qat_vs_control(run, model, p, seed, x, y))
+            bar.update(2)
+            families[name] = fam
+            for mode, row in fam["rows"].items():
+                timed[f"{name}/{mode}"] = row["content"]
+            if fam["qat"]:
+                timed[f"{name}/qat-int8"] = fam["qat"][0]["content"]
+            data_cfg = run.config.data
+        if p.peers:
+            bar.set_postfix_str("peers: PTQ tutorial, QAT example")
+            peers = run_peers(p, data_cfg)
+            for peer, r in peers.items():
+                for mode in ("float32", "int8"):
+                    timed[f"{peer}/{mode}"] = r[mode]["content"]
+            bar.update(1)
+        per = measure(timed, p, gate, bar)
+    res = summarize(p, families, peers, per)
     res["quiet_gate"] = gate.summary()
-    res["environment"] = environment(tf)
     res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    text = report(res)
-    res["table_markdown"] = text
+    res["table_markdown"] = report(res)
     write_json_atomic(out, res)
-    print(text)
+    print(res["table_markdown"])
     print(f"\n[B5] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
     return 0
 
 
-def summarize(run, model, p, models, per, keras_acc, layers, litert, qat_info) -> dict:
-    base = per["float32"]
-    rows = {}
-    for name, m in models.items():
-        lat = {}
-        for key, _, _ in SETTINGS:
-            lat[key] = {"p50_ms": median(per[name][key]), "rounds": per[name][key],
-                        "speedup_vs_float32": median(f / v for f, v in zip(base[key], per[name][key]))}
-        rows[name] = {"kind": m["kind"], "size_bytes": m["size_bytes"], "gzip_bytes": m["gzip_bytes"],
-                      "size_ratio_vs_float32": models["float32"]["size_bytes"] / m["size_bytes"],
-                      "eval": m["eval"], "accuracy_loss_vs_float_keras_pt": m["loss_vs_float_keras_pt"],
-                      "latency": lat, "kernels": m["kernels"]}
-    measured = {
-        "int8_speedup_xnnpack_1t": rows["int8"]["latency"]["xnnpack/1t"]["speedup_vs_float32"],
-        "int8_size_ratio": rows["int8"]["size_ratio_vs_float32"],
-        "int8_accuracy_loss_pt": rows["int8"]["accuracy_loss_vs_float_keras_pt"],
-        "qat_int8_accuracy_loss_pt": rows["qat-int8"]["accuracy_loss_vs_float_keras_pt"] if "qat-int8" in rows else None,
-    }
-    targets = {}
-    for k, (op, v) in TARGETS.items():
-        got = measured[k]
-        ok = None if got is None or got != got else (got >= v if op == ">=" else got <= v)
-        targets[k] = {"op": op, "value": v, "measured": got, "pass": ok}
-    return {"benchmark": "B5 TFLite PTQ", "params": dataclasses.asdict(p), "run": run.path,
-            "model": {"name": p.model, **bench.keras_cost(model)}, "keras_test_accuracy": keras_acc,
-            "test_examples": int(models["float32"]["eval"]["examples"]), "models": rows, "targets": targets,
-            "layer_kernels": layers, "litert_benchmark_1t": litert, "qat": qat_info}
+def _latency(per: dict, name: str, base: str) -> dict:
+    """Per setting: p50 median and rounds, and the per-round speedup vs ``base`` (same round, side by side)."""
+    out = {}
+    for key, _ in SETTINGS:
+        ratios = [f / v for f, v in zip(per[base][key], per[name][key])]
+        out[key] = {"p50_ms": median(per[name][key]), "rounds": per[name][key],
+                    "speedup_vs_float32": median(ratios), "speedup_rounds": ratios}
+    return out
+
+
+def _verdict(key: str, got) -> dict:
+    op, bound = TARGETS[key]
+    ok = None if got is None or got != got else (got >= bound if op == ">=" else got <= bound)
+    return {"op": op, "value": bound, "measured": got, "pass": ok}
+
+
+def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
+    out_families, targets, figures = {}, {}, []
+    peer_rows = {}
+    for peer, r in peers.items():
+        base = f"{peer}/float32"
+        peer_rows[peer] = {
+            **{k: v for k, v in r.items() if k not in ("float32", "int8")},
+            **{mode: {"size_bytes": len(r[mode]["content"]), "accuracy": r[mode]["accuracy"],
+                      "latency": _latency(per, f"{peer}/{mode}", base)} for mode in ("float32", "int8")}}
+        row = peer_rows[peer]
+        row["int8_size_ratio"] = row["float32"]["size_bytes"] / row["int8"]["size_bytes"]
+        row["int8_accuracy_loss_pt"] = round(100 * (r["keras_test_accuracy"] - r["int8"]["accuracy"]), 3)
+    ptq_peer, qat_peer = peer_rows.get("ptq_tutorial"), peer_rows.get("qat_example")
+
+    def peer_text(what: str) -> str | None:
+        if ptq_peer is None:
+            return None
+        if what == "speed":
+            return (f"{ptq_tutorial.TUTORIAL} (its {ptq_peer['params']:,}-param CNN, uint8 I/O): int8 "
+                    f"{ptq_peer['int8']['latency']['xnnpack/1t']['speedup_vs_float32']:.2f}x vs its float")
+        if what == "size":
+            return f"{ptq_tutorial.TUTORIAL}: int8 {ptq_peer['int8_size_ratio']:.2f}x smaller than its float"
+        if what == "accuracy":
+            return f"{ptq_tutorial.TUTORIAL}: int8 loses {ptq_peer['int8_accuracy_loss_pt']:.2f} pt vs its Keras model"
+        return (f"{qat_example.TUTORIAL}: QAT .tflite loses {qat_peer['int8_accuracy_loss_pt']:.2f} pt vs its float "
+                f"baseline (not equally trained), {qat_peer['int8_size_ratio']:.2f}x smaller")
+
+    for name, fam in families.items():
+        rows = {}
+        keras_acc = fam["keras_test_accuracy"]
+        f32 = fam["rows"]["float32"]
+        names = list(fam["rows"]) + (["qat-int8"] if fam["qat"] else [])
+        for mode in names:
+            if mode == "qat-int8":
+                q = fam["qat"][0]
+                row = {"size_bytes": q["size_bytes"], "eval": {"accuracy": q["qat_tflite_accuracy"],
+                                                               "agreement": q["qat_agreement"]}}
+            else:
+                row = {k: v for k, v in fam["rows"][mode].items() if k != "content"}
+            rows[mode] = {**row, "size_ratio_vs_float32": f32["size_bytes"] / row["size_bytes"],
+                          "accuracy_loss_vs_keras_pt": round(100 * (keras_acc - row["eval"]["accuracy"]), 3),
+                          "latency_interleaved": _latency(per, f"{name}/{mode}", f"{name}/float32")}
+        auto_row = rows["int8_auto"]
+        lat = auto_row["latency_interleaved"]["xnnpack/1t"]
+        qat_losses = [q["loss_pt"] for q in fam["qat"]]
+        measured = {"int8_auto_speedup_1t": lat["speedup_vs_float32"],
+                    "int8_auto_size_ratio": auto_row["size_ratio_vs_float32"],
+                    "int8_auto_accuracy_loss_pt": auto_row["accuracy_loss_vs_keras_pt"],
+                    "qat_accuracy_loss_pt": median(qat_losses) if qat_losses else None}
+        targets[name] = {k: _verdict(k, v) for k, v in measured.items()}
+        int8_lat = rows["int8"]["latency_interleaved"]["xnnpack/1t"]
+        kept = ", ".join(auto_row["float_nodes"]) or "none"
+        figures += [
+            figure(f"{name}: int8_auto speedup vs float32 (LiteRT XNNPACK, 1 thread, batch 1)",
+                   lat["speedup_rounds"], "x", target=TARGETS["int8_auto_speedup_1t"], peer=peer_text("speed"),
+                   anchor=ANCHOR_SPEED,
+                   detail=f"p50 {1e3 * lat['p50_ms']:.1f} us vs float32 "
+                          f"{1e3 * rows['float32']['latency_interleaved']['xnnpack/1t']['p50_ms']:.1f} us; "
+                          f"kept in float: {kept}; plain int8 {int8_lat['speedup_vs_float32']:.2f}x"),
+            figure(f"{name}: full-integer int8 speedup vs float32 (1 thread)", int8_lat["speedup_rounds"], "x",
+                   detail="the plain converter's int8, for comparison with int8_auto"),
+            figure(f"{name}: int8_auto speedup vs float32 (2 threads)",
+                   auto_row["latency_interleaved"]["xnnpack/2t"]["speedup_rounds"], "x"),
+            figure(f"{name}: int8_auto size, float32 / int8_auto file bytes (--strip-strings)",
+                   [auto_row["size_ratio_vs_float32"]], "x", target=TARGETS["int8_auto_size_ratio"],
+                   peer=peer_text("size"), anchor=ANCHOR_SIZE,
+                   detail=f"{f32['size_bytes']:,} / {auto_row['size_bytes']:,} bytes; unstripped float32 / int8 "
+                          f"{fam['plain_sizes']['float32']:,} / {fam['plain_sizes']['int8']:,} bytes"),
+            figure(f"{name}: int8_auto accuracy loss vs the Keras model (PTQ)",
+                   [auto_row["accuracy_loss_vs_keras_pt"]], "pt", target=TARGETS["int8_auto_accuracy_loss_pt"],
+                   peer=peer_text("accuracy"),
+                   detail=f"Keras {100 * keras_acc:.2f}% vs int8_auto {100 * auto_row['eval']['accuracy']:.2f}% "
+                          f"(test n={auto_row['eval']['examples']}); agreement "
+                          f"{100 * auto_row['eval']['agreement']:.2f}%"),
+        ]
+        if fam["qat"]:
+            figures.append(figure(
+                f"{name}: QAT int8 accuracy loss vs the float model fine-tuned the same epoch", qat_losses, "pt",
+                target=TARGETS["qat_accuracy_loss_pt"], peer=peer_text("qat") if qat_peer else None,
+                detail="per seed: " + "; ".join(f"control {100 * q['control_keras_accuracy']:.2f}% vs QAT .tflite "
+                                               f"{100 * q['qat_tflite_accuracy']:.2f}%" for q in fam["qat"])))
+        out_families[name] = {
+            "run": fam["run"], "export_dir": fam["export_dir"], "model": fam["model"], "keras_test_accuracy": keras_acc,
+            "plain_sizes": fam["plain_sizes"], "notes": fam["notes"], "models": rows,
+            "qat": [{k: v for k, v in q.items() if k != "content"} for q in fam["qat"]]}
+    return result("B5", "TFLite post-training quantization", COMMAND, figures, benchmark="B5 TFLite PTQ",
+                  params=dataclasses.asdict(p), families=out_families, peers=peer_rows, targets=targets,
+                  latency_rounds=per)
 
 
 def report(res: dict) -> str:
-    rows = []
-    for name, r in res["models"].items():
-        lat = r["latency"]
-        rows.append([name, f"{r['size_bytes'] / 1024:.1f}", f"{r['gzip_bytes'] / 1024:.1f}",
-                     f"{r['size_ratio_vs_float32']:.2f}x",
-                     *[f"{lat[k]['p50_ms'] * 1e3:.1f} ({lat[k]['speedup_vs_float32']:.2f}x)" for k, _, _ in SETTINGS],
-                     f"{100 * r['eval']['accuracy']:.2f}", f"{-r['accuracy_loss_vs_float_keras_pt']:+.2f}",
-                     f"{100 * r['eval']['agreement']:.2f}"])
-    head = (f"## B5 TFLite PTQ: {res['model']['name']} ({res['model']['params']:,} params, "
-            f"{res['model']['flops'] / 1e6:.1f} MFLOPs/image), MNIST test n={res['test_examples']}, "
-            f"Keras accuracy {100 * res['keras_test_accuracy']:.2f}%; p50 at batch 1, median of "
-            f"{res['params']['repeats']} interleaved rounds x {res['params']['runs']} runs")
-    main = markdown_table(["model", "size KiB", "gzip KiB", "smaller", *[f"p50 {k} us (speedup)" for k, _, _ in SETTINGS],
-                           "test acc %", "Δ vs Keras pt", "agreement %"], rows)
-    trows = [[k, f"{t['op']} {t['value']}", "-" if t["measured"] is None else f"{t['measured']:.3g}",
-              status(t["pass"])] for k, t in res["targets"].items()]
-    targets = markdown_table(["target", "bar", "measured", "status"], trows)
-    lrows = [[r["layer"], r["type"], r["input"], f"{r['float32_us']:.1f}", f"{r['int8_us']:.1f}",
-              f"{r['int8_speedup']:.2f}x"] for r in res["layer_kernels"]]
-    layers = markdown_table(["layer", "type", "input", "float32 us", "int8 us", "int8 speedup"], lrows)
-    lit = ", ".join(f"{k}: p50 {v['p50_ms']} ms" for k, v in res["litert_benchmark_1t"].items() if v) or "not run"
-    kern = res["models"]["int8"]["kernels"]
-    return "\n\n".join([head, main, "### Targets", targets,
-                        f"### Which kernels run (XNNPACK, 1 thread; int8 model: {kern['delegated_ops']}/"
-                        f"{kern['total_ops']} ops delegated in {kern['delegate_partitions']} partition(s))", layers,
-                        f"litert-benchmark cross-check (1 thread): {lit}"])
+    parts = []
+    for name, fam in res["families"].items():
+        rows = []
+        for mode, r in fam["models"].items():
+            lat = r["latency_interleaved"]
+            rows.append([mode, f"{r['size_bytes'] / 1024:.1f}", f"{r['size_ratio_vs_float32']:.2f}x",
+                         *[f"{lat[k]['p50_ms'] * 1e3:.1f} ({lat[k]['speedup_vs_float32']:.2f}x)" for k, _ in SETTINGS],
+                         f"{100 * r['eval']['accuracy']:.2f}", f"{-r['accuracy_loss_vs_keras_pt']:+.2f}",
+                         f"{100 * r['eval']['agreement']:.2f}"])
+        parts.append(f"## B5 TFLite PTQ: {name} ({fam['model']['params']:,} params), MNIST test, Keras accuracy "
+                     f"{100 * fam['keras_test_accuracy']:.2f}%; p50 at batch 1, median of "
+                     f"{res['params']['repeats']} interleaved rounds x {res['params']['runs']} runs; sizes stripped")
+        parts.append(markdown_table(["model", "size KiB", "smaller", *[f"p50 {k} us (speedup)" for k, _ in SETTINGS],
+                                    "test acc %", "Δ vs Keras pt", "agreement %"], rows))
+        auto_info = fam["models"]["int8_auto"]["auto"]
+        orows = [[t["op"], t["node"][:60], f"{1e3 * t['float_ms']:.1f}" if t["float_ms"] else "-",
+                  f"{1e3 * t['int8_ms']:.1f}" if t["int8_ms"] else "-",
+                  "float" if t["slower_in_int8"] else "int8"] for t in auto_info["ops"]]
+        parts.append(f"### {name}: per-op timings (one-op models, 1 thread) and the int8_auto decision")
+        parts.append(markdown_table(["op", "node", "float32 us", "int8 us", "kept in"], orows))
+    for peer, r in res["peers"].items():
+        parts.append(f"### Peer: {r['tutorial']}: float {r['float32']['size_bytes']:,} B, int8 "
+                     f"{r['int8']['size_bytes']:,} B ({r['int8_size_ratio']:.2f}x smaller); int8 1-thread speedup "
+                     f"{r['int8']['latency']['xnnpack/1t']['speedup_vs_float32']:.2f}x; accuracy Keras "
+                     f"{100 * r['keras_test_accuracy']:.2f}% -> int8 {100 * r['int8']['accuracy']:.2f}%")
+    trows = [[f["name"], "-" if f["value"] is None else f"{f['value']:.3g} {f['unit']}",
+              "-" if f["spread"] is None else f"{f['spread'][0]:.3g}-{f['spread'][1]:.3g}", f["target"] or "-",
+              f["status"]] for f in res["figures"]]
+    parts += ["### Figures", markdown_table(["figure", "median", "range", "target", "status"], trows)]
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,32 @@
-"""Keeps benchmark B4 (bench/compression.py) runnable: its --smoke mode end to end.
+"""Keeps benchmark B4 (bench/compression.py) runnable and its JSON honest: its --smoke mode end to end.
 
-Not a performance test: it checks that the script runs, prints its table and writes
-well-formed JSON whose sizes are consistent, never what the ratios are.
+Not a performance test: it checks that the script runs, that the selection used the validation
+split only and follows its rule, that every figure is recomputable from the recorded byte
+counts and accuracies, and that each verdict follows from its number; never what the ratios are.
 """
 import json
+import operator
 import os
 import subprocess
 import sys
 
 import pytest
-from bench_checks import check_verdicts
 
 from optimize_fixtures import tiny_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FINAL = ("control_float", "pruned_int8", "clustered_int8", "pcqat_int8", "peer_pruning", "peer_clustering")
+OPS = {">=": operator.ge, "<=": operator.le}
+
+
+def expected_choice(candidates: list[dict], bar: float) -> int:
+    """The selection rule, restated: best validation accuracy among those reaching the bar, else the best ratio."""
+    passing = [i for i, c in enumerate(candidates) if c["ratio"] >= bar]
+    if not passing:
+        return max(range(len(candidates)), key=lambda i: (candidates[i]["ratio"], -i))
+    best = max(candidates[i]["val_accuracy"] for i in passing)
+    tied = [i for i in passing if candidates[i]["val_accuracy"] == best]
+    return min(tied, key=lambda i: (candidates[i]["recipe"]["epochs"], i))
 
 
 @pytest.mark.slow
@@ -25,21 +38,56 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
          tiny_run_dir(tmp_path_factory), "--workdir", str(tmp_path / "work"), "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "| B4 pruned 80% + int8 PTQ" in proc.stdout and "pass/miss" in proc.stdout
+    assert "Selection (validation split)" in proc.stdout and "accuracy loss vs the float control" in proc.stdout
 
     res = json.loads(out.read_text())
-    assert res["params"]["smoke"] is True and res["params"]["repeats"] == 1
-    v = res["variants"]
-    assert set(v) == {"float", "int8", "pruned_int8", "pqat_int8", "block_pruned_int8", "block_pqat_int8",
-                      "clustered_int8", "pcqat_int8"}
-    for name, row in v.items():
-        assert 0.0 < row["accuracy"] <= 1.0 and row["gzip_bytes"] < row["bytes"], name
-    # int8 weights are ~4x smaller; 80% zeros compress further: the ordering is physics, not tuning
-    assert v["int8"]["bytes"] < v["float"]["bytes"] / 3
-    assert v["pruned_int8"]["gzip_bytes"] < v["int8"]["gzip_bytes"] and v["pruned_int8"]["ratio"] > v["int8"]["ratio"]
-    for name, row in v.items():  # each ratio is the float model's gzip size over the variant's
-        if name != "float":
-            assert row["ratio"] == pytest.approx(v["float"]["gzip_bytes"] / row["gzip_bytes"], rel=0.02), name
-    assert res["targets"]["pruned_int8_ratio"]["measured"] == v["pruned_int8"]["ratio"]
-    check_verdicts(res["targets"])
+    assert res["id"] == "B4" and res["lscpu"]["flags"] and res["environment"]["tensorflow"]
+    assert res["params"]["smoke"] is True and res["params"]["repeats"] == 1 and len(res["repeats"]) == 1
+    base, repeats = res["base"], res["repeats"]
+    fgz, facc = base["float"]["gzip_bytes"], base["float"]["test_accuracy"]
+    # int8 weights are ~4x smaller than float32: physics, not tuning
+    assert base["int8"]["bytes"] < base["float"]["bytes"] / 3
+
+    # The recipe was chosen on the validation split, by the stated rule, before any test read.
+    sel = res["selection"]
+    assert sel["split"] == "validation" and len(sel["candidates"]) >= 2
+    for c in sel["candidates"]:
+        assert not any("test" in key for key in c), c
+        assert 0.0 < c["val_accuracy"] <= 1.0 and c["ratio"] == pytest.approx(fgz / c["gzip_bytes"], rel=1e-3)
+    assert sel["chosen"] == expected_choice(sel["candidates"], 12.0)
+    assert sel["recipe"] == sel["candidates"][sel["chosen"]]["recipe"]
+    assert repeats[0]["recipe"] == sel["recipe"]["name"]
+
+    for r in repeats:
+        for name in FINAL:
+            row = r[name]
+            assert 0.0 < row["test_accuracy"] <= 1.0 and row["gzip_bytes"] < row["bytes"], name
+            assert row["ratio"] == pytest.approx(fgz / row["gzip_bytes"], rel=1e-3), name
+        # 80% zeros compress better than none; the control is a float model of the float's size
+        assert r["pruned_int8"]["gzip_bytes"] < base["int8"]["gzip_bytes"]
+        assert r["control_float"]["bytes"] == pytest.approx(base["float"]["bytes"], rel=0.01)
+        assert r["peer_pruning"]["sparsity"] == pytest.approx(0.8, abs=0.01)  # the tutorial's final sparsity
+        assert r["peer_clustering"]["unique_max"] <= 16
+
+    # Every figure follows from the recorded numbers.
+    figs = {f["name"].split(",")[0] + ("/" + f["unit"]): f for f in res["figures"]}
+    ratio, loss = figs["pruned 80% + int8 PTQ/x"], figs["pruned 80% + int8 PTQ/pt"]
+    assert ratio["values"] == pytest.approx([fgz / r["pruned_int8"]["gzip_bytes"] for r in repeats])
+    assert loss["values"] == pytest.approx(
+        [100 * (r["control_float"]["test_accuracy"] - r["pruned_int8"]["test_accuracy"]) for r in repeats], abs=1e-3)
+    info = figs["(info) pruned 80% + int8 PTQ/pt"]
+    assert info["values"] == pytest.approx([100 * (facc - r["pruned_int8"]["test_accuracy"]) for r in repeats],
+                                           abs=1e-3)
+    assert figs["clustered 16 + int8 PTQ/x"]["values"] == pytest.approx(
+        [fgz / r["clustered_int8"]["gzip_bytes"] for r in repeats])
+    assert figs["pruned 80% + clustered 16 + PCQAT int8/x"]["values"] == pytest.approx(
+        [fgz / r["pcqat_int8"]["gzip_bytes"] for r in repeats])
+    peer = fgz / repeats[0]["peer_pruning"]["gzip_bytes"]
+    assert f"tfmot pruning tutorial {peer:.2f}x" in ratio["peer"] and ratio["anchor"]
+    assert (ratio["op"], ratio["bound"], loss["op"], loss["bound"]) == (">=", 12.0, "<=", 0.3)
+    for f in res["figures"]:
+        if f["op"] is None:
+            assert f["status"] == "-", f
+        else:
+            assert f["status"] == ("pass" if OPS[f["op"]](f["value"], f["bound"]) else "MISS"), f
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]

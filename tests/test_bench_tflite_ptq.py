@@ -1,9 +1,11 @@
 """Keeps benchmark B5 (bench/tflite_ptq.py) runnable: its ``--smoke`` mode end to end.
 
-Not a performance test: it checks the script runs, prints its tables and writes well-formed JSON.
+Not a performance test: it checks the script runs, prints its tables and writes well-formed JSON
+whose published figures follow from the raw numbers in it.
 """
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ import pytest
 from bench_checks import check_verdicts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ["float32", "dynamic", "float16", "int8", "int8_auto", "int16x8"]
 
 
 @pytest.mark.slow
@@ -18,26 +21,56 @@ def test_tflite_ptq_benchmark_smoke(tmp_path):
     out = tmp_path / "tflite_ptq.json"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "tflite_ptq.py"), "--smoke", "--no-litert", "--no-qat",
-         "--workdir", str(tmp_path / "work"), "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        [sys.executable, os.path.join(REPO, "bench", "tflite_ptq.py"), "--smoke", "--workdir", str(tmp_path / "work"),
+         "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "## B5 TFLite PTQ" in proc.stdout and "### Targets" in proc.stdout and "int8_speedup" in proc.stdout
-
-    res = json.loads(out.read_text())
-    assert res["params"]["smoke"] is True
-    assert set(res["models"]) == {"float32", "dynamic", "float16", "int8", "int16x8", "int8+float:conv0"}
-    for name, row in res["models"].items():
-        assert row["size_bytes"] > 0 and 0 < row["eval"]["agreement"] <= 1, name
-        assert row["latency"]["xnnpack/1t"]["p50_ms"] > 0, name
-    # Each mode's speedup is float32's p50 over its own (medians of per-round ratios: close to the ratio of medians).
-    f32 = res["models"]["float32"]["latency"]["xnnpack/1t"]["p50_ms"]
-    for name, row in res["models"].items():
-        lat = row["latency"]["xnnpack/1t"]
-        assert lat["speedup_vs_float32"] == pytest.approx(f32 / lat["p50_ms"], rel=0.35), name
-    assert res["targets"]["qat_int8_accuracy_loss_pt"]["measured"] is None  # --no-qat (QAT: test_export.py)
-    assert res["targets"]["int8_speedup_xnnpack_1t"]["measured"] == res["models"]["int8"]["latency"]["xnnpack/1t"][
-        "speedup_vs_float32"]
-    check_verdicts(res["targets"])
-    assert [r["layer"] for r in res["layer_kernels"]] == ["conv0", "conv1", "fc", "logits"]
+    assert "## B5 TFLite PTQ: cnn" in proc.stdout and "### Figures" in proc.stdout and "per-op timings" in proc.stdout
+    check_result(json.loads(out.read_text()))
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+
+
+def check_result(res: dict) -> None:
+    """The JSON's structure, and every published figure recomputed from the raw numbers beside it."""
+    assert res["id"] == "B5" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
+    assert set(res["families"]) == {"cnn", "mobilenet_tiny"} and set(res["peers"]) == {"ptq_tutorial", "qat_example"}
+    for name, fam in res["families"].items():
+        rows = fam["models"]
+        assert list(rows) == MODES + ["qat-int8"], name
+        f32 = rows["float32"]
+        for mode, row in rows.items():
+            assert row["size_bytes"] > 0 and 0 < row["eval"]["agreement"] <= 1, (name, mode)
+            # Sizes: float32 bytes / this model's bytes; the loss: Keras accuracy - this model's, in points.
+            assert row["size_ratio_vs_float32"] == pytest.approx(f32["size_bytes"] / row["size_bytes"])
+            assert row["accuracy_loss_vs_keras_pt"] == pytest.approx(
+                100 * (fam["keras_test_accuracy"] - row["eval"]["accuracy"]), abs=1e-3)
+            for key in ("xnnpack/1t", "xnnpack/2t"):
+                lat = row["latency_interleaved"][key]
+                base = res["latency_rounds"][f"{name}/float32"][key]
+                assert lat["rounds"] == res["latency_rounds"][f"{name}/{mode}"][key]
+                assert lat["speedup_rounds"] == pytest.approx([f / v for f, v in zip(base, lat["rounds"])])
+        assert fam["plain_sizes"]["int8"] > rows["int8"]["size_bytes"]  # --strip-strings saved bytes
+        auto = rows["int8_auto"]["auto"]
+        assert auto["slow"] == [t["node"] for t in auto["ops"] if t["slower_in_int8"]]
+        assert rows["int8_auto"]["float_nodes"] == auto["candidates"][auto["chosen"]]["float_nodes"]
+        for q in fam["qat"]:
+            assert q["loss_pt"] == pytest.approx(100 * (q["control_keras_accuracy"] - q["qat_tflite_accuracy"]),
+                                                 abs=1e-3)
+        check_verdicts(res["targets"][name])
+        t = res["targets"][name]
+        assert t["int8_auto_speedup_1t"]["measured"] == rows["int8_auto"]["latency_interleaved"]["xnnpack/1t"][
+            "speedup_vs_float32"]
+        assert t["int8_auto_size_ratio"]["measured"] == rows["int8_auto"]["size_ratio_vs_float32"]
+    for peer in res["peers"].values():
+        assert peer["int8_size_ratio"] == pytest.approx(peer["float32"]["size_bytes"] / peer["int8"]["size_bytes"])
+    # Every published figure: its value is the median of its values, its verdict follows from it.
+    names = [f["name"] for f in res["figures"]]
+    assert "cnn: int8_auto speedup vs float32 (LiteRT XNNPACK, 1 thread, batch 1)" in names
+    for f in res["figures"]:
+        assert f["values"], f["name"]
+        assert f["value"] == pytest.approx(statistics.median(f["values"]))
+        if f["op"]:
+            passed = f["value"] >= f["bound"] if f["op"] == ">=" else f["value"] <= f["bound"]
+            assert f["status"] == ("pass" if passed else "MISS"), f
+    speed = next(f for f in res["figures"] if f["name"].startswith("mobilenet_tiny: int8_auto speedup vs float32 (L"))
+    assert speed["values"] == res["families"]["mobilenet_tiny"]["models"]["int8_auto"]["latency_interleaved"][
+        "xnnpack/1t"]["speedup_rounds"] and speed["peer"].startswith("TF \"Post-training")
