@@ -35,7 +35,10 @@ def test_every_committed_result_renders_and_its_verdicts_follow_from_its_numbers
         for f in res["figures"]:
             again = figure(f["name"], f["values"], f["unit"],
                            target=(f["op"], f["bound"]) if f["op"] else None)
-            assert (again["value"], again["status"]) == (f["value"], f["status"]), (bench.id, f["name"])
+            assert again["value"] == f["value"], (bench.id, f["name"])
+            if f["status"].startswith("n/a:") or f["status"].startswith("n/a without"):
+                continue  # the benchmark declined to judge and says why (e.g. no AMX on this CPU)
+            assert again["status"] == f["status"], (bench.id, f["name"])
         block = run_all.section(bench)
         assert block.startswith(f"**{bench.id} {bench.title}**") and bench.command in block
         assert block.count("\n| ") == len(res["figures"]) + 1  # header + one row per figure

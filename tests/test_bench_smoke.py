@@ -15,6 +15,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_ingestion_benchmark_smoke(tmp_path):
+    import statistics
+
     out = tmp_path / "ingestion.json"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TF_CPP_MIN_LOG_LEVEL="2")
@@ -27,15 +29,35 @@ def test_ingestion_benchmark_smoke(tmp_path):
     assert "| B1 ingestion" in proc.stdout and "AUTOTUNE gap" in proc.stdout
 
     res = json.loads(out.read_text())
-    assert res["params"]["smoke"] is True
-    assert res["dataset"]["shards"] == 16
-    assert all(t["measured"] is not None for t in res["targets"].values())
+    assert res["id"] == "B1" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
+    assert res["dataset"]["shards"] == 16 and res["peer"]["module"] == "bench/peers/tf_data_guide.py"
     check_verdicts(res["targets"])
-    th = res["throughput"]  # the ratios are the throughputs' ratios
-    assert th["cached_ratio"] == pytest.approx(th["tfopt_cached_ips"] / th["naive_epoch2_ips"], rel=0.35)
-    assert res["throughput"]["naive_epoch1_ips"] > 0 and res["throughput"]["tfopt_cached_ips"] > 0
-    assert res["input_bound"]["ideal_step_ms"] > 0
-    assert res["autotune"]["best_hand"] in res["autotune"]["sweep_best_ips"]
+    figs = {f["name"]: f for f in res["figures"]}
+    for f in res["figures"]:  # each figure is the median of its repeats, its verdict follows from it
+        assert f["value"] == pytest.approx(statistics.median(f["values"])) and f["repeats"] == len(f["values"])
+        if f["op"]:
+            assert f["status"] == ("pass" if {">=": f["value"] >= f["bound"], "<=": f["value"] <= f["bound"]}[f["op"]]
+                                   else "MISS")
+    # the ratios are recomputed from the raw trials: best trial per side, then the ratio
+    for rep in res["throughput"]["repeats"]:
+        best = {side: max(t["epoch1_ips"] for t in trials) for side, trials in rep["trials"].items()}
+        assert set(best) == {"naive", "naive_options_off", "guide", "tfopt"}
+        assert rep["epoch1_ratio"] == pytest.approx(best["tfopt"] / best["naive"])
+        assert rep["epoch1_ratio_vs_guide"] == pytest.approx(best["tfopt"] / best["guide"])
+        cached = max(t["cached_ips"] for t in rep["trials"]["tfopt"])
+        assert rep["cached_ratio"] == pytest.approx(cached / max(t["epoch2_ips"] for t in rep["trials"]["naive"]))
+    e1 = figs["epoch 1 (cold) input throughput, tfopt / naive"]
+    assert e1["values"] == [r["epoch1_ratio"] for r in res["throughput"]["repeats"]]
+    assert e1["peer"].startswith("tf.data guide pipeline:") and e1["target"] == ">= 1.8x"
+    for rep in res["input_bound"]["repeats"]:
+        ideal, real = min(rep["ideal_step_ms_trials"]), min(rep["tfopt_step_ms_trials"])
+        assert rep["tfopt_input_bound_pct"] == pytest.approx(100 * (1 - ideal / real))
+    assert figs["input-bound fraction of a train step (cached epochs)"]["values"] == [
+        r["tfopt_input_bound_pct"] for r in res["input_bound"]["repeats"]]
+    at = res["autotune"]
+    assert at["best_hand"] in at["sweep_best_ips"]
+    for pair in at["confirm"]:
+        assert pair["gap_pct"] == pytest.approx(100 * (1 - max(pair["autotune_trials"]) / max(pair["best_hand_trials"])))
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]  # atomic write left no debris
 
 
