@@ -26,7 +26,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     g.add_argument("--strategy", help=f"one of: {STRATEGIES.help()}")
     g.add_argument("--precision", help=f"one of: {PRECISIONS.help()}")
-    g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs (default 2)")
+    g.add_argument("--cpu-replicas", type=int,
+                   help="logical CPU devices for `mirrored` without GPUs (default 2); they share the CPU cores, "
+                   "so on one CPU host mirrored is no faster than one_device")
     g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
     g.add_argument("--dataset", help="mnist, fashion_mnist, digits, tfds:NAME[/CONFIG] or tfrecord:GLOB")
     g.add_argument("--data-dir", help="where datasets are cached as TFRecord shards")
