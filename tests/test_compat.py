@@ -442,3 +442,21 @@ def test_accept_remote_logs_is_what_lets_batch_hooks_run_under_parameter_servers
     import tf_keras.src.callbacks as callbacks_module
     source = inspect.getsource(callbacks_module.CallbackList._disallow_batch_hooks_in_ps_strategy)
     assert '"_supports_tf_logs"' in source  # the exemption the refusal still checks
+
+
+def test_a_keras_model_saved_once_converts_byte_for_byte_as_from_keras_model_does(tmp_path):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 6, 1))
+    outputs = keras.layers.Dense(3)(keras.layers.Flatten()(keras.layers.Conv2D(2, 3, activation="relu")(inputs)))
+    model = keras.Model(inputs, outputs)
+    tf.saved_model.save(model, str(tmp_path), options=tf.saved_model.SaveOptions(save_debug_info=True))
+    data = [np.random.default_rng(i).random((2, 6, 6, 1), dtype=np.float32) for i in range(2)]
+    for optimize in (False, True):
+        ours, public = _compat.saved_model_converter(str(tmp_path)), tf.lite.TFLiteConverter.from_keras_model(model)
+        for c in (ours, public):
+            if optimize:
+                c.optimizations = [tf.lite.Optimize.DEFAULT]
+                c.representative_dataset = lambda: ([x] for x in data)
+        assert ours.convert() == public.convert(), (
+            f"{TF} converts a Keras model differently from its SavedModel: fix or remove "
+            "tfopt._compat.saved_model_converter (and tfopt.export.tflite.saved_models)")

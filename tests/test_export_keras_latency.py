@@ -74,3 +74,26 @@ def test_a_failing_child_is_a_one_line_model_error(tmp_path):
     with pytest.raises(ModelError) as e:
         keras_latency.measure(str(tmp_path / "broken.keras"), runs=1, warmup=0)
     assert "timing the Keras model" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_started_timer_waits_idle_until_told_and_a_closed_one_leaves_no_child(saved):
+    import time
+
+    def cpu_ticks(pid):  # utime + stime of /proc/PID/stat
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    with keras_latency.Timer(saved, threads=1, runs=5, warmup=1) as timer:
+        timer.ready()  # TensorFlow started and the model loaded: now it only waits
+        before = cpu_ticks(timer._proc.pid)
+        time.sleep(1.0)
+        # waiting costs the cores nothing (a busy child would skew the parent's own timings)
+        assert cpu_ticks(timer._proc.pid) - before <= 2  # ticks of 10 ms
+        r = timer.result()
+    assert r["runs"] == 5 and r["threads"] == 1 and 0 < r["min_ms"] <= r["p50_ms"]
+    unused = keras_latency.Timer(saved, threads=1, runs=1, warmup=0)
+    unused.ready()
+    unused.close()
+    assert unused._proc.returncode is not None  # stopped, never timed

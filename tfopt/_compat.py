@@ -20,6 +20,7 @@ Private APIs (no public API does the job):
     ConverterError                         tensorflow.lite.python.convert_phase (the TFLite converter's error)
     interpreter_ops_details                LiteRT Interpreter._get_ops_details
     read_tflite_model, write_tflite_model  LiteRT tools.flatbuffer_utils (.tflite <-> editable object)
+    saved_model_converter                  tensorflow.lite.python.lite (a Keras model's converter, saved once)
     fit_resumes_at                         tf_keras Model._training_state (fit's mid-epoch start)
     random_generators                      tf_keras Layer._random_generator (dropout's RNG state)
     accept_remote_logs                     tf_keras Callback._supports_tf_logs (batch hooks under PS)
@@ -57,7 +58,7 @@ __all__ = [
     "TARGETS", "PRUNE_WRAPPERS", "CLUSTER_WRAPPERS", "QUANTIZE_LAYERS", "prune_registry_supports",
     "prunable_weight_names", "cluster_registry_supports", "clusterable_weight_names", "is_graph_network",
     "producing_layer", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details",
-    "read_tflite_model", "write_tflite_model", "fix_for_keras_format",
+    "read_tflite_model", "write_tflite_model", "saved_model_converter", "fix_for_keras_format",
     "StepCountingClusteringSummaries", "tfmot_layer_dtype", "float32_global_policy", "fit_resumes_at",
     "random_generators", "accept_remote_logs",
 ]
@@ -254,6 +255,24 @@ def write_tflite_model(model) -> bytes:
     from ai_edge_litert.tools import flatbuffer_utils
 
     return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def saved_model_converter(path: str):
+    """``TFLiteConverter.from_keras_model(model)`` for a Keras model already written to ``path``.
+
+    TensorFlow 2.21: ``from_keras_model`` writes the model with ``tf.saved_model.save`` to a
+    temporary directory on every call and converts that SavedModel; converting one model to
+    several modes writes it each time. This converts a SavedModel the caller wrote once that
+    way, with the converter class and arguments ``from_saved_model`` uses (its up-front load only
+    checks the signature keys that ``tf.saved_model.save`` always writes) and the conversion
+    metadata ``from_keras_model`` records (model type KERAS_MODEL): the same flatbuffer, byte
+    for byte.
+    """
+    from tensorflow.lite.python import conversion_metadata_schema_py_generated as metadata
+    from tensorflow.lite.python.lite import TFLiteConverterBase, TFLiteSavedModelConverterV2
+
+    TFLiteConverterBase._set_original_model_type(metadata.ModelType.KERAS_MODEL)
+    return TFLiteSavedModelConverterV2(path, {"serve"}, ["serving_default"])
 
 
 # -- workarounds for upstream defects ---------------------------------------------------------

@@ -182,6 +182,48 @@ def weights_bytes(model) -> int:
     return total
 
 
+class KerasLatency:
+    """:func:`keras_latency`, its children started now and told to time later.
+
+    One :class:`tfopt.export.keras_latency.Timer` per thread count starts TensorFlow and loads the
+    model while the caller does other work; :meth:`ready` waits for all of them (call it before
+    timing anything else); :meth:`result` times the model at each count, one child after the
+    other. Use it as a context manager: children never told to time are stopped.
+    """
+
+    def __init__(self, path: str, *, threads: tuple[int, ...] = (1, 2), warmup: int = 20, runs: int = 200,
+                 trust_model: bool = False):
+        from tfopt.export.keras_latency import Timer
+
+        self._timers: dict[str, Timer] = {}
+        try:
+            for t in threads:
+                self._timers[f"{t}t"] = Timer(path, threads=t, runs=runs, warmup=warmup, trust_model=trust_model)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "KerasLatency":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def ready(self) -> None:
+        """Blocks until every child has loaded the model and waits."""
+        for timer in self._timers.values():
+            timer.ready()
+
+    def result(self) -> dict:
+        """``{"1t": {...}, "2t": ...}``: what :func:`keras_latency` returns."""
+        return {key: timer.result() for key, timer in self._timers.items()}
+
+    def close(self) -> None:
+        """Stops the children that still run."""
+        for timer in self._timers.values():
+            timer.close()
+
+
 def keras_latency(path: str, *, threads: tuple[int, ...] = (1, 2), warmup: int = 20, runs: int = 200,
                   trust_model: bool = False) -> dict:
     """Batch-1 latency of the Keras model in ``path`` per TensorFlow intra-op thread count.
@@ -196,8 +238,6 @@ def keras_latency(path: str, *, threads: tuple[int, ...] = (1, 2), warmup: int =
         ConfigError: bad ``threads``, ``runs`` or ``warmup``.
         ModelError: a child failed.
     """
-    from tfopt.export import keras_latency as child
-
-    return {f"{t}t": child.measure(path, threads=t, runs=runs, warmup=warmup, trust_model=trust_model)
-            for t in threads}
+    with KerasLatency(path, threads=threads, warmup=warmup, runs=runs, trust_model=trust_model) as timers:
+        return timers.result()
 

@@ -10,6 +10,7 @@ the decision. Then ``export.json``, ``export.md`` (the table) and ``export.png``
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -135,6 +136,16 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     model = load_source_model(run.model_path, settings.trust_model)
     qat = tflite.is_qat_model(model)
     tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
+    b = settings.bench
+    # The Keras baseline's timing children start TensorFlow while this process converts.
+    with (bench.KerasLatency(run.model_path, threads=b.threads, warmup=b.warmup, runs=b.runs,
+                             trust_model=settings.trust_model) if b.keras else contextlib.nullcontext()) as keras, \
+            tflite.saved_models():
+        return _export(run, model, qat, modes, settings, rd, keras, say)
+
+
+def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, rd: RunDir,
+            keras: "bench.KerasLatency | None", say: Callable[[str], None]) -> RunRecord:
     data_cfg: DataConfig = run.config.data
     info = prepare(data_cfg)
     say(f"reading the test split of {data_cfg.dataset}")
@@ -152,6 +163,8 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     validation = _Validation(model, data_cfg, info, settings.search_limit)
     for i, mode in enumerate(modes, 1):
         if MODES.get(mode).latency_aware:
+            if keras:
+                keras.ready()  # nothing else may run while this process times
             rows.append(_auto(model, calibration, settings, validation, x_test, y_test, reference, out_dir,
                               lambda msg, i=i: say(f"[{i}/{len(modes)}] {msg}"), notes))
             continue
@@ -165,6 +178,8 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
         result = evaluate(TFLiteModel(conv.content), x_test, y_test, reference)
         gate = fidelity.check(result, settings.thresholds)
         say(f"[{i}/{len(modes)}] {mode}: benchmarking")
+        if keras:
+            keras.ready()
         latency = _latency(conv.content, settings.bench, os.path.join(out_dir, file))
         rows.append(_row(mode, conv.io, file, conv.content, result, gate, latency, sparse=conv.sparse,
                          qat=conv.qat, convert_seconds=round(convert_s, 2), notes=conv.notes))
@@ -173,7 +188,7 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
                                    reference, out_dir, say, notes))
         if mode == "int8" and settings.float_layers and not qat:
             rows.append(_partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say))
-    keras_figures = _keras_figures(model, run.model_path, cost, settings, say)
+    keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
     table = summary.export_table(rows)
     write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.path}\n\n{table}\n")
     plot = None
@@ -195,14 +210,13 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     return record
 
 
-def _keras_figures(model, path: str, cost: dict, settings: ExportSettings, say) -> dict:
+def _keras_figures(model, path: str, cost: dict, settings: ExportSettings, keras: "bench.KerasLatency | None",
+                   say) -> dict:
     """The float Keras model's own figures (the baseline of every .tflite): latency, bytes, params, FLOPs."""
-    b = settings.bench
     latency = {}
-    if b.keras:
-        say(f"timing the Keras model at {', '.join(map(str, b.threads))} thread(s)")
-        latency = bench.keras_latency(path, threads=b.threads, warmup=b.warmup, runs=b.runs,
-                                      trust_model=settings.trust_model)
+    if keras:
+        say(f"timing the Keras model at {', '.join(map(str, settings.bench.threads))} thread(s)")
+        latency = keras.result()
     return {"latency": latency, "weights_bytes": bench.weights_bytes(model),
             "file_bytes": os.path.getsize(path), **cost}
 

@@ -26,7 +26,10 @@ import contextlib
 import dataclasses
 import io
 import logging
+import os
 import re
+import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -42,8 +45,9 @@ from tfopt.export import native_stderr
 from tfopt.export.choices import IO_TYPES, MODES, SPARSITY_CHOICES, check_choice
 from tfopt.optimize.common import tfmot_imported
 
-# TF 2.21: the MLIR converter's error class is not in tf.lite's public API; nor is editing a flatbuffer.
-from tfopt._compat import ConverterError, read_tflite_model, write_tflite_model  # noqa: E402
+# TF 2.21: the MLIR converter's error class is not in tf.lite's public API; nor is editing a flatbuffer
+# or converting a Keras model without writing it to a SavedModel each time.
+from tfopt._compat import ConverterError, read_tflite_model, saved_model_converter, write_tflite_model  # noqa: E402
 
 # Below this fraction of zero weights the sparse encoding costs more than it saves.
 SPARSITY_THRESHOLD = 0.5
@@ -194,6 +198,45 @@ def float32_copy(model: "keras.Model") -> "keras.Model":
     return copy
 
 
+_saved: dict | None = None  # the cache of saved_models(): {id(model): (model, SavedModel dir)} and its "dir"
+
+
+@contextlib.contextmanager
+def saved_models() -> Iterator[None]:
+    """Within it, each Keras model is written as a SavedModel once for all of its conversions.
+
+    ``TFLiteConverter.from_keras_model`` writes the model to a temporary SavedModel and reads it
+    back on every call: for a small model most of a conversion's time. Inside this context
+    :func:`make_converter` does that once per model and converts from that SavedModel, which is
+    the very path ``from_keras_model`` takes: the flatbuffers are the same, byte for byte. Nested uses share
+    the outer cache; the directories are removed on exit.
+    """
+    global _saved
+    if _saved is not None:
+        yield
+        return
+    _saved = {"dir": tempfile.mkdtemp(prefix="tfopt-savedmodels-")}
+    try:
+        yield
+    finally:
+        shutil.rmtree(_saved["dir"], ignore_errors=True)
+        _saved = None
+
+
+def _converter_for(model: "keras.Model") -> "tf.lite.TFLiteConverter":
+    if _saved is None:
+        return tf.lite.TFLiteConverter.from_keras_model(model)
+    hit = _saved.get(id(model))  # the entry holds the model: its id cannot be reused while cached
+    if hit is None:
+        path = os.path.join(_saved["dir"], str(len(_saved)))
+        try:  # as from_keras_model saves it
+            tf.saved_model.save(model, path, options=tf.saved_model.SaveOptions(save_debug_info=True))
+        except Exception:  # noqa: BLE001 - from_keras_model then falls back to freezing the model: so do we
+            path = None
+        hit = _saved[id(model)] = (model, path)
+    return saved_model_converter(hit[1]) if hit[1] else tf.lite.TFLiteConverter.from_keras_model(model)
+
+
 def make_converter(model: "keras.Model", mode: str, *, calibration: Sequence[np.ndarray] | None = None,
                    options: ConvertOptions = ConvertOptions(), sparse: bool = False) -> "tf.lite.TFLiteConverter":
     """Returns a TFLiteConverter set up for ``mode`` (not yet run).
@@ -212,7 +255,7 @@ def make_converter(model: "keras.Model", mode: str, *, calibration: Sequence[np.
     spec = MODES.get(check_choice("mode", mode, MODES.names(), "--modes"))
     check_modes_for(model, [mode])
     qat = is_qat_model(model)
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter = _converter_for(model)
     optimizations = [tf.lite.Optimize.DEFAULT] if spec.optimize else []
     if sparse:
         optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from tfopt._keras import keras, tf
+from tfopt._keras import keras
 from tfopt.config import RunConfig
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import prepare
@@ -40,13 +40,10 @@ class _EpochTimes(keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self._t0)
 
 
-def _step_ms(model_path: str, dataset, steps: int, lr: float) -> float:
-    model = load_model(model_path)
-    model.compile(optimizer=keras.optimizers.Adam(lr), steps_per_execution=steps,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+def _step_ms(model, dataset, steps: int) -> float:
     timer = _EpochTimes()
     model.fit(dataset, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[timer])
-    return 1000 * timer.times[1] / steps  # the first epoch traces and warms up
+    return 1000 * timer.times[1] / steps  # the first epoch warms up (and traces, on the first call)
 
 
 def measure(cfg: RunConfig, teacher_dir: str, *, steps: int = 32, warmup: int = 8) -> dict:
@@ -67,14 +64,12 @@ def measure(cfg: RunConfig, teacher_dir: str, *, steps: int = 32, warmup: int = 
     stream = make_dataset(cfg.data, "train", training=True, info=info)
     input_rate = _input_rate(stream, steps, warmup, batch)
     synthetic = stream.take(1).cache().repeat()
-    model_path = load_run(teacher_dir).model_path
-    level = tf.get_logger().level
-    tf.get_logger().setLevel("ERROR")  # each fit traces a new model: TensorFlow's retracing warning is noise here
-    try:
-        real_ms = _step_ms(model_path, stream, steps, cfg.train.learning_rate)
-        synthetic_ms = _step_ms(model_path, synthetic, steps, cfg.train.learning_rate)
-    finally:
-        tf.get_logger().setLevel(level)
+    # One compiled model for both: the same traced step, fed by one stream or the other.
+    model = load_model(load_run(teacher_dir).model_path)
+    model.compile(optimizer=keras.optimizers.Adam(cfg.train.learning_rate), steps_per_execution=steps,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    real_ms = _step_ms(model, stream, steps)
+    synthetic_ms = _step_ms(model, synthetic, steps)
     return {"input_examples_per_sec": round(input_rate, 1),
             "train_examples_per_sec": round(1000 * batch / real_ms, 1),
             "step_ms_real": round(real_ms, 2), "step_ms_synthetic": round(synthetic_ms, 2),
