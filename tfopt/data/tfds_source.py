@@ -100,9 +100,9 @@ _BAD_NAME_MESSAGES = (
 )
 
 
-def _first_line(e: BaseException) -> str:
+def _first_line(e: BaseException, limit: int = 200) -> str:
     text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
+    return text.splitlines()[0][:limit] if text else type(e).__name__
 
 
 def _missing_module(e: BaseException | None) -> str | None:
@@ -126,7 +126,9 @@ def _builder(name: str, data_dir: str | None):
         if not any(isinstance(e, kind) and text in str(e) for kind, text in _BAD_NAME_MESSAGES):
             raise
         # Drop tfds's 'Failed to construct dataset "X", builder_kwargs "{...}": ' prefix.
-        why = re.sub(r'^Failed to construct dataset "[^"]*", builder_kwargs "[^"]*": ', "", _first_line(e))
+        # (The prefix holds data_dir, of any length: it goes before the line is shortened.)
+        why = re.sub(r'^Failed to construct dataset "[^"]*", builder_kwargs "[^"]*": ', "",
+                     _first_line(e, limit=100_000))[:200]
         raise DataError(f"tfds cannot build dataset {name!r} ({why.split('. ')[0].rstrip('.')}); "
                         "use tfds:NAME[/CONFIG][:VERSION] with a config and version tfds has") from None
     except ImportError as e:
