@@ -20,6 +20,44 @@ setup_cpu_replicas(2)
 
 import pytest  # noqa: E402
 
+# The longest test files start first (setup.cfg runs the files on 2 pytest-xdist workers in
+# collection order): a long file started last would keep one worker busy after the other is done.
+LONGEST_FIRST = ("test_readme.py", "test_readme_pipelines.py", "test_notebooks.py", "test_pipeline.py",
+                 "test_optimize_matrix.py", "test_fault_tolerance.py", "test_bench_tflite_ptq.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Puts the files of ``LONGEST_FIRST`` first, in that order; the others keep theirs."""
+    def rank(item):
+        name = os.path.basename(str(item.path))
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file and among the rest is kept
+
+
+def once_per_session(tmp_path_factory, name: str, make):
+    """``make(directory)``'s JSON result, computed once for the whole test session.
+
+    Under pytest-xdist every worker is a session of its own; the first worker that needs the
+    value makes it in a directory shared by all workers (under an exclusive lock) and the others
+    wait for it and read the same result. Callers treat what it made as read-only.
+    """
+    import fcntl
+    import json
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the directory every worker's base temp directory lives in
+    directory, result = root / f"shared-{name}", root / f"shared-{name}.json"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            if directory.exists():  # an earlier attempt failed half-way
+                shutil.rmtree(directory)
+            directory.mkdir()
+            result.write_text(json.dumps(make(str(directory))))
+    return json.loads(result.read_text())
+
 
 @pytest.fixture(scope="session")
 def mnist_run(tmp_path_factory):
@@ -27,10 +65,13 @@ def mnist_run(tmp_path_factory):
 
     Later stages (optimize, distill, export) start from it; treat it as read-only.
     """
+    return once_per_session(tmp_path_factory, "mnist_run", _train_mnist)
+
+
+def _train_mnist(out: str) -> str:
     from tfopt import config as C
     from tfopt.train import run as train
 
-    out = tmp_path_factory.mktemp("mnist_run")
     cfg = C.from_dict({
         "data": {"dataset": "mnist", "limit": 10000, "global_batch_size": 64, "num_shards": 4},
         "runtime": {"strategy": "one_device"},
@@ -51,7 +92,7 @@ def _pipeline(*args, **kw):
 
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory):
-    """The smoke ``mnist_edge`` pipeline, run three times into one run directory.
+    """The smoke ``mnist_edge`` pipeline, run three times into one run directory (read-only).
 
     1. Stopped by SIGTERM during the student's distillation, right after its first backup.
     2. Run again: the teacher is kept, the student resumes from its backup, the rest runs.
@@ -59,11 +100,15 @@ def pipeline_run(tmp_path_factory):
 
     Returns ``{"run": path, "codes": [exit codes], "logs": [output of each run]}``.
     """
+    return once_per_session(tmp_path_factory, "pipeline_run", _run_pipeline_three_times)
+
+
+def _run_pipeline_three_times(directory: str) -> dict:
     import glob
     import signal
     import time
 
-    run = str(tmp_path_factory.mktemp("pipeline") / "mnist_edge")
+    run = os.path.join(directory, "mnist_edge")
     codes, logs = [], []
     proc = _pipeline("-o", run)
     lines = []

@@ -77,7 +77,7 @@ def test_a_failing_child_is_a_one_line_model_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_started_timer_waits_idle_until_told_and_a_closed_one_leaves_no_child(saved):
+def test_a_started_timer_waits_idle_until_told_and_a_closed_one_leaves_no_child(saved, tmp_path):
     import time
 
     def cpu_ticks(pid):  # utime + stime of /proc/PID/stat
@@ -85,15 +85,29 @@ def test_a_started_timer_waits_idle_until_told_and_a_closed_one_leaves_no_child(
             fields = f.read().rsplit(")", 1)[1].split()
         return int(fields[11]) + int(fields[12])
 
+    keras_latency._stop_idle_children()
     with keras_latency.Timer(saved, threads=1, runs=5, warmup=1) as timer:
         timer.ready()  # TensorFlow started and the model loaded: now it only waits
-        before = cpu_ticks(timer._proc.pid)
+        pid = timer.pid
+        before = cpu_ticks(pid)
         time.sleep(1.0)
         # waiting costs the cores nothing (a busy child would skew the parent's own timings)
-        assert cpu_ticks(timer._proc.pid) - before <= 2  # ticks of 10 ms
+        assert cpu_ticks(pid) - before <= 2  # ticks of 10 ms
         r = timer.result()
     assert r["runs"] == 5 and r["threads"] == 1 and 0 < r["min_ms"] <= r["p50_ms"]
+    # The next Timer at 1 thread reuses the idle child (TensorFlow runs already) for another model.
+    other = str(tmp_path / "other.keras")
+    keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]).save(other)
+    with keras_latency.Timer(other, threads=1, runs=2, warmup=0) as again:
+        assert again.pid == pid
+        again.ready()
+        before = cpu_ticks(pid)
+        time.sleep(1.0)
+        assert cpu_ticks(pid) - before <= 2  # idle again once the small model is loaded
+        assert again.result()["runs"] == 2
     unused = keras_latency.Timer(saved, threads=1, runs=1, warmup=0)
+    assert unused.pid == pid
+    child = unused._child
     unused.ready()
     unused.close()
-    assert unused._proc.returncode is not None  # stopped, never timed
+    assert child.proc.returncode is not None and 1 not in keras_latency._IDLE  # stopped, never timed

@@ -1,8 +1,10 @@
 """README.md can be followed as written: every command of its ``bash`` blocks runs, in order.
 
 The first block (the two set-up commands that create ``.venv``) is what ``.ci/run`` itself runs.
-Every later command runs in one fresh directory, in the order shown, so each example finds the
-run directories an earlier one made. Work is kept small by adding flags right after the
+Every later command runs in a fresh directory, in the order shown, so each example finds the
+run directories an earlier one made. The pipelines section makes and reads only its own run
+directories, so it runs in a directory of its own (``test_readme_pipelines.py``, beside this
+test under pytest-xdist); every other section runs here, in one directory. Work is kept small by adding flags right after the
 command's name (the command's own flags come later and win): ``--limit`` for the training-like
 stages (``TFOPT_README_LIMIT`` records per split, default 512) and fewer evaluation examples and
 timing runs for the export.
@@ -32,16 +34,35 @@ SMALL = {
 }
 
 
+PIPELINES = "From data to an edge model"  # the heading of the section that runs on its own
+
+
 def readme_commands(text: str) -> list[str]:
     """The commands of every ``bash`` block after the first, comments removed, continuations joined."""
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    return [c for _title, commands in readme_sections(text) for c in commands]
+
+
+def readme_sections(text: str) -> list[tuple[str, list[str]]]:
+    """``[(level-2 heading, its commands), ...]`` in order, for the sections after the set-up block."""
     out = []
-    for block in blocks[1:]:
-        for line in block.replace("\\\n", " ").splitlines():
-            line = re.sub(r"\s+#.*$", "", line).strip()
-            if line and not line.startswith("#"):
-                out.append(line)
+    for i, part in enumerate(re.split(r"^## ", text, flags=re.M)):
+        title = part.splitlines()[0] if i else ""
+        commands = []
+        for block in re.findall(r"```bash\n(.*?)```", part, re.S)[(0 if i else 1):]:
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"\s+#.*$", "", line).strip()
+                if line and not line.startswith("#"):
+                    commands.append(line)
+        if commands:
+            out.append((title, commands))
     return out
+
+
+def section_commands(pipelines: bool) -> list[str]:
+    """The README's commands of the pipelines section (True) or of every other section (False)."""
+    sections = readme_sections(open(os.path.join(REPO, "README.md"), encoding="utf-8").read())
+    assert any(t.startswith(PIPELINES) for t, _ in sections), [t for t, _ in sections]
+    return [c for title, commands in sections if title.startswith(PIPELINES) == pipelines for c in commands]
 
 
 def shrink(command: str) -> str:
@@ -62,13 +83,13 @@ def shrink(command: str) -> str:
 def test_readme_commands_are_extracted():
     commands = readme_commands(open(os.path.join(REPO, "README.md"), encoding="utf-8").read())
     assert len(commands) >= 15 and all("tfopt" in c for c in commands), commands
+    assert sorted(section_commands(True) + section_commands(False)) == sorted(commands)
     assert shrink("python -m tfopt.launch --workers 2 -- python -m tfopt.train -o r").endswith(
         f"python -m tfopt.train --limit {LIMIT} --quiet -o r")
 
 
-@pytest.mark.slow
-def test_every_readme_command_runs_in_order(tmp_path):
-    commands = readme_commands(open(os.path.join(REPO, "README.md"), encoding="utf-8").read())
+def run_in_order(commands: list[str], tmp_path) -> None:
+    """Runs ``commands`` (shrunk to the small slice) one after another in ``tmp_path``; fails on the first error."""
     os.symlink(os.path.join(REPO, "pipelines"), tmp_path / "pipelines")
     bin_dir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYTHONUNBUFFERED="1")
@@ -83,3 +104,8 @@ def test_every_readme_command_runs_in_order(tmp_path):
               flush=True)
         assert proc.returncode == 0, (f"README command {i} failed: {command}\nran: {small}\n"
                                       + proc.stdout[-3000:] + proc.stderr[-3000:])
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_in_order(tmp_path):
+    run_in_order(section_commands(pipelines=False), tmp_path)
