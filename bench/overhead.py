@@ -449,6 +449,8 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     out = args.out or os.path.join(REPO, "bench", "results", "overhead.json")
+    if args.workdir:  # a new directory is made, like the default one
+        os.makedirs(args.workdir, exist_ok=True)
     root = tempfile.mkdtemp(prefix="b7-", dir=args.workdir)
     runner = Runner(p, root, args.timeout or (300.0 if p.smoke else 1200.0))
     units = p.repeats * len(p.cells)

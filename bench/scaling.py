@@ -1074,6 +1074,8 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     isolate = _isolation(args.isolate)
+    if args.workdir:  # a new directory is made, like the default one
+        os.makedirs(args.workdir, exist_ok=True)
     root = tempfile.mkdtemp(prefix="b3-", dir=args.workdir)
     timeout = args.timeout or (240.0 if p.smoke else 900.0)
     ctx = Ctx(p, cores, isolate, root, timeout)

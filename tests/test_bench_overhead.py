@@ -52,7 +52,7 @@ def test_overhead_benchmark_smoke(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
     proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "overhead.py"), "--smoke",
-                           "--workdir", str(tmp_path), "--out", str(out)],
+                           "--workdir", str(tmp_path / "new"), "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| B7 framework overhead" in proc.stdout

@@ -35,7 +35,7 @@ def test_scaling_benchmark_smoke(tmp_path):
     # The whole benchmark in a private network namespace where the kernel allows (it starts TF servers).
     proc = subprocess.run(
         [*ISOLATED, sys.executable, os.path.join(REPO, "bench", "scaling.py"), "--smoke", "--isolate", "off",
-         "--workdir", str(tmp_path), "--out", str(out)],
+         "--workdir", str(tmp_path / "new"), "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| B3 multi-worker scaling" in proc.stdout and "| all-reduce, 2 workers" in proc.stdout
