@@ -111,3 +111,10 @@ def test_a_started_timer_waits_idle_until_told_and_a_closed_one_leaves_no_child(
     unused.ready()
     unused.close()
     assert child.proc.returncode is not None and 1 not in keras_latency._IDLE  # stopped, never timed
+    # An idle child that died is replaced by a new one.
+    keras_latency.measure(saved, threads=1, runs=1, warmup=0)
+    dead = keras_latency._IDLE[1].proc
+    dead.kill()
+    dead.wait()
+    with keras_latency.Timer(saved, threads=1, runs=2, warmup=0) as fresh:
+        assert fresh.pid != dead.pid and fresh.result()["runs"] == 2

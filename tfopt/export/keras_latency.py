@@ -67,8 +67,6 @@ def _prepare(model):
 
 def _time(fn, x, *, runs: int, warmup: int) -> dict:
     """Runs in the child: warms up, then times ``runs`` single-example calls of the traced ``fn``."""
-    import time
-
     import numpy as np
 
     from tfopt._keras import tf
@@ -121,7 +119,6 @@ class _Child:
     """``python -m tfopt.export.keras_latency --serve --threads N``: JSON requests in, JSON lines out."""
 
     def __init__(self, threads: int):
-        self.threads = threads
         env = dict(os.environ, TF_NUM_INTRAOP_THREADS=str(threads), TF_NUM_INTEROP_THREADS="1")
         # The child must import this tfopt, wherever the parent found it (a source checkout included).
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -175,6 +172,20 @@ class _Child:
                 f.close()
 
 
+def _child_for(threads: int, request: dict) -> _Child:
+    """The idle child at ``threads`` (a new one when there is none, or it is gone), sent ``request``."""
+    child = _IDLE.pop(threads, None)
+    if child is not None:
+        try:
+            child.send(request)
+            return child
+        except BrokenPipeError:
+            child.kill()
+    child = _Child(threads)
+    child.send(request)
+    return child
+
+
 class Timer:
     """Times one Keras model in a child process at a fixed thread count: loads it now, times it when told.
 
@@ -195,17 +206,7 @@ class Timer:
                  timeout: float = _TIMEOUT_S):
         _check(threads, runs, warmup)
         self.path, self.threads, self.runs, self.warmup, self.timeout = path, threads, runs, warmup, timeout
-        child = _IDLE.pop(threads, None)
-        try:
-            if child is None or not child.alive():
-                raise BrokenPipeError
-            child.send({"load": path, "trust_model": trust_model})
-        except BrokenPipeError:
-            if child is not None:
-                child.kill()
-            child = _Child(threads)
-            child.send({"load": path, "trust_model": trust_model})
-        self._child: _Child | None = child
+        self._child: _Child | None = _child_for(threads, {"load": path, "trust_model": trust_model})
         self._ready = False
 
     @property
