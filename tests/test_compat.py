@@ -410,6 +410,43 @@ def test_fit_resumes_at_starts_mid_epoch_and_fit_still_has_no_public_way():
     assert int(model.optimizer.iterations) == 7 and model._training_state is None
 
 
+def _compiled(distiller: bool):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    if distiller:
+        from tfopt.models.distiller import Distiller
+
+        model = Distiller(model, [keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])])
+        model.compile(optimizer="adam", steps_per_execution=2)
+    else:
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], steps_per_execution=2)
+    return model
+
+
+def _traces(prebuilt: bool, distiller: bool = False) -> tuple[int, int, np.ndarray]:
+    """(train traces of 4 Adam steps, test traces of an evaluate of another model, trained weights)."""
+    x = np.random.RandomState(0).rand(16, 3).astype("float32")
+    y = np.arange(16) % 4
+    trained, evaluated = _compiled(distiller), _compiled(distiller)
+    for model in (trained, evaluated) if prebuilt else ():
+        _compat.build_step_state(model, predictions=getattr(model, "step_predictions", None))
+    trained.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    evaluated.evaluate(x, y, batch_size=4, verbose=0)
+    weights = (trained.student if distiller else trained).get_weights()[0]
+    return (trained.train_function.experimental_get_tracing_count(),
+            evaluated.test_function.experimental_get_tracing_count(), weights)
+
+
+@pytest.mark.parametrize("distiller", [False, True], ids=["model", "distiller"])
+def test_build_step_state_traces_each_step_once_where_keras_traces_it_twice(distiller):
+    *keras_traces, keras_weights = _traces(prebuilt=False, distiller=distiller)
+    *ours, our_weights = _traces(prebuilt=True, distiller=distiller)
+    assert keras_traces == [2, 2], "tf_keras no longer traces a first step twice: remove build_step_state"
+    assert ours == [1, 1]
+    np.testing.assert_array_equal(our_weights, keras_weights)  # the same training, slots made earlier
+
+
 def test_random_generators_hold_dropout_state_the_model_checkpoint_lacks(tmp_path):
     keras.backend.experimental.enable_tf_random_generator()
     try:

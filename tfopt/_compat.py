@@ -22,6 +22,7 @@ Private APIs (no public API does the job):
     read_tflite_model, write_tflite_model  LiteRT tools.flatbuffer_utils (.tflite <-> editable object)
     saved_model_converter                  tensorflow.lite.python.lite (a Keras model's converter, saved once)
     fit_resumes_at                         tf_keras Model._training_state (fit's mid-epoch start)
+    build_step_state                       tf_keras compiled_loss / compiled_metrics ``build`` (trace once)
     random_generators                      tf_keras Layer._random_generator (dropout's RNG state)
     accept_remote_logs                     tf_keras Callback._supports_tf_logs (batch hooks under PS)
 
@@ -60,7 +61,7 @@ __all__ = [
     "producing_layer", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details",
     "read_tflite_model", "write_tflite_model", "saved_model_converter", "fix_for_keras_format",
     "StepCountingClusteringSummaries", "tfmot_layer_dtype", "float32_global_policy", "fit_resumes_at",
-    "random_generators", "accept_remote_logs",
+    "build_step_state", "random_generators", "accept_remote_logs",
 ]
 
 
@@ -104,6 +105,43 @@ def random_generators(model) -> list:
         if getattr(rng, "_generator", None) is not None:
             out.append(rng._generator)
     return out
+
+
+def build_step_state(model, labels=None, predictions=None) -> None:
+    """Creates, before the first step, the variables tf_keras would create inside it.
+
+    tf_keras 2.21 creates the optimizer's slot variables and the compiled loss and metric objects
+    on the first call of ``train_function`` / ``test_function``. A ``tf.function`` whose first
+    call creates variables is traced twice (once creating them, once without), so every ``fit``
+    and ``evaluate`` traced its step twice: about a second per compiled model on 2 cores. Created
+    here first (slots start at zero either way), the step is traced once. The compiled loss and
+    metric containers have no public ``build``.
+
+    Args:
+        model: A compiled tf_keras model (its optimizer, if any, is built on its trainable variables).
+        labels: The labels' ``tf.TensorSpec`` (default: a batch of integer class ids).
+        predictions: What the metrics are updated with: a ``KerasTensor`` or ``tf.TensorSpec``
+            (default: the model's single output; a model without one, e.g. the Distiller, passes
+            its student's). Nothing but the optimizer is built when there is no single output.
+    """
+    import tensorflow as tf
+
+    with model.distribute_strategy.scope():
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and hasattr(optimizer, "build"):
+            optimizer.build(model.trainable_variables)
+        outputs = getattr(model, "outputs", None)
+        if predictions is None and outputs and len(outputs) == 1:
+            predictions = outputs[0]
+        if predictions is None:
+            return
+        labels = tf.TensorSpec((None,), tf.int64) if labels is None else labels
+        y_pred = tf.zeros((1, *predictions.shape[1:]), predictions.dtype)
+        y_true = tf.zeros((1, *labels.shape[1:]), labels.dtype)
+        if getattr(model, "loss", None) is not None and model.compiled_loss is not None:
+            model.compiled_loss.build(y_pred)
+        if model.compiled_metrics is not None:
+            model.compiled_metrics.build(y_pred, y_true)
 
 
 @contextmanager

@@ -14,7 +14,6 @@ import os
 
 import numpy as np
 
-from tfopt._keras import keras
 from tfopt.config import RunConfig
 from tfopt.distill.options import DistillOptions
 from tfopt.errors import ConfigError, ModelError
@@ -22,6 +21,7 @@ from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_prob
 from tfopt.models.io import load_model, save_model
 from tfopt.models.registry import build_model, check_model_name
 from tfopt.optimize import student as student_lib
+from tfopt.optimize.common import compile_for_eval
 from tfopt.runs import Run, RunRecord, load_run
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
@@ -93,7 +93,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
                                   feature_weight=opts.feature_weight)
             distiller.compile(optimizer=job.optimizer(lr, cfg.train.epochs * steps), steps_per_execution=spe)
         plain = student_lib.plain_copy(compression.model)
-        plain.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        compile_for_eval(plain)
         validation = PlainValidation(plain, val_ds, job.chief,
                                      weights_fn=lambda: student_lib.plain_weights(compression.model))
         # tfmot's callbacks (UpdatePruningStep) re-mask the weights before validation reads them.

@@ -338,6 +338,12 @@ class Distiller(keras.Model):
             out.append(h.hexdigest())
         return out
 
+    @property
+    def step_predictions(self):
+        """What the compiled metrics read each step (the student's logits), for building them before the first."""
+        outputs = self.student.outputs
+        return outputs[0] if outputs and len(outputs) == 1 else None
+
     def student_weights(self) -> list:
         """The student's weights, in ``plain_student()``'s order.
 

@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from tfopt import _compat
 from tfopt._compat import is_graph_network, producing_layer
 from tfopt._keras import ensure_tf_keras, keras
 from tfopt.errors import ModelError, OptimizeError  # noqa: F401  (OptimizeError: re-exported)
@@ -114,6 +115,7 @@ def rebuild(model: "keras.Model", policy: str = "float32", float32_layers: Itera
 def compile_for_eval(model: "keras.Model") -> "keras.Model":
     """Compiles ``model`` with the loss and metric every tfopt stage reports (logits in, accuracy out)."""
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    _compat.build_step_state(model)
     return model
 
 

@@ -47,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping
 
+from tfopt import _compat
 from tfopt._keras import keras, tf
 from tfopt.data import pipeline
 from tfopt.runtime import precision
@@ -212,6 +213,7 @@ def resolve(job: "Job") -> Probe:
                 model.compile(optimizer=keras.optimizers.Adam(job.learning_rate()),
                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                               metrics=["accuracy"])
+                _compat.build_step_state(model)
             models[policy] = model
     finally:
         precision.set_policy("float32")

@@ -77,6 +77,7 @@ def plain_copy(model: "keras.Model") -> "keras.Model":
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
     copy.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    _compat.build_step_state(copy)
     return copy
 
 
@@ -331,6 +332,8 @@ class Job:
                             every=self.cfg.train.backup_every, chief=self.chief,
                             scratch=os.path.join(self.scratch, f"backup-{slot}"), strategy=self.strategy,
                             lr_scale=self._lr_scale)
+        # The optimizer's slots and the compiled metrics exist before the first step: traced once.
+        _compat.build_step_state(model, predictions=getattr(model, "step_predictions", None))
         started = time.perf_counter()
         lowered = 1.0  # learning-rate factor of a roll-back, applied on top of the restored scale
         try:
