@@ -5,7 +5,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tfopt._keras import ensure_tf_keras, keras
+from tfopt._keras import ensure_tf_keras, keras, tf
 from tfopt.errors import ModelError
 from tfopt.models.io import load_model, save_model
 from tfopt.models.registry import build_model, model_names
@@ -28,8 +28,14 @@ def test_save_then_load_roundtrip(tmp_path):
     m = _small()
     paths = save_model(m, str(tmp_path))
     x = np.random.RandomState(0).rand(2, 8, 8, 1).astype("float32")
-    for p in (paths["keras"], paths["saved_model"], str(tmp_path)):
+    for p in (paths["keras"], str(tmp_path)):
         np.testing.assert_allclose(load_model(p)(x).numpy(), m(x).numpy(), rtol=1e-5, atol=1e-6)
+    served = tf.saved_model.load(paths["saved_model"])
+    np.testing.assert_allclose(served.serve(x).numpy(), m(x).numpy(), rtol=1e-5, atol=1e-6)
+    signature = served.signatures["serving_default"]
+    np.testing.assert_allclose(next(iter(signature(tf.constant(x)).values())).numpy(), m(x).numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ModelError, match="inference SavedModel without Keras metadata.*model.keras"):
+        load_model(paths["saved_model"])
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
 
 

@@ -6,6 +6,8 @@ unless the user trusts the file (``--trust-model``).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import zipfile
@@ -126,6 +128,10 @@ def load_model(path: str, *, trust_model: bool = False, custom_objects: dict | N
         path = os.path.join(path, "model.keras")
     if not os.path.exists(path):
         raise ModelError(f"model {path!r} does not exist; give a .keras/.h5 file, a SavedModel or a run directory")
+    if (os.path.isdir(path) and os.path.exists(os.path.join(path, "saved_model.pb"))
+            and not os.path.exists(os.path.join(path, "keras_metadata.pb"))):
+        raise ModelError(f"{path!r} is an inference SavedModel without Keras metadata (a run's saved_model/ is one, "
+                         "for serving); give the run directory or its model.keras, or load it with tf.saved_model.load")
     if not trust_model:
         _inspect(path)
     if _mentions(path, "tensorflow_model_optimization"):
@@ -144,6 +150,11 @@ def load_model(path: str, *, trust_model: bool = False, custom_objects: dict | N
 def save_model(model: "keras.Model", out_dir: str) -> dict[str, str]:
     """Saves ``model`` as ``out_dir/model.keras`` and ``out_dir/saved_model``, each atomically.
 
+    ``model.keras`` is the model to load back into Keras (every later stage reads it);
+    ``saved_model/`` is the inference SavedModel for serving (TF Serving, ``tf.saved_model.load``):
+    Keras's ``Model.export``, whose ``serve`` endpoint and ``serving_default`` signature take a
+    batch of inputs and return the model's outputs (no training config, no per-layer functions).
+
     Args:
         model: A tf_keras model.
         out_dir: The run directory.
@@ -157,5 +168,6 @@ def save_model(model: "keras.Model", out_dir: str) -> dict[str, str]:
         model.save(tmp)
     sm_path = os.path.join(out_dir, "saved_model")
     with atomic_dir(sm_path) as tmp:
-        model.save(tmp, save_format="tf")
+        with contextlib.redirect_stdout(io.StringIO()):  # "Saved artifact at ..." and the endpoint's signature
+            model.export(tmp)
     return {"keras": keras_path, "saved_model": sm_path}
