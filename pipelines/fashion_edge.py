@@ -29,7 +29,8 @@ SMOKE = {
     "teacher": {"epochs": 1},
     "student": {"epochs": 2},
     "compress": {"epochs": 1},
-    "export": {"modes": ["float32", "int8"], "eval_limit": 256, "runs": 20, "warmup": 3, "threads": [1]},
+    "export": {"modes": ["float32", "int8"], "eval_limit": 256, "runs": 20, "warmup": 3, "threads": [1],
+               "calibration_steps": 4},
     "probe": {"steps": 8},
     "select": "acc_drop<=100,min:p50_us",
 }

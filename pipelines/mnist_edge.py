@@ -33,7 +33,8 @@ SMOKE = {
     "student": {"epochs": 2},
     "compress": {"epochs": 1},
     "probe": {"steps": 8},
-    "export": {"modes": ["float32", "dynamic", "int8"], "eval_limit": 256, "runs": 20, "warmup": 3, "threads": [1]},
+    "export": {"modes": ["float32", "dynamic", "int8"], "eval_limit": 256, "runs": 20, "warmup": 3, "threads": [1],
+               "calibration_steps": 4},
     "select": "acc_drop<=100,min:p50_us",
 }
 

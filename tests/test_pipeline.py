@@ -43,6 +43,7 @@ def test_a_changed_setting_reruns_that_stage_and_the_stages_after_it_only():
         return sorted(n for n in base if new[n] != base[n])
 
     assert changed("export.runs=10") == ["student-export", "student-pqat-export", "teacher-export"]
+    assert changed("export.calibration_steps=8") == ["student-export", "student-pqat-export", "teacher-export"]
     assert changed("student.alpha=0.5") == ["student", "student-export", "student-pqat", "student-pqat-export"]
     assert changed("compress.sparsity=0.6") == ["student-pqat", "student-pqat-export"]
     assert changed("teacher.epochs=2") == sorted(base)
@@ -69,6 +70,7 @@ def test_overrides_and_their_errors():
         (["teacher.epochs=two"], r"teacher.epochs='two' is not a int"),
         (["nonsense"], r"override 'nonsense' is not of the form section.key=value"),
         (["stages.x=1"], r"unknown pipeline section 'stages'; valid sections:"),
+        (["export.calibration_steps=0"], r"export.calibration_steps=0 >= 1"),
     ]:
         with pytest.raises(ConfigError, match=message):
             apply_overrides(cfg, bad)

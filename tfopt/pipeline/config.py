@@ -63,6 +63,7 @@ class ExportSpec:
     runs: int = 200  # timed invocations per latency figure
     warmup: int = 20
     threads: tuple[int, ...] = (1, 2)
+    calibration_steps: int = 25  # training batches int8 and int16x8 calibrate on
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,11 @@ class PipelineConfig:
                               f"{self.compress.epochs} >= 1 and compress.learning_rate > 0")
         parse_modes(self.export.modes)
         parse_threads(self.export.threads)
-        if self.export.eval_limit < 0 or self.export.runs < 1 or self.export.warmup < 0:
+        if (self.export.eval_limit < 0 or self.export.runs < 1 or self.export.warmup < 0
+                or self.export.calibration_steps < 1):
             raise ConfigError(f"export.eval_limit={self.export.eval_limit} must be >= 0, export.runs="
-                              f"{self.export.runs} >= 1 and export.warmup={self.export.warmup} >= 0")
+                              f"{self.export.runs} >= 1, export.warmup={self.export.warmup} >= 0 and "
+                              f"export.calibration_steps={self.export.calibration_steps} >= 1")
         if self.probe.steps < 0:
             raise ConfigError(f"probe.steps={self.probe.steps} must be >= 0 (0 skips the probe)")
         if self.launch.workers < 1 or self.launch.ps < 1 or self.launch.max_restarts < 0:

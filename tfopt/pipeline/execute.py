@@ -62,6 +62,7 @@ def run_stage(cfg: PipelineConfig, stage: Stage, run_dir: str, *, verbose: int =
 
         x = stage.settings
         settings = ExportSettings(modes=tuple(x["modes"]), eval_limit=x["eval_limit"],
+                                  calibration_steps=x["calibration_steps"],
                                   bench=BenchSettings(threads=tuple(x["threads"]), runs=x["runs"], warmup=x["warmup"]))
         run(source, settings, out, overwrite=True, progress=say)
     else:  # pragma: no cover - plan() makes only the kinds above

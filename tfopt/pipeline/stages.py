@@ -78,7 +78,7 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
         modes = ["int8"] if qat else list(e.modes)
         add(f"{source}-export", "export", (source,),
             {"modes": modes, "eval_limit": e.eval_limit, "runs": e.runs, "warmup": e.warmup,
-             "threads": list(e.threads)})
+             "threads": list(e.threads), "calibration_steps": e.calibration_steps})
     return list(stages.values())
 
 
