@@ -97,6 +97,28 @@ def test_choice_is_the_smallest_gzip_passing_every_constraint_and_every_other_va
             choose(VARIANTS, bad)
 
 
+def test_latencies_within_five_percent_of_the_best_tie_and_the_smallest_of_them_wins():
+    variants = [_v("teacher/keras", 99.0, None, 500.0, keras=True),
+                _v("student/float32", 98.6, 53_900, 28.4),
+                _v("student/dynamic", 98.6, 14_800, 29.2),   # 2.8% slower: a tie, 3.6x smaller
+                _v("student/int8", 98.6, 14_900, 29.8),      # 4.9%: a tie too, but larger than dynamic
+                _v("student-pqat/int8", 98.6, 11_300, 29.9)]  # 5.3%: slower, though the smallest
+    sel = choose(variants, "acc_drop<=0.5,min:p50_us")
+    assert sel.chosen == "student/dynamic"
+    assert sel.passing == ["student/dynamic", "student/float32", "student/int8", "student-pqat/int8"]
+    assert sel.rejected["student/float32"] == ("passes and its p50 latency at 1 thread (28.40 us) ties with the chosen "
+                                               "one's (29.20 us: within 5%), but its gzip -9 size is larger "
+                                               "(52.6 KiB vs 14.5 KiB)")
+    assert "ties with" in sel.rejected["student/int8"]
+    assert sel.rejected["student-pqat/int8"] == ("passes but its p50 latency at 1 thread is higher than the chosen "
+                                                 "one's (29.90 us vs 29.20 us)")
+    assert sel.statement.startswith("student/dynamic is chosen: its p50 latency at 1 thread (29.20 us) ties with the "
+                                    "lowest (28.40 us, student/float32; within 5%")
+    assert "smallest of the 3 tied" in sel.statement
+    # a size objective has no tolerance: the smallest wins outright
+    assert choose(variants, "acc_drop<=0.5").chosen == "student-pqat/int8"
+
+
 def test_no_passing_variant_is_a_statement_not_a_crash():
     sel = choose(VARIANTS, "acc>=99.5")
     assert sel.chosen is None and sel.passing == []

@@ -4,7 +4,9 @@ A rule is comma-separated constraints ``KEY OP NUMBER``, e.g. ``acc_drop<=0.5,p5
 optionally one objective ``min:KEY`` or ``max:KEY`` (default ``min:gzip_kb``). Among the .tflite
 variants that satisfy every constraint, the one with the best objective wins (by default the
 smallest gzip size: what a device downloads); ties go to the lower p50 latency at 1 thread, then
-to the name. Every other variant gets the reason it lost: the first constraint it fails with its
+to the name. A latency objective counts values within ``LATENCY_TIE`` (5%) of the best as ties,
+since two timings of one model on a shared machine differ by that much: among them the smallest
+gzip size wins. Every other variant gets the reason it lost: the first constraint it fails with its
 value, or that it passes but has a worse objective. Keras variants are references, never chosen.
 """
 from __future__ import annotations
@@ -34,6 +36,8 @@ KEYS: dict[str, tuple[str, str, Callable[[Variant], float | None]]] = {
 OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
                                                    ">": operator.gt}
 EXAMPLE = "acc_drop<=0.5,p50_us<=50,min:gzip_kb"
+LATENCY_KEYS = ("p50_us", "p95_us", "p50_us_2t")
+LATENCY_TIE = 0.05  # relative: latencies this close to the best are ties (timing noise), broken by gzip size
 DEFAULT_OBJECTIVE = ("min", "gzip_kb")
 _TOKEN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
@@ -194,6 +198,10 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
             rejected[v.name] = (f"fails {failed}: {failed.key} is {_fmt(value, failed.key)}" if value is not None
                                 else f"fails {failed}: {failed.key} not measured")
     passing.sort(key=_order(objective))
+    tied = _latency_ties(passing, objective)
+    if len(tied) > 1:  # the smallest of the tied first, then the rest in objective order
+        tied.sort(key=_order(DEFAULT_OBJECTIVE))
+        passing = tied[:1] + [v for v in passing if v is not tied[0]]
     text = rule.strip() if rule and rule.strip() else ""
     where = f"the rule {text!r}" if text else "no rule (every .tflite variant passes)"
     if not passing:
@@ -206,13 +214,37 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
     what = KEYS[key][0]
     for v in passing[1:]:
         same = measure(v) == measure(best)
-        rejected[v.name] = (f"passes but has the same {what} and a higher p50 latency than the chosen one" if same
-                            else f"passes but its {what} is {'higher' if direction == 'min' else 'lower'} than the "
-                            f"chosen one's ({_fmt(measure(v), key)} vs {_fmt(measure(best), key)})")
-    statement = (f"{best.name} is chosen: the {best_word} {what} ({_fmt(measure(best), key)}) of the "
-                 f"{len(passing)} .tflite variant(s) satisfying {where}.")
+        if v in tied:
+            rejected[v.name] = (f"passes and its {what} ({_fmt(measure(v), key)}) ties with the chosen one's "
+                                f"({_fmt(measure(best), key)}: within {LATENCY_TIE:.0%}), but its gzip -9 size is "
+                                f"larger ({_kib(v.gzip_bytes)} vs {_kib(best.gzip_bytes)})")
+        else:
+            rejected[v.name] = (f"passes but has the same {what} and a higher p50 latency than the chosen one" if same
+                                else f"passes but its {what} is {'higher' if direction == 'min' else 'lower'} than "
+                                f"the chosen one's ({_fmt(measure(v), key)} vs {_fmt(measure(best), key)})")
+    if len(tied) > 1:
+        leader = min(tied, key=_order(objective))
+        statement = (f"{best.name} is chosen: its {what} ({_fmt(measure(best), key)}) ties with the {best_word} "
+                     f"({_fmt(measure(leader), key)}, {leader.name}; within {LATENCY_TIE:.0%}, timing noise) and it "
+                     f"is the smallest of the {len(tied)} tied by gzip -9 size ({_kib(best.gzip_bytes)}), among "
+                     f"the {len(passing)} .tflite variant(s) satisfying {where}.")
+    else:
+        statement = (f"{best.name} is chosen: the {best_word} {what} ({_fmt(measure(best), key)}) of the "
+                     f"{len(passing)} .tflite variant(s) satisfying {where}.")
     return Selection(text, [str(c) for c in constraints], f"{direction}:{key}", best.name, statement, [v.name for v in passing],
                      {v.name: rejected[v.name] for v in variants if v.name in rejected})
+
+
+def _latency_ties(ranked: list[Variant], objective: tuple[str, str]) -> list[Variant]:
+    """The variants of ``ranked`` (best first) whose latency objective is within ``LATENCY_TIE`` of the best."""
+    direction, key = objective
+    measure = KEYS[key][2]
+    best = measure(ranked[0]) if ranked else None
+    if key not in LATENCY_KEYS or best is None:
+        return ranked[:1]
+    bound = best * (1 + LATENCY_TIE) if direction == "min" else best / (1 + LATENCY_TIE)
+    return [v for v in ranked if measure(v) is not None
+            and (measure(v) <= bound if direction == "min" else measure(v) >= bound)]
 
 
 def _kib(n: int | None) -> str:
