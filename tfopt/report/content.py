@@ -48,6 +48,8 @@ def _table(id_: str, header, rows, note: str | None = None, row_classes=None, nu
 
 
 def _summary(report: dict) -> list[dict]:
+    from tfopt.report.select import tie_rule
+
     sel, b8 = report["selection"], report["b8"]
     by_name = {v["name"]: v for v in report["variants"]}
     items = []
@@ -60,7 +62,8 @@ def _summary(report: dict) -> list[dict]:
     if chosen:
         rule = f"`{sel['rule']}`" if sel["rule"] else "no rule"
         items.append(f"Chosen by {rule}: {_objective_text(sel)} among the {len(sel['passing'])} .tflite variant(s) "
-                     "satisfying it (see Selection for why every other variant lost).")
+                     f"satisfying it ({tie_rule(sel.get('objective', 'min:gzip_kb'))}; see Selection for why every "
+                     "other variant lost).")
     else:
         items.append(sel["statement"])
     verdict = {True: "**B8: every target met.**", False: "**B8: at least one target missed.**",
@@ -134,11 +137,13 @@ def _objective_text(sel: dict) -> str:
 
 
 def _selection(report: dict) -> list[dict]:
+    from tfopt.report.select import tie_rule
+
     sel = report["selection"]
     rule = f"`{sel['rule']}`" if sel["rule"] else "none"
     out = [{"type": "h2", "text": "Selection"},
            {"type": "p", "text": f"Rule: {rule}. Among the .tflite variants satisfying every constraint, "
-                                 f"{_objective_text(sel)} wins (ties: the lower p50 latency at 1 thread)."},
+                                 f"{_objective_text(sel)} wins ({tie_rule(sel.get('objective', 'min:gzip_kb'))})."},
            {"type": "p", "text": sel["statement"]}]
     rows, classes = [], []
     if sel["chosen"]:

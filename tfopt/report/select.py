@@ -235,6 +235,13 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
                      {v.name: rejected[v.name] for v in variants if v.name in rejected})
 
 
+def tie_rule(objective: str) -> str:
+    """How ties of ``objective`` (``min:KEY``/``max:KEY``) are broken, in words."""
+    if objective.partition(":")[2] in LATENCY_KEYS:
+        return f"latencies within {LATENCY_TIE:.0%} of the best tie, and the smallest gzip -9 size of them wins"
+    return "ties: the lower p50 latency at 1 thread"
+
+
 def _latency_ties(ranked: list[Variant], objective: tuple[str, str]) -> list[Variant]:
     """The variants of ``ranked`` (best first) whose latency objective is within ``LATENCY_TIE`` of the best."""
     direction, key = objective
