@@ -438,6 +438,23 @@ def _traces(prebuilt: bool, distiller: bool = False) -> tuple[int, int, np.ndarr
             evaluated.test_function.experimental_get_tracing_count(), weights)
 
 
+def test_build_step_state_leaves_a_model_whose_variables_do_not_exist_yet_to_keras():
+    class Lazy(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(4)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Lazy()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _compat.build_step_state(model)
+    assert [v.name for v in model.optimizer.variables] == ["iteration:0"]  # no slots: not built on no variables
+    model.fit(np.ones((8, 3), "float32"), np.zeros(8), batch_size=4, verbose=0)  # Keras builds it in the step
+    assert len(model.optimizer.variables) > 1
+
+
 @pytest.mark.parametrize("distiller", [False, True], ids=["model", "distiller"])
 def test_build_step_state_traces_each_step_once_where_keras_traces_it_twice(distiller):
     *keras_traces, keras_weights = _traces(prebuilt=False, distiller=distiller)

@@ -123,9 +123,14 @@ def build_step_state(model, labels=None, predictions=None) -> None:
         predictions: What the metrics are updated with: a ``KerasTensor`` or ``tf.TensorSpec``
             (default: the model's single output; a model without one, e.g. the Distiller, passes
             its student's). Nothing but the optimizer is built when there is no single output.
+            Nothing at all is built for a model whose layers are not built yet (a subclassed
+            model before its first call): its variables appear in the first step, as in Keras.
     """
     import tensorflow as tf
 
+    layers = list(model._flatten_layers(include_self=False))
+    if not model.built and not (layers and all(layer.built for layer in layers)):
+        return
     with model.distribute_strategy.scope():
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and hasattr(optimizer, "build"):
