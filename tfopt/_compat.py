@@ -107,7 +107,7 @@ def random_generators(model) -> list:
     return out
 
 
-def build_step_state(model, labels=None, predictions=None) -> None:
+def build_step_state(model, predictions=None) -> None:
     """Creates, before the first step, the variables tf_keras would create inside it.
 
     tf_keras 2.21 creates the optimizer's slot variables and the compiled loss and metric objects
@@ -119,7 +119,6 @@ def build_step_state(model, labels=None, predictions=None) -> None:
 
     Args:
         model: A compiled tf_keras model (its optimizer, if any, is built on its trainable variables).
-        labels: The labels' ``tf.TensorSpec`` (default: a batch of integer class ids).
         predictions: What the metrics are updated with: a ``KerasTensor`` or ``tf.TensorSpec``
             (default: the model's single output; a model without one, e.g. the Distiller, passes
             its student's). Nothing but the optimizer is built when there is no single output.
@@ -140,9 +139,8 @@ def build_step_state(model, labels=None, predictions=None) -> None:
             predictions = outputs[0]
         if predictions is None:
             return
-        labels = tf.TensorSpec((None,), tf.int64) if labels is None else labels
         y_pred = tf.zeros((1, *predictions.shape[1:]), predictions.dtype)
-        y_true = tf.zeros((1, *labels.shape[1:]), labels.dtype)
+        y_true = tf.zeros((1,), tf.int64)  # tfopt's labels: a batch of class ids
         if getattr(model, "loss", None) is not None and model.compiled_loss is not None:
             model.compiled_loss.build(y_pred)
         if model.compiled_metrics is not None:
