@@ -82,6 +82,36 @@ def test_debris_of_a_killed_write_is_removed(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ckpt-10.index"]
 
 
+def test_backups_are_compiled_keep_the_two_newest_and_survive_a_moved_directory(tmp_path):
+    from tfopt.runtime.backup import Backup
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(tf.ones((8, 8)), tf.ones((8, 4)), verbose=0)
+    d = tmp_path / "backup"
+    backup = Backup(model, str(d), steps_per_epoch=100, every=1, chief=True, scratch=str(tmp_path / "scratch"),
+                    strategy=tf.distribute.get_strategy())
+    backup.set_model(model)
+    for step in (1, 2, 3, 3):  # the last one rewrites step 3 (a preemption right after a periodic backup)
+        for w in model.weights:
+            w.assign(tf.fill(w.shape, float(step)))
+        backup.step = step
+        backup.save()
+    assert backup._write.experimental_get_tracing_count() == 1  # traced once, not walked in Python per backup
+    assert {p.name.split(".")[0] for p in d.iterdir()} == {"checkpoint", "ckpt-2", "ckpt-3"}  # the two newest
+    assert (d / "checkpoint").read_text().splitlines() == [
+        'model_checkpoint_path: "ckpt-3"', 'all_model_checkpoint_paths: "ckpt-2"',
+        'all_model_checkpoint_paths: "ckpt-3"']
+    moved = tmp_path / "moved"  # e.g. a volume mounted elsewhere after a restart
+    os.rename(d, moved)
+    for w in model.weights:
+        w.assign(tf.zeros(w.shape))
+    again = Backup(model, str(moved), steps_per_epoch=100, every=1, chief=True, scratch=str(tmp_path / "scratch"),
+                   strategy=tf.distribute.get_strategy())
+    assert again.restore() == 3
+    assert {float(v) for w in model.get_weights() for v in w.ravel()} == {3.0}
+
+
 FULL_DISK = textwrap.dedent("""
     import os, subprocess, sys
     from tfopt._keras import keras, tf
@@ -127,6 +157,7 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_backup(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     error = next(line for line in result.stdout.splitlines() if line.startswith("ERROR"))
     assert f"cannot write a backup to {mount} at step 20" in error and "the previous backup is intact" in error
+    assert "No space left on device" in error, error  # the reason, not "Graph execution error:"
     restored = next(line for line in result.stdout.splitlines() if line.startswith("RESTORED")).split()
     assert restored[1] == "10" and float(restored[2]) != 32.0  # step 10's weights, not the ones after it
 
