@@ -82,14 +82,15 @@ def test_debris_of_a_killed_write_is_removed(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ckpt-10.index"]
 
 
-def test_backups_are_compiled_keep_the_two_newest_and_survive_a_moved_directory(tmp_path):
+@pytest.mark.parametrize("every", [1, 0], ids=["every-step-compiled", "epoch-end-eager"])
+def test_backups_keep_the_two_newest_and_survive_a_moved_directory(tmp_path, every):
     from tfopt.runtime.backup import Backup
 
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
     model.compile(optimizer="adam", loss="mse")
     model.fit(tf.ones((8, 8)), tf.ones((8, 4)), verbose=0)
     d = tmp_path / "backup"
-    backup = Backup(model, str(d), steps_per_epoch=100, every=1, chief=True, scratch=str(tmp_path / "scratch"),
+    backup = Backup(model, str(d), steps_per_epoch=100, every=every, chief=True, scratch=str(tmp_path / "scratch"),
                     strategy=tf.distribute.get_strategy())
     backup.set_model(model)
     for step in (1, 2, 3, 3):  # the last one rewrites step 3 (a preemption right after a periodic backup)
@@ -97,7 +98,8 @@ def test_backups_are_compiled_keep_the_two_newest_and_survive_a_moved_directory(
             w.assign(tf.fill(w.shape, float(step)))
         backup.step = step
         backup.save()
-    assert backup._write.experimental_get_tracing_count() == 1  # traced once, not walked in Python per backup
+    if every:  # frequent backups: the write is traced once, not walked in Python per backup
+        assert backup._write.experimental_get_tracing_count() == 1
     assert {p.name.split(".")[0] for p in d.iterdir()} == {"checkpoint", "ckpt-2", "ckpt-3"}  # the two newest
     assert (d / "checkpoint").read_text().splitlines() == [
         'model_checkpoint_path: "ckpt-3"', 'all_model_checkpoint_paths: "ckpt-2"',

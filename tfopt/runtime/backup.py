@@ -5,10 +5,10 @@ the data position mid-epoch and writes nothing mid-epoch under ParameterServerSt
 
 - **What is saved:** the model (weights, optimizer slots and step, loss scale, pruning steps,
   QAT ranges, dropout RNG state when ``runtime.deterministic`` makes it a variable), the global
-  step and the learning-rate scale of the NaN guard, as a TensorFlow checkpoint ``ckpt-<step>``
-  written by a compiled ``tf.train.Checkpoint.write`` (traced at the first backup; an eager
-  write walks the object graph in Python every time: 20-30 ms for ``cnn`` and its Adam state
-  against 5 ms). The checkpoint lands under a temporary name and is renamed, then the
+  step and the learning-rate scale of the NaN guard, as a TensorFlow checkpoint ``ckpt-<step>``.
+  With backups every N steps it is written by a compiled ``tf.train.Checkpoint.write`` (traced
+  at the first backup, ~0.1 s; an eager write walks the object graph in Python every time: 20-30
+  ms for ``cnn`` and its Adam state against 5 ms); epoch-end backups alone are written eagerly. The checkpoint lands under a temporary name and is renamed, then the
   ``checkpoint`` state file is replaced atomically (paths relative to its directory), then older
   backups are deleted: a write killed halfway leaves the previous backup restorable; the two
   newest are kept. Stale ``*_temp`` debris of a killed write is removed when a run opens its
@@ -213,9 +213,13 @@ class Backup(keras.callbacks.Callback):
         """Writes ``ckpt-<step>``, records it as the newest in the state file, keeps the ``KEEP`` newest."""
         name = f"ckpt-{self.step}"
         os.makedirs(self.write_to, exist_ok=True)  # a worker's scratch copy is deleted after each backup
-        if self._write is None:
-            self._write = tf.function(self.checkpoint.write)
-        self._write(tf.constant(os.path.join(self.write_to, name)))  # written under *_temp names, renamed
+        path = os.path.join(self.write_to, name)  # written under *_temp names, then renamed
+        if not self.every:  # epoch-end backups only: too few to repay tracing the write (~0.1 s)
+            self.checkpoint.write(path)
+        else:
+            if self._write is None:
+                self._write = tf.function(self.checkpoint.write)
+            self._write(tf.constant(path))
         state = tf.train.get_checkpoint_state(self.write_to)
         older = [os.path.basename(p) for p in (state.all_model_checkpoint_paths if state else [])]
         older = [n for n in older if n != name]
