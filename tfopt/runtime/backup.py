@@ -8,11 +8,11 @@ the data position mid-epoch and writes nothing mid-epoch under ParameterServerSt
   step and the learning-rate scale of the NaN guard, as a TensorFlow checkpoint ``ckpt-<step>``.
   With backups every N steps it is written by a compiled ``tf.train.Checkpoint.write`` (traced
   at the first backup, ~0.1 s; an eager write walks the object graph in Python every time: 20-30
-  ms for ``cnn`` and its Adam state against 5 ms); epoch-end backups alone are written eagerly. The checkpoint lands under a temporary name and is renamed, then the
-  ``checkpoint`` state file is replaced atomically (paths relative to its directory), then older
-  backups are deleted: a write killed halfway leaves the previous backup restorable; the two
-  newest are kept. Stale ``*_temp`` debris of a killed write is removed when a run opens its
-  backups.
+  ms for ``cnn`` and its Adam state against 5 ms); epoch-end backups alone are written eagerly.
+  The checkpoint lands under a temporary name and is renamed, then the ``checkpoint`` state file
+  is replaced atomically (paths relative to its directory), then older backups are deleted: a
+  write killed halfway leaves the previous backup restorable; the two newest are kept. Stale
+  ``*_temp`` debris of a killed write is removed when a run opens its backups.
 - **Who writes:** the chief, into the run's work directory (shared storage on a cluster: every
   worker restores from it). Other MultiWorkerMirrored workers write the same checkpoint into a
   scratch directory and delete it (saving may all-reduce sync-on-read variables: every worker
@@ -229,5 +229,5 @@ class Backup(keras.callbacks.Callback):
                    f'model_checkpoint_path: "{name}"\n'
                    + "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in kept))
         for old in older[:len(older) + 1 - KEEP]:
-            for path in glob.glob(os.path.join(glob.escape(self.write_to), glob.escape(old) + ".*")):
-                os.unlink(path)
+            for file in glob.glob(os.path.join(glob.escape(self.write_to), glob.escape(old) + ".*")):
+                os.unlink(file)
