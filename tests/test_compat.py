@@ -439,15 +439,7 @@ def _traces(prebuilt: bool, distiller: bool = False) -> tuple[int, int, np.ndarr
 
 
 def test_build_step_state_leaves_a_model_whose_variables_do_not_exist_yet_to_keras():
-    class Lazy(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.dense = keras.layers.Dense(4)
-
-        def call(self, x):
-            return self.dense(x)
-
-    model = Lazy()
+    model = _Subclassed()  # its Dense is built at the first call
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     _compat.build_step_state(model)
     assert [v.name for v in model.optimizer.variables] == ["iteration:0"]  # no slots: not built on no variables
