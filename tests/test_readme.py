@@ -6,8 +6,8 @@ run directories an earlier one made. The pipelines section makes and reads only 
 directories, so it runs in a directory of its own (``test_readme_pipelines.py``, beside this
 test under pytest-xdist); every other section runs here, in one directory. Work is kept small by adding flags right after the
 command's name (the command's own flags come later and win): ``--limit`` for the training-like
-stages (``TFOPT_README_LIMIT`` records per split, default 512) and fewer evaluation examples and
-timing runs for the export.
+stages (``TFOPT_README_LIMIT`` records per split, default 512), the smoke variant for the pipelines
+(under their default strategy) and fewer evaluation examples and timing runs for the export.
 """
 import os
 import re
@@ -25,7 +25,9 @@ SMALL = {
     "tfopt.train": ["--limit", LIMIT, "--quiet"],
     "tfopt.distill": ["--limit", LIMIT, "--quiet"],
     "tfopt.optimize": ["--limit", LIMIT, "--quiet"],
-    "tfopt.pipeline": ["--variant", "smoke", "--quiet"],
+    # The pipelines' default strategy (the smoke variant's own is one_device): so the README's
+    # second pipeline command, which names it, finds every stage finished, as it says.
+    "tfopt.pipeline": ["--variant", "smoke", "--strategy", "mirrored", "--quiet"],
     # The slice's models train a dozen steps (near chance): int8 flips many of their near-tied
     # top-1 answers, so the fidelity gate (tested on trained models in test_export) is loosened.
     "tfopt.export": ["--eval-limit", "300", "--runs", "10", "--warmup", "2", "--calibration-steps", "2",
@@ -93,8 +95,11 @@ def test_readme_commands_are_extracted():
         f"python -m tfopt.train --limit {LIMIT} --quiet -o r")
 
 
-def run_in_order(commands: list[str], tmp_path) -> None:
-    """Runs ``commands`` (shrunk to the small slice) one after another in ``tmp_path``; fails on the first error."""
+def run_in_order(commands: list[str], tmp_path, after=None) -> None:
+    """Runs ``commands`` (shrunk to the small slice) one after another in ``tmp_path``; fails on the first error.
+
+    ``after(i, command)``, if given, is called after command ``i`` (1-based) succeeded.
+    """
     os.symlink(os.path.join(REPO, "pipelines"), tmp_path / "pipelines")
     bin_dir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYTHONUNBUFFERED="1")
@@ -109,6 +114,8 @@ def run_in_order(commands: list[str], tmp_path) -> None:
               flush=True)
         assert proc.returncode == 0, (f"README command {i} failed: {command}\nran: {small}\n"
                                       + proc.stdout[-3000:] + proc.stderr[-3000:])
+        if after is not None:
+            after(i, command)
 
 
 @pytest.mark.slow
