@@ -14,6 +14,8 @@ Row B4 of /work/shared/design/BENCHMARKS.md, in one run on one machine:
    - ``cluster`` (16 clusters, k-means++, 1 epoch) and ``pcqat`` (the recipe's pruning, then
      1 epoch of sparsity-preserving clustering and 1 of sparsity-and-cluster-preserving QAT),
      with the library's defaults;
+   - ``cluster`` again with ``--centroid-init linear``, the clustering tutorial's initialization
+     (information: what the centroid initialization alone does to the gzip ratio);
    then, beside them on the same trained model and training images, the two peers
    (``bench/peers/tfmot_pruning.py``, ``bench/peers/tfmot_clustering.py``: the tfmot tutorials).
 3. Selection, on the validation split only: the first repeat's job also fine-tunes every
@@ -33,6 +35,8 @@ Figures (``bench/_common.figure``, medians over repeats with min-max): float/pru
 ratio (target >= 12x), accuracy loss of pruned+int8 vs the equally fine-tuned float control
 (target <= 0.3 pt), the same loss vs the un-fine-tuned float (information), the clustered+int8
 and PCQAT ratios; each with the peer's figure from the same run and the tfmot tutorials' anchors.
+Every model's row also has the Shannon entropy, in bits per byte, of its largest weight buffer
+(the dense kernel): what deflate can do with it.
 
     PYTHONPATH=. python bench/compression.py [--repeats 3] [--out bench/results/compression.json]
     PYTHONPATH=. python bench/compression.py --smoke --from RUN_DIR     # seconds; used by a test
@@ -83,13 +87,15 @@ class Recipe:
     lr: float = 5e-4
     layers: tuple[str, ...] = DENSE_FIRST
 
-    def settings(self, technique: str = "prune", sparsity: float = SPARSITY, steps: int = 0):
-        """The ``OptimizeSettings`` of ``technique`` with this recipe's pruning (clustering and QAT: defaults)."""
+    def settings(self, technique: str = "prune", sparsity: float = SPARSITY, steps: int = 0,
+                 init: str = "kmeans_plus_plus"):
+        """The ``OptimizeSettings`` of ``technique`` with this recipe's pruning (clustering with centroid
+        initialization ``init``; QAT: defaults)."""
         from tfopt.optimize import ClusterSpec, OptimizeSettings, PruneSpec, Selection
 
         prune = PruneSpec(sparsity=sparsity, block_size=self.block if sparsity else (1, 1),
                           selection=Selection(names=self.layers))
-        return OptimizeSettings(technique=technique, prune=prune, cluster=ClusterSpec(clusters=CLUSTERS),
+        return OptimizeSettings(technique=technique, prune=prune, cluster=ClusterSpec(clusters=CLUSTERS, init=init),
                                 epochs=1, phase_epochs=(("prune", self.epochs),), steps_per_epoch=steps,
                                 learning_rate=self.lr, tensorboard=False, saved_model=False)
 
@@ -141,8 +147,30 @@ def _tflite(model, mode: str, calibration=None) -> dict:
     from tfopt.export.tflite import convert
 
     done = convert(model, mode, calibration=calibration)
-    return {"content": done.content, "bytes": len(done.content), "gzip_bytes": len(gzip.compress(done.content, 9)),
-            "sparse": done.sparse}
+    return _sizes(done.content, sparse=done.sparse)
+
+
+def _sizes(content: bytes, sparse: bool = False) -> dict:
+    """A ``.tflite``'s bytes, gzip -9 bytes and the entropy of its largest weight buffer."""
+    return {"content": content, "bytes": len(content), "gzip_bytes": len(gzip.compress(content, 9)),
+            "sparse": sparse, "largest_buffer_entropy_bits": round(largest_buffer_entropy(content), 3)}
+
+
+def largest_buffer_entropy(content: bytes) -> float:
+    """Shannon entropy, in bits per byte, of the largest buffer of a ``.tflite`` flatbuffer.
+
+    For an int8 model that is the biggest kernel's bytes: 16 clusters filled evenly give 4 bits,
+    most weights in a few clusters less, and per-channel scales (each channel maps its clusters to
+    other int8 values) more.
+    """
+    import numpy as np
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    model = schema.Model.GetRootAsModel(content, 0)
+    largest = max((model.Buffers(i) for i in range(model.BuffersLength())), key=lambda b: b.DataLength())
+    counts = np.bincount(largest.DataAsNumpy().view(np.uint8), minlength=256)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum())
 
 
 def _accuracy(content: bytes, x, y) -> float:
@@ -223,6 +251,7 @@ def _repeat(args, base_dir: str, index: int, data: dict, base_model, float_gzip:
         control, _ = tune(recipe.settings(sparsity=0.0, steps=steps))
         pruned, _ = tune(recipe.settings(steps=steps))
         clustered, _ = tune(CLUSTER_ONLY.settings("cluster", steps=steps))
+        clustered_linear, _ = tune(CLUSTER_ONLY.settings("cluster", steps=steps, init="linear"))
         pcqat, _ = tune(recipe.settings("pcqat", steps=steps))
     rows = {}
     control_tfl = _tflite(control, "float32")
@@ -230,7 +259,7 @@ def _repeat(args, base_dir: str, index: int, data: dict, base_model, float_gzip:
     if selection is not None:  # for the record: how the control scores where the candidates were compared
         selection["control_val_accuracy"] = _accuracy(control_tfl["content"], *data["validation"])
     for name, model, cal in (("pruned_int8", pruned, calibration), ("clustered_int8", clustered, calibration),
-                             ("pcqat_int8", pcqat, None)):
+                             ("clustered_linear_int8", clustered_linear, calibration), ("pcqat_int8", pcqat, None)):
         converted = _tflite(model, "int8", cal)
         rows[name] = _row(converted, float_gzip, test_accuracy=_accuracy(converted["content"], *test))
     x_train, y_train = data["train"]
@@ -238,9 +267,8 @@ def _repeat(args, base_dir: str, index: int, data: dict, base_model, float_gzip:
     for name, peer, kwargs in (("peer_pruning", tfmot_pruning, smoke_pruning),
                                ("peer_clustering", tfmot_clustering, {})):
         out = peer.run(base_model, x_train, y_train, seed=seed, steps_per_epoch=4 if args.smoke else None, **kwargs)
-        content = out.pop("tflite")
-        converted = {"bytes": len(content), "gzip_bytes": len(gzip.compress(content, 9)), "sparse": False}
-        rows[name] = _row(converted, float_gzip, test_accuracy=_accuracy(content, *test), **out)
+        converted = _sizes(out.pop("tflite"))
+        rows[name] = _row(converted, float_gzip, test_accuracy=_accuracy(converted["content"], *test), **out)
     rows["seed"], rows["recipe"] = seed, recipe.name
     rows["seconds"], rows["cpu_seconds"] = round(time.perf_counter() - started, 1), round(time.process_time() - cpu, 1)
     return rows, selection, recipe
@@ -304,6 +332,9 @@ def figures(base: dict, selection: dict, repeats: list[dict]) -> list[dict]:
 
     pruned, peer_p = median(ratios("pruned_int8")), median(ratios("peer_pruning"))
     clustered, peer_c = median(ratios("clustered_int8")), median(ratios("peer_clustering"))
+
+    def bits(name):
+        return f"{med(name, 'largest_buffer_entropy_bits'):.2f}"
     loss_ctrl = [_pt(r["control_float"]["test_accuracy"], r["pruned_int8"]["test_accuracy"]) for r in repeats]
     loss_base = [_pt(facc, r["pruned_int8"]["test_accuracy"]) for r in repeats]
     peer_loss = median(_pt(facc, r["peer_pruning"]["test_accuracy"]) for r in repeats)
@@ -326,7 +357,13 @@ def figures(base: dict, selection: dict, repeats: list[dict]) -> list[dict]:
                anchor=ANCHOR_CLUSTERED,
                peer=f"tfmot clustering tutorial {peer_c:.2f}x (tfopt / peer {clustered / peer_c:.2f}x)",
                detail=f"accuracy {100 * med('clustered_int8', 'test_accuracy'):.2f}% (peer "
-                      f"{100 * med('peer_clustering', 'test_accuracy'):.2f}%), float {100 * facc:.2f}%"),
+                      f"{100 * med('peer_clustering', 'test_accuracy'):.2f}%), float {100 * facc:.2f}%; dense "
+                      f"kernel {bits('clustered_int8')} bits per byte (peer {bits('peer_clustering')})"),
+        figure("(info) clustered 16 with --centroid-init linear (the tutorial's) + int8 PTQ, gzip size: float / "
+               "clustered", ratios("clustered_linear_int8"), "x",
+               peer=f"tfmot clustering tutorial {peer_c:.2f}x",
+               detail=f"accuracy {100 * med('clustered_linear_int8', 'test_accuracy'):.2f}%; dense kernel "
+                      f"{bits('clustered_linear_int8')} bits per byte (k-means++ {bits('clustered_int8')})"),
         figure("pruned 80% + clustered 16 + PCQAT int8, gzip size: float / PCQAT", ratios("pcqat_int8"), "x",
                detail=f"accuracy {100 * med('pcqat_int8', 'test_accuracy'):.2f}%, loss vs the control "
                       f"{median(_pt(r['control_float']['test_accuracy'], r['pcqat_int8']['test_accuracy']) for r in repeats):.2f} pt "

@@ -15,7 +15,8 @@ import pytest
 from optimize_fixtures import tiny_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FINAL = ("control_float", "pruned_int8", "clustered_int8", "pcqat_int8", "peer_pruning", "peer_clustering")
+FINAL = ("control_float", "pruned_int8", "clustered_int8", "clustered_linear_int8", "pcqat_int8", "peer_pruning",
+         "peer_clustering")
 OPS = {">=": operator.ge, "<=": operator.le}
 
 
@@ -63,6 +64,7 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
             row = r[name]
             assert 0.0 < row["test_accuracy"] <= 1.0 and row["gzip_bytes"] < row["bytes"], name
             assert row["ratio"] == pytest.approx(fgz / row["gzip_bytes"], rel=1e-3), name
+            assert 0.0 < row["largest_buffer_entropy_bits"] <= 8.0, name
         # 80% zeros compress better than none; the control is a float model of the float's size
         assert r["pruned_int8"]["gzip_bytes"] < base["int8"]["gzip_bytes"]
         assert r["control_float"]["bytes"] == pytest.approx(base["float"]["bytes"], rel=0.01)
@@ -75,6 +77,8 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
     assert ratio["values"] == pytest.approx([fgz / r["pruned_int8"]["gzip_bytes"] for r in repeats])
     assert loss["values"] == pytest.approx(
         [100 * (r["control_float"]["test_accuracy"] - r["pruned_int8"]["test_accuracy"]) for r in repeats], abs=1e-3)
+    linear = figs["(info) clustered 16 with --centroid-init linear (the tutorial's) + int8 PTQ/x"]
+    assert linear["values"] == pytest.approx([fgz / r["clustered_linear_int8"]["gzip_bytes"] for r in repeats])
     info = figs["(info) pruned 80% + int8 PTQ/pt"]
     assert info["values"] == pytest.approx([100 * (facc - r["pruned_int8"]["test_accuracy"]) for r in repeats],
                                            abs=1e-3)
@@ -91,3 +95,23 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
         else:
             assert f["status"] == ("pass" if OPS[f["op"]](f["value"], f["bound"]) else "MISS"), f
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+
+
+def test_largest_buffer_entropy_counts_the_biggest_kernels_bytes():
+    """1 bit for a kernel whose int8 bytes take two values equally often, 0 for one value: the
+    number follows the biggest buffer's byte histogram, not the file's."""
+    import numpy as np
+
+    from bench.compression import largest_buffer_entropy
+    from tfopt._keras import keras, tf
+
+    def converted(kernel):
+        model = keras.Sequential([keras.layers.Dense(64, input_shape=(256,))])
+        model.layers[0].set_weights([kernel.astype(np.float32), np.zeros(64, np.float32)])
+        converter = tf.lite.TFLiteConverter.from_keras_model(model)
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic range: int8 kernel, +-127 per channel
+        return converter.convert()
+
+    signs = np.where(np.arange(256 * 64).reshape(256, 64) % 2 == 0, 0.5, -0.5)
+    assert largest_buffer_entropy(converted(signs)) == pytest.approx(1.0)
+    assert largest_buffer_entropy(converted(np.full((256, 64), 0.5))) == pytest.approx(0.0)
