@@ -330,11 +330,11 @@ def figures(base: dict, selection: dict, repeats: list[dict]) -> list[dict]:
     def med(name, key):
         return median(r[name][key] for r in repeats)
 
-    pruned, peer_p = median(ratios("pruned_int8")), median(ratios("peer_pruning"))
-    clustered, peer_c = median(ratios("clustered_int8")), median(ratios("peer_clustering"))
-
     def bits(name):
         return f"{med(name, 'largest_buffer_entropy_bits'):.2f}"
+
+    pruned, peer_p = median(ratios("pruned_int8")), median(ratios("peer_pruning"))
+    clustered, peer_c = median(ratios("clustered_int8")), median(ratios("peer_clustering"))
     loss_ctrl = [_pt(r["control_float"]["test_accuracy"], r["pruned_int8"]["test_accuracy"]) for r in repeats]
     loss_base = [_pt(facc, r["pruned_int8"]["test_accuracy"]) for r in repeats]
     peer_loss = median(_pt(facc, r["peer_pruning"]["test_accuracy"]) for r in repeats)
