@@ -7,7 +7,7 @@ from typing import Callable
 
 from tfopt import config as config_lib
 from tfopt.errors import TfoptError
-from tfopt.specs import PRECISIONS, STRATEGIES
+from tfopt.specs import MODEL_SOURCES, PRECISIONS, STRATEGIES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -30,11 +30,20 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
                    help="logical CPU devices for `mirrored` without GPUs (default 2); they share the CPU cores, "
                    "so on one CPU host mirrored is no faster than one_device")
     g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
-    g.add_argument("--dataset", help="mnist, fashion_mnist, digits, tfds:NAME[/CONFIG] or tfrecord:GLOB")
+    g.add_argument("--dataset", help="mnist, fashion_mnist, digits, folder:PATH (one subfolder per class), "
+                   "tfds:NAME[/CONFIG] or tfrecord:GLOB")
+    g.add_argument("--image-size", metavar="HxW", help="resize every image to HxW (bilinear; the aspect ratio is not "
+                   "kept: crop or pad beforehand to keep it)")
+    g.add_argument("--channels", type=int, choices=(1, 3), help="convert images to 1 (gray) or 3 (RGB) channels")
     g.add_argument("--data-dir", help="where datasets are cached as TFRecord shards")
     g.add_argument("--limit", type=int, help="use only the first N records of each split")
     g.add_argument("--batch-size", type=int, help="global batch size (split across replicas)")
-    g.add_argument("--model", help="registered model name (cnn, small_cnn, tiny_cnn, mlp, mobilenet_tiny, wide_cnn)")
+    g.add_argument("--model", help="the model: " + "; ".join(MODEL_SOURCES.get(n).summary for n in MODEL_SOURCES))
+    g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a keyword argument of keras.applications:NAME or a factory, e.g. alpha=0.35, "
+                   "weights=None (default), weights=imagenet (downloads), weights=PATH (repeatable)")
+    g.add_argument("--head", help="the classification layer: auto (replaced when the class count differs, "
+                   "default), new (always replaced) or keep")
     g.add_argument("--epochs", type=int)
     g.add_argument("--lr", type=float, help="learning rate")
     g.add_argument("--scale-lr", action="store_true", default=None, help="multiply the learning rate by the replica count")
@@ -66,6 +75,8 @@ _FLAG_KEYS = {
     "output": ("train", "output_dir"), "verify": ("data", "verify"),
     "backup_every": ("train", "backup_every"), "deterministic": ("runtime", "deterministic"),
     "data_service": ("data", "service"), "data_service_mode": ("data", "service_mode"),
+    "image_size": ("data", "image_size"), "channels": ("data", "channels"), "head": ("model", "head"),
+    "trust_model_file": ("model", "trust"),
 }
 
 
@@ -78,6 +89,8 @@ def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
         value = getattr(args, flag, None)
         if value is not None:
             raw.setdefault(section, {})[key] = value
+    if getattr(args, "model_arg", None):
+        raw.setdefault("model", {})["args"] = ",".join(args.model_arg)
     if getattr(args, "quiet", False):
         raw.setdefault("train", {})["verbose"] = 0
     return config_lib.from_dict(raw, cfg)

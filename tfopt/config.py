@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tfopt.errors import ConfigError
-from tfopt.specs import PRECISIONS, STRATEGIES
+from tfopt.specs import PRECISIONS, STRATEGIES, parse_model_args, parse_model_source
 
 AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow here
 
@@ -20,6 +20,7 @@ CACHE_MODES = ("memory", "none", "file")
 SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 COLLECTIVES = ("auto", "ring", "nccl")
 AUGMENTS = ("none", "shift", "crop_flip")
+BGR_PREFIX = "bgr:"  # data.normalize=bgr:MEAN/STD reverses the channels (RGB -> BGR) first, as caffe-style models expect
 NORMALIZE_PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
 
 
@@ -53,18 +54,26 @@ class DataConfig:
     prefetch_buffer: int = AUTOTUNE
     deterministic: bool = False
     ram_budget_mb: int = 0  # 0 = tf.data default
+    image_size: str = ""  # HxW: resize every image (bilinear, aspect not kept), e.g. 96x96; "" = as stored
+    channels: int = 0  # 1 or 3: convert gray <-> RGB; 0 = as stored
     feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
     verify: bool = False  # re-hash every shard on prepare (else only when its size/mtime changed)
     service: str = ""  # tf.data service: "" (off) | local (in-process) | grpc://HOST:PORT (a dispatcher)
     service_mode: str = "distributed_epoch"  # distributed_epoch (each batch once) | parallel_epochs
 
 
+HEADS = ("auto", "keep", "new")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which registered model to build."""
+    """Which model to build or load (see :func:`tfopt.specs.parse_model_source` for the forms)."""
 
-    name: str = "cnn"
-    dropout: float = 0.25
+    name: str = "cnn"  # a built-in name, a model file, keras.applications:NAME or package.module:function
+    dropout: float = 0.25  # built-in models that use dropout
+    args: str = ""  # KEY=VALUE,... keyword arguments of keras.applications:NAME or a factory
+    trust: bool = False  # load model files that can run code (Lambda layers, custom objects)
+    head: str = "auto"  # auto (new when the class count differs) | keep | new (a fresh logits layer)
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,8 @@ _CHOICES = {
     ("data", "augment"): AUGMENTS,
     ("data", "service_mode"): SERVICE_MODES,
     ("train", "lr_schedule"): ("constant", "cosine"),
+    ("model", "head"): HEADS,
+    ("data", "channels"): (0, 1, 3),
 }
 
 
@@ -154,13 +165,16 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
 def parse_normalize(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """Reads ``data.normalize``: ``""`` -> None, ``imagenet`` or ``MEAN/STD`` -> (means, stds).
 
-    ``MEAN`` and ``STD`` are comma-separated per-channel values in units of the [0, 1] image (one
+    A ``bgr:`` prefix reverses the channels first (``MEAN``/``STD`` then in BGR order; see
+    ``reverses_channels``). ``MEAN`` and ``STD`` are comma-separated per-channel values in units of the [0, 1] image (one
     value applies to every channel), e.g. ``0.485,0.456,0.406/0.229,0.224,0.225``.
 
     Raises:
         ConfigError: malformed text or a standard deviation that is not > 0.
     """
     text = text.strip()
+    if text.startswith(BGR_PREFIX):
+        text = text[len(BGR_PREFIX):]
     if not text:
         return None
     if text in NORMALIZE_PRESETS:
@@ -179,6 +193,32 @@ def parse_normalize(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | 
     return values
 
 
+def parse_image_size(text: str) -> tuple[int, int] | None:
+    """Reads ``data.image_size``: ``""`` -> None, ``HxW`` (or one number for a square) -> (H, W).
+
+    Raises:
+        ConfigError: not ``HxW`` with positive whole numbers.
+    """
+    text = text.strip().lower()
+    if not text:
+        return None
+    parts = text.split("x")
+    if len(parts) == 1:
+        parts = parts * 2
+    try:
+        h, w = (int(p) for p in parts)
+    except ValueError:
+        h = w = 0
+    if len(parts) != 2 or h < 1 or w < 1:
+        raise ConfigError(f"data.image_size={text!r} is not valid; give HEIGHTxWIDTH in pixels, e.g. 96x96")
+    return h, w
+
+
+def reverses_channels(normalize: str) -> bool:
+    """True when ``data.normalize`` starts with ``bgr:``: the channels are reversed before normalizing."""
+    return normalize.strip().startswith(BGR_PREFIX)
+
+
 def _validate_augment(data: DataConfig) -> None:
     for key in ("crop_size", "crop_padding"):
         value = getattr(data, key)
@@ -194,7 +234,7 @@ def _validate(cfg: RunConfig) -> RunConfig:
     for (section, key), choices in _CHOICES.items():
         value = getattr(getattr(cfg, section), key)
         if value not in choices:
-            raise ConfigError(f"{section}.{key}={value!r} is not valid; choose one of {', '.join(choices)}")
+            raise ConfigError(f"{section}.{key}={value!r} is not valid; choose one of {', '.join(map(str, choices))}")
     positive = {
         ("data", "global_batch_size"), ("data", "num_shards"), ("runtime", "cpu_replicas"),
         ("train", "epochs"), ("data", "shuffle_buffer"),
@@ -216,6 +256,12 @@ def _validate(cfg: RunConfig) -> RunConfig:
     if not 0.0 < cfg.train.nan_lr_factor <= 1.0:
         raise ConfigError(f"train.nan_lr_factor={cfg.train.nan_lr_factor} must be in (0, 1]; 1 keeps the rate")
     _validate_augment(cfg.data)
+    parse_image_size(cfg.data.image_size)
+    parse_model_source(cfg.model.name)
+    args = parse_model_args(cfg.model.args)
+    if args and not parse_model_source(cfg.model.name).spec.takes_args:
+        raise ConfigError(f"model.args={cfg.model.args!r}: the model {cfg.model.name!r} takes no arguments; "
+                          "--model-arg applies to keras.applications:NAME and package.module:function")
     service = cfg.data.service
     if service not in ("", "local") and not (service.startswith("grpc://") and ":" in service[len("grpc://"):]):
         raise ConfigError(f"data.service={service!r} is not valid; give local, grpc://HOST:PORT or nothing (off)")

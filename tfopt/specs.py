@@ -1,4 +1,4 @@
-"""Registries of the choices a user names with one string: strategies and precision policies.
+"""Registries of the choices a user names with one string: strategies, precision policies, model sources.
 
 Plain data, no TensorFlow: the config validates against them, the CLIs derive their choices
 and help from them, and TF_CONFIG is checked against a strategy's roles before TensorFlow
@@ -7,7 +7,10 @@ a strategy touches this registry and the module that implements it, nothing else
 """
 from __future__ import annotations
 
+import ast
 import importlib
+import os
+import re
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
@@ -137,3 +140,115 @@ PRECISIONS: Registry[PrecisionSpec] = Registry("runtime.precision", (
 ))
 
 AUTO_PRECISION = "auto"
+
+
+@dataclass(frozen=True)
+class ModelSourceSpec:
+    """One form of ``--model``: how a model string names a model, and what builds it.
+
+    Attributes:
+        name: The form (``builtin``, ``file``, ``applications``, ``factory``).
+        summary: One line for --help and errors, with the form's syntax.
+        builder: ``module:function(source, model_cfg, input_shape, num_classes) -> keras.Model``.
+        takes_args: Accepts ``--model-arg KEY=VALUE`` keyword arguments.
+    """
+
+    name: str
+    summary: str
+    builder: str
+    takes_args: bool = False
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A parsed ``--model`` string: its form and what it names (a name, a path, ``module:function``)."""
+
+    text: str
+    form: str
+    target: str
+
+    @property
+    def spec(self) -> ModelSourceSpec:
+        """The registry entry of this source's form."""
+        return MODEL_SOURCES.get(self.form)
+
+
+_SOURCES = "tfopt.models.sources"
+APPLICATIONS_PREFIX = "keras.applications:"
+MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+MODEL_SOURCES: Registry[ModelSourceSpec] = Registry("model.name", (
+    ModelSourceSpec("builtin", "a built-in model name (cnn, small_cnn, tiny_cnn, mlp, mobilenet_tiny, wide_cnn)",
+                    f"{_SOURCES}:build_builtin"),
+    ModelSourceSpec("file", "a model file: PATH.keras, PATH.h5 or a SavedModel directory", f"{_SOURCES}:build_file"),
+    ModelSourceSpec("applications", "keras.applications:NAME, e.g. keras.applications:MobileNetV2",
+                    f"{_SOURCES}:build_application", takes_args=True),
+    ModelSourceSpec("factory", "a Python factory package.module:function(input_shape, num_classes)",
+                    f"{_SOURCES}:build_factory", takes_args=True),
+))
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FACTORY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def parse_model_source(text: str) -> ModelSource:
+    """Reads a ``--model`` string into its form, without importing anything.
+
+    ``keras.applications:NAME`` is an application; a path that exists, contains a path separator
+    or ends in ``.keras``/``.h5`` is a file; ``package.module:function`` is a factory; a bare
+    identifier is a built-in name (checked against the model registry when it is built).
+
+    Raises:
+        ConfigError: the string has none of these forms (the message lists them).
+    """
+    text = text.strip()
+    if text.startswith(APPLICATIONS_PREFIX):
+        name = text[len(APPLICATIONS_PREFIX):]
+        if _IDENTIFIER.match(name):
+            return ModelSource(text, "applications", name)
+    elif os.path.exists(text) or os.sep in text or text.endswith(MODEL_FILE_SUFFIXES):
+        return ModelSource(text, "file", os.path.abspath(os.path.expanduser(text)))
+    elif _FACTORY.match(text):
+        return ModelSource(text, "factory", text)
+    elif _IDENTIFIER.match(text):
+        return ModelSource(text, "builtin", text)
+    forms = "; ".join(MODEL_SOURCES.get(n).summary for n in MODEL_SOURCES)
+    raise ConfigError(f"model.name={text!r} is not a model source; give {forms}")
+
+
+def parse_model_args(text: str) -> dict[str, object]:
+    """Reads ``model.args`` (``KEY=VALUE,...``, from repeated ``--model-arg``) into keyword arguments.
+
+    Values are Python literals where they parse as one (``0.35``, ``None``, ``True``, ``(1, 2)``),
+    else strings (``weights=imagenet``, ``weights=/path/to/file.h5``).
+
+    Raises:
+        ConfigError: an item is not ``KEY=VALUE`` with an identifier key, or a key repeats.
+    """
+    out: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in _split_args(text))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not _IDENTIFIER.match(key):
+            raise ConfigError(f"model argument {item!r} is not KEY=VALUE; write e.g. --model-arg alpha=0.35")
+        if key in out:
+            raise ConfigError(f"model argument {key!r} is given twice; give it once")
+        value = value.strip()
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
+
+
+def _split_args(text: str) -> list[str]:
+    """Splits at commas outside brackets, so that ``input_shape=(96, 96, 3)`` stays one item."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts

@@ -21,7 +21,8 @@ scaling and normalization, so that a model sees inputs of one shape and distribu
 
 ``data.normalize`` (``MEAN/STD`` per channel in units of the [0, 1] image, e.g.
 ``0.485,0.456,0.406/0.229,0.224,0.225``, or ``imagenet``) applies to training and evaluation
-batches whatever the augmentation: ``(x - mean) / std``.
+batches whatever the augmentation: ``(x - mean) / std``; with a ``bgr:`` prefix the channels are
+reversed first (the ``caffe`` preprocessing of ``keras.applications`` ResNet50 and VGG).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import functools
 from typing import Callable, Sequence
 
 from tfopt._keras import tf
-from tfopt.config import DataConfig, parse_normalize
+from tfopt.config import DataConfig, parse_normalize, reverses_channels
 from tfopt.errors import ConfigError
 
 _ENDLESS = 2**62  # batch indices of a training stream: never reached
@@ -86,7 +87,7 @@ def _scale_bias(normalize: str, channels: int, dtype: tf.DType) -> tuple[tuple[f
 
 
 def _crop_flip_normalize(images, oy, ox, flip, *, padding: int, crop: tuple[int, int],
-                         scale: tuple[float, ...], bias: tuple[float, ...]):
+                         scale: tuple[float, ...], bias: tuple[float, ...], bgr: bool = False):
     """The batch kernel: pad, window rows, window columns (reversed where flipped), multiply-add."""
     if padding:
         images = tf.pad(images, [[0, 0], [padding, padding], [padding, padding], [0, 0]])
@@ -96,14 +97,21 @@ def _crop_flip_normalize(images, oy, ox, flip, *, padding: int, crop: tuple[int,
     cols = ox[:, None] + tf.where(flip[:, None], (cw - 1) - ar[None, :], ar[None, :])
     x = tf.gather(images, rows, axis=1, batch_dims=1)  # [n, ch, W, C]
     x = tf.gather(x, cols, axis=2, batch_dims=1)  # [n, ch, cw, C]
-    return tf.cast(x, tf.float32) * tf.constant(scale) + tf.constant(bias)
+    return _affine(x, scale, bias, bgr)
+
+
+def _affine(x, scale: tuple[float, ...], bias: tuple[float, ...], bgr: bool):
+    """``x * scale + bias`` in float32, the channels reversed first when ``bgr``."""
+    x = tf.cast(x, tf.float32)
+    return (tf.reverse(x, axis=[-1]) if bgr else x) * tf.constant(scale) + tf.constant(bias)
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(padding: int, crop: tuple[int, int], scale: tuple[float, ...], bias: tuple[float, ...]) -> Callable:
+def _kernel(padding: int, crop: tuple[int, int], scale: tuple[float, ...], bias: tuple[float, ...],
+            bgr: bool = False) -> Callable:
     """One kernel per setting for the whole process: every pipeline built with the same settings
     (training and evaluation, a rebuilt or resumed one) reuses its XLA compilation."""
-    fn = functools.partial(_crop_flip_normalize, padding=padding, crop=crop, scale=scale, bias=bias)
+    fn = functools.partial(_crop_flip_normalize, padding=padding, crop=crop, scale=scale, bias=bias, bgr=bgr)
     return tf.function(fn, jit_compile=True) if xla_available() else fn
 
 
@@ -122,7 +130,7 @@ class _Window:
             raise ConfigError(f"data.crop_size={cfg.crop_size} is larger than the {self.space[0]}x{self.space[1]} "
                               f"images (padding {p} included); choose at most {min(self.space)}")
         self.out_shape = (self.crop[0], self.crop[1], c)
-        self._kernel = _kernel(p, self.crop, *_scale_bias(cfg.normalize, c, dtype))
+        self._kernel = _kernel(p, self.crop, *_scale_bias(cfg.normalize, c, dtype), reverses_channels(cfg.normalize))
 
     def __call__(self, images, oy, ox, flip):
         return tf.ensure_shape(self._kernel(images, oy, ox, flip), [images.shape[0], *self.out_shape])
@@ -189,8 +197,8 @@ def normalize_batches(cfg: DataConfig) -> Transform:
         if spec.shape.rank != 4 or spec.shape[-1] is None:
             raise ConfigError(f"data.normalize needs [batch, height, width, channels] images, got {spec.shape}")
         scale, bias = _scale_bias(cfg.normalize, spec.shape[-1], spec.dtype)
-        return ds.map(lambda x, y: (tf.cast(x, tf.float32) * tf.constant(scale) + tf.constant(bias), y),
-                      num_parallel_calls=tf.data.AUTOTUNE)
+        bgr = reverses_channels(cfg.normalize)
+        return ds.map(lambda x, y: (_affine(x, scale, bias, bgr), y), num_parallel_calls=tf.data.AUTOTUNE)
 
     return apply
 

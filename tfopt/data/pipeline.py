@@ -56,29 +56,39 @@ def _tune(value: int) -> int:
 def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
     """Returns a function: serialized tfopt ``tf.train.Example`` -> (image, label).
 
-    The function also accepts a vector of records and then returns batched tensors; ``build``
-    uses that (it is marked ``vectorized``) because parsing records in blocks is several times
-    faster than one by one.
+    When the stored images share one shape, the function also accepts a vector of records and
+    then returns batched tensors; ``build`` uses that (it is marked ``vectorized``) because
+    parsing records in blocks is several times faster than one by one. Images of varying sizes
+    (a ``folder:`` source) are parsed one by one and resized to ``info.image_shape``'s height and
+    width on the way (bilinear), so that they can be batched.
 
     Args:
-        info: The prepared dataset (image shape and, per split, how images are encoded).
+        info: The prepared dataset (image shapes and, per split, how images are encoded).
         split: The split whose records will be parsed.
 
     Returns:
         A function mapping one serialized record to ``(float32 [H, W, C] in [0, 1], int64 label)``
-        (or a vector of them to ``([N, H, W, C], [N])``).
+        (or a vector of them to ``([N, H, W, C], [N])``), at the stored size (see ``resize_fn``).
 
     Raises:
         DataError: ``split`` is not one of the dataset's splits.
     """
-    shape = tuple(info.image_shape)
+    stored = tuple(info.record_shape)
+    varying = None in stored[:2]
+    shape = (*info.image_shape[:2], stored[2]) if varying else stored
     encoding = _split(info, split).encoding
     spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
     def decode(encoded: tf.Tensor) -> tf.Tensor:
         if encoding == "png":
-            return tf.ensure_shape(tf.io.decode_png(encoded, channels=shape[2]), shape)
-        return tf.ensure_shape(tf.io.decode_jpeg(encoded, channels=shape[2]), shape)
+            image = tf.io.decode_png(encoded, channels=shape[2])
+        elif encoding == "jpeg":
+            image = tf.io.decode_jpeg(encoded, channels=shape[2])
+        else:  # "image": JPEG, PNG, BMP or GIF (the first frame)
+            image = tf.io.decode_image(encoded, channels=shape[2], expand_animations=False)
+        if varying:
+            image = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, shape[:2])), 0, 255), tf.uint8)
+        return tf.ensure_shape(image, shape)
 
     def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         batched = serialized.shape.rank == 1
@@ -91,8 +101,28 @@ def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Te
             image = decode(example["image"])
         return tf.cast(image, tf.float32) * (1.0 / 255.0), example["label"]
 
-    parse.vectorized = True
+    parse.vectorized = not varying
     return parse
+
+
+def resize_fn(info: DatasetInfo) -> Augment | None:
+    """Returns ``(images, labels) -> (images, labels)`` on batches: the stored images to
+    ``info.image_shape`` (``data.image_size``: bilinear resize, the aspect ratio not kept;
+    ``data.channels``: gray repeated to RGB, or RGB to luma), or None when they already match."""
+    stored, target = tuple(info.record_shape), tuple(info.image_shape)
+    if None in stored[:2]:  # parse_fn resized them already
+        stored = (*target[:2], stored[2])
+    if stored == target:
+        return None
+
+    def resize(images, labels):
+        if stored[2] != target[2]:
+            images = (tf.image.grayscale_to_rgb(images) if target[2] == 3 else tf.image.rgb_to_grayscale(images))
+        if stored[:2] != target[:2]:
+            images = tf.image.resize(images, target[:2])
+        return tf.ensure_shape(images, (None, *target)), labels
+
+    return resize
 
 
 def shift_augment(seed: int, start: int = 0) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
@@ -172,7 +202,7 @@ def _cache_key(files: Sequence[str], training: bool, pipelines: int, pipeline_id
 def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: bool, batch_size: int,
           input_context: tf.distribute.InputContext | None = None, augment: Augment | None = None,
           cache_path: str | None = None, num_records: int | None = None, start_step: int = 0,
-          service_job: str = "") -> tf.data.Dataset:
+          service_job: str = "", resize: Augment | None = None) -> tf.data.Dataset:
     """Builds the input pipeline over TFRecord files.
 
     Args:
@@ -195,6 +225,8 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
             run shares. The service workers then produce one unsharded stream (the shared job
             splits it between the trainers, whole passes at a time under ``distributed_epoch``)
             and a resume starts at the pass of ``start_step``, not at the step itself.
+        resize: ``(images, labels) -> (images, labels)`` on every batch, before any augmentation
+            (see ``resize_fn``): the cache keeps the images as stored, which is smaller.
 
     Returns:
         A dataset of ``(images [B, H, W, C] float32, labels [B] int64)`` batches.
@@ -249,6 +281,8 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
     # same examples whatever the replica count (mirrored on 2 devices trains exactly like one device).
     if not training:
         ds = records_of(file_ds, cache=True).batch(batch_size)
+        if resize is not None:
+            ds = ds.map(resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=True)
         evaluate = eval_transform(cfg)  # crop_flip's central window, data.normalize
         if evaluate is not None:
             ds = ds.apply(evaluate)
@@ -282,6 +316,8 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         if not served:
             ds = ds.skip(skip * group)
         start = (int(start_step) - (skip if served else 0)) * group  # stream index of the first batch
+        if resize is not None:
+            ds = ds.map(resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
         if augment is not None:
             ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
         elif cfg.augment == "shift":
@@ -398,7 +434,7 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
     return build(files, parse_fn(info, split), cfg, training=training,
                  batch_size=per_pipeline_batch_size(cfg, input_context), input_context=input_context,
                  cache_path=cache_path, num_records=_split(info, split).num_records, start_step=start_step,
-                 service_job=service_job)
+                 service_job=service_job, resize=resize_fn(info))
 
 
 def dataset_fn(cfg: DataConfig, split: str, *, training: bool, info: DatasetInfo | None = None,

@@ -13,6 +13,10 @@ shard is new or its size/mtime changed since it was last hashed, or on every cal
 - ``digits``: scikit-learn's 1,797 8x8 digits; tiny, for fast tests.
 - ``tfds:NAME[/CONFIG]``: any image classification dataset tfds can prepare where it runs.
 - ``tfrecord:GLOB``: your TFRecord files, described by ``data.feature_spec`` (indexed, not copied).
+- ``folder:PATH``: a folder with one subfolder of images per class (see ``folder_source``).
+
+``data.image_size`` and ``data.channels`` set the images the model sees (``DatasetInfo.image_shape``);
+the shards keep the images as stored (``DatasetInfo.stored_shape``) and the input pipeline resizes.
 
 Sources without a validation or test split get them from the end of train (see ``builtin``).
 """
@@ -24,8 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from tfopt.config import DataConfig
-from tfopt.data import builtin, shards, tfds_source, tfrecord_source
+from tfopt.config import DataConfig, parse_image_size
+from tfopt.data import builtin, folder_source, shards, tfds_source, tfrecord_source
 from tfopt.errors import DataError
 
 
@@ -44,8 +48,15 @@ class DatasetInfo:
 
     name: str
     splits: dict[str, SplitInfo]
-    image_shape: tuple[int, int, int]  # (H, W, C)
+    image_shape: tuple[int, int, int]  # (H, W, C) the model sees: after data.image_size / data.channels
     num_classes: int
+    stored_shape: tuple | None = None  # (H, W, C) in the shards (H, W None: sizes vary); None = image_shape
+    class_names: tuple[str, ...] = ()  # label i is class_names[i], when the source names its classes
+
+    @property
+    def record_shape(self) -> tuple:
+        """The shape of the images as stored in the shards."""
+        return self.stored_shape or self.image_shape
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,7 @@ _REGISTRY: dict[str, Callable[[str, DataConfig], dict]] = {
     "fashion_mnist": lambda out, cfg: tfds_source.build_tfds(out, cfg, "fashion_mnist"),
     "digits": builtin.build_digits,
 }
-_FORMS = ("tfds:NAME[/CONFIG]", "tfrecord:GLOB")
+_FORMS = ("folder:PATH", "tfds:NAME[/CONFIG]", "tfrecord:GLOB")
 
 
 def source_names() -> list[str]:
@@ -81,6 +92,8 @@ def _resolve(cfg: DataConfig) -> _Source:
         tfds_name = tfds_source.parse_tfds_name(rest)
         return _Source("tfds-" + _safe(tfds_name),
                        lambda out, c: tfds_source.build_tfds(out, c, tfds_name))
+    if sep and kind == "folder":
+        return _Source(folder_source.slug(rest), lambda out, c: folder_source.build_folder(out, c, rest))
     if sep and kind == "tfrecord":
         if not rest.strip():
             raise DataError("dataset 'tfrecord:' has no glob; use tfrecord:/path/to/*.tfrecord")
@@ -110,14 +123,21 @@ def dataset_dir(cfg: DataConfig) -> str:
     return os.path.join(os.path.abspath(os.path.expanduser(cfg.data_dir)), source.slug, leaf)
 
 
-def _info(name: str, directory: str, manifest: dict) -> DatasetInfo:
+def _info(cfg: DataConfig, directory: str, manifest: dict) -> DatasetInfo:
     splits = {
         split: SplitInfo(files=tuple(shards.shard_path(directory, e) for e in s["shards"]),
                          num_records=int(s["num_records"]), encoding=s["encoding"])
         for split, s in manifest["splits"].items()
     }
-    return DatasetInfo(name=name, splits=splits, image_shape=tuple(manifest["image_shape"]),
-                       num_classes=int(manifest["num_classes"]))
+    stored = tuple(manifest["image_shape"])
+    size = parse_image_size(cfg.image_size)
+    if size is None and None in stored[:2]:
+        raise DataError(f"the images of {cfg.dataset!r} have different sizes; give --image-size HxW "
+                        "(data.image_size) to resize them all, e.g. --image-size 96x96")
+    shape = (*(size or stored[:2]), cfg.channels or stored[2])
+    return DatasetInfo(name=cfg.dataset, splits=splits, image_shape=tuple(int(d) for d in shape),
+                       num_classes=int(manifest["num_classes"]), stored_shape=None if shape == stored else stored,
+                       class_names=tuple(manifest.get("class_names", ())))
 
 
 def prepare(cfg: DataConfig) -> DatasetInfo:
@@ -150,7 +170,7 @@ def prepare(cfg: DataConfig) -> DatasetInfo:
     fix = (f"restore the file, or delete {directory} to index the files again" if source.user_files
            else None)
     shards.verify_manifest(directory, manifest, fix, full=cfg.verify)
-    return _info(cfg.dataset, directory, manifest)
+    return _info(cfg, directory, manifest)
 
 
 def _stamp(manifest: dict, cfg: DataConfig) -> dict:

@@ -19,7 +19,7 @@ from tfopt.distill.options import DistillOptions
 from tfopt.errors import ConfigError, ModelError
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
 from tfopt.models.io import load_model, save_model
-from tfopt.models.registry import build_model, check_model_name
+from tfopt.models import sources
 from tfopt.optimize import student as student_lib
 from tfopt.optimize.common import compile_for_eval
 from tfopt.runs import Run, RunRecord, load_run
@@ -60,7 +60,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
     Raises:
         TfoptError: a bad option, teacher run, TF_CONFIG, data or model choice.
     """
-    check_model_name(cfg.model.name)
+    sources.check(cfg.model)
     fixed_weights = opts.fixed_weights()
     teacher_runs = [load_run(p) for p in opts.teachers]
     baseline_run = load_run(opts.baseline) if opts.baseline else None
@@ -85,7 +85,8 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
                    else fixed_weights or [1.0] * len(teachers))
         weights = [w / sum(weights) for w in weights]
         with job.strategy.scope():
-            student = build_model(cfg.model.name, job.info.image_shape, job.info.num_classes, cfg.model.dropout)
+            built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
+            student = built.model
             compression = student_lib.wrap(student, opts.technique, cfg.train.epochs * steps,
                                            sparsity=opts.sparsity, clusters=opts.clusters)
             distiller = Distiller(compression.model, teachers, temperature=opts.temperature, alpha=opts.alpha,
@@ -111,7 +112,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
             artifacts = save_model(plain, job.write_dir)
             teacher_params = max(int(t.count_params()) for t in plain_teachers)
             record = job.record(
-                model={"name": cfg.model.name, "role": "student", "params": int(plain.count_params()),
+                model={"name": cfg.model.name, "role": "student", "params": int(plain.count_params()), **built.description,
                        "teacher_to_student_params": round(teacher_params / max(1, plain.count_params()), 2)},
                 train=job.train_section(steps, spe, lr), metrics=section.pop("metrics"),
                 weights_sha256=digest, artifacts=job.relative(artifacts), section=section)

@@ -44,6 +44,33 @@ def _check_config(config: Any, path: str) -> None:
                 f"imported on load; {_FIX}")
 
 
+def saved_by_keras3(path: str) -> str | None:
+    """The Keras version that saved ``path`` when it is 3 or later (a file tf_keras cannot load), else None."""
+    try:
+        if os.path.isfile(path) and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                found = str(json.loads(z.read("metadata.json")).get("keras_version", ""))
+        elif path.endswith((".h5", ".hdf5")) and os.path.isfile(path):
+            import h5py
+
+            with h5py.File(path, "r") as f:
+                raw = f.attrs.get("keras_version", "")
+            found = raw if isinstance(raw, str) else raw.decode()
+        else:
+            return None
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    return found if found.split(".")[0].isdigit() and int(found.split(".")[0]) >= 3 else None
+
+
+def _refuse_keras3(path: str) -> None:
+    found = saved_by_keras3(path)
+    if found:
+        raise ModelError(f"{path} was saved by Keras 3 ({found}); tfopt trains with tf_keras (Keras 2), which tfmot "
+                         "needs: rebuild and save it with `import tf_keras as keras`, or quantize it as it is with "
+                         f"`python -m tfopt.export --from {path} --dataset ...` (post-training quantization needs no tfmot)")
+
+
 def _inspect(path: str) -> None:
     if path.endswith(".keras"):
         try:
@@ -55,8 +82,11 @@ def _inspect(path: str) -> None:
     elif path.endswith((".h5", ".hdf5")):
         import h5py
 
-        with h5py.File(path, "r") as f:
-            raw = f.attrs.get("model_config")
+        try:
+            with h5py.File(path, "r") as f:
+                raw = f.attrs.get("model_config")
+        except OSError as e:
+            raise ModelError(f"{path} is not a valid .h5 model file ({str(e).splitlines()[0]}); re-save the model") from None
         if raw is None:
             raise ModelError(f"{path} holds no model config (weights only?); save the whole model")
         _check_config(json.loads(raw if isinstance(raw, str) else raw.decode()), path)
@@ -132,6 +162,7 @@ def load_model(path: str, *, trust_model: bool = False, custom_objects: dict | N
             and not os.path.exists(os.path.join(path, "keras_metadata.pb"))):
         raise ModelError(f"{path!r} is an inference SavedModel without Keras metadata (a run's saved_model/ is one, "
                          "for serving); give the run directory or its model.keras, or load it with tf.saved_model.load")
+    _refuse_keras3(path)
     if not trust_model:
         _inspect(path)
     if _mentions(path, "tensorflow_model_optimization"):

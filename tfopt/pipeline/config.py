@@ -114,13 +114,13 @@ class PipelineConfig:
             ConfigError: a bad value (the message names it and the fix).
         """
         from tfopt.export.choices import parse_modes, parse_threads
-        from tfopt.models.registry import check_model_name
+        from tfopt.models.sources import check as check_model
         from tfopt.optimize.techniques import TECHNIQUES
 
         if not self.name or os.sep in self.name:
             raise ConfigError(f"pipeline name {self.name!r} must be a non-empty word (it names the run directory)")
         for what, spec in (("teacher", self.teacher), ("student", self.student)):
-            check_model_name(spec.model)
+            check_model(config_lib.ModelConfig(name=spec.model))
             if spec.epochs < 1 or spec.learning_rate <= 0:
                 raise ConfigError(f"{what}.epochs={spec.epochs} must be >= 1 and {what}.learning_rate="
                                   f"{spec.learning_rate} > 0")

@@ -64,7 +64,7 @@ ENOUGH_SECONDS = 3.0  # timed seconds (all policies) that make a probe long enou
 CLEAR_RATIO = 2.0  # after 2 rounds, a policy this much slower than another ends the probe
 # The model registry, named as the strategy factories in tfopt.specs are: the runtime layer
 # must not import tfopt.models (import-linter's one-way layers).
-MODEL_BUILDER = "tfopt.models.registry:build_model"
+MODEL_BUILDER = "tfopt.models.sources:build_model"
 
 
 @dataclass
@@ -209,7 +209,7 @@ def resolve(job: "Job") -> Probe:
             precision.set_policy(policy)
             with strategy.scope():
                 # ConfigError for a name the registry lacks, before any step ran
-                model = build(cfg.model.name, job.info.image_shape, job.info.num_classes, cfg.model.dropout)
+                model = build(cfg.model, job.info.image_shape, job.info.num_classes)
                 model.compile(optimizer=keras.optimizers.Adam(job.learning_rate()),
                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                               metrics=["accuracy"])

@@ -423,10 +423,19 @@ class Job:
                 **({"precision_auto": self.precision_probe.to_dict()} if self.precision_probe else {})}
 
     def data_section(self) -> dict:
-        """Dataset name, image shape, classes and records per split."""
+        """Dataset name, image shape, classes, records per split, and the input contract: how pixels
+        reach the model (resized to ``image_shape``, scaled to [0, 1], then ``data.normalize``)."""
         info = self.info
-        return {"name": info.name, "image_shape": list(info.image_shape), "num_classes": info.num_classes,
-                "splits": {k: v.num_records for k, v in info.splits.items()}}
+        out = {"name": info.name, "image_shape": list(info.image_shape), "num_classes": info.num_classes,
+               "splits": {k: v.num_records for k, v in info.splits.items()},
+               "input": {"image_shape": list(info.image_shape), "scale": "pixels / 255",
+                         "normalize": self.cfg.data.normalize or None,
+                         "resize": "bilinear, aspect ratio not kept" if info.stored_shape else None}}
+        if info.stored_shape:
+            out["stored_shape"] = list(info.stored_shape)
+        if info.class_names:
+            out["class_names"] = list(info.class_names)
+        return out
 
     def train_section(self, steps_per_epoch: int, steps_per_execution: int, lr: float) -> dict:
         """Timings and throughput over the whole run's history (epochs before a resume included)."""

@@ -13,7 +13,7 @@ from typing import Sequence
 from tfopt._keras import keras
 from tfopt.config import RunConfig
 from tfopt.models.io import save_model
-from tfopt.models.registry import build_model, check_model_name
+from tfopt.models import sources
 from tfopt.runs import RunRecord
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
@@ -22,7 +22,11 @@ PROG = "tfopt.train"
 
 
 def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) -> RunRecord | None:
-    """Trains ``cfg.model.name`` as described by ``cfg`` and the TF_CONFIG environment variable.
+    """Trains the model ``cfg.model`` names as described by ``cfg`` and the TF_CONFIG environment variable.
+
+    The model is a built-in one, a model file (trained on: fine-tuning), ``keras.applications:NAME``
+    or a factory (see :mod:`tfopt.models.sources`); an application's own input scaling becomes
+    ``data.normalize`` (recorded in the run's config, so every later stage scales the same way).
 
     Args:
         cfg: The resolved run configuration (``train.output_dir`` empty = ``runs/train``, or the
@@ -37,13 +41,15 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
     Raises:
         TfoptError: bad TF_CONFIG, data, model choice or output directory.
     """
-    check_model_name(cfg.model.name)
-    with Job(cfg, "train", overwrite=overwrite) as job:
+    cfg = sources.resolve_config(cfg)
+    source = sources.describe(cfg.model)  # a model file's sha256: a changed file is another run
+    with Job(cfg, "train", overwrite=overwrite, options={"model": source} if source["form"] == "file" else None) as job:
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
         with job.strategy.scope():
-            model = build_model(cfg.model.name, job.info.image_shape, job.info.num_classes, cfg.model.dropout)
+            built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
+            model = built.model
             model.compile(optimizer=job.optimizer(lr, cfg.train.epochs * steps),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"], steps_per_execution=spe)
@@ -58,7 +64,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
             metrics = copy.evaluate(job.dataset("test"), return_dict=True, verbose=0)
             artifacts = save_model(copy, job.write_dir)
             record = job.record(
-                model={"name": cfg.model.name, "params": int(copy.count_params())},
+                model={"name": cfg.model.name, "params": int(copy.count_params()), **built.description},
                 train=job.train_section(steps, spe, lr),
                 metrics={f"test_{k}": float(v) for k, v in metrics.items()},
                 weights_sha256=digest, artifacts=job.relative(artifacts))

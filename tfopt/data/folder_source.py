@@ -1,0 +1,192 @@
+"""A folder of images, one subfolder per class: ``folder:PATH``.
+
+The layout Keras's ``image_dataset_from_directory`` reads::
+
+    PATH/cats/001.jpg  PATH/cats/002.png  PATH/dogs/...          (split by fractions)
+    PATH/train/cats/...  PATH/val/cats/...  PATH/test/cats/...   (split by folders)
+
+Class names are the subfolder names, sorted; label ``i`` is the ``i``-th name. Image files are
+those ending in .jpg, .jpeg, .png, .bmp or .gif (any case); other files and hidden entries are
+passed over, as Keras does. With ``train/`` (and optionally ``val/`` or ``validation/``,
+``test/``) subfolders those are the splits; a missing validation or test split is carved from
+train like the other sources'. Otherwise every class is shuffled with ``data.seed`` and split
+80/10/10 (each class keeps at least one image in each split).
+
+Every image is decoded once while the shards are written: an empty or unreadable file stops the
+build with a one-line error naming it (nothing is skipped silently). The shards hold the files'
+own bytes (``encoding: image``, decoded by ``tf.io.decode_image``) in a seeded order that mixes
+the classes, so that workers reading whole shards see every class. The directory name under
+``data_dir`` includes a digest of the listing (names, sizes, modification times): adding,
+removing or editing an image builds the shards anew.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+import numpy as np
+
+from tfopt._keras import tf
+from tfopt.config import DataConfig
+from tfopt.data import shards
+from tfopt.data.builtin import plan_splits
+from tfopt.errors import DataError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+SPLIT_FOLDERS = {"train": ("train",), "validation": ("val", "validation", "valid"), "test": ("test",)}
+FRACTIONS = {"validation": 0.1, "test": 0.1}
+
+
+def _visible(entries) -> list:
+    return sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
+
+
+def _class_files(root: str) -> dict[str, list[str]]:
+    """``{class name: [image paths, sorted]}`` of one folder of class subfolders."""
+    with os.scandir(root) as it:
+        classes = [e for e in _visible(it) if e.is_dir()]
+    out = {}
+    for c in classes:
+        with os.scandir(c.path) as it:
+            out[c.name] = [e.path for e in _visible(it) if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES)]
+    return out
+
+
+def _split_folders(root: str) -> dict[str, str]:
+    found = {}
+    for split, names in SPLIT_FOLDERS.items():
+        for name in names:
+            if os.path.isdir(os.path.join(root, name)):
+                found[split] = os.path.join(root, name)
+                break
+    return found
+
+
+def check_root(root: str) -> str:
+    """The absolute folder of ``folder:PATH``.
+
+    Raises:
+        DataError: PATH is empty or not a directory.
+    """
+    if not root.strip():
+        raise DataError("dataset 'folder:' has no path; use folder:/path/to/images (one subfolder per class)")
+    path = os.path.abspath(os.path.expanduser(root))
+    if not os.path.isdir(path):
+        raise DataError(f"dataset folder {root!r} is not a directory; give folder:PATH with one subfolder per class")
+    return path
+
+
+def listing_digest(root: str) -> str:
+    """A digest of every file under ``root`` (relative name, size, modification time)."""
+    h = hashlib.sha256()
+    for base, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            st = os.stat(os.path.join(base, name))
+            h.update(f"{os.path.relpath(os.path.join(base, name), root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:12]
+
+
+def slug(root: str) -> str:
+    """The source's directory name under ``data_dir``: the folder's name and the listing's digest."""
+    path = check_root(root)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(path.rstrip(os.sep))).strip("-") or "root"
+    return f"folder-{name}-{listing_digest(path)}"
+
+
+def _check_classes(per_split: dict[str, dict[str, list[str]]], root: str) -> list[str]:
+    names = sorted(per_split["train"])
+    if len(names) < 2:
+        raise DataError(f"folder {root!r} has {len(names)} class subfolder(s) ({', '.join(names) or 'none'}); "
+                        "give one subfolder per class, at least two")
+    for split, classes in per_split.items():
+        for name, files in classes.items():
+            if name not in names:
+                raise DataError(f"{split} class folder {name!r} is not a class of train ({', '.join(names)}); "
+                                "rename or remove it")
+            if split == "train" and not files:
+                raise DataError(f"class folder {os.path.join(root, name)!r} holds no image "
+                                f"({', '.join(IMAGE_SUFFIXES)}); add images or remove it")
+    return names
+
+
+def _plan(root: str, seed: int) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+    """The class names and, per split, the ``(path, label)`` pairs in a seeded order that mixes classes."""
+    folders = _split_folders(root)
+    rng = np.random.default_rng(seed)
+    if "train" in folders:
+        per_split = {s: _class_files(p) for s, p in folders.items()}
+        names = _check_classes(per_split, folders["train"])
+        pairs = {s: [(f, names.index(c)) for c, files in classes.items() for f in files]
+                 for s, classes in per_split.items()}
+        if "validation" not in folders or "test" not in folders:  # carved from train's end: shuffle it first
+            pairs["train"] = [pairs["train"][i] for i in rng.permutation(len(pairs["train"]))]
+        plan = plan_splits({s: len(p) for s, p in pairs.items()})
+        splits = {s: pairs[src][a:b] for s, (src, a, b) in plan.items()}
+    else:
+        classes = _class_files(root)
+        names = _check_classes({"train": classes}, root)
+        splits = {"train": [], "validation": [], "test": []}
+        for label, name in enumerate(names):
+            files = [classes[name][i] for i in rng.permutation(len(classes[name]))]
+            if len(files) < 3:
+                raise DataError(f"class folder {os.path.join(root, name)!r} has {len(files)} image(s), too few to "
+                                "split into train, validation and test; add images (3 at least) or give "
+                                "train/ val/ test/ subfolders")
+            cuts = {s: max(1, int(round(len(files) * f))) for s, f in FRACTIONS.items()}
+            splits["test"] += [(f, label) for f in files[:cuts["test"]]]
+            splits["validation"] += [(f, label) for f in files[cuts["test"]:cuts["test"] + cuts["validation"]]]
+            splits["train"] += [(f, label) for f in files[cuts["test"] + cuts["validation"]:]]
+    for split, pairs in splits.items():
+        if not pairs:
+            raise DataError(f"split {split!r} of folder {root!r} would be empty; add images to it")
+        splits[split] = [pairs[i] for i in rng.permutation(len(pairs))]
+    return names, splits
+
+
+def _read(path: str) -> tuple[bytes, tuple[int, int, int]]:
+    """A file's bytes and decoded shape; DataError naming an empty or unreadable file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data:
+        raise DataError(f"image {path!r} is empty (0 bytes); replace or remove it")
+    try:
+        shape = tuple(int(d) for d in tf.io.decode_image(data, expand_animations=False).shape)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as e:
+        reason = (e.message or str(e)).strip().splitlines()[0]
+        raise DataError(f"image {path!r} cannot be decoded ({reason}); replace or remove it") from None
+    return data, shape
+
+
+def build_folder(out_dir: str, cfg: DataConfig, root: str) -> dict:
+    """Writes a folder of class subfolders as shards of the images' own bytes.
+
+    Returns:
+        The manifest: ``image_shape`` ``[H, W, C]`` (``H``, ``W`` null when the sizes vary; ``C`` 1
+        when every image is gray, else 3), ``class_names``, ``encoding: image`` and the splits.
+
+    Raises:
+        DataError: fewer than two classes, an empty class folder, a class missing from train, an
+            empty, unreadable or undecodable image.
+    """
+    root = check_root(root)
+    names, splits = _plan(root, cfg.seed)
+    if cfg.limit > 0:
+        splits = {s: p[:cfg.limit] for s, p in splits.items()}
+    sizes: set[tuple[int, int]] = set()
+    channels: set[int] = set()
+    out = {}
+    for split, pairs in splits.items():
+        def records(pairs=pairs):
+            for path, label in pairs:
+                data, shape = _read(path)
+                sizes.add(shape[:2])
+                channels.add(shape[2])
+                yield shards.encode_example(data, label)
+
+        out[split] = {"num_records": len(pairs), "encoding": "image",
+                      "shards": shards.write_split(out_dir, split, records(), len(pairs), cfg.num_shards)}
+    (h, w), = sizes if len(sizes) == 1 else [(None, None)]
+    return {"description": f"images under {root}: {len(names)} classes", "image_shape": [h, w, 1 if channels == {1} else 3],
+            "num_classes": len(names), "class_names": names, "encoding": "image", "splits": out}

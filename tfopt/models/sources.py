@@ -1,0 +1,377 @@
+"""Model sources: every form of ``--model`` built or loaded one way, inside ``strategy.scope()``.
+
+The forms (the registry is :data:`tfopt.specs.MODEL_SOURCES`):
+
+- a built-in name (``cnn``, ``small_cnn``, ...: :mod:`tfopt.models.registry`);
+- a model file (``.keras``, ``.h5`` or a SavedModel directory), loaded safely by
+  :func:`tfopt.models.io.load_model` (``model.trust`` for Lambda layers and custom objects);
+- ``keras.applications:NAME`` with ``model.args`` as keyword arguments, from ``tf_keras``: without
+  ``include_top=True`` the network ends in global average pooling and a new logits layer for the
+  dataset's classes; ``weights`` defaults to None (random), ``weights=imagenet`` downloads, a path
+  loads a local file;
+- ``package.module:function``, called as ``function(input_shape, num_classes, **model.args)``.
+
+Whatever the form, the model tfopt trains ends in logits: a final softmax (a Dense layer's
+activation, a ``Softmax`` or ``Activation("softmax")`` layer) is removed, so that the loss,
+distillation and quantization see the same kind of output for every model; ``model.head``
+replaces or adds the classification layer when the class count differs. What was done is
+described in the run record (``model`` section). A ``keras.applications`` model's own
+``preprocess_input`` becomes the data's ``data.normalize`` (see :func:`resolve_config`), so
+training, evaluation, calibration and the exported model's input contract all use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tfopt._keras import ensure_tf_keras, keras
+from tfopt.config import BGR_PREFIX, ModelConfig, RunConfig
+from tfopt.errors import ConfigError, ModelError
+from tfopt.models import io, registry
+from tfopt.specs import ModelSource, parse_model_args, parse_model_source, resolve
+
+
+@dataclass
+class Built:
+    """A model ready to compile, and what tfopt did to it (for the run record)."""
+
+    model: "keras.Model"
+    description: dict
+
+
+def check(cfg: ModelConfig) -> ModelSource:
+    """Validates ``cfg`` without building anything: the form, a built-in name, a file's existence.
+
+    Raises:
+        ConfigError: not a model source, or an unknown built-in name.
+        ModelError: a model file that does not exist.
+    """
+    source = parse_model_source(cfg.name)
+    if source.form == "builtin":
+        registry.check_model_name(source.target)
+    elif source.form == "file" and not os.path.exists(source.target):
+        raise ModelError(f"model file {cfg.name!r} does not exist; give a .keras or .h5 file or a SavedModel "
+                         "directory (or a built-in name, keras.applications:NAME, package.module:function)")
+    return source
+
+
+def file_digest(path: str) -> str:
+    """The sha256 of a model file, or of a SavedModel directory's files (names and contents)."""
+    h = hashlib.sha256()
+    if os.path.isdir(path):
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                h.update(os.path.relpath(full, path).encode() + b"\0")
+                with open(full, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+    else:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def describe(cfg: ModelConfig) -> dict:
+    """What names the model, for fingerprints and run records: the form, and a file's path and sha256."""
+    source = check(cfg)
+    out = {"source": cfg.name, "form": source.form}
+    if source.form == "file":
+        out.update(path=source.target, sha256=file_digest(source.target))
+    if cfg.args:
+        out["args"] = {k: repr(v) if not isinstance(v, (str, int, float, bool)) else v
+                       for k, v in parse_model_args(cfg.args).items()}
+    return out
+
+
+# -- keras.applications ------------------------------------------------------------------------
+
+def application(name: str):
+    """The ``tf_keras.applications`` function called ``name``.
+
+    Raises:
+        ModelError: no such application (the message names the closest ones).
+    """
+    fn = getattr(keras.applications, name, None)
+    if not name[:1].isupper() or not callable(fn):
+        names = [n for n in dir(keras.applications) if n[:1].isupper()]
+        near = difflib.get_close_matches(name, names, n=3)
+        hint = f"did you mean {', '.join(near)}?" if near else f"choose one of {', '.join(sorted(names)[:12])}, ..."
+        raise ModelError(f"keras.applications:{name} does not exist; {hint}")
+    return fn
+
+
+def preprocessing(name: str) -> str:
+    """``keras.applications:NAME``'s ``preprocess_input`` as a ``data.normalize`` value on [0, 1] images.
+
+    Every family's function is affine per channel on 0-255 pixels (``tf``: to [-1, 1]; ``torch``:
+    ImageNet mean and std; ``caffe``: channels reversed to BGR, then the ImageNet means subtracted,
+    written with a ``bgr:`` prefix; the families that scale inside the model: pixels x 255). It is
+    measured on probe pixels, so a family added to Keras needs no table here.
+
+    Raises:
+        ModelError: the function is not affine per channel, with or without the channels reversed.
+    """
+    fn = application(name)
+    module = sys.modules[fn.__module__]
+    pre = getattr(module, "preprocess_input", None)
+    if pre is None:
+        return ""
+    f = lambda x: np.asarray(pre(np.array(x, np.float64)), np.float64).reshape(-1)  # noqa: E731
+    zero, full = f([[[[0.0, 0.0, 0.0]]]]), f([[[[255.0, 255.0, 255.0]]]])
+    scale, bias = (full - zero) / 255.0, zero
+    probe = np.array([10.0, 100.0, 200.0])
+    prefix = ""
+    if not np.allclose(f([[[probe]]]), scale * probe + bias, atol=1e-3):
+        prefix = BGR_PREFIX  # caffe mode: RGB -> BGR, then the per-channel shift
+        if not np.allclose(f([[[probe]]]), scale * probe[::-1] + bias, atol=1e-3):
+            raise ModelError(f"keras.applications:{name}'s preprocess_input is not a per-channel scale and shift; "
+                             "set the input scaling yourself with --set data.normalize=MEAN/STD")
+    if np.any(scale <= 0):
+        raise ModelError(f"keras.applications:{name}'s preprocess_input inverts pixel values; "
+                         "set the input scaling yourself with --set data.normalize=MEAN/STD")
+    std = 1.0 / (255.0 * scale)
+    mean = -bias * std
+    if not prefix and np.allclose(std, 1.0) and np.allclose(mean, 0.0):
+        return ""
+
+    def text(values) -> str:
+        values = [float(f"{v:.8g}") + 0.0 for v in values]  # + 0.0: no "-0"
+        return ",".join(f"{v:.8g}" for v in (values[:1] if len(set(values)) == 1 else values))
+
+    return f"{prefix}{text(mean)}/{text(std)}"
+
+
+def resolve_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the model's own input scaling: a ``keras.applications`` model's ``preprocess_input``
+    as ``data.normalize``, unless the user set ``data.normalize`` already.
+
+    Reads no TensorFlow device (safe before a MultiWorkerMirrored strategy exists).
+    """
+    source = parse_model_source(cfg.model.name)
+    if source.form != "applications" or cfg.data.normalize:
+        return cfg
+    normalize = preprocessing(source.target)
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, normalize=normalize))
+
+
+# -- the builders, one per form (named by tfopt.specs.MODEL_SOURCES) -------------------------------
+
+def build_builtin(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
+    """A built-in model (:mod:`tfopt.models.registry`)."""
+    return registry.build_model(source.target, input_shape, num_classes, cfg.dropout)
+
+
+def build_file(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
+    """A model file, loaded safely (``cfg.trust`` allows code) and rebuilt under the current precision policy."""
+    model = io.load_model(source.target, trust_model=cfg.trust)
+    return _rebuild(model, policy=keras.mixed_precision.global_policy().name)
+
+
+def build_application(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
+    """``keras.applications:NAME(**cfg.args)``; without ``include_top=True``, pooled features and a new logits layer."""
+    fn = application(source.target)
+    kwargs = parse_model_args(cfg.args)
+    _check_kwargs(fn, kwargs, f"keras.applications:{source.target}", strict=True)
+    kwargs.setdefault("weights", None)
+    if kwargs.get("input_tensor") is None:
+        kwargs.setdefault("input_shape", tuple(input_shape))
+    if kwargs.get("include_top"):
+        kwargs.setdefault("classes", num_classes)
+        kwargs.setdefault("classifier_activation", None)
+        return _call(fn, kwargs, f"keras.applications:{source.target}")
+    kwargs.update(include_top=False)
+    kwargs.setdefault("pooling", "avg")
+    base = _call(fn, kwargs, f"keras.applications:{source.target}")
+    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(base.output)
+    return keras.Model(base.inputs, outputs, name=base.name)
+
+
+def build_factory(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
+    """``package.module:function(input_shape, num_classes, **cfg.args)``."""
+    try:
+        fn = resolve(source.target)
+    except (ImportError, AttributeError) as e:
+        raise ModelError(f"model factory {source.target!r} cannot be imported ({e}); give package.module:function "
+                         "importable from here (check PYTHONPATH)") from None
+    kwargs = parse_model_args(cfg.args)
+    _check_kwargs(fn, kwargs, source.target)
+    model = fn(tuple(input_shape), num_classes, **kwargs)
+    if not isinstance(model, keras.Model):
+        ensure_tf_keras(model)
+        raise ModelError(f"model factory {source.target!r} returned {type(model).__name__}, not a tf_keras Model; "
+                         "return a keras.Model built with `import tf_keras as keras`")
+    return model
+
+
+def _check_kwargs(fn, kwargs: dict, what: str, strict: bool = False) -> None:
+    """Refuses keyword arguments ``fn`` does not name (``strict``: even when it takes ``**kwargs``,
+    which keras.applications functions take only to refuse unknown ones)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        return
+    if not strict and any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        valid = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        raise ConfigError(f"{what} takes no argument {', '.join(map(repr, unknown))}; "
+                          f"--model-arg takes: {', '.join(valid)}")
+
+
+def _call(fn, kwargs: dict, what: str) -> "keras.Model":
+    try:
+        return fn(**kwargs)
+    except ValueError as e:  # Keras's own argument checks (e.g. an input too small, a bad alpha)
+        raise ModelError(f"{what} refuses its arguments: {str(e).strip().splitlines()[0]}") from None
+
+
+# -- what every model goes through ------------------------------------------------------------
+
+def build(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> Built:
+    """Builds or loads the model ``cfg`` names for images of ``input_shape`` and ``num_classes`` classes.
+
+    Call it inside ``strategy.scope()``. The result ends in float logits for ``num_classes``
+    classes and takes ``input_shape`` images.
+
+    Args:
+        cfg: The model section of the config.
+        input_shape: ``(H, W, C)`` of the images the data gives (after ``--image-size``/``--channels``).
+        num_classes: The dataset's class count.
+
+    Returns:
+        The uncompiled tf_keras model and its description for the run record.
+
+    Raises:
+        ConfigError: a bad source string or model argument.
+        ModelError: the model cannot be built or loaded, does not take these images, or has
+            another class count with ``model.head=keep``.
+    """
+    source = check(cfg)
+    model = ensure_tf_keras(resolve(source.spec.builder)(source, cfg, tuple(input_shape), num_classes))
+    check_input(model, input_shape, cfg.name)
+    model, outputs = to_logits(model)
+    model, head = fit_head(model, num_classes, cfg.head, cfg.name, new=source.form == "applications"
+                           and not parse_model_args(cfg.args).get("include_top"))
+    description = {**describe(cfg), "outputs": outputs, "head": head,
+                   "input_shape": [None if d is None else int(d) for d in model.input_shape[1:]]}
+    return Built(model, description)
+
+
+def build_model(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> "keras.Model":
+    """:func:`build`'s model alone (for callers that need no description, e.g. the precision probe)."""
+    return build(cfg, input_shape, num_classes).model
+
+
+def check_input(model: "keras.Model", input_shape: Sequence[int], name: str) -> None:
+    """Refuses a model whose input does not take the data's images, naming both shapes and the fix.
+
+    Raises:
+        ModelError: several inputs, or a fixed dimension that differs from the images'.
+    """
+    if len(model.inputs) != 1:
+        raise ModelError(f"model {name!r} has {len(model.inputs)} inputs; tfopt trains image classifiers with one "
+                         "image input")
+    expected = tuple(model.input_shape[1:])
+    given = tuple(int(d) for d in input_shape)
+    if len(expected) != len(given) or any(e is not None and e != g for e, g in zip(expected, given)):
+        shown = "x".join("?" if e is None else str(e) for e in expected)
+        fix = []
+        if len(expected) == 3 and expected[0] is not None and expected[1] is not None:
+            fix.append(f"--image-size {expected[0]}x{expected[1]}")
+        if len(expected) == 3 and expected[2] in (1, 3) and expected[2] != given[-1]:
+            fix.append(f"--channels {expected[2]}")
+        raise ModelError(f"model {name!r} takes {shown} images but the data gives {'x'.join(map(str, given))}; "
+                         f"{'resize them with ' + ' and '.join(fix) if fix else 'give a model for these images'}")
+
+
+def _output_layer(model: "keras.Model"):
+    return model.get_layer(model.output_names[0])
+
+
+def _is_softmax(layer) -> bool:
+    if isinstance(layer, keras.layers.Softmax):
+        return True
+    activation = getattr(layer, "activation", None)
+    return activation is keras.activations.softmax or getattr(activation, "__name__", "") == "softmax"
+
+
+def to_logits(model: "keras.Model") -> tuple["keras.Model", str]:
+    """Removes a final softmax so that the model outputs logits.
+
+    Returns:
+        The model (``model`` itself when it already ends in logits) and what was done, for the record.
+    """
+    if len(model.outputs) != 1:
+        raise ModelError(f"model {model.name!r} has {len(model.outputs)} outputs; tfopt trains classifiers "
+                         "with one output of class scores")
+    layer = _output_layer(model)
+    if not _is_softmax(layer):
+        return model, "logits"
+    if isinstance(layer, (keras.layers.Softmax, keras.layers.Activation)):
+        return keras.Model(model.inputs, layer.input, name=model.name), f"logits (softmax layer {layer.name!r} removed)"
+    return _rebuild(model, linear=layer.name), f"logits (softmax activation of {layer.name!r} removed)"
+
+
+def _rebuild(model: "keras.Model", *, linear: str = "", policy: str = "") -> "keras.Model":
+    """A copy of ``model`` with the layer ``linear``'s activation removed, and every layer but the
+    output one under the dtype ``policy`` (a file saved in float32 then trains as configured)."""
+    output = _output_layer(model).name
+    if not linear and (not policy or policy == "float32"):
+        return model
+
+    def clone(layer):
+        config = layer.get_config()
+        if layer.name == linear:
+            config["activation"] = "linear"
+        if policy and layer.name != output and "dtype" in config and not isinstance(layer, keras.layers.InputLayer):
+            config["dtype"] = policy
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def fit_head(model: "keras.Model", num_classes: int, head: str, name: str, *, new: bool = False
+             ) -> tuple["keras.Model", str]:
+    """Gives the model a logits layer for ``num_classes`` classes as ``head`` says.
+
+    ``auto`` keeps the model's own layer when it has ``num_classes`` outputs, else replaces it;
+    ``new`` always replaces a final Dense layer (or adds one on top of other outputs); ``keep``
+    never touches it. ``new=True`` says the builder made a fresh head already.
+
+    Returns:
+        The model and what was done (``kept``, ``new``, ``replaced 'NAME'``, ``added``).
+
+    Raises:
+        ModelError: ``keep`` with another class count, or an output that is not one vector per image.
+    """
+    if new:
+        return model, "new"
+    outputs = model.output_shape[-1]
+    if len(model.output_shape) != 2:
+        raise ModelError(f"model {name!r} outputs {model.output_shape[1:]} per image, not one score per class; "
+                         "end it in a Dense layer, or give --head new to add one")
+    if head == "keep" or (head == "auto" and outputs == num_classes):
+        if outputs != num_classes:
+            raise ModelError(f"model {name!r} has {outputs} outputs but the data has {num_classes} classes; "
+                             "give --head new (or --head auto) to replace its classification layer")
+        return model, "kept"
+    layer = _output_layer(model)
+    taken = {l.name for l in model.layers}
+    logits_name = "logits" if "logits" not in taken - {layer.name} else "head_logits"
+    dense = lambda x: keras.layers.Dense(num_classes, dtype="float32", name=logits_name)(x)  # noqa: E731
+    if isinstance(layer, keras.layers.Dense):
+        return keras.Model(model.inputs, dense(layer.input), name=model.name), f"replaced {layer.name!r}"
+    return keras.Model(model.inputs, dense(model.output), name=model.name), "added"
