@@ -11,6 +11,7 @@ from tfopt._keras import keras, tf
 from tfopt.config import DataConfig, ModelConfig, RunConfig, from_dict
 from tfopt.data.augment import normalize_batches
 from tfopt.errors import ConfigError, ModelError
+from tfopt.fileio import tree_digest
 from tfopt.models import sources
 from tfopt.models.registry import build_model
 from tfopt.specs import parse_model_args, parse_model_source
@@ -97,7 +98,7 @@ def test_heads_are_replaced_added_or_kept_as_asked():
     # the body is shared: the same features reach the new layer
     np.testing.assert_array_equal(replaced.layers[-2].get_weights()[0] if replaced.layers[-2].weights else 0,
                                   model.layers[-2].get_weights()[0] if model.layers[-2].weights else 0)
-    with pytest.raises(ModelError, match=r"has 4 outputs but the data has 7 classes; give --head new"):
+    with pytest.raises(ModelError, match=r"has 4 outputs but the data has 7 classes; give the data it was trained on, or .* --head new"):
         sources.fit_head(model, 7, "keep", "m")
     inputs = keras.Input((6, 6, 2))
     features = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(inputs))
@@ -161,7 +162,7 @@ def test_model_files_load_safely_and_train_under_the_configured_policy(tmp_path)
         path = str(tmp_path / name)
         model.save(path)
         built = sources.build(ModelConfig(name=path), (6, 6, 1), 4)
-        assert built.description["sha256"] == sources.file_digest(path) and built.description["head"] == "kept"
+        assert built.description["sha256"] == tree_digest(path) and built.description["head"] == "kept"
         x = np.random.default_rng(2).random((2, 6, 6, 1)).astype(np.float32)
         np.testing.assert_allclose(tf.nn.softmax(built.model(x)).numpy(), model(x).numpy(), atol=1e-6)
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -185,5 +186,5 @@ def test_a_keras3_file_is_refused_in_one_line(tmp_path):
             f"m.save({path!r})\n")
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "0"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
-    with pytest.raises(ModelError, match=r"saved by Keras 3 \(3\.[0-9.]+\); .*which tfmot needs.*tfopt.export --from"):
+    with pytest.raises(ModelError, match=r"saved by Keras 3 \(3\.[0-9.]+\); .*which tfmot needs: build the model with `import tf_keras as keras`"):
         sources.build(ModelConfig(name=path), (6, 6, 1), 4)

@@ -7,6 +7,7 @@ create them 0600/0700, so temp siblings are created here with the modes ``open()
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -139,3 +140,19 @@ def _remove(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         os.unlink(path)
+
+
+def tree_digest(path: str) -> str:
+    """The sha256 of a file, or of a directory's files (relative names and contents, in sorted order)."""
+    h = hashlib.sha256()
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            h.update(os.path.relpath(full, path).encode() + b"\0" + tree_digest(full).encode())
+    return h.hexdigest()

@@ -21,6 +21,7 @@ from typing import Any
 
 from tfopt import config as config_lib
 from tfopt.errors import ConfigError
+from tfopt.fileio import tree_digest
 
 SCHEMA_VERSION = 2
 STAGES = ("train", "distill", "optimize", "export")
@@ -98,11 +99,12 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Run:
-    """A finished run directory."""
+    """A finished run directory, or a model file taken as one (see :func:`load_input`)."""
 
     path: str
     config: config_lib.RunConfig  # the resolved config the run was made with
     record: RunRecord
+    model_file: str = ""  # a model file given instead of a run directory
 
     @property
     def stage(self) -> str:
@@ -111,8 +113,63 @@ class Run:
 
     @property
     def model_path(self) -> str:
-        """The run's ``model.keras`` (exists for train, distill and optimize runs)."""
-        return os.path.join(self.path, "model.keras")
+        """The run's ``model.keras`` (exists for train, distill and optimize runs), or the model file."""
+        return self.model_file or os.path.join(self.path, "model.keras")
+
+    @property
+    def source(self) -> str:
+        """What the input was given as: the run directory, or the model file."""
+        return self.model_file or self.path
+
+    @property
+    def stem(self) -> str:
+        """The path later stages name their default outputs after: the run directory, or the
+        model file without its suffix (``model.keras`` -> ``model``, so ``model-prune``, ``model-export``)."""
+        if not self.model_file:
+            return self.path
+        base = self.model_file.rstrip(os.sep)
+        return os.path.splitext(base)[0] if base.endswith(MODEL_SUFFIXES) else base
+
+    @property
+    def digest(self) -> str:
+        """What identifies the input's model: its weights digest (run) or its file's sha256."""
+        return self.record.weights_sha256 or self.record.model.get("sha256", "")
+
+
+MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def is_model_file(path: str) -> bool:
+    """True for a ``.keras``/``.h5`` file or a SavedModel directory that is not a tfopt run."""
+    if os.path.isfile(path):
+        return path.endswith(MODEL_SUFFIXES)
+    return (os.path.isdir(path) and os.path.isfile(os.path.join(path, "saved_model.pb"))
+            and not os.path.isfile(os.path.join(path, "run.json")))
+
+
+def load_input(path: str, cfg: config_lib.RunConfig | None = None) -> Run:
+    """A stage's input, resolved one way for every stage: a run directory or a model file.
+
+    A model file becomes a run-like record: stage ``train``, the config ``cfg`` (the data the
+    stage is told to use), and a ``model`` section with the file's path, sha256 and source form,
+    so that the new run's record says what it started from and every later stage chains as from
+    a run.
+
+    Args:
+        path: A run directory, a ``.keras``/``.h5`` file or a SavedModel directory.
+        cfg: The config a model file is used with (data, runtime); defaults when None.
+
+    Raises:
+        ConfigError: neither a finished run nor a model file (the message says which to give).
+    """
+    if not is_model_file(path):
+        return load_run(path)
+    full = os.path.abspath(path)
+    cfg = cfg or config_lib.RunConfig()
+    cfg = config_lib.from_dict({"model": {"name": full, "args": "", "head": "keep"}}, cfg)
+    record = RunRecord(stage="train", config=cfg.to_dict(),
+                       model={"name": full, "source": path, "form": "file", "path": full, "sha256": tree_digest(full)})
+    return Run(path=os.path.dirname(full), config=cfg, record=record, model_file=full)
 
 
 def load_run(path: str, need_model: bool = True) -> Run:

@@ -178,3 +178,21 @@ def _stamp(manifest: dict, cfg: DataConfig) -> dict:
     if missing:
         raise DataError(f"source {cfg.dataset!r} produced no {', '.join(sorted(missing))} split")
     return dict(manifest, source=cfg.dataset, limit=cfg.limit, num_shards=cfg.num_shards)
+
+
+def input_contract(cfg: DataConfig, info: DatasetInfo) -> dict:
+    """How pixels reach a model trained on this data: what an exported model expects as its input.
+
+    Images are resized to ``image_shape`` (bilinear, the aspect ratio not kept) when the stored
+    ones differ, converted to its channels (gray repeated to RGB, or RGB to luma), scaled to
+    [0, 1] (pixels / 255), then normalized per channel: ``(x - mean) / std``, the channels first
+    reversed to BGR when ``bgr`` is true.
+    """
+    from tfopt.config import parse_normalize, reverses_channels
+
+    mean, std = parse_normalize(cfg.normalize) or ((0.0,), (1.0,))
+    return {"image_shape": list(info.image_shape), "layout": "NHWC float32", "scale": "pixels / 255",
+            "normalize": cfg.normalize or None, "mean": list(mean), "std": list(std),
+            "bgr": reverses_channels(cfg.normalize),
+            "resize": "bilinear, aspect ratio not kept" if info.stored_shape else None,
+            "class_names": list(info.class_names)}

@@ -44,9 +44,11 @@ def build_parser() -> cli.ArgumentParser:
     """The argument parser of ``python -m tfopt.distill``."""
     parser = cli.ArgumentParser(prog="python -m tfopt.distill", description=DESCRIPTION)
     g = parser.add_argument_group("distillation")
-    g.add_argument("--teacher", action="append", default=[], metavar="RUN",
-                   help="run directory of a trained teacher (repeat for several teachers)")
-    g.add_argument("--student", help="registered student model: tiny_cnn (default), mlp, mobilenet_tiny, cnn")
+    g.add_argument("--teacher", action="append", default=[], metavar="RUN|MODEL",
+                   help="run directory of a trained teacher, or a model file trained on the same data "
+                   "(repeat for several teachers)")
+    g.add_argument("--student", help="the student, any --model form: tiny_cnn (default), small_cnn, ..., "
+                   "keras.applications:NAME, a model file, package.module:function")
     recipe = ", ".join(f"{s}.{k}={v}" for (s, k), v in RECIPE.items())
     g.add_argument("--temperature", type=float, default=DistillOptions.temperature,
                    help=f"softmax temperature T (default {DistillOptions.temperature:g}, chosen on validation)")

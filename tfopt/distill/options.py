@@ -14,7 +14,7 @@ class DistillOptions:
     """The distillation settings (data, runtime and train settings live in the RunConfig).
 
     Attributes:
-        teachers: Run directories of trained teachers.
+        teachers: Run directories of trained teachers, or model files (trained on the same data).
         temperature: Softmax temperature T.
         alpha: Weight of the teacher term in [0, 1].
         teacher_weights: ``equal``, ``accuracy`` or comma-separated numbers (one per teacher).

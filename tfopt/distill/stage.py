@@ -18,13 +18,13 @@ from tfopt.config import RunConfig
 from tfopt.distill.options import DistillOptions
 from tfopt.errors import ConfigError, ModelError
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
-from tfopt.models.io import load_model, save_model
+from tfopt.models.io import save_model
 from tfopt.models import sources
 from tfopt.optimize import student as student_lib
 from tfopt.optimize.common import compile_for_eval
-from tfopt.runs import Run, RunRecord, load_run
+from tfopt.runs import Run, RunRecord, load_input
 from tfopt.runtime.callbacks import PlainValidation
-from tfopt.runtime.job import Job, plain_copy, weights_digest
+from tfopt.runtime.job import Job, plain_copy, replace_config, weights_digest
 
 PROG = "tfopt.distill"
 
@@ -42,8 +42,23 @@ def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 def _check_teacher(run: Run, teacher: "keras.Model", info, dataset: str) -> None:
     shape, classes = tuple(teacher.input_shape[1:]), teacher.output_shape[-1]
     if shape != tuple(info.image_shape) or classes != info.num_classes:
-        raise ModelError(f"teacher {run.path!r} takes {shape} -> {classes} classes but {dataset!r} has "
+        raise ModelError(f"teacher {run.source!r} takes {shape} -> {classes} classes but {dataset!r} has "
                          f"{tuple(info.image_shape)} -> {info.num_classes}; pass the --dataset the teacher was trained on")
+
+
+def _teachers_scaling(cfg: RunConfig, teacher_runs: list[Run]) -> RunConfig:
+    """``cfg`` with the input scaling (``data.normalize``) the teacher runs were trained with: the
+    student sees the teachers' inputs. A model file brings no record of it: the user's flags hold."""
+    scalings = sorted({r.config.data.normalize for r in teacher_runs if not r.model_file})
+    if len(scalings) > 1:
+        raise ConfigError(f"the teacher runs were trained with different data.normalize ({', '.join(map(repr, scalings))}); "
+                          "give teachers trained on the same inputs")
+    if not scalings or cfg.data.normalize == scalings[0]:
+        return cfg
+    if cfg.data.normalize:
+        raise ConfigError(f"data.normalize={cfg.data.normalize!r} differs from the teachers' {scalings[0]!r}; the student "
+                          f"must see the teachers' inputs: drop the setting or give {scalings[0]!r}")
+    return replace_config(cfg, data={"normalize": scalings[0]})
 
 
 def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> RunRecord | None:
@@ -62,20 +77,24 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
     """
     sources.check(cfg.model)
     fixed_weights = opts.fixed_weights()
-    teacher_runs = [load_run(p) for p in opts.teachers]
-    baseline_run = load_run(opts.baseline) if opts.baseline else None
+    teacher_runs = [load_input(p, cfg) for p in opts.teachers]  # run directories or model files
+    baseline_run = load_input(opts.baseline, cfg) if opts.baseline else None
     for r in teacher_runs + ([baseline_run] if baseline_run else []):
-        if cfg.train.output_dir and os.path.realpath(cfg.train.output_dir) == os.path.realpath(r.path):
+        if cfg.train.output_dir and os.path.realpath(cfg.train.output_dir) == os.path.realpath(r.source):
             raise ConfigError(f"-o {cfg.train.output_dir!r} is an input run; a stage writes a NEW run directory: "
                               "give another -o")
-    job = Job(cfg, "distill", options=opts.to_dict(), overwrite=overwrite)
+    cfg = _teachers_scaling(cfg, teacher_runs)
+    # The teachers' weights (or files) are part of what the student is: a retrained teacher is another run.
+    job = Job(cfg, "distill", options={**opts.to_dict(), "teacher_digests": [r.digest for r in teacher_runs]},
+              overwrite=overwrite)
     with job:  # seeded by the Job: train.seed (initial weights, dropout), data.seed (order, shifts)
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
         val_ds, test_ds = job.dataset("validation"), job.dataset("test")
         with job.strategy.scope():
-            teachers = [load_model(r.model_path, trust_model=opts.trust_model) for r in teacher_runs]
+            teachers = [sources.load_stage_input(r, job.info.image_shape, job.info.num_classes, opts.trust_model)
+                        for r in teacher_runs]
         for r, teacher in zip(teacher_runs, teachers):
             _check_teacher(r, teacher, job.info, cfg.data.dataset)
         # Score the teachers on strategy-free copies (identical on every worker: deterministic data).
@@ -138,13 +157,14 @@ def _score(cfg, opts: DistillOptions, plain, teachers, teacher_runs, weights, va
     gap = {"teacher_test_accuracy": target_acc, "student_test_accuracy": student_acc,
            "teacher_minus_student_pt": round(100 * (target_acc - student_acc), 3)}
     if baseline_run is not None:
-        base = plain_copy(load_model(baseline_run.model_path, trust_model=opts.trust_model))
+        base = plain_copy(sources.load_stage_input(baseline_run, plain.input_shape[1:], plain.output_shape[-1],
+                                                   opts.trust_model))
         base_acc = float(base.evaluate(test_ds, return_dict=True, verbose=0)["accuracy"])
-        gap.update(baseline_run=baseline_run.path, baseline_test_accuracy=base_acc,
+        gap.update(baseline_run=baseline_run.source, baseline_test_accuracy=base_acc,
                    gap_closed=(student_acc - base_acc) / (target_acc - base_acc) if target_acc > base_acc else None)
     return {
         "settings": opts.to_dict(),
-        "teachers": [{"run": r.path, "model": r.config.model.name, "params": int(t.count_params()), "weight": w,
+        "teachers": [{"run": r.source, "model": r.config.model.name, "params": int(t.count_params()), "weight": w,
                       "val_accuracy": va, "test_accuracy": ta, "weights_sha256": d, "unchanged": True}
                      for r, t, w, va, ta, d in zip(teacher_runs, teachers, weights, val_acc, teacher_acc, digests)],
         "gap": gap,

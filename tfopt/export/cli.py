@@ -25,7 +25,9 @@ def _parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m tfopt.export", description=__doc__.splitlines()[0],
                            epilog="exit codes: 0 done, 1 fidelity gate failed, 2 user error")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--from", dest="source", metavar="RUN", help="run directory to export (run.json + model.keras)")
+    what.add_argument("--from", dest="source", metavar="RUN|MODEL",
+                      help="run directory to export (run.json + model.keras), or a model file (.keras, .h5, "
+                      "a SavedModel directory) with the data flags below")
     what.add_argument("--evaluate", metavar="TFLITE", help="score a .tflite on a dataset's test split")
     what.add_argument("--benchmark", metavar="TFLITE", help="measure a .tflite's latency and size")
     g = p.add_argument_group("conversion (--from)")
@@ -51,8 +53,13 @@ def _parser() -> cli.ArgumentParser:
     g.add_argument("--search-limit", type=int, default=2000, help="validation examples for the search")
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-limit", type=int, default=0, help="score only the first N test examples (0 = all)")
-    g.add_argument("--dataset", default="mnist", help="--evaluate: mnist, fashion_mnist, digits, tfds:NAME, ...")
-    g.add_argument("--data-dir", help="--evaluate: dataset cache directory")
+    g.add_argument("--dataset", default="mnist", help="--evaluate, or --from a model file: mnist, fashion_mnist, "
+                   "digits, folder:PATH, tfds:NAME, ... (a run directory brings its own)")
+    g.add_argument("--data-dir", help="--evaluate, or --from a model file: dataset cache directory")
+    g.add_argument("--image-size", metavar="HxW", help="--evaluate, or --from a model file: resize images to HxW")
+    g.add_argument("--channels", type=int, choices=(1, 3), help="--evaluate, or --from a model file: 1 or 3 channels")
+    g.add_argument("--normalize", metavar="MEAN/STD", help="--evaluate, or --from a model file: the model's input "
+                   "scaling on [0, 1] pixels, e.g. 0.5/0.5 for [-1, 1] (see docs/your_model.md)")
     g.add_argument("--split", default="test", help="--evaluate: test or validation")
     g.add_argument("--keras", metavar="MODEL", help="--evaluate/--benchmark: Keras model to compare with / cost")
     g = p.add_argument_group("latency")
@@ -84,19 +91,32 @@ def _check_args(args) -> None:
     choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
     choices.check_choice("split", args.split, ("test", "validation"), "--split")
     choices.parse_threads(args.threads)
+    _data_config(args)
     for flag, value, low in (("--calibration-steps", args.calibration_steps, 1), ("--runs", args.runs, 1),
                              ("--warmup", args.warmup, 0), ("--eval-limit", args.eval_limit, 0),
                              ("--max-float-layers", args.max_float_layers, 1), ("--search-limit", args.search_limit, 0),
                              ("--auto-candidates", args.auto_candidates, 2)):
         if value < low:
             raise ConfigError(f"{flag} {value} must be >= {low}")
-    if args.source is not None and not os.path.isdir(args.source):
-        raise ConfigError(f"run directory {args.source!r} does not exist; give the -o directory of a training run")
+    if args.source is not None and not os.path.exists(args.source):
+        raise ConfigError(f"{args.source!r} does not exist; give the -o directory of a training run or a model file")
     for flag, path in (("--evaluate", args.evaluate), ("--benchmark", args.benchmark)):
         if path is not None and not os.path.isfile(path):
             raise ModelError(f"{flag} {path!r}: no such file; give the path of a .tflite file")
     if args.keras is not None and not os.path.exists(args.keras):
         raise ModelError(f"--keras {args.keras!r} does not exist; give a .keras file or a run directory")
+
+
+def _data_config(args):
+    """The data a model file or a .tflite is evaluated on (--dataset, --data-dir, --image-size, ...)."""
+    from tfopt import config as config_lib
+
+    data = {"dataset": args.dataset}
+    for flag, key in (("data_dir", "data_dir"), ("image_size", "image_size"), ("channels", "channels"),
+                      ("normalize", "normalize")):
+        if getattr(args, flag) is not None:
+            data[key] = getattr(args, flag)
+    return config_lib.from_dict({"data": data}).data
 
 
 def _start_tensorflow() -> None:
@@ -148,7 +168,7 @@ def _work(args) -> int:
             search_limit=args.search_limit, bench=bench, plot=not args.no_plot, trust_model=args.trust_model,
             auto_candidates=args.auto_candidates)
         record = runner.run(args.source, settings, out_dir=args.output, overwrite=args.overwrite,
-                            progress=_say(args.quiet))
+                            progress=_say(args.quiet), data=_data_config(args))
         export = record.section
         print(export["table"])
         for note in export["notes"]:
@@ -165,13 +185,7 @@ def _work(args) -> int:
             return 1
         return 0
     if args.evaluate is not None:
-        from tfopt import config as config_lib
-
-        data = {"dataset": args.dataset}
-        if args.data_dir:
-            data["data_dir"] = args.data_dir
-        data_cfg = config_lib.from_dict({"data": data}).data
-        row = runner.evaluate_file(args.evaluate, data_cfg, limit=args.eval_limit, split=args.split,
+        row = runner.evaluate_file(args.evaluate, _data_config(args), limit=args.eval_limit, split=args.split,
                                    keras_path=args.keras, trust_model=args.trust_model)
         print(summary.export_table([row]))
         if args.output:

@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tfopt._keras import keras
-from tfopt.config import DataConfig
-from tfopt.data.sources import prepare
+from tfopt.config import DataConfig, RunConfig
+from tfopt.data.sources import input_contract, prepare
 from tfopt.export import benchmark as bench
 from tfopt.export import auto, fidelity, summary, tflite
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
 from tfopt.export.evaluate import EvalResult, TFLiteModel, evaluate, keras_outputs, load_split, read_tflite
-from tfopt.fileio import write_bytes, write_text
+from tfopt.fileio import write_bytes, write_json, write_text
 from tfopt.models.io import load_model
 from tfopt.optimize.common import strip_wrappers
 from tfopt.errors import ConfigError
-from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_run
+from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
 from tfopt.runtime.job import versions
 from tfopt.runtime.rundir import RunDir
 
@@ -107,15 +107,19 @@ def _row(mode: str, converted_io: str, file: str, content: bytes, result: EvalRe
 
 
 def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str | None = None, *,
-        overwrite: bool = False, progress: Callable[[str], None] | None = None) -> RunRecord:
-    """Exports one run to .tflite in every requested mode, measures each and commits a new run directory.
+        overwrite: bool = False, progress: Callable[[str], None] | None = None,
+        data: DataConfig | None = None) -> RunRecord:
+    """Exports one run (or model file) to .tflite in every requested mode, measures each and commits a new run directory.
 
     Args:
-        run_dir: A run directory (``run.json`` + ``model.keras``).
+        run_dir: A run directory (``run.json`` + ``model.keras``), or a model file (``.keras``,
+            ``.h5``, a SavedModel directory) to export with the data ``data`` describes.
         settings: Modes, conversion options, gate, benchmark settings.
-        out_dir: The new run directory (default ``<run_dir>-export``, then ``-export-2``, ...).
+        out_dir: The new run directory (default ``<run_dir>-export``, or ``<file without suffix>-export``,
+            then ``-export-2``, ...).
         overwrite: Replace a finished run at ``out_dir``.
         progress: Called with one short line per step (e.g. ``print``), or None.
+        data: A model file's data: evaluation, calibration and the input scaling (a run's own otherwise).
 
     Returns:
         The RunRecord of ``run.json``; its ``export`` section holds every mode's row (size,
@@ -126,11 +130,11 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     """
     say = progress or (lambda _msg: None)
     modes = parse_modes(settings.modes)
-    run = load_run(run_dir)
-    out = os.path.abspath(out_dir or fresh_dir(run.path.rstrip(os.sep) + "-export"))
-    if out == run.path:
+    run = load_input(run_dir, RunConfig(data=data) if data is not None else None)
+    out = os.path.abspath(out_dir or fresh_dir(run.stem.rstrip(os.sep) + "-export"))
+    if out == run.source:
         raise ConfigError(f"-o {out!r} is the input run; a stage writes a NEW run directory: give another -o")
-    options = {"source": run.path, **_settings_dict(settings)}
+    options = {"source": run.source, "source_digest": run.digest, **_settings_dict(settings)}
     rd = RunDir(out, fingerprint("export", options), {"export": options}, overwrite=overwrite)
     rd.check()
     model = load_source_model(run.model_path, settings.trust_model)
@@ -158,6 +162,11 @@ def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, r
     cost = bench.keras_cost(model)
     rd.open()
     out_dir = rd.work
+    # What a user of the .tflite files needs besides them: the input contract and the class names.
+    contract = input_contract(data_cfg, info)
+    write_json(os.path.join(out_dir, "input.json"), contract)
+    if contract["class_names"]:
+        write_text(os.path.join(out_dir, "labels.txt"), "\n".join(contract["class_names"]) + "\n")
     rows: list[dict] = []
     notes: list[str] = []
     validation = _Validation(model, data_cfg, info, settings.search_limit)
@@ -190,21 +199,22 @@ def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, r
             rows.append(_partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say))
     keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
     table = summary.export_table(rows)
-    write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.path}\n\n{table}\n")
+    write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.source}\n\n{table}\n")
     plot = None
     if settings.plot:
-        plot = summary.plot(rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.path}")
+        plot = summary.plot(rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.source}")
     artifacts = {r["mode"]: r["file"] for r in rows if r.get("file")}
-    artifacts.update(table="export.md", **({"plot": os.path.basename(plot)} if plot else {}))
+    artifacts.update(table="export.md", input="input.json", **({"plot": os.path.basename(plot)} if plot else {}),
+                     **({"labels": "labels.txt"} if contract["class_names"] else {}))
     record = RunRecord(
         stage="export", config=run.config.to_dict(), versions=versions(),
-        data={"dataset": data_cfg.dataset, "test_examples": int(len(y_test))},
+        data={"dataset": data_cfg.dataset, "test_examples": int(len(y_test)), "input": contract},
         model={"name": run.config.model.name, "qat": qat, **cost,
                "weight_sparsity": round(tflite.weight_sparsity(model), 4)},
         metrics={"keras_test_accuracy": rows[0]["eval"]["keras_accuracy"] if rows else None,
                  **{f"{r['mode']}_test_accuracy": r["eval"]["accuracy"] for r in rows}},
         artifacts=artifacts, fingerprint=rd.fingerprint,
-        section={"source": run.path, "output": rd.path, "settings": _settings_dict(settings), "modes": rows,
+        section={"source": run.source, "output": rd.path, "settings": _settings_dict(settings), "modes": rows,
                  "keras": keras_figures, "notes": notes, "table": table})
     rd.commit(record)
     return record

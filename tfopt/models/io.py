@@ -67,8 +67,8 @@ def _refuse_keras3(path: str) -> None:
     found = saved_by_keras3(path)
     if found:
         raise ModelError(f"{path} was saved by Keras 3 ({found}); tfopt trains with tf_keras (Keras 2), which tfmot "
-                         "needs: rebuild and save it with `import tf_keras as keras`, or quantize it as it is with "
-                         f"`python -m tfopt.export --from {path} --dataset ...` (post-training quantization needs no tfmot)")
+                         "needs: build the model with `import tf_keras as keras` (or TF_USE_LEGACY_KERAS=1 before "
+                         "TensorFlow is imported) and save it again")
 
 
 def _inspect(path: str) -> None:

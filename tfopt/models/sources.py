@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import inspect
 import os
 import sys
@@ -35,6 +34,7 @@ import numpy as np
 from tfopt._keras import ensure_tf_keras, keras
 from tfopt.config import BGR_PREFIX, ModelConfig, RunConfig
 from tfopt.errors import ConfigError, ModelError
+from tfopt.fileio import tree_digest
 from tfopt.models import io, registry
 from tfopt.specs import ModelSource, parse_model_args, parse_model_source, resolve
 
@@ -63,30 +63,12 @@ def check(cfg: ModelConfig) -> ModelSource:
     return source
 
 
-def file_digest(path: str) -> str:
-    """The sha256 of a model file, or of a SavedModel directory's files (names and contents)."""
-    h = hashlib.sha256()
-    if os.path.isdir(path):
-        for root, dirs, files in os.walk(path):
-            dirs.sort()
-            for name in sorted(files):
-                full = os.path.join(root, name)
-                h.update(os.path.relpath(full, path).encode() + b"\0")
-                with open(full, "rb") as f:
-                    h.update(hashlib.sha256(f.read()).digest())
-    else:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def describe(cfg: ModelConfig) -> dict:
     """What names the model, for fingerprints and run records: the form, and a file's path and sha256."""
     source = check(cfg)
     out = {"source": cfg.name, "form": source.form}
     if source.form == "file":
-        out.update(path=source.target, sha256=file_digest(source.target))
+        out.update(path=source.target, sha256=tree_digest(source.target))
     if cfg.args:
         out["args"] = {k: repr(v) if not isinstance(v, (str, int, float, bool)) else v
                        for k, v in parse_model_args(cfg.args).items()}
@@ -261,8 +243,8 @@ def build(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> Bui
     model = ensure_tf_keras(resolve(source.spec.builder)(source, cfg, tuple(input_shape), num_classes))
     check_input(model, input_shape, cfg.name)
     model, outputs = to_logits(model)
-    model, head = fit_head(model, num_classes, cfg.head, cfg.name, new=source.form == "applications"
-                           and not parse_model_args(cfg.args).get("include_top"))
+    fresh = source.form == "applications" and not parse_model_args(cfg.args).get("include_top")
+    model, head = fit_head(model, num_classes, cfg.head, cfg.name, new=fresh)
     description = {**describe(cfg), "outputs": outputs, "head": head,
                    "input_shape": [None if d is None else int(d) for d in model.input_shape[1:]]}
     return Built(model, description)
@@ -365,8 +347,8 @@ def fit_head(model: "keras.Model", num_classes: int, head: str, name: str, *, ne
                          "end it in a Dense layer, or give --head new to add one")
     if head == "keep" or (head == "auto" and outputs == num_classes):
         if outputs != num_classes:
-            raise ModelError(f"model {name!r} has {outputs} outputs but the data has {num_classes} classes; "
-                             "give --head new (or --head auto) to replace its classification layer")
+            raise ModelError(f"model {name!r} has {outputs} outputs but the data has {num_classes} classes; give the "
+                             "data it was trained on, or train it on this data with --head new (a new classification layer)")
         return model, "kept"
     layer = _output_layer(model)
     taken = {l.name for l in model.layers}
@@ -375,3 +357,22 @@ def fit_head(model: "keras.Model", num_classes: int, head: str, name: str, *, ne
     if isinstance(layer, keras.layers.Dense):
         return keras.Model(model.inputs, dense(layer.input), name=model.name), f"replaced {layer.name!r}"
     return keras.Model(model.inputs, dense(model.output), name=model.name), "added"
+
+
+def load_stage_input(run, input_shape: Sequence[int], num_classes: int, trust: bool = False) -> "keras.Model":
+    """The model a later stage (optimize, distill's teachers) starts from, ending in logits.
+
+    Args:
+        run: A :class:`tfopt.runs.Run`: a run directory (its ``model.keras`` as it is: tfopt wrote
+            it) or a model file (through :func:`build`: checked against the data, a final softmax
+            removed, its class count kept).
+        input_shape: The data's ``(H, W, C)``.
+        num_classes: The data's class count.
+        trust: Load files that can run code.
+
+    Raises:
+        ModelError: the file cannot be loaded, or does not fit the data.
+    """
+    if not run.model_file:
+        return io.load_model(run.model_path, trust_model=trust)
+    return build(ModelConfig(name=run.model_file, trust=trust, head="keep"), input_shape, num_classes).model

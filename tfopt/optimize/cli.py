@@ -33,7 +33,8 @@ def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m tfopt.optimize", description=__doc__.splitlines()[0],
                            epilog="techniques: " + ", ".join(TECHNIQUE_NAMES)
                            + "; exit codes: 0 done, 1 a sparsity/cluster/2:4 check failed, 2 user error")
-    p.add_argument("--from", dest="source", required=True, metavar="RUN_DIR", help="the trained run to optimize")
+    p.add_argument("--from", dest="source", required=True, metavar="RUN|MODEL",
+                   help="the trained run to optimize, or a model file (.keras, .h5, a SavedModel directory) with --dataset")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--technique", help="one technique, or several separated by commas (run in one job)")
     what.add_argument("--inspect", action="store_true", help="list what each layer supports and exit")
@@ -61,6 +62,11 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--clusters", type=int, default=16, help="centroids per kernel (default 16)")
     g.add_argument("--centroid-init", default="kmeans_plus_plus", help="kmeans_plus_plus, density, linear, random")
     g.add_argument("--per-channel", action="store_true", help="one set of centroids per Conv2D output channel")
+    g = p.add_argument_group("data (a run directory brings its own)")
+    g.add_argument("--dataset", help="a model file's data: mnist, digits, folder:PATH, tfds:NAME, tfrecord:GLOB ...")
+    g.add_argument("--data-dir", help="dataset cache directory")
+    g.add_argument("--image-size", metavar="HxW", help="resize images to HxW")
+    g.add_argument("--channels", type=int, choices=(1, 3), help="convert images to 1 or 3 channels")
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (default: the input run's)")
     g.add_argument("--precision", help=f"one of: {', '.join(PRECISIONS)} (default: the input run's)")
@@ -92,6 +98,14 @@ _FLAGS = {"strategy": ("runtime", "strategy"), "precision": ("runtime", "precisi
           "cpu_replicas": ("runtime", "cpu_replicas"), "collective": ("runtime", "collective"),
           "batch_size": ("data", "global_batch_size"), "limit": ("data", "limit"),
           "backup_every": ("train", "backup_every"), "deterministic": ("runtime", "deterministic")}
+
+
+def _file_config(args) -> config_lib.RunConfig:
+    """The config a model file is fine-tuned with: defaults, ``--set``, then the data flags."""
+    cfg = config_lib.apply_overrides(config_lib.RunConfig(), args.set)
+    data = {key: getattr(args, key) for key in ("dataset", "data_dir", "image_size", "channels")
+            if getattr(args, key) is not None}
+    return config_lib.from_dict({"data": data}, cfg)
 
 
 def resolve_config(args, base: config_lib.RunConfig) -> config_lib.RunConfig:
@@ -161,9 +175,9 @@ def _outputs(args, techniques: tuple[str, ...]) -> list[str | None]:
 
 
 def _body(args) -> int:
-    from tfopt.runs import load_run
+    from tfopt.runs import is_model_file, load_input
 
-    run = load_run(args.source)
+    run = load_input(args.source, _file_config(args) if is_model_file(args.source) else None)
     if args.inspect:
         from tfopt.optimize.inspect import format_report, inspect_model
 

@@ -19,7 +19,8 @@ from tfopt._keras import keras
 from tfopt.config import RunConfig
 from tfopt.errors import TfoptError
 from tfopt.fileio import atomic_path, write_json, write_text
-from tfopt.models.io import load_model, save_model
+from tfopt.models import sources
+from tfopt.models.io import save_model
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
@@ -27,7 +28,7 @@ from tfopt.optimize import techniques
 from tfopt.optimize.common import (OptimizeError, Selection, check_model, compile_for_eval, format_table, rebuild,
                                    total_sparsity, weight_table, weights_gzip_bytes)
 from tfopt.optimize.phases import Context, FineTune, run_chain
-from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_run
+from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
 from tfopt.runtime import precision as precision_lib
 from tfopt.runtime.job import Job, result_config, versions, weights_digest
 from tfopt.runtime.rundir import RunDir
@@ -85,7 +86,8 @@ class OptimizeSettings:
 
 
 def default_output(from_dir: str, technique: str) -> str:
-    """``<from>-<technique>`` beside the input run (``-2``, ``-3``, ... when taken)."""
+    """``<from>-<technique>`` beside the input run (``-2``, ``-3``, ... when taken); ``from_dir`` is a run's
+    path or a model file's without its suffix (:attr:`tfopt.runs.Run.stem`)."""
     return fresh_dir(os.path.abspath(from_dir).rstrip(os.sep) + "-" + technique)
 
 
@@ -94,7 +96,8 @@ def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir:
     """Fine-tunes the model of run ``from_dir`` with ``settings.technique`` and writes a new run.
 
     Args:
-        from_dir: A run directory (``python -m tfopt.train`` or another stage).
+        from_dir: A run directory (``python -m tfopt.train`` or another stage), or a model file
+            (``.keras``, ``.h5``, a SavedModel directory) trained on ``cfg.data``.
         cfg: Data, runtime (strategy, precision) and train settings (``train.verbose``,
             ``train.steps_per_execution``, ``data.*``); usually the input run's config with
             the user's overrides.
@@ -132,23 +135,23 @@ def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], ou
         One dict per technique: ``{"technique", "output", "ok", "record", "weights_sha256"}`` or
         ``{..., "ok": False, "error"}`` (``record`` is None outside the chief).
     """
-    source = load_run(from_dir)  # reads JSON only: no TensorFlow op before MultiWorkerMirrored exists
+    source = load_input(from_dir, cfg)  # reads JSON (or hashes a file) only: no TensorFlow op before MultiWorkerMirrored exists
     job = Job(cfg, "optimize", out_dir=False)
     dirs = []
     for settings, out in zip(settings_list, out_dirs):
         settings.validate()
-        path = os.path.abspath(out or default_output(from_dir, settings.technique))
-        if path == source.path:
+        path = os.path.abspath(out or default_output(source.stem, settings.technique))
+        if path == source.source:
             raise OptimizeError(f"output {path!r} is the input run; give a new directory with -o")
-        options = {"source": source.path, **settings.to_dict()}
+        options = {"source": source.source, "source_digest": source.digest, **settings.to_dict()}
         rd = RunDir(path, fingerprint("optimize", result_config(cfg), options), {"optimize": options},
                     overwrite=overwrite, chief=job.chief)
         rd.check()
         dirs.append(rd)
     results = []
     with job:
-        base = check_model(load_model(source.model_path, trust_model=settings_list[0].trust_model),
-                           f"model of run {from_dir!r}")
+        base = check_model(sources.load_stage_input(source, job.info.image_shape, job.info.num_classes,
+                                                    settings_list[0].trust_model), f"model of {from_dir!r}")
         ctx = Context(job=job)
         for settings, rd in zip(settings_list, dirs):
             entry = {"technique": settings.technique, "output": rd.path, "ok": False}
@@ -248,7 +251,8 @@ def _write(ctx: Context, source, base, settings: OptimizeSettings, final, infos:
     gz, gz_base = weights_gzip_bytes(float_model), ctx.cache["base_gzip"]
     precision = job.cfg.runtime.precision
     section = {
-        "source": {"run": source.path, "test_accuracy": float(baseline["accuracy"]),
+        "source": {"run": source.source, "form": "file" if source.model_file else "run", "digest": source.digest,
+                   "test_accuracy": float(baseline["accuracy"]),
                    "test_loss": float(baseline["loss"])},
         "technique": settings.technique, "description": techniques.get(settings.technique).description,
         "phases": infos, "seconds": round(seconds, 3), "learning_rate": settings.learning_rate,

@@ -181,7 +181,9 @@ class Job:
             self._resolve_precision()
             if self.run_dir is not None:
                 self._resumed = self.run_dir.resuming  # before open() stamps the work directory
-                self.run_dir.open()
+                # Opened by the first fit: a model that cannot be built or does not fit the data leaves
+                # nothing behind (and a crashed run of other settings is not discarded for it).
+                self._unopened = True
         except BaseException:
             self.__exit__(*sys.exc_info())
             raise
@@ -428,9 +430,7 @@ class Job:
         info = self.info
         out = {"name": info.name, "image_shape": list(info.image_shape), "num_classes": info.num_classes,
                "splits": {k: v.num_records for k, v in info.splits.items()},
-               "input": {"image_shape": list(info.image_shape), "scale": "pixels / 255",
-                         "normalize": self.cfg.data.normalize or None,
-                         "resize": "bilinear, aspect ratio not kept" if info.stored_shape else None}}
+               "input": {k: v for k, v in sources.input_contract(self.cfg.data, info).items() if k != "class_names"}}
         if info.stored_shape:
             out["stored_shape"] = list(info.stored_shape)
         if info.class_names:
@@ -467,6 +467,9 @@ class Job:
         """The chief writes ``run.json`` and moves the run into place; other workers write nothing."""
         if not self.chief or self.run_dir is None:
             return None
+        if self._unopened:  # nothing was fitted
+            self.run_dir.open()
+            self._unopened = False
         return self.run_dir.commit(record)
 
     def done(self, prog: str, record: RunRecord | None, digest: str, **extra) -> None:

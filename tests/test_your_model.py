@@ -1,0 +1,168 @@
+"""A user's own model and image folder through every stage: a .keras file ending in softmax and a
+keras.applications MobileNetV2, trained under one_device, mirrored and 2-worker MultiWorkerMirrored
+on real handwritten digits written as PNG class folders, then optimized, distilled and exported."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from image_folder import digits_folder
+from isolation import ISOLATED
+
+from tfopt import config as C
+from tfopt._keras import keras
+from tfopt.models.registry import build_model
+from tfopt.train import run as train
+
+MOBILENET = ["--model", "keras.applications:MobileNetV2", "--model-arg", "alpha=0.35"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """300 real digits (30 per class) as 32x32 RGB PNGs, and a user's model files for them."""
+    root = tmp_path_factory.mktemp("photos")
+    images = digits_folder(str(root / "digits"), per_class=30)
+    keras.utils.set_random_seed(7)
+    logits = build_model("small_cnn", (32, 32, 3), 10, dropout=0.0)
+    # the same network as users often write it: probabilities out
+    probs = keras.models.clone_model(logits, clone_function=lambda layer: layer.__class__.from_config(
+        {**layer.get_config(), **({"activation": "softmax"} if layer.name == "logits" else {})}))
+    probs.set_weights(logits.get_weights())
+    logits.save(str(root / "logits.keras"))
+    probs.save(str(root / "mine.keras"))
+    return {"images": images, "root": root, "logits": str(root / "logits.keras"), "mine": str(root / "mine.keras")}
+
+
+def _cfg(folder, out, model, strategy="one_device", **kw):
+    return C.from_dict({
+        "data": {"dataset": f"folder:{folder['images']}", "global_batch_size": 16, "num_shards": 2},
+        "model": {"name": model, **kw},
+        "runtime": {"strategy": strategy, "deterministic": strategy == "one_device"},
+        "train": {"epochs": 3, "output_dir": str(out), "verbose": 0, "tensorboard": False, "learning_rate": 3e-3},
+    })
+
+
+def test_a_softmax_file_trains_exactly_as_the_same_network_with_logits(folder, tmp_path):
+    reference = train(_cfg(folder, tmp_path / "logits", folder["logits"])).to_dict()
+    mine = train(_cfg(folder, tmp_path / "mine", folder["mine"])).to_dict()
+    assert mine["model"]["outputs"] == "logits (softmax activation of 'logits' removed)"
+    assert reference["model"]["outputs"] == "logits" and mine["model"]["head"] == "kept"
+    assert mine["weights_sha256"] == reference["weights_sha256"]
+    assert mine["metrics"] == reference["metrics"]
+    assert mine["metrics"]["test_accuracy"] > 0.5  # real digits: it learns (10% is chance)
+    assert mine["data"]["class_names"] == [f"digit_{k}" for k in range(10)]
+    assert mine["model"]["sha256"] and mine["model"]["form"] == "file"
+
+
+@pytest.mark.slow
+def test_mirrored_matches_one_device_for_a_file_and_an_application(folder, tmp_path):
+    for name, model, kw in (("file", folder["mine"], {}), ("mobilenet", "keras.applications:MobileNetV2",
+                                                         {"args": "alpha=0.35"})):
+        one = train(_cfg(folder, tmp_path / f"{name}-one", model, **kw)).to_dict()
+        two = train(_cfg(folder, tmp_path / f"{name}-two", model, strategy="mirrored", **kw)).to_dict()
+        assert two["strategy"]["num_replicas"] == 2
+        # The same examples and steps; only the all-reduce's summation order differs.
+        assert abs(two["metrics"]["test_accuracy"] - one["metrics"]["test_accuracy"]) <= 0.1, (name, one, two)
+        assert two["config"]["data"]["normalize"] == one["config"]["data"]["normalize"]
+    assert one["config"]["data"]["normalize"] == "0.5/0.5"  # MobileNetV2's preprocess_input: [-1, 1]
+
+
+def _launch(out, *args):
+    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", "--workers", "2", "--timeout", "240", "--",
+           sys.executable, "-m", "tfopt.train", "--strategy", "multi_worker_mirrored", "--batch-size", "16",
+           "--epochs", "1", "--quiet", "-o", str(out), "--set", "data.num_shards=2", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done = [json.loads(line.split("tfopt.train: done ", 1)[1]) for line in (proc.stdout + proc.stderr).splitlines()
+            if "tfopt.train: done " in line]
+    assert sorted(d["task"] for d in done) == ["worker:0", "worker:1"]
+    assert done[0]["weights_sha256"] == done[1]["weights_sha256"]  # the replicas stayed in sync
+    return json.load(open(os.path.join(out, "run.json")))
+
+
+@pytest.mark.slow
+def test_two_worker_multi_worker_mirrored_trains_a_file_and_an_application(folder, tmp_path):
+    dataset = ["--dataset", f"folder:{folder['images']}"]
+    run = _launch(tmp_path / "mobilenet", *dataset, *MOBILENET)
+    assert run["strategy"]["num_workers"] == 2 and run["model"]["head"] == "new"
+    assert run["config"]["data"]["normalize"] == "0.5/0.5"
+    run = _launch(tmp_path / "file", *dataset, "--model", folder["mine"])
+    assert run["model"]["outputs"].startswith("logits (softmax") and run["strategy"]["num_workers"] == 2
+
+
+def _stage(module, *args):
+    proc = subprocess.run([sys.executable, "-m", module, *args, "--quiet"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
+    data = ["--dataset", f"folder:{folder['images']}"]
+    teacher = tmp_path / "teacher"
+    _stage("tfopt.train", *data, *MOBILENET, "--image-size", "48x48", "--epochs", "1", "--batch-size", "16",
+           "--strategy", "one_device", "-o", str(teacher))
+    # prune + QAT of the MobileNetV2 run, then its int8 export
+    _stage("tfopt.optimize", "--from", str(teacher), "--technique", "pqat", "--phase-epochs", "prune=1,qat=1",
+           "--steps-per-epoch", "3", "--strategy", "one_device", "-o", str(tmp_path / "pqat"))
+    pqat = json.load(open(tmp_path / "pqat" / "run.json"))
+    assert pqat["optimize"]["source"]["form"] == "run" and pqat["data"]["image_shape"] == [48, 48, 3]
+    _stage("tfopt.export", "--from", str(tmp_path / "pqat"), "--modes", "int8", "--runs", "5", "--warmup", "1",
+           "--threads", "1", "--no-keras-latency", "--no-plot", "-o", str(tmp_path / "pqat-export"))
+    exported = json.load(open(tmp_path / "pqat-export" / "run.json"))
+    row = exported["export"]["modes"][0]
+    assert row["mode"] == "int8" and row["eval"]["agreement"] > 0.9
+    # the exported model is read back with its labels and its input contract
+    labels = open(tmp_path / "pqat-export" / "labels.txt").read().split()
+    assert labels == [f"digit_{k}" for k in range(10)]
+    contract = json.load(open(tmp_path / "pqat-export" / "input.json"))
+    assert contract["image_shape"] == [48, 48, 3] and contract["normalize"] == "0.5/0.5"
+    # distil the MobileNetV2 run into a user's factory-free built-in student, at the teacher's inputs
+    _stage("tfopt.distill", "--teacher", str(teacher), "--student", "small_cnn", *data, "--image-size", "48x48",
+           "--epochs", "1", "--batch-size", "16", "--strategy", "one_device", "-o", str(tmp_path / "student"))
+    student = json.load(open(tmp_path / "student" / "run.json"))
+    assert student["config"]["data"]["normalize"] == "0.5/0.5"  # the teacher's scaling, inherited
+    assert student["distill"]["teachers"][0]["model"] == "keras.applications:MobileNetV2"
+    # a model file straight into optimize and export, with the data named on the command line
+    _stage("tfopt.optimize", "--from", folder["mine"], *data, "--technique", "prune", "--epochs", "1",
+           "--steps-per-epoch", "3", "--strategy", "one_device", "-o", str(tmp_path / "file-prune"))
+    pruned = json.load(open(tmp_path / "file-prune" / "run.json"))
+    assert pruned["optimize"]["source"] == {**pruned["optimize"]["source"], "run": folder["mine"], "form": "file"}
+    _stage("tfopt.export", "--from", folder["mine"], *data, "--modes", "float32", "--runs", "5", "--warmup", "1",
+           "--threads", "1", "--no-keras-latency", "--no-plot")
+    exported = json.load(open(str(folder["root"] / "mine-export" / "run.json")))
+    assert exported["export"]["source"] == folder["mine"]
+    assert exported["export"]["modes"][0]["eval"]["agreement"] == 1.0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "keras.applications:MobilenetV2"], "keras.applications:MobilenetV2 does not exist; did you mean "
+                                                    "MobileNetV2"),
+    ([*MOBILENET, "--model-arg", "depth=3"], "takes no argument 'depth'; --model-arg takes: input_shape, alpha"),
+    (["--model", "cnn", "--model-arg", "alpha=1"], "the model 'cnn' takes no arguments"),
+    (["--model", "/nope/mine.keras"], "model file '/nope/mine.keras' does not exist"),
+    (["--model", "x y"], "is not a model source; give a built-in model name"),
+    (["--image-size", "big"], "data.image_size='big' is not valid; give HEIGHTxWIDTH"),
+])
+def test_bad_model_sources_are_one_line_and_write_nothing(folder, tmp_path, args, needle):
+    proc = subprocess.run([sys.executable, "-m", "tfopt.train", "--dataset", f"folder:{folder['images']}",
+                           "--strategy", "one_device", "-o", str(tmp_path / "run"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("tfopt.train")]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_model_that_does_not_take_the_images_names_both_shapes(folder, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tfopt.train", "--dataset", f"folder:{folder['images']}",
+                           "--model", folder["mine"], "--image-size", "40x40", "--channels", "1",
+                           "--strategy", "one_device", "-o", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert ("takes 32x32x3 images but the data gives 40x40x1; resize them with --image-size 32x32 and --channels 3"
+            in proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
