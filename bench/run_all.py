@@ -53,6 +53,7 @@ BENCHES = (
     Bench("B6", "distillation.py", "distillation"),
     Bench("B7", "overhead.py", "framework overhead"),
     Bench("B8", "end_to_end.py", "end to end"),
+    Bench("B9", "edge_architecture.py", "a real edge architecture"),
 )
 
 

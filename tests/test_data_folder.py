@@ -1,6 +1,7 @@
 """``folder:PATH`` sources, ``data.image_size`` and ``data.channels``: every image reaches the pipeline
 with its own label, resized as asked, and every bad folder is one line naming the file or folder."""
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -147,3 +148,69 @@ def test_images_of_several_sizes_need_an_image_size(tmp_path):
         with pytest.raises(ConfigError, match="data.image_size=.* give HEIGHTxWIDTH"):
             from tfopt.config import from_dict
             from_dict({"data": {"image_size": bad}})
+
+
+def test_a_tfds_dataset_of_varying_sizes_is_resized(tmp_path):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tfds_builders"))
+    import varying_sizes  # noqa: F401  (registers tfds:varying_sizes)
+
+    cfg = DataConfig(dataset="tfds:varying_sizes", data_dir=str(tmp_path / "data"), num_shards=2)
+    with pytest.raises(DataError, match="have different sizes; give --image-size HxW"):
+        prepare(cfg)
+    cfg = DataConfig(dataset="tfds:varying_sizes", data_dir=str(tmp_path / "data"), num_shards=2, image_size="24x20")
+    info = prepare(cfg)
+    assert info.class_names == ("dark", "light") and info.image_shape == (24, 20, 3)
+    x, y = _all(cfg, "test", info)
+    assert x.shape == (10, 24, 20, 3)
+    np.testing.assert_array_equal(np.rint(x[:, 5, 5, 0] * 255), np.where(y == 1, 180, 60))
+    assert np.bincount(y).tolist() == [5, 5]
+
+
+def test_a_source_written_as_a_folder_reads_back_the_same_images(tmp_path):
+    from tfopt.data.to_folder import main
+
+    source = DataConfig(dataset="digits", data_dir=str(tmp_path / "data"), num_shards=2, limit=60)
+    assert main(["digits", str(tmp_path / "out"), "--limit", "60", "--data-dir", str(tmp_path / "data")]) == 0
+    assert sorted(os.listdir(tmp_path / "out")) == ["test", "train", "val"]
+    back = _cfg(tmp_path, tmp_path / "out")
+    info = prepare(back)
+    assert info.class_names == tuple(f"class_{k}" for k in range(10)) and info.image_shape == (8, 8, 1)
+    for split in ("train", "validation", "test"):
+        x, y = _all(source, split)
+        xb, yb = _all(back, split, info)
+        order, order_b = np.lexsort((x.reshape(len(x), -1).T)), np.lexsort((xb.reshape(len(xb), -1).T))
+        np.testing.assert_array_equal(xb[order_b], x[order])  # PNG is lossless
+        np.testing.assert_array_equal(yb[order_b], y[order])
+    assert main(["digits", str(tmp_path / "out")]) == 2  # never written over
+
+
+def _example(image_bytes, label, image_key, label_key):
+    return tf.train.Example(features=tf.train.Features(feature={
+        image_key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
+        label_key: tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))})).SerializeToString()
+
+
+def test_tfrecords_with_their_own_feature_names_sizes_and_labels_file(tmp_path):
+    """The TF-Slim / Object Detection API layout: JPEGs of any size under image/encoded, image/class/label."""
+    for k, (split, n) in enumerate((("train", 12), ("val", 4), ("test", 6))):
+        with tf.io.TFRecordWriter(str(tmp_path / f"{split}-00000.tfrecord")) as w:
+            for i in range(n):
+                value = 60 + 120 * (i % 2)
+                jpeg = tf.io.encode_jpeg(np.full((10 + i + k, 14 + 2 * i, 3), value, np.uint8), quality=100).numpy()
+                w.write(_example(jpeg, i % 2, "image/encoded", "image/class/label"))
+    (tmp_path / "labels.txt").write_text("dark\nlight\n")
+    spec = f"image=jpeg,image_key=image/encoded,label_key=image/class/label,labels={tmp_path / 'labels.txt'}"
+    cfg = DataConfig(dataset=f"tfrecord:{tmp_path}/*.tfrecord", feature_spec=spec, data_dir=str(tmp_path / "data"),
+                     image_size="16x16")
+    info = prepare(cfg)
+    assert info.class_names == ("dark", "light") and info.image_shape == (16, 16, 3)
+    x, y = _all(cfg, "test", info)
+    assert x.shape == (6, 16, 16, 3)
+    np.testing.assert_allclose(np.rint(x[:, 8, 8, 0] * 255), np.where(y == 1, 180, 60), atol=1)
+    with pytest.raises(DataError, match=r"the first image of .* is .*; give every image one shape, or resize"):
+        prepare(DataConfig(dataset=cfg.dataset, feature_spec=spec, data_dir=str(tmp_path / "data")))
+    with pytest.raises(DataError, match=r"need a bytes 'image' and an int64 'label' feature; name others with image_key="):
+        prepare(DataConfig(dataset=cfg.dataset, feature_spec="image=jpeg", data_dir=str(tmp_path / "data"),
+                           image_size="16x16"))
+    with pytest.raises(ConfigError, match=r"unknown key 'image_name' \(valid keys: image, label, classes, image_key"):
+        prepare(DataConfig(dataset=cfg.dataset, feature_spec="image=jpeg,image_name=x", data_dir=str(tmp_path / "d")))

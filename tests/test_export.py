@@ -285,7 +285,7 @@ def _cli(*args, timeout=300):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--from", "/nonexistent/run"], "run directory '/nonexistent/run' does not exist"),
+    (["--from", "/nonexistent/run"], "'/nonexistent/run' does not exist; give the -o directory of a training run or a model file"),
     (["--from", ".", "--modes", "float32,int4"], "unknown mode 'int4'; choose one of"),
     (["--from", ".", "--io", "int16"], "unknown io 'int16'; choose one of float, int8, uint8"),
     (["--from", ".", "--modes", "float16", "--float-layers", "conv0"], "applies to int8"),

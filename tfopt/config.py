@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tfopt.errors import ConfigError
-from tfopt.specs import PRECISIONS, STRATEGIES, parse_model_args, parse_model_source
+from tfopt.specs import PRECISIONS, STRATEGIES, parse_model
 
 AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow here
 
@@ -257,11 +257,7 @@ def _validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"train.nan_lr_factor={cfg.train.nan_lr_factor} must be in (0, 1]; 1 keeps the rate")
     _validate_augment(cfg.data)
     parse_image_size(cfg.data.image_size)
-    parse_model_source(cfg.model.name)
-    args = parse_model_args(cfg.model.args)
-    if args and not parse_model_source(cfg.model.name).spec.takes_args:
-        raise ConfigError(f"model.args={cfg.model.args!r}: the model {cfg.model.name!r} takes no arguments; "
-                          "--model-arg applies to keras.applications:NAME and package.module:function")
+    parse_model(cfg.model.name, cfg.model.args)
     service = cfg.data.service
     if service not in ("", "local") and not (service.startswith("grpc://") and ":" in service[len("grpc://"):]):
         raise ConfigError(f"data.service={service!r} is not valid; give local, grpc://HOST:PORT or nothing (off)")

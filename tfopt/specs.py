@@ -216,6 +216,20 @@ def parse_model_source(text: str) -> ModelSource:
     raise ConfigError(f"model.name={text!r} is not a model source; give {forms}")
 
 
+def parse_model(name: str, args: str = "") -> tuple[ModelSource, dict[str, object]]:
+    """Reads ``model.name`` and ``model.args`` together.
+
+    Raises:
+        ConfigError: a bad source or argument, or arguments for a form that takes none.
+    """
+    source = parse_model_source(name)
+    kwargs = parse_model_args(args)
+    if kwargs and not source.spec.takes_args:
+        raise ConfigError(f"model.args={args!r}: the model {name!r} takes no arguments; "
+                          "--model-arg applies to keras.applications:NAME and package.module:function")
+    return source, kwargs
+
+
 def parse_model_args(text: str) -> dict[str, object]:
     """Reads ``model.args`` (``KEY=VALUE,...``, from repeated ``--model-arg``) into keyword arguments.
 

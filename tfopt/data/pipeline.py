@@ -77,7 +77,8 @@ def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Te
     varying = None in stored[:2]
     shape = (*info.image_shape[:2], stored[2]) if varying else stored
     encoding = _split(info, split).encoding
-    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    image_key, label_key = info.feature_keys
+    spec = {image_key: tf.io.FixedLenFeature([], tf.string), label_key: tf.io.FixedLenFeature([], tf.int64)}
 
     def decode(encoded: tf.Tensor) -> tf.Tensor:
         if encoding == "png":
@@ -94,12 +95,12 @@ def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Te
         batched = serialized.shape.rank == 1
         example = (tf.io.parse_example if batched else tf.io.parse_single_example)(serialized, spec)
         if encoding == "raw":
-            image = tf.reshape(tf.io.decode_raw(example["image"], tf.uint8), ((-1,) if batched else ()) + shape)
+            image = tf.reshape(tf.io.decode_raw(example[image_key], tf.uint8), ((-1,) if batched else ()) + shape)
         elif batched:
-            image = tf.map_fn(decode, example["image"], fn_output_signature=tf.TensorSpec(shape, tf.uint8))
+            image = tf.map_fn(decode, example[image_key], fn_output_signature=tf.TensorSpec(shape, tf.uint8))
         else:
-            image = decode(example["image"])
-        return tf.cast(image, tf.float32) * (1.0 / 255.0), example["label"]
+            image = decode(example[image_key])
+        return tf.cast(image, tf.float32) * (1.0 / 255.0), example[label_key]
 
     parse.vectorized = not varying
     return parse

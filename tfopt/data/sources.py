@@ -52,6 +52,7 @@ class DatasetInfo:
     num_classes: int
     stored_shape: tuple | None = None  # (H, W, C) in the shards (H, W None: sizes vary); None = image_shape
     class_names: tuple[str, ...] = ()  # label i is class_names[i], when the source names its classes
+    feature_keys: tuple[str, str] = ("image", "label")  # the records' image and label feature names
 
     @property
     def record_shape(self) -> tuple:
@@ -98,7 +99,8 @@ def _resolve(cfg: DataConfig) -> _Source:
         if not rest.strip():
             raise DataError("dataset 'tfrecord:' has no glob; use tfrecord:/path/to/*.tfrecord")
         tfrecord_source.parse_feature_spec(cfg.feature_spec)  # fail fast on a bad spec
-        return _Source(tfrecord_source.slug(rest, cfg.feature_spec),
+        # With data.image_size the index allows images of any size: another index.
+        return _Source(tfrecord_source.slug(rest, cfg.feature_spec + ("|any-size" if cfg.image_size else "")),
                        lambda out, c: tfrecord_source.build_tfrecord(out, c, rest),
                        user_files=cfg.limit == 0)
     raise DataError(f"data.dataset={cfg.dataset!r} is not a known source; choose one of "
@@ -137,7 +139,8 @@ def _info(cfg: DataConfig, directory: str, manifest: dict) -> DatasetInfo:
     shape = (*(size or stored[:2]), cfg.channels or stored[2])
     return DatasetInfo(name=cfg.dataset, splits=splits, image_shape=tuple(int(d) for d in shape),
                        num_classes=int(manifest["num_classes"]), stored_shape=None if shape == stored else stored,
-                       class_names=tuple(manifest.get("class_names", ())))
+                       class_names=tuple(manifest.get("class_names", ())),
+                       feature_keys=tuple(manifest.get("feature_keys", ("image", "label"))))
 
 
 def prepare(cfg: DataConfig) -> DatasetInfo:

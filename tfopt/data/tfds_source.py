@@ -162,8 +162,9 @@ def _prepare_failure(e: Exception) -> str | None:
     return None
 
 
-def _features(builder, name: str) -> tuple[str, str, tuple[int, int, int], int]:
-    """Finds the image and label features: (image key, label key, image shape, num classes)."""
+def _features(builder, name: str) -> tuple[str, str, tuple, int, list[str]]:
+    """Finds the image and label features: (image key, label key, image shape (H, W None when the
+    sizes vary), num classes, class names)."""
     import tensorflow_datasets as tfds
 
     keys = builder.info.supervised_keys
@@ -177,10 +178,10 @@ def _features(builder, name: str) -> tuple[str, str, tuple[int, int, int], int]:
         raise DataError(f"tfds dataset {name!r} has no (Image, ClassLabel) feature pair "
                         f"(features: {', '.join(features)}); tfopt reads image classification datasets")
     shape = tuple(image.shape)
-    if len(shape) != 3 or any(d is None for d in shape):
-        raise DataError(f"tfds dataset {name!r} has images of varying shape {shape}; tfopt needs a "
-                        "fixed H x W x C (resize them into TFRecords and use tfrecord:GLOB)")
-    return image_key, label_key, shape, label.num_classes
+    if len(shape) != 3 or shape[2] is None:
+        raise DataError(f"tfds dataset {name!r} has images of shape {shape}; tfopt reads H x W x C images with a "
+                        "known channel count")
+    return image_key, label_key, shape, label.num_classes, list(label.names)
 
 
 def _tfds_builder(name: str, cfg: DataConfig, offline_fashion: bool):
@@ -225,9 +226,16 @@ def _tfds_builder(name: str, cfg: DataConfig, offline_fashion: bool):
     return builder
 
 
-def _encoded_records(builder, split: str, start: int, stop: int, image_key: str, label_key: str):
-    """Yields serialized raw-encoded tfopt Examples for records [start, stop) of a tfds split."""
+def _encoded_records(builder, split: str, start: int, stop: int, image_key: str, label_key: str,
+                     varying: bool = False):
+    """Yields serialized tfopt Examples for records [start, stop) of a tfds split: raw pixels, or
+    PNG when the images' sizes vary (the pipeline resizes them to ``data.image_size``)."""
     ds = builder.as_dataset(split=f"{split}[{start}:{stop}]", shuffle_files=False)
+    if varying:
+        ds = ds.map(lambda ex: (tf.io.encode_png(ex[image_key]), ex[label_key])).prefetch(2)
+        for png, label in ds.as_numpy_iterator():
+            yield shards.encode_example(png, label)
+        return
     ds = ds.map(lambda ex: (ex[image_key], ex[label_key])).batch(_READ_BATCH).prefetch(2)
     for images, labels in ds.as_numpy_iterator():
         for image, label in zip(np.ascontiguousarray(images, dtype=np.uint8), labels):
@@ -250,13 +258,15 @@ def build_tfds(out_dir: str, cfg: DataConfig, name: str, offline_fashion: bool =
         DataError: unknown name, not an image classification dataset, or tfds cannot prepare it.
     """
     builder = _tfds_builder(name, cfg, offline_fashion)
-    image_key, label_key, shape, num_classes = _features(builder, name)
+    image_key, label_key, shape, num_classes, names = _features(builder, name)
+    varying = None in shape[:2]
+    encoding = "image" if varying else "raw"
     sizes = {s: builder.info.splits[s].num_examples for s in builder.info.splits.keys() if s in SPLITS}
     splits = {}
     for split, (src, start, stop) in plan_splits(sizes, cfg.limit).items():
-        records = _encoded_records(builder, src, start, stop, image_key, label_key)
+        records = _encoded_records(builder, src, start, stop, image_key, label_key, varying)
         entries = shards.write_split(out_dir, split, records, stop - start, cfg.num_shards)
-        splits[split] = {"num_records": stop - start, "encoding": "raw", "shards": entries}
+        splits[split] = {"num_records": stop - start, "encoding": encoding, "shards": entries}
     return {"description": f"tfds {builder.info.full_name} (features {image_key!r}, {label_key!r})",
-            "image_shape": list(shape), "num_classes": int(num_classes), "encoding": "raw",
-            "splits": splits}
+            "image_shape": list(shape), "num_classes": int(num_classes), "class_names": names,
+            "encoding": encoding, "splits": splits}

@@ -5,9 +5,13 @@ manifest under ``{data_dir}/tfrecord-<hash>/index`` and verifies it on every lat
 ``limit > 0`` the first ``limit`` records of each split are copied into tfopt shards instead.
 
 ``data.feature_spec`` names how the records are encoded, e.g. ``image=raw:28x28x1,label=int64,classes=10``
-or ``image=png,label=int64``: each record is a ``tf.train.Example`` with an ``image`` bytes feature
-(raw uint8 H x W x C, PNG or JPEG) and an int64 ``label``. ``classes`` defaults to max label + 1;
-a PNG/JPEG image shape defaults to the shape of the first image.
+or ``image=png,label=int64``: each record is a ``tf.train.Example`` with an image bytes feature
+(raw uint8 H x W x C, PNG or JPEG) and an int64 label. The features are called ``image`` and
+``label`` unless ``image_key=`` / ``label_key=`` name others (e.g. the TF-Slim and Object Detection
+API's ``image_key=image/encoded,label_key=image/class/label``); ``labels=PATH`` names a text file of
+class names, one per line (label ``i`` is line ``i``). ``classes`` defaults to max label + 1 (or
+the labels file's length); a PNG/JPEG image shape defaults to the shape of the first image, and
+with ``data.image_size`` the images may have any sizes (the pipeline resizes them).
 
 Split rule: a file belongs to the split named by a word of its base name (words split at any
 non-alphanumeric character): ``train``/``training`` -> train, ``validation``/``valid``/``val``/``dev``
@@ -29,7 +33,9 @@ from tfopt.data import shards
 from tfopt.errors import ConfigError, DataError
 
 ENCODINGS = ("raw", "png", "jpeg")
-_EXAMPLE = "image=raw:28x28x1,label=int64,classes=10 or image=png,label=int64"
+_EXAMPLE = ("image=raw:28x28x1,label=int64,classes=10 or image=jpeg,image_key=image/encoded,"
+            "label_key=image/class/label,labels=labels.txt")
+_KEYS = ("image", "label", "classes", "image_key", "label_key", "labels")
 _SPLIT_WORDS = {
     "train": "train", "training": "train",
     "validation": "validation", "valid": "validation", "val": "validation", "dev": "validation",
@@ -44,6 +50,9 @@ class FeatureSpec:
     encoding: str  # raw | png | jpeg
     shape: tuple[int, int, int] | None  # None: taken from the first image (png/jpeg only)
     classes: int | None  # None: max label + 1
+    image_key: str = "image"  # the image bytes feature's name
+    label_key: str = "label"  # the int64 label feature's name
+    labels: str = ""  # a text file of class names, one per line
 
 
 def _spec_error(spec: str, problem: str) -> ConfigError:
@@ -63,8 +72,8 @@ def parse_feature_spec(spec: str) -> FeatureSpec:
         key, sep, value = (s.strip() for s in part.partition("="))
         if not sep or not key or not value:
             raise _spec_error(spec, f"{part.strip()!r} is not key=value")
-        if key not in ("image", "label", "classes"):
-            raise _spec_error(spec, f"unknown key {key!r} (valid keys: image, label, classes)")
+        if key not in _KEYS:
+            raise _spec_error(spec, f"unknown key {key!r} (valid keys: {', '.join(_KEYS)})")
         if key in items:
             raise _spec_error(spec, f"key {key!r} is given twice")
         items[key] = value
@@ -90,7 +99,26 @@ def parse_feature_spec(spec: str) -> FeatureSpec:
         if not items["classes"].isdigit() or int(items["classes"]) < 2:
             raise _spec_error(spec, f"classes={items['classes']!r} is not an integer >= 2")
         classes = int(items["classes"])
-    return FeatureSpec(encoding, shape, classes)
+    return FeatureSpec(encoding, shape, classes, items.get("image_key", "image"), items.get("label_key", "label"),
+                       items.get("labels", ""))
+
+
+def read_labels(fs: FeatureSpec, spec: str) -> list[str]:
+    """The class names of ``labels=PATH`` (one per non-empty line), or [] without it.
+
+    Raises:
+        ConfigError: the file cannot be read or holds fewer than two names.
+    """
+    if not fs.labels:
+        return []
+    try:
+        with open(os.path.expanduser(fs.labels), encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+    except OSError as e:
+        raise _spec_error(spec, f"labels file {fs.labels!r} cannot be read ({e.strerror})") from None
+    if len(names) < 2:
+        raise _spec_error(spec, f"labels file {fs.labels!r} names {len(names)} class(es); give one name per line")
+    return names
 
 
 def slug(pattern: str, spec: str) -> str:
@@ -132,16 +160,16 @@ def split_files(pattern: str) -> dict[str, list[str]]:
 def _check_file(path: str, fs: FeatureSpec) -> tuple[int, int, int, tuple[int, ...]]:
     """Reads a user file fully: returns (records, min label, max label, shape of its first image)."""
     count = shards.scan_tfrecord(path)  # catches truncation, which TensorFlow does not
-    label_spec = {"label": tf.io.FixedLenFeature([], tf.int64)}
+    label_spec = {fs.label_key: tf.io.FixedLenFeature([], tf.int64)}
     lo, hi, shape = None, None, ()
     try:
         ds = tf.data.TFRecordDataset(path).batch(4096)
-        for batch in ds.map(lambda b: tf.io.parse_example(b, label_spec)["label"]).as_numpy_iterator():
+        for batch in ds.map(lambda b: tf.io.parse_example(b, label_spec)[fs.label_key]).as_numpy_iterator():
             if batch.size:
                 lo = int(batch.min()) if lo is None else min(lo, int(batch.min()))
                 hi = int(batch.max()) if hi is None else max(hi, int(batch.max()))
         for record in tf.data.TFRecordDataset(path).take(1):
-            image = tf.io.parse_single_example(record, {"image": tf.io.FixedLenFeature([], tf.string)})["image"]
+            image = tf.io.parse_single_example(record, {fs.image_key: tf.io.FixedLenFeature([], tf.string)})[fs.image_key]
             if fs.encoding == "raw":
                 shape = (int(tf.strings.length(image)),)
             else:
@@ -150,8 +178,9 @@ def _check_file(path: str, fs: FeatureSpec) -> tuple[int, int, int, tuple[int, .
         raise DataError(f"TFRecord file {path} is corrupted ({str(e).splitlines()[0]}); "
                         "restore or regenerate it") from None
     except tf.errors.InvalidArgumentError as e:
-        raise DataError(f"records of {path} do not match data.feature_spec (need a bytes 'image' "
-                        f"and an int64 'label' feature): {str(e).splitlines()[0]}") from None
+        raise DataError(f"records of {path} do not match data.feature_spec (need a bytes {fs.image_key!r} "
+                        f"and an int64 {fs.label_key!r} feature; name others with image_key= / label_key=): "
+                        f"{str(e).splitlines()[0]}") from None
     if count and lo is None:
         lo = hi = 0
     return count, (lo if lo is not None else 0), (hi if hi is not None else -1), shape
@@ -170,6 +199,8 @@ def build_tfrecord(out_dir: str, cfg: DataConfig, pattern: str) -> dict:
             that do not match the spec, or labels outside ``[0, classes)``.
     """
     fs = parse_feature_spec(cfg.feature_spec)
+    names = read_labels(fs, cfg.feature_spec)
+    varying = bool(cfg.image_size) and fs.encoding != "raw"  # any sizes: the pipeline resizes them
     splits: dict[str, dict] = {}
     shape, lo, hi = fs.shape, 0, -1
     for split, files in split_files(pattern).items():
@@ -182,16 +213,20 @@ def build_tfrecord(out_dir: str, cfg: DataConfig, pattern: str) -> dict:
                                 f"raw {'x'.join(map(str, fs.shape))} ({int(np.prod(fs.shape))} bytes); fix the spec")
             if fs.encoding != "raw" and first:
                 shape = shape or first
-                if tuple(first[:2]) != tuple(shape[:2]):  # channels are converted when decoding
+                if not varying and tuple(first[:2]) != tuple(shape[:2]):  # channels are converted when decoding
                     raise DataError(f"the first image of {path} is {'x'.join(map(str, first))}, not "
-                                    f"{'x'.join(map(str, shape))}; give every image one shape")
+                                    f"{'x'.join(map(str, shape))}; give every image one shape, or resize them "
+                                    "with --image-size HxW")
             entries.append({"file": path, "records": count, "bytes": shards.file_size(path),
                             "sha256": shards.sha256_file(path)})
         splits[split] = {"num_records": sum(e["records"] for e in entries), "encoding": fs.encoding,
                          "shards": entries}
     if lo < 0:
         raise DataError(f"tfrecord:{pattern} has negative labels ({lo}); labels must be 0..classes-1")
-    classes = fs.classes or hi + 1
+    classes = fs.classes or max(hi + 1, len(names))
+    if names and len(names) != classes:
+        raise DataError(f"labels file {fs.labels!r} names {len(names)} classes but the data has {classes}; "
+                        "give one name per class")
     if hi >= classes:
         raise DataError(f"tfrecord:{pattern} has label {hi} but data.feature_spec says classes={classes}; "
                         f"set classes to at least {hi + 1}")
@@ -203,5 +238,8 @@ def build_tfrecord(out_dir: str, cfg: DataConfig, pattern: str) -> dict:
             files = [e["file"] for e in info["shards"]]
             records = tf.data.TFRecordDataset(files).take(n).as_numpy_iterator()
             info.update(num_records=n, shards=shards.write_split(out_dir, split, records, n, cfg.num_shards))
+    if varying:
+        shape = (None, None, shape[2] if len(shape) == 3 else 3)
     return {"description": f"user TFRecord files {pattern} ({cfg.feature_spec})", "image_shape": list(shape),
-            "num_classes": int(classes), "encoding": fs.encoding, "splits": splits}
+            "num_classes": int(classes), "encoding": fs.encoding, "splits": splits, "class_names": names,
+            "feature_keys": [fs.image_key, fs.label_key]}

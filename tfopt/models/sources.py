@@ -36,7 +36,7 @@ from tfopt.config import BGR_PREFIX, ModelConfig, RunConfig
 from tfopt.errors import ConfigError, ModelError
 from tfopt.fileio import tree_digest
 from tfopt.models import io, registry
-from tfopt.specs import ModelSource, parse_model_args, parse_model_source, resolve
+from tfopt.specs import ModelSource, parse_model, parse_model_args, parse_model_source, resolve
 
 
 @dataclass
@@ -54,7 +54,7 @@ def check(cfg: ModelConfig) -> ModelSource:
         ConfigError: not a model source, or an unknown built-in name.
         ModelError: a model file that does not exist.
     """
-    source = parse_model_source(cfg.name)
+    source, _ = parse_model(cfg.name, cfg.args)
     if source.form == "builtin":
         registry.check_model_name(source.target)
     elif source.form == "file" and not os.path.exists(source.target):

@@ -26,18 +26,20 @@ MULTI_PROCESS = ("multi_worker_mirrored", "parameter_server")
 
 @dataclass(frozen=True)
 class TeacherSpec:
-    """The teacher: a registered model trained from scratch (``tfopt.train``)."""
+    """The teacher, trained from scratch or fine-tuned (``tfopt.train``): any model source."""
 
-    model: str = "cnn"
+    model: str = "cnn"  # a built-in name, a model file, keras.applications:NAME, package.module:function
+    args: str = ""  # KEY=VALUE,... of keras.applications:NAME or a factory
     epochs: int = 3
     learning_rate: float = 1e-3
 
 
 @dataclass(frozen=True)
 class StudentSpec:
-    """The student: a small registered model distilled from the teacher (``tfopt.distill``)."""
+    """The student, distilled from the teacher (``tfopt.distill``): any model source."""
 
     model: str = "tiny_cnn"
+    args: str = ""
     epochs: int = 3
     learning_rate: float = 1e-3
     temperature: float = 4.0
@@ -120,7 +122,7 @@ class PipelineConfig:
         if not self.name or os.sep in self.name:
             raise ConfigError(f"pipeline name {self.name!r} must be a non-empty word (it names the run directory)")
         for what, spec in (("teacher", self.teacher), ("student", self.student)):
-            check_model(config_lib.ModelConfig(name=spec.model))
+            check_model(config_lib.ModelConfig(name=spec.model, args=spec.args))
             if spec.epochs < 1 or spec.learning_rate <= 0:
                 raise ConfigError(f"{what}.epochs={spec.epochs} must be >= 1 and {what}.learning_rate="
                                   f"{spec.learning_rate} > 0")

@@ -39,21 +39,21 @@ def run_stage(cfg: PipelineConfig, stage: Stage, run_dir: str, *, verbose: int =
         from tfopt.train.stage import run
 
         t = cfg.teacher
-        run(replace_output(stage_run_config(cfg, t.model, t.epochs, t.learning_rate, out), out, verbose),
+        run(replace_output(stage_run_config(cfg, t, out), out, verbose),
             overwrite=True)
     elif stage.kind == "distill":
         from tfopt.distill.options import DistillOptions
         from tfopt.distill.stage import run
 
         s = cfg.student
-        run_cfg = replace_output(stage_run_config(cfg, s.model, s.epochs, s.learning_rate, out), out, verbose)
+        run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
         run(run_cfg, DistillOptions(teachers=(source,), temperature=s.temperature, alpha=s.alpha), overwrite=True)
     elif stage.kind == "optimize":
         from tfopt.optimize.prune import PruneSpec
         from tfopt.optimize.runner import OptimizeSettings, run
 
         s, c = cfg.student, cfg.compress
-        run_cfg = replace_output(stage_run_config(cfg, s.model, s.epochs, s.learning_rate, out), out, verbose)
+        run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
         settings = OptimizeSettings(technique=stage.settings["technique"], prune=PruneSpec(sparsity=c.sparsity),
                                     epochs=c.epochs, learning_rate=c.learning_rate)
         run(source, run_cfg, [settings], [out], keep_going=False, overwrite=True)

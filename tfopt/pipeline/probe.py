@@ -51,7 +51,7 @@ def measure(cfg: RunConfig, teacher_dir: str, *, steps: int = 32, warmup: int = 
     """Times the input pipeline and the teacher's training step with real and with synthetic input.
 
     Args:
-        cfg: The pipeline's base RunConfig (its data settings build the training stream).
+        cfg: The pipeline's base RunConfig (its learning rate; the data are the teacher run's).
         teacher_dir: The teacher's run directory.
         steps: Timed batches per measurement.
         warmup: Batches before the input timing starts.
@@ -60,13 +60,15 @@ def measure(cfg: RunConfig, teacher_dir: str, *, steps: int = 32, warmup: int = 
         ``input_examples_per_sec``, ``train_examples_per_sec``, ``step_ms_real``,
         ``step_ms_synthetic``, ``input_bound_fraction``, ``batch``, ``steps``, ``device``.
     """
-    info = prepare(cfg.data)
-    batch = cfg.data.global_batch_size
-    stream = make_dataset(cfg.data, "train", training=True, info=info)
+    teacher = load_run(teacher_dir)
+    data = teacher.config.data  # the teacher's input: its model's own scaling (data.normalize) included
+    info = prepare(data)
+    batch = data.global_batch_size
+    stream = make_dataset(data, "train", training=True, info=info)
     input_rate = _input_rate(stream, steps, warmup, batch)
     synthetic = stream.take(1).cache().repeat()
     # One compiled model for both: the same traced step, fed by one stream or the other.
-    model = load_model(load_run(teacher_dir).model_path)
+    model = load_model(teacher.model_path)
     model.compile(optimizer=keras.optimizers.Adam(cfg.train.learning_rate), steps_per_execution=steps,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     build_step_state(model)  # one trace of the step, not two

@@ -43,10 +43,11 @@ class Stage:
         return self.kind in ("train", "distill", "optimize")
 
 
-def stage_run_config(cfg: PipelineConfig, model: str, epochs: int, learning_rate: float, output_dir: str) -> RunConfig:
-    """The RunConfig of one training stage: the pipeline's base with that stage's model and schedule."""
-    return config_lib.from_dict({"model": {"name": model},
-                                 "train": {"epochs": epochs, "learning_rate": learning_rate,
+def stage_run_config(cfg: PipelineConfig, spec, output_dir: str) -> RunConfig:
+    """The RunConfig of one training stage: the pipeline's base with that stage's model (a
+    ``TeacherSpec`` or ``StudentSpec``: any model source and its arguments) and schedule."""
+    return config_lib.from_dict({"model": {"name": spec.model, "args": spec.args},
+                                 "train": {"epochs": spec.epochs, "learning_rate": spec.learning_rate,
                                            "output_dir": output_dir}}, cfg.base)
 
 
@@ -65,13 +66,13 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
         stages[name] = Stage(name, kind, inputs, settings, digest)
 
     t, s, c, e = cfg.teacher, cfg.student, cfg.compress, cfg.export
-    add("teacher", "train", (), {"run": _result_part(stage_run_config(cfg, t.model, t.epochs, t.learning_rate, ""))})
+    add("teacher", "train", (), {"run": _result_part(stage_run_config(cfg, t, ""))})
     add("student", "distill", ("teacher",),
-        {"run": _result_part(stage_run_config(cfg, s.model, s.epochs, s.learning_rate, "")),
+        {"run": _result_part(stage_run_config(cfg, s, "")),
          "temperature": s.temperature, "alpha": s.alpha})
     for technique in c.techniques:
         add(f"student-{technique}", "optimize", ("student",),
-            {"run": _result_part(stage_run_config(cfg, s.model, s.epochs, s.learning_rate, "")),
+            {"run": _result_part(stage_run_config(cfg, s, "")),
              "technique": technique, "sparsity": c.sparsity, "epochs": c.epochs, "learning_rate": c.learning_rate})
     for source in ["teacher", "student", *[f"student-{x}" for x in c.techniques]]:
         qat = source.startswith("student-") and source[len("student-"):] in QAT_TECHNIQUES
