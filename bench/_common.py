@@ -308,3 +308,46 @@ def result(bench_id: str, title: str, command: str, figures: Sequence[dict], **p
     """
     return {"id": bench_id, "title": title, "command": command, "environment": environment_light(),
             "lscpu": lscpu_info(), "figures": list(figures), **payload}
+
+
+def interleaved_latency(models: dict, settings, *, repeats: int, runs: int, warmup: int, gate, bar) -> dict:
+    """LiteRT p50 per (model, setting) per round; every model interleaved (order rotated) within every round.
+
+    Args:
+        models: ``{name: .tflite bytes}``.
+        settings: ``((key, threads), ...)``, e.g. ``(("xnnpack/1t", 1), ("xnnpack/2t", 2))``.
+        repeats, runs, warmup: Rounds, timed invokes per model and round, untimed invokes first.
+        gate: A :class:`QuietGate` (re-runs a round other tenants disturbed).
+        bar: A tqdm bar, advanced once per round and setting.
+
+    Returns:
+        ``{name: {key: [p50 ms of each round]}}``.
+    """
+    from tfopt.export import benchmark as bench
+
+    names = list(models)
+    per = {name: {key: [] for key, _ in settings} for name in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for key, threads in settings:
+            def unit():
+                with CpuSample() as s:
+                    out = {n: bench.latency(models[n], threads=threads, warmup=warmup, runs=runs)["p50_ms"]
+                           for n in order}
+                return out, [s.foreign]
+
+            for n, v in gate.run(unit).items():
+                per[n][key].append(v)
+            bar.set_postfix_str(f"latency round {r + 1}/{repeats} {key}")
+            bar.update(1)
+    return per
+
+
+def speedups(per: dict, name: str, base: str, settings) -> dict:
+    """Per setting: ``name``'s p50 median and rounds, and its per-round speedup over ``base`` (same round)."""
+    out = {}
+    for key, _ in settings:
+        ratios = [f / v for f, v in zip(per[base][key], per[name][key])]
+        out[key] = {"p50_ms": median(per[name][key]), "rounds": per[name][key],
+                    "speedup_vs_float32": median(ratios), "speedup_rounds": ratios}
+    return out

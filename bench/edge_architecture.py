@@ -39,10 +39,9 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import (  # noqa: E402
-    CpuSample, QuietGate, figure, markdown_table, median, result, write_json_atomic)
+    QuietGate, figure, interleaved_latency, markdown_table, median, result, speedups, write_json_atomic)
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.export import benchmark as bench  # noqa: E402
 from tfopt.export import tflite  # noqa: E402
 from tfopt.export.evaluate import load_split  # noqa: E402
 from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
@@ -164,26 +163,6 @@ def peer_family(run, p: Params) -> dict:
     return out
 
 
-def measure(models: dict[str, bytes], p: Params, gate: QuietGate, bar) -> dict:
-    """p50 per (model, setting) per round; every model interleaved (order rotated) within every round."""
-    names = list(models)
-    per = {name: {key: [] for key, _ in SETTINGS} for name in names}
-    for r in range(p.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for key, threads in SETTINGS:
-            def unit():
-                with CpuSample() as s:
-                    out = {n: bench.latency(models[n], threads=threads, warmup=p.warmup, runs=p.runs)["p50_ms"]
-                           for n in order}
-                return out, [s.foreign]
-
-            for n, v in gate.run(unit).items():
-                per[n][key].append(v)
-            bar.set_postfix_str(f"latency round {r + 1}/{p.repeats} {key}")
-            bar.update(1)
-    return per
-
-
 def main(argv=None) -> int:
     p, gate, out, workdir = parse_args(argv)
     t_start = time.perf_counter()
@@ -211,7 +190,7 @@ def main(argv=None) -> int:
                 timed[f"{name}/tfopt/{mode}"] = row["content"]
             for mode, row in peers[name].items():
                 timed[f"{name}/guide/{mode}"] = row["content"]
-        per = measure(timed, p, gate, bar)
+        per = interleaved_latency(timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar)
     res = summarize(p, families, peers, per)
     res["quiet_gate"] = gate.summary()
     res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
@@ -220,15 +199,6 @@ def main(argv=None) -> int:
     print(res["table_markdown"])
     print(f"\n[B9] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
     return 0
-
-
-def _latency(per: dict, name: str, base: str) -> dict:
-    out = {}
-    for key, _ in SETTINGS:
-        ratios = [f / v for f, v in zip(per[base][key], per[name][key])]
-        out[key] = {"p50_ms": median(per[name][key]), "rounds": per[name][key],
-                    "speedup_vs_float32": median(ratios), "speedup_rounds": ratios}
-    return out
 
 
 def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
@@ -241,11 +211,11 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
             rows[mode] = {**{k: v for k, v in r.items() if k != "content"},
                           "size_ratio_vs_float32": fam["rows"]["float32"]["size_bytes"] / r["size_bytes"],
                           "accuracy_loss_vs_keras_pt": round(100 * (keras_acc - r["eval"]["accuracy"]), 3),
-                          "latency_interleaved": _latency(per, f"{name}/tfopt/{mode}", base)}
+                          "latency_interleaved": speedups(per, f"{name}/tfopt/{mode}", base, SETTINGS)}
         peer_rows = {}
         for mode, r in peers[name].items():
             peer_rows[mode] = {k: v for k, v in r.items() if k != "content"}
-            peer_rows[mode]["latency_interleaved"] = _latency(per, f"{name}/guide/{mode}", base)
+            peer_rows[mode]["latency_interleaved"] = speedups(per, f"{name}/guide/{mode}", base, SETTINGS)
             peer_rows[mode]["size_ratio_vs_float32"] = peers[name]["float32"]["size_bytes"] / r["size_bytes"]
         # tfopt's mode vs the guide's same mode, per round (>1: tfopt slower)
         vs_peer = {}

@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import (  # noqa: E402
-    CpuSample, QuietGate, figure, markdown_table, median, result, write_json_atomic)
+    QuietGate, figure, interleaved_latency, markdown_table, median, result, speedups, write_json_atomic)
 from bench.peers import ptq_tutorial, qat_example  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
 from tfopt._keras import keras  # noqa: E402
@@ -221,26 +221,6 @@ def run_peers(p: Params, data_cfg) -> dict:
     return out
 
 
-def measure(models: dict[str, bytes], p: Params, gate: QuietGate, bar) -> dict:
-    """p50 per (model, setting) per round; every model interleaved (order rotated) within every round."""
-    names = list(models)
-    per = {name: {key: [] for key, _ in SETTINGS} for name in names}
-    for r in range(p.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for key, threads in SETTINGS:
-            def unit():
-                with CpuSample() as s:
-                    out = {n: bench.latency(models[n], threads=threads, warmup=p.warmup, runs=p.runs)["p50_ms"]
-                           for n in order}
-                return out, [s.foreign]
-
-            for n, v in gate.run(unit).items():
-                per[n][key].append(v)
-            bar.set_postfix_str(f"latency round {r + 1}/{p.repeats} {key}")
-            bar.update(1)
-    return per
-
-
 def main(argv=None) -> int:
     p, gate, out, workdir = parse_args(argv)
     t_start = time.perf_counter()
@@ -280,7 +260,7 @@ def main(argv=None) -> int:
                 for mode in ("float32", "int8"):
                     timed[f"{peer}/{mode}"] = r[mode]["content"]
             bar.update(1)
-        per = measure(timed, p, gate, bar)
+        per = interleaved_latency(timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar)
     res = summarize(p, families, peers, per)
     res["quiet_gate"] = gate.summary()
     res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
@@ -289,16 +269,6 @@ def main(argv=None) -> int:
     print(res["table_markdown"])
     print(f"\n[B5] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
     return 0
-
-
-def _latency(per: dict, name: str, base: str) -> dict:
-    """Per setting: p50 median and rounds, and the per-round speedup vs ``base`` (same round, side by side)."""
-    out = {}
-    for key, _ in SETTINGS:
-        ratios = [f / v for f, v in zip(per[base][key], per[name][key])]
-        out[key] = {"p50_ms": median(per[name][key]), "rounds": per[name][key],
-                    "speedup_vs_float32": median(ratios), "speedup_rounds": ratios}
-    return out
 
 
 def _verdict(key: str, got) -> dict:
@@ -315,7 +285,7 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
         peer_rows[peer] = {
             **{k: v for k, v in r.items() if k not in ("float32", "int8")},
             **{mode: {"size_bytes": len(r[mode]["content"]), "accuracy": r[mode]["accuracy"],
-                      "latency": _latency(per, f"{peer}/{mode}", base)} for mode in ("float32", "int8")}}
+                      "latency": speedups(per, f"{peer}/{mode}", base, SETTINGS)} for mode in ("float32", "int8")}}
         row = peer_rows[peer]
         row["int8_size_ratio"] = row["float32"]["size_bytes"] / row["int8"]["size_bytes"]
         row["int8_accuracy_loss_pt"] = round(100 * (r["keras_test_accuracy"] - r["int8"]["accuracy"]), 3)
@@ -348,7 +318,7 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
                 row = {k: v for k, v in fam["rows"][mode].items() if k != "content"}
             rows[mode] = {**row, "size_ratio_vs_float32": f32["size_bytes"] / row["size_bytes"],
                           "accuracy_loss_vs_keras_pt": round(100 * (keras_acc - row["eval"]["accuracy"]), 3),
-                          "latency_interleaved": _latency(per, f"{name}/{mode}", f"{name}/float32")}
+                          "latency_interleaved": speedups(per, f"{name}/{mode}", f"{name}/float32", SETTINGS)}
         auto_row = rows["int8_auto"]
         lat = auto_row["latency_interleaved"]["xnnpack/1t"]
         qat_losses = [q["loss_pt"] for q in fam["qat"]]

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from image_folder import digits_folder
 from isolation import ISOLATED
