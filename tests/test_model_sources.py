@@ -130,9 +130,13 @@ def test_applications_are_built_with_a_logits_head_and_take_local_weights(tmp_pa
                                    pooling="avg").save_weights(path)
     reference = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, include_top=False,
                                                weights=path, pooling="avg")
-    loaded = sources.build(ModelConfig(name=cfg.name, args=f"alpha=0.35,weights={path}"), (32, 32, 3), 5).model
-    for a, b in zip(reference.get_weights(), loaded.get_weights()):
+    loaded = sources.build(ModelConfig(name=cfg.name, args=f"alpha=0.35,weights={path}"), (32, 32, 3), 5)
+    for a, b in zip(reference.get_weights(), loaded.model.get_weights()):
         np.testing.assert_array_equal(a, b)
+    # Batch-norm statistics: Keras's 0.999 for pretrained weights, 0.9 from random ones (short runs)
+    momenta = lambda m: {l.momentum for l in m.layers if isinstance(l, keras.layers.BatchNormalization)}  # noqa: E731
+    assert momenta(loaded.model) == {0.999} and loaded.description["notes"] == []
+    assert momenta(built.model) == {0.9} and "0.999 -> 0.9" in built.description["notes"][0]
 
 
 def test_bad_applications_are_one_line():

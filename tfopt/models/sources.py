@@ -170,12 +170,35 @@ def build_application(source: ModelSource, cfg: ModelConfig, input_shape, num_cl
     if kwargs.get("include_top"):
         kwargs.setdefault("classes", num_classes)
         kwargs.setdefault("classifier_activation", None)
-        return _call(fn, kwargs, f"keras.applications:{source.target}")
+        return _short_run_statistics(_call(fn, kwargs, f"keras.applications:{source.target}"), kwargs["weights"])
     kwargs.update(include_top=False)
     kwargs.setdefault("pooling", "avg")
     base = _call(fn, kwargs, f"keras.applications:{source.target}")
     outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(base.output)
-    return keras.Model(base.inputs, outputs, name=base.name)
+    return _short_run_statistics(keras.Model(base.inputs, outputs, name=base.name), kwargs["weights"])
+
+
+# Keras's applications keep BatchNormalization statistics with momentum 0.99-0.999, tuned for
+# ImageNet-length training: from random weights, a run of a few thousand steps evaluates with
+# statistics still mostly at their initial values (measured here: MobileNetV2 on Fashion-MNIST at
+# 83% training accuracy scored 10.6% on validation after 3 epochs). tfopt's own models use 0.9.
+SCRATCH_BN_MOMENTUM = 0.9
+
+
+def _short_run_statistics(model: "keras.Model", weights) -> "keras.Model":
+    """Batch-norm momentum ``SCRATCH_BN_MOMENTUM`` when the network starts from random weights (kept
+    as Keras sets it for pretrained ones); the model's ``tfopt_notes`` say what changed."""
+    if weights is not None:
+        return model
+    changed = sorted({float(l.momentum) for l in model.layers if isinstance(l, keras.layers.BatchNormalization)
+                      and l.momentum != SCRATCH_BN_MOMENTUM})
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = SCRATCH_BN_MOMENTUM
+    if changed:
+        model.tfopt_notes = [f"batch-norm momentum {', '.join(f'{m:g}' for m in changed)} -> {SCRATCH_BN_MOMENTUM:g} "
+                             "(random initial weights: statistics usable after a short run)"]
+    return model
 
 
 def build_factory(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
@@ -240,12 +263,12 @@ def build(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> Bui
             another class count with ``model.head=keep``.
     """
     source = check(cfg)
-    model = ensure_tf_keras(resolve(source.spec.builder)(source, cfg, tuple(input_shape), num_classes))
+    model = built_model = ensure_tf_keras(resolve(source.spec.builder)(source, cfg, tuple(input_shape), num_classes))
     check_input(model, input_shape, cfg.name)
     model, outputs = to_logits(model)
     fresh = source.form == "applications" and not parse_model_args(cfg.args).get("include_top")
     model, head = fit_head(model, num_classes, cfg.head, cfg.name, new=fresh)
-    description = {**describe(cfg), "outputs": outputs, "head": head,
+    description = {**describe(cfg), "outputs": outputs, "head": head, "notes": getattr(built_model, "tfopt_notes", []),
                    "input_shape": [None if d is None else int(d) for d in model.input_shape[1:]]}
     return Built(model, description)
 
