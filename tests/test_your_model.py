@@ -165,3 +165,23 @@ def test_a_model_that_does_not_take_the_images_names_both_shapes(folder, tmp_pat
     assert ("takes 32x32x3 images but the data gives 40x40x1; resize them with --image-size 32x32 and --channels 3"
             in proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_path):
+    garbage = tmp_path / "notes.keras"
+    garbage.write_bytes(b"these are my notes, not a model")
+    k3 = tmp_path / "k3.keras"
+    subprocess.run([sys.executable, "-c", "import keras\nm = keras.Sequential([keras.Input((32, 32, 3)), "
+                    f"keras.layers.Flatten(), keras.layers.Dense(10)])\nm.save({str(k3)!r})"],
+                   check=True, capture_output=True, env={**os.environ, "TF_USE_LEGACY_KERAS": "0"})
+    data = ["--dataset", f"folder:{folder['images']}", "--strategy", "one_device"]
+    for module, args, needle in (
+            ("tfopt.train", ["--model", str(garbage)], "is not a valid .keras file"),
+            ("tfopt.optimize", ["--from", str(k3), "--technique", "prune"], "was saved by Keras 3"),
+            ("tfopt.distill", ["--teacher", str(k3)], "was saved by Keras 3")):
+        proc = subprocess.run([sys.executable, "-m", module, *args, *data, "-o", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (module, proc.stderr)
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith(module)]
+        assert len(lines) == 1 and needle in lines[0], (module, proc.stderr)
+        assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists(), module
