@@ -62,7 +62,7 @@ def test_overrides_and_their_errors():
     assert [s.name for s in plan(apply_overrides(cfg, ["compress.techniques="]))] == [
         "teacher", "student", "teacher-export", "student-export"]
     for bad, message in [
-        (["teacher.epoch=2"], r"unknown key teacher.epoch; valid keys in 'teacher': model, epochs, learning_rate"),
+        (["teacher.epoch=2"], r"unknown key teacher.epoch; valid keys in 'teacher': model, args, epochs, learning_rate"),
         (["compress.techniques=pqat,magic"], r"compress.techniques='pqat,magic' is not valid; give distinct names from"),
         (["teacher.model=resnet"], r"unknown model 'resnet'; choose one of"),
         (["export.modes=int4"], r"int4"),
