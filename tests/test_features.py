@@ -162,7 +162,8 @@ def test_mlp_and_mobilenet_tiny_train_end_to_end(tmp_path, name):
     run = _run_json(out)
     assert run == record.to_dict()
     fresh = build_model(name, (28, 28, 1), 10, cfg.model.dropout)
-    assert run["model"] == {"name": name, "params": fresh.count_params()}
+    assert run["model"] == {"name": name, "params": fresh.count_params(), "source": name, "form": "builtin",
+                            "outputs": "logits", "head": "kept", "notes": [], "input_shape": [28, 28, 1]}
     saved = load_model(str(out))
     # The saved model is the registry's architecture (not, e.g., the default cnn), and it trained.
     assert saved.name == fresh.name == name

@@ -233,7 +233,7 @@ def resolve(job: "Job") -> Probe:
     policy, reason, rates = decide(medians, cfg.data.global_batch_size)
     del models, iterator, dataset
     gc.collect()
-    return Probe(policy, reason, rates, {p: [round(s, 5) for s in v] for p, v in seconds.items()},
+    return Probe(policy, reason, rates, {p: [round(s, 7) for s in v] for p, v in seconds.items()},
                  cfg.data.global_batch_size, WARMUP_STEPS, round(time.perf_counter() - started, 3), workers)
 
 
