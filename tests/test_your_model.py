@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from image_folder import digits_folder
 from isolation import ISOLATED
@@ -185,3 +186,24 @@ def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_p
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith(module)]
         assert len(lines) == 1 and needle in lines[0], (module, proc.stderr)
         assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists(), module
+
+
+def test_freeze_epochs_train_the_classification_layer_alone_first(folder, tmp_path):
+    from tfopt.models.io import load_model
+
+    original = load_model(folder["logits"])
+
+    def moved(run_dir):
+        saved = load_model(str(run_dir))
+        assert all(layer.trainable for layer in saved.layers)  # saved as a whole, ready to fine-tune on
+        return {l.name for l, o in zip(saved.layers, original.layers)
+                if any(not np.array_equal(a, b) for a, b in zip(l.get_weights(), o.get_weights()))}
+
+    head_only = train(_cfg(folder, tmp_path / "head", folder["logits"], freeze_epochs=3)).to_dict()
+    assert moved(tmp_path / "head") == {"logits"}  # the base is exactly as the file had it
+    assert [r["epoch"] for r in head_only["history"]] == [1, 2, 3] and head_only["train"]["freeze_epochs"] == 3
+    then_all = train(_cfg(folder, tmp_path / "then_all", folder["logits"], freeze_epochs=1)).to_dict()
+    assert {"conv0", "conv1", "logits"} <= moved(tmp_path / "then_all")
+    assert [r["epoch"] for r in then_all["history"]] == [1, 2, 3] and len(then_all["train"]["epoch_seconds"]) == 3
+    with pytest.raises(Exception, match=r"model.freeze_epochs=4 must be in \[0, train.epochs=3\]"):
+        _cfg(folder, tmp_path / "x", folder["logits"], freeze_epochs=4)

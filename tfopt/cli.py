@@ -44,6 +44,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
                    "weights=None (default), weights=imagenet (downloads), weights=PATH (repeatable)")
     g.add_argument("--head", help="the classification layer: auto (replaced when the class count differs, "
                    "default), new (always replaced) or keep")
+    g.add_argument("--freeze-epochs", type=int, metavar="N",
+                   help="train only the classification layer for the first N epochs, then every layer (fine-tuning)")
     g.add_argument("--epochs", type=int)
     g.add_argument("--lr", type=float, help="learning rate")
     g.add_argument("--scale-lr", action="store_true", default=None, help="multiply the learning rate by the replica count")
@@ -76,7 +78,7 @@ _FLAG_KEYS = {
     "backup_every": ("train", "backup_every"), "deterministic": ("runtime", "deterministic"),
     "data_service": ("data", "service"), "data_service_mode": ("data", "service_mode"),
     "image_size": ("data", "image_size"), "channels": ("data", "channels"), "head": ("model", "head"),
-    "trust_model_file": ("model", "trust"),
+    "trust_model_file": ("model", "trust"), "freeze_epochs": ("model", "freeze_epochs"),
 }
 
 

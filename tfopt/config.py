@@ -74,6 +74,7 @@ class ModelConfig:
     args: str = ""  # KEY=VALUE,... keyword arguments of keras.applications:NAME or a factory
     trust: bool = False  # load model files that can run code (Lambda layers, custom objects)
     head: str = "auto"  # auto (new when the class count differs) | keep | new (a fresh logits layer)
+    freeze_epochs: int = 0  # tfopt.train: train only the classification layer for this many first epochs
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,9 @@ def _validate(cfg: RunConfig) -> RunConfig:
         value = getattr(cfg.data, key)
         if value == 0 or value < AUTOTUNE:
             raise ConfigError(f"data.{key}={value} is not valid; give a positive int or -1 for AUTOTUNE")
+    if not 0 <= cfg.model.freeze_epochs <= cfg.train.epochs:
+        raise ConfigError(f"model.freeze_epochs={cfg.model.freeze_epochs} must be in [0, train.epochs="
+                          f"{cfg.train.epochs}]; give the number of first epochs that train the head alone")
     for section, key in (("data", "limit"), ("train", "steps_per_execution"), ("train", "steps_per_epoch"),
                          ("data", "ram_budget_mb"), ("train", "backup_every"), ("train", "nan_retries")):
         if getattr(getattr(cfg, section), key) < 0:

@@ -76,6 +76,9 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
         TfoptError: a bad option, teacher run, TF_CONFIG, data or model choice.
     """
     sources.check(cfg.model)
+    if cfg.model.freeze_epochs:
+        raise ConfigError(f"model.freeze_epochs={cfg.model.freeze_epochs} applies to tfopt.train (fine-tuning a "
+                          "pretrained network); a distilled student trains every layer: drop --freeze-epochs")
     fixed_weights = opts.fixed_weights()
     teacher_runs = [load_input(p, cfg) for p in opts.teachers]  # run directories or model files
     baseline_run = load_input(opts.baseline, cfg) if opts.baseline else None

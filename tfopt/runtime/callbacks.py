@@ -35,11 +35,12 @@ class MetricsLogger(keras.callbacks.Callback):
     ``metrics.json``, so the history covers the whole run.
     """
 
-    def __init__(self, out_dir: str, enabled: bool = True, timer: EpochTimer | None = None):
+    def __init__(self, out_dir: str, enabled: bool = True, timer: EpochTimer | None = None, first_epoch: int = 0):
         super().__init__()
         self.out_dir = out_dir
         self.timer = timer
         self.enabled = enabled
+        self.first_epoch = first_epoch  # epochs of the run before this fit (a later phase of one run)
         self.rows: list[dict] = self._earlier_rows() if enabled else []
 
     def _earlier_rows(self) -> list[dict]:
@@ -52,10 +53,10 @@ class MetricsLogger(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         # Epochs from this one on are (re)run now; rows of a crashed attempt at them are dropped.
-        self.rows = [r for r in self.rows if r["epoch"] <= int(epoch)]
+        self.rows = [r for r in self.rows if r["epoch"] <= self.first_epoch + int(epoch)]
 
     def on_epoch_end(self, epoch, logs=None):
-        row = {"epoch": int(epoch) + 1}
+        row = {"epoch": self.first_epoch + int(epoch) + 1}
         row.update({k: float(v) for k, v in (logs or {}).items()})
         if self.timer and self.timer.seconds:
             row["epoch_seconds"] = round(self.timer.seconds[-1], 4)

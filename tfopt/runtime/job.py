@@ -298,12 +298,17 @@ class Job:
             return 0
         return 2 if self.spec.needs_servers else self.cfg.train.verbose
 
-    def callbacks(self, validation: "keras.callbacks.Callback", extra: list | tuple = ()) -> list:
+    def callbacks(self, validation: "keras.callbacks.Callback", extra: list | tuple = (), first_epoch: int = 0) -> list:
         """The callbacks every training stage uses, in order: ``extra`` (e.g. tfmot's), epoch timer,
         validation, progress, metrics.csv/json and TensorBoard (optional); ``fit`` adds the backup.
+
+        ``first_epoch``: epochs of this run fitted before (a later phase, e.g. after frozen base
+        layers): the history goes on from there, with the epoch times of every phase.
         """
-        self.timer = EpochTimer()
-        self.logger = MetricsLogger(self.write_dir, enabled=self.chief and self.run_dir is not None, timer=self.timer)
+        if not first_epoch or self.timer is None:
+            self.timer = EpochTimer()
+        self.logger = MetricsLogger(self.write_dir, enabled=self.chief and self.run_dir is not None, timer=self.timer,
+                                    first_epoch=first_epoch)
         # Order matters: validation adds val_* to the logs before the progress bar and loggers read them.
         cbs: list = [*extra, self.timer, validation, keras.callbacks.ProgbarLogger(count_mode="steps"), self.logger]
         if self.cfg.train.tensorboard:

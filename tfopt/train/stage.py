@@ -1,13 +1,15 @@
 """Training, the library entry of ``python -m tfopt.train``.
 
 One run: the Job (cluster, strategy, precision, data; see :mod:`tfopt.runtime.job`) -> build and
-compile the registered model inside ``strategy.scope()`` -> ``fit`` with the Job's callbacks
+compile the model inside ``strategy.scope()`` (with ``model.freeze_epochs``, first the
+classification layer alone, then every layer: two fits, each with its own backups) -> ``fit`` with the Job's callbacks
 (validation on a strategy-free copy, progress, metrics, TensorBoard, backups) -> the chief
 evaluates on the held-out test split, saves the model (``.keras`` and SavedModel) and commits
 the run directory with its ``run.json``.
 """
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 from tfopt._keras import keras
@@ -50,12 +52,23 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         with job.strategy.scope():
             built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
             model = built.model
-            model.compile(optimizer=job.optimizer(lr, cfg.train.epochs * steps),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          metrics=["accuracy"], steps_per_execution=spe)
-        copy = plain_copy(model)
+        copy = plain_copy(model)  # before any freezing: what is validated and saved trains as a whole
         validation = PlainValidation(copy, job.dataset("validation"), job.chief)
-        job.fit(model, job.callbacks(validation, callbacks), epochs=cfg.train.epochs, steps_per_epoch=steps)
+        done = 0
+        for epochs, head_only in phases(cfg):
+            with job.strategy.scope():
+                frozen = freeze_base(model) if head_only else []
+                # A new optimizer per phase: its schedule spans the phase (Keras's transfer-learning recipe).
+                model.compile(optimizer=job.optimizer(lr, epochs * steps),
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                              metrics=["accuracy"], steps_per_execution=spe)
+            if head_only and job.chief:
+                print(f"{PROG}: epochs {done + 1}-{done + epochs}: {len(frozen)} base layers frozen, only "
+                      f"{_head(model).name!r} trains", file=sys.stderr, flush=True)
+            job.fit(model, job.callbacks(validation, callbacks, first_epoch=done), epochs=epochs, steps_per_epoch=steps)
+            for layer in frozen:  # as the model came: layers the user froze stay frozen
+                layer.trainable = True
+            done += epochs
         # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
         copy.set_weights(model.get_weights())
         digest = weights_digest(copy)
@@ -65,9 +78,30 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
             artifacts = save_model(copy, job.write_dir)
             record = job.record(
                 model={"name": cfg.model.name, "params": int(copy.count_params()), **built.description},
-                train=job.train_section(steps, spe, lr),
+                train={**job.train_section(steps, spe, lr), "freeze_epochs": cfg.model.freeze_epochs},
                 metrics={f"test_{k}": float(v) for k, v in metrics.items()},
                 weights_sha256=digest, artifacts=job.relative(artifacts))
             job.commit(record)
         job.done(PROG, record, digest)
         return record
+
+
+def phases(cfg: RunConfig) -> list[tuple[int, bool]]:
+    """``[(epochs, head only), ...]``: ``model.freeze_epochs`` with the base frozen, then the rest with every layer."""
+    freeze, total = cfg.model.freeze_epochs, cfg.train.epochs
+    return [(n, head_only) for n, head_only in ((freeze, True), (total - freeze, False)) if n > 0]
+
+
+def _head(model: "keras.Model"):
+    return model.get_layer(model.output_names[0])
+
+
+def freeze_base(model: "keras.Model") -> list:
+    """Makes every trainable layer but the classification layer (the model's output layer)
+    non-trainable; returns them. Frozen batch-norm layers run in inference mode (their statistics
+    stay as they are), as Keras's transfer-learning guide expects."""
+    head = _head(model)
+    frozen = [layer for layer in model.layers if layer is not head and layer.trainable]
+    for layer in frozen:
+        layer.trainable = False
+    return frozen
