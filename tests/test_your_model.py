@@ -207,3 +207,37 @@ def test_freeze_epochs_train_the_classification_layer_alone_first(folder, tmp_pa
     assert [r["epoch"] for r in then_all["history"]] == [1, 2, 3] and len(then_all["train"]["epoch_seconds"]) == 3
     with pytest.raises(Exception, match=r"model.freeze_epochs=4 must be in \[0, train.epochs=3\]"):
         _cfg(folder, tmp_path / "x", folder["logits"], freeze_epochs=4)
+
+
+KERAS3_MODEL = """
+import sys
+import numpy as np
+import keras
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(8, 3, activation="relu"),
+                          keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10, activation="softmax")])
+model.save(sys.argv[1])
+x = np.load(sys.argv[2])
+np.save(sys.argv[3], model.predict(x, verbose=0))
+"""
+
+
+@pytest.mark.slow
+def test_a_keras3_file_is_exported_through_a_saved_model(folder, tmp_path):
+    """What Colab saves: Keras 3 itself exports it, the .tflite computes what Keras 3 computes."""
+    from tfopt.config import DataConfig
+    from tfopt.export.evaluate import TFLiteModel, load_split
+
+    x, _ = load_split(DataConfig(dataset=f"folder:{folder['images']}"), "test")
+    np.save(tmp_path / "x.npy", x)
+    subprocess.run([sys.executable, "-c", KERAS3_MODEL, str(tmp_path / "k3.keras"), str(tmp_path / "x.npy"),
+                    str(tmp_path / "k3.npy")], check=True, capture_output=True,
+                   env={**os.environ, "TF_USE_LEGACY_KERAS": "0"})
+    _stage("tfopt.export", "--from", str(tmp_path / "k3.keras"), "--dataset", f"folder:{folder['images']}",
+           "--modes", "float32,int8", "--runs", "5", "--warmup", "1", "--threads", "1", "--no-plot",
+           "--min-agreement", "0.5")  # an untrained model: near-tied outputs, int8 flips some
+    record = json.load(open(tmp_path / "k3-export" / "run.json"))
+    rows = {r["mode"]: r for r in record["export"]["modes"]}
+    assert set(rows) == {"float32", "int8"} and rows["float32"]["eval"]["agreement"] == 1.0
+    probabilities = TFLiteModel(str(tmp_path / "k3-export" / "model_float32.tflite")).predict(x)
+    np.testing.assert_allclose(probabilities, np.load(tmp_path / "k3.npy"), atol=1e-5)  # Keras 3's own outputs

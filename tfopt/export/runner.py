@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,11 +23,11 @@ from tfopt._keras import keras
 from tfopt.config import DataConfig, RunConfig
 from tfopt.data.sources import input_contract, prepare
 from tfopt.export import benchmark as bench
-from tfopt.export import auto, fidelity, summary, tflite
+from tfopt.export import auto, fidelity, keras3, summary, tflite
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
 from tfopt.export.evaluate import EvalResult, TFLiteModel, evaluate, keras_outputs, load_split, read_tflite
 from tfopt.fileio import write_bytes, write_json, write_text
-from tfopt.models.io import load_model
+from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.optimize.common import strip_wrappers
 from tfopt.errors import ConfigError
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
@@ -137,15 +139,28 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     options = {"source": run.source, "source_digest": run.digest, **_settings_dict(settings)}
     rd = RunDir(out, fingerprint("export", options), {"export": options}, overwrite=overwrite)
     rd.check()
-    model = load_source_model(run.model_path, settings.trust_model)
-    qat = tflite.is_qat_model(model)
-    tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
-    b = settings.bench
-    # The Keras baseline's timing children start TensorFlow while this process converts.
-    with (bench.KerasLatency(run.model_path, threads=b.threads, warmup=b.warmup, runs=b.runs,
-                             trust_model=settings.trust_model) if b.keras else contextlib.nullcontext()) as keras, \
-            tflite.saved_models():
-        return _export(run, model, qat, modes, settings, rd, keras, say)
+    scratch = tempfile.mkdtemp(prefix="tfopt-export-")
+    try:
+        if saved_by_keras3(run.model_path):
+            say(f"{run.model_path} was saved by Keras 3: exporting it as a SavedModel with Keras 3")
+            model = keras3.as_tf_keras(keras3.to_saved_model(run.model_path, os.path.join(scratch, "keras3"),
+                                                             trust_model=settings.trust_model),
+                                       os.path.basename(run.model_path))
+            # tf_keras cannot load the file to time it, and the debugger's layers are one opaque call.
+            settings = dataclasses.replace(settings, bench=dataclasses.replace(settings.bench, keras=False),
+                                           selective=False, float_layers=())
+        else:
+            model = load_source_model(run.model_path, settings.trust_model)
+        qat = tflite.is_qat_model(model)
+        tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
+        b = settings.bench
+        # The Keras baseline's timing children start TensorFlow while this process converts.
+        with (bench.KerasLatency(run.model_path, threads=b.threads, warmup=b.warmup, runs=b.runs,
+                                 trust_model=settings.trust_model) if b.keras else contextlib.nullcontext()) as keras, \
+                tflite.saved_models():
+            return _export(run, model, qat, modes, settings, rd, keras, say)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, rd: RunDir,

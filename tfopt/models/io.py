@@ -68,7 +68,8 @@ def _refuse_keras3(path: str) -> None:
     if found:
         raise ModelError(f"{path} was saved by Keras 3 ({found}); tfopt trains with tf_keras (Keras 2), which tfmot "
                          "needs: build the model with `import tf_keras as keras` (or TF_USE_LEGACY_KERAS=1 before "
-                         "TensorFlow is imported) and save it again")
+                         f"TensorFlow is imported) and save it again; to quantize it as it is: python -m tfopt.export "
+                         f"--from {path} --dataset ...")
 
 
 def _inspect(path: str) -> None:
