@@ -351,3 +351,23 @@ def speedups(per: dict, name: str, base: str, settings) -> dict:
         out[key] = {"p50_ms": median(per[name][key]), "rounds": per[name][key],
                     "speedup_vs_float32": median(ratios), "speedup_rounds": ratios}
     return out
+
+
+def publish(res: dict, gate, started: float, report, out: str, bench_id: str) -> int:
+    """Completes a benchmark's result (quiet gate, wall time, its markdown table), writes ``out``
+    atomically and prints the table; returns 0 (the script's exit code)."""
+    res["quiet_gate"] = gate.summary()
+    res["wall_seconds"] = round(time.perf_counter() - started, 1)
+    res["table_markdown"] = report(res)
+    write_json_atomic(out, res)
+    print(res["table_markdown"])
+    print(f"\n[{bench_id}] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
+    return 0
+
+
+def figures_table(figures: list[dict]) -> str:
+    """The ``### Figures`` block a benchmark prints: name, median, range, target, status."""
+    rows = [[f["name"], "-" if f["value"] is None else f"{f['value']:.3g} {f['unit']}",
+             "-" if f["spread"] is None else f"{f['spread'][0]:.3g}-{f['spread'][1]:.3g}", f["target"] or "-",
+             f["status"]] for f in figures]
+    return "### Figures\n\n" + markdown_table(["figure", "median", "range", "target", "status"], rows)

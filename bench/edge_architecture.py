@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import (  # noqa: E402
-    QuietGate, figure, interleaved_latency, markdown_table, median, result, speedups, write_json_atomic)
+    QuietGate, figure, figures_table, interleaved_latency, markdown_table, median, publish, result, speedups)
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
 from tfopt.export import tflite  # noqa: E402
@@ -191,14 +191,7 @@ def main(argv=None) -> int:
             for mode, row in peers[name].items():
                 timed[f"{name}/guide/{mode}"] = row["content"]
         per = interleaved_latency(timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar)
-    res = summarize(p, families, peers, per)
-    res["quiet_gate"] = gate.summary()
-    res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    res["table_markdown"] = report(res)
-    write_json_atomic(out, res)
-    print(res["table_markdown"])
-    print(f"\n[B9] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
-    return 0
+    return publish(summarize(p, families, peers, per), gate, t_start, report, out, "B9")
 
 
 def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
@@ -277,10 +270,7 @@ def report(res: dict) -> str:
                      f"{res['params']['repeats']} interleaved rounds x {res['params']['runs']} runs")
         parts.append(markdown_table(["model", "size KiB", "smaller", *[f"p50 {k} us (speedup)" for k, _ in SETTINGS],
                                     "test acc %"], rows))
-    trows = [[f["name"], "-" if f["value"] is None else f"{f['value']:.3g} {f['unit']}",
-              "-" if f["spread"] is None else f"{f['spread'][0]:.3g}-{f['spread'][1]:.3g}", f["target"] or "-",
-              f["status"]] for f in res["figures"]]
-    parts += ["### Figures", markdown_table(["figure", "median", "range", "target", "status"], trows)]
+    parts.append(figures_table(res["figures"]))
     return "\n\n".join(parts)
 
 

@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import (  # noqa: E402
-    QuietGate, figure, interleaved_latency, markdown_table, median, result, speedups, write_json_atomic)
+    QuietGate, figure, figures_table, interleaved_latency, markdown_table, median, publish, result, speedups)
 from bench.peers import ptq_tutorial, qat_example  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
 from tfopt._keras import keras  # noqa: E402
@@ -261,14 +261,7 @@ def main(argv=None) -> int:
                     timed[f"{peer}/{mode}"] = r[mode]["content"]
             bar.update(1)
         per = interleaved_latency(timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar)
-    res = summarize(p, families, peers, per)
-    res["quiet_gate"] = gate.summary()
-    res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    res["table_markdown"] = report(res)
-    write_json_atomic(out, res)
-    print(res["table_markdown"])
-    print(f"\n[B5] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
-    return 0
+    return publish(summarize(p, families, peers, per), gate, t_start, report, out, "B5")
 
 
 def _verdict(key: str, got) -> dict:
@@ -393,10 +386,7 @@ def report(res: dict) -> str:
                      f"{r['int8']['size_bytes']:,} B ({r['int8_size_ratio']:.2f}x smaller); int8 1-thread speedup "
                      f"{r['int8']['latency']['xnnpack/1t']['speedup_vs_float32']:.2f}x; accuracy Keras "
                      f"{100 * r['keras_test_accuracy']:.2f}% -> int8 {100 * r['int8']['accuracy']:.2f}%")
-    trows = [[f["name"], "-" if f["value"] is None else f"{f['value']:.3g} {f['unit']}",
-              "-" if f["spread"] is None else f"{f['spread'][0]:.3g}-{f['spread'][1]:.3g}", f["target"] or "-",
-              f["status"]] for f in res["figures"]]
-    parts += ["### Figures", markdown_table(["figure", "median", "range", "target", "status"], trows)]
+    parts.append(figures_table(res["figures"]))
     return "\n\n".join(parts)
 
 
