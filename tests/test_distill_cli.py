@@ -202,3 +202,26 @@ def test_defaults_are_the_chosen_recipe_and_user_settings_win(tmp_path, capsys):
         out = _printed(capsys, ["--config", str(path)])
         assert out["config"]["train"]["learning_rate"] == lr
         assert out["config"]["data"]["augment"] == RECIPE[("data", "augment")]
+
+
+def test_every_distillation_default_is_the_configs():
+    """The Distiller, the CLI, DistillOptions and a pipeline's student all take DistillConfig's defaults."""
+    import dataclasses
+    import inspect
+
+    from tfopt.distill.cli import build_parser
+    from tfopt.distill.options import DistillOptions
+    from tfopt.models.distiller import Distiller
+    from tfopt.pipeline.config import StudentSpec
+
+    loss = C.DistillConfig()
+    flags = vars(build_parser().parse_args([]))
+    init = inspect.signature(Distiller.__init__).parameters
+    options = DistillOptions(teachers=())
+    for name, value in dataclasses.asdict(loss).items():
+        assert getattr(options, name) == value and flags[name] == value, name
+        if name != "teacher_weights":  # the Distiller takes numbers; its None is equal weights
+            assert init[name].default == value, name
+    assert (StudentSpec().temperature, StudentSpec().alpha) == (loss.temperature, loss.alpha)
+    for name in ("technique", "sparsity", "clusters"):
+        assert flags[name] == getattr(options, name), name

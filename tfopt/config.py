@@ -108,6 +108,26 @@ class TrainConfig:
     nan_lr_factor: float = 0.5  # learning-rate multiplier applied at each roll-back
 
 
+COMBINE_MODES = ("probs", "logits")  # how several teachers' outputs are combined (see tfopt.models.distiller)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """The distillation loss's settings, the one home of their defaults.
+
+    ``tfopt.distill`` (flags and :class:`~tfopt.distill.options.DistillOptions`), the
+    :class:`~tfopt.models.distiller.Distiller` model and pipelines' student stage all default to
+    these. Temperature and alpha were chosen on the validation split by
+    ``bench/distill_defaults.py`` (``bench/results/distill_defaults.json``).
+    """
+
+    temperature: float = 1.0  # softmax temperature T
+    alpha: float = 0.5  # weight of the teacher term in [0, 1] (0 = labels only, 1 = teacher only)
+    teacher_weights: str = "equal"  # equal | accuracy | W1,W2,... (one per teacher)
+    combine: str = "probs"  # one of COMBINE_MODES
+    feature_weight: float = 1.0  # weight of the feature-distillation term
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one ``python -m tfopt.train`` run needs."""

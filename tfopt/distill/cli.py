@@ -17,7 +17,8 @@ import json
 
 from tfopt import cli
 from tfopt import config as config_lib
-from tfopt.distill.options import COMBINE_MODES, DistillOptions, parse_feature
+from tfopt.config import COMBINE_MODES
+from tfopt.distill.options import DistillOptions, parse_feature
 from tfopt.errors import ConfigError
 from tfopt.optimize.techniques import ONE_PHASE
 
@@ -50,20 +51,27 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--student", help="the student, any --model form: tiny_cnn (default), small_cnn, ..., "
                    "keras.applications:NAME, a model file, package.module:function")
     recipe = ", ".join(f"{s}.{k}={v}" for (s, k), v in RECIPE.items())
-    g.add_argument("--temperature", type=float, default=DistillOptions.temperature,
-                   help=f"softmax temperature T (default {DistillOptions.temperature:g}, chosen on validation)")
-    g.add_argument("--alpha", type=float, default=DistillOptions.alpha,
-                   help=f"weight of the teacher term in [0, 1] (default {DistillOptions.alpha:g}, chosen on "
+    d = DistillOptions(teachers=())  # every default below is DistillOptions' (tfopt.config.DistillConfig's)
+    g.add_argument("--temperature", type=float, default=d.temperature,
+                   help=f"softmax temperature T (default {d.temperature:g}, chosen on validation)")
+    g.add_argument("--alpha", type=float, default=d.alpha,
+                   help=f"weight of the teacher term in [0, 1] (default {d.alpha:g}, chosen on "
                         f"validation); the student's recipe defaults to {recipe} unless set")
-    g.add_argument("--teacher-weights", default="equal",
-                   help="equal (default), accuracy (from validation accuracy) or W1,W2,... (one per --teacher)")
-    g.add_argument("--combine", default="probs", help=f"combine teachers' {' or '.join(COMBINE_MODES)} (default probs)")
+    g.add_argument("--teacher-weights", default=d.teacher_weights,
+                   help=f"equal, accuracy (from validation accuracy) or W1,W2,... (one per --teacher; default "
+                        f"{d.teacher_weights})")
+    g.add_argument("--combine", default=d.combine,
+                   help=f"combine teachers' {' or '.join(COMBINE_MODES)} (default {d.combine})")
     g.add_argument("--feature", action="append", default=[], metavar="[I/]TEACHER_LAYER:STUDENT_LAYER",
                    help="feature distillation between two named layers (repeatable)")
-    g.add_argument("--feature-weight", type=float, default=1.0, help="weight of the feature term (default 1)")
-    g.add_argument("--technique", default="none", help=f"compress while distilling: {', '.join(ONE_PHASE)}")
-    g.add_argument("--sparsity", type=float, default=0.75, help="target sparsity for --technique prune")
-    g.add_argument("--clusters", type=int, default=16, help="centroids per kernel for --technique cluster")
+    g.add_argument("--feature-weight", type=float, default=d.feature_weight,
+                   help=f"weight of the feature term (default {d.feature_weight:g})")
+    g.add_argument("--technique", default=d.technique, help=f"compress while distilling: {', '.join(ONE_PHASE)} "
+                   f"(default {d.technique})")
+    g.add_argument("--sparsity", type=float, default=d.sparsity,
+                   help=f"target sparsity for --technique prune (default {d.sparsity:g})")
+    g.add_argument("--clusters", type=int, default=d.clusters,
+                   help=f"centroids per kernel for --technique cluster (default {d.clusters})")
     g.add_argument("--baseline", metavar="RUN", help="run of the same student trained without a teacher (gap closed)")
     g.add_argument("--seed", type=int, help="seed of the run: initial weights, data order, augmentation "
                    "(sets train.seed and data.seed; default 42, as tfopt.train)")

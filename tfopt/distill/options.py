@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfopt.config import COMBINE_MODES, DistillConfig
 from tfopt.errors import ConfigError
 from tfopt.optimize.techniques import ONE_PHASE
 
-COMBINE_MODES = ("probs", "logits")  # see tfopt.models.distiller
+_LOSS = DistillConfig()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,13 +30,12 @@ class DistillOptions:
     """
 
     teachers: tuple[str, ...]
-    # Chosen on the validation split (bench/distill_defaults.py); see tfopt.distill.cli.
-    temperature: float = 1.0
-    alpha: float = 0.5
-    teacher_weights: str = "equal"
-    combine: str = "probs"
+    temperature: float = _LOSS.temperature  # every loss default lives in tfopt.config.DistillConfig
+    alpha: float = _LOSS.alpha
+    teacher_weights: str = _LOSS.teacher_weights
+    combine: str = _LOSS.combine
     features: tuple[tuple[str, str, int], ...] = ()
-    feature_weight: float = 1.0
+    feature_weight: float = _LOSS.feature_weight
     technique: str = "none"
     sparsity: float = 0.75
     clusters: int = 16

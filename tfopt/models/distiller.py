@@ -35,10 +35,11 @@ from typing import Sequence
 
 from tfopt._compat import is_graph_network
 from tfopt._keras import ensure_tf_keras, keras, tf
+from tfopt.config import COMBINE_MODES, DistillConfig
 from tfopt.errors import ConfigError, ModelError
 from tfopt.models.io import save_model
 
-COMBINE_MODES = ("probs", "logits")
+_DEFAULTS = DistillConfig()
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ class Distiller(keras.Model):
     Args:
         student: The tf_keras model to train (outputs logits); may be tfmot-wrapped.
         teachers: One model or a list; each outputs logits over the same classes.
-        temperature: Softmax temperature ``T`` (> 0).
+        temperature: Softmax temperature ``T`` (> 0). Defaults (here and below) are
+            :class:`tfopt.config.DistillConfig`'s, the ones ``tfopt.distill`` uses.
         alpha: Weight of the distillation term in [0, 1]; ``0`` is plain training on labels.
         teacher_weights: One weight per teacher (normalized to sum 1); None = equal weights.
         combine: ``probs`` or ``logits``: how several teachers are combined (see module doc).
@@ -148,9 +150,10 @@ class Distiller(keras.Model):
         verify_teachers: ``fit`` checks that the teachers' weights did not change.
     """
 
-    def __init__(self, student, teachers, *, temperature: float = 4.0, alpha: float = 0.9,
-                 teacher_weights: Sequence[float] | None = None, combine: str = "probs",
-                 features: Sequence = (), feature_weight: float = 1.0, verify_teachers: bool = True,
+    def __init__(self, student, teachers, *, temperature: float = _DEFAULTS.temperature,
+                 alpha: float = _DEFAULTS.alpha, teacher_weights: Sequence[float] | None = None,
+                 combine: str = _DEFAULTS.combine, features: Sequence = (),
+                 feature_weight: float = _DEFAULTS.feature_weight, verify_teachers: bool = True,
                  name: str = "distiller"):
         super().__init__(name=name)
         teachers = [teachers] if isinstance(teachers, keras.Model) else list(teachers)

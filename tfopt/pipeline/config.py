@@ -42,8 +42,8 @@ class StudentSpec:
     args: str = ""
     epochs: int = 3
     learning_rate: float = 1e-3
-    temperature: float = 4.0
-    alpha: float = 0.9
+    temperature: float = config_lib.DistillConfig.temperature  # the loss's defaults are tfopt.distill's
+    alpha: float = config_lib.DistillConfig.alpha
 
 
 @dataclass(frozen=True)
