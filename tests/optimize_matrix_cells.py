@@ -46,9 +46,9 @@ def main(run_dir: str, out_dir: str, report: str, cells: str, *flags: str) -> No
     write_json(report, rows)
 
 
-def _row(res: dict) -> dict:
-    out = {"technique": res["technique"], "ok": res["ok"], "error": res.get("error", "")}
-    rec = res["record"].to_dict() if res.get("record") else None
+def _row(res) -> dict:
+    out = {"technique": res.technique, "ok": res.ok, "error": res.error or ""}
+    rec = res.record.to_dict() if res.record else None
     if rec:
         opt = rec["optimize"]
         out.update(test_accuracy=rec["metrics"]["test_accuracy"], source_accuracy=opt["source"]["test_accuracy"],

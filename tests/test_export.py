@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from export_fixtures import sensitive_run
 
 from tfopt._keras import keras, tf
 from tfopt.errors import ConfigError, DataError, ModelError
-from tfopt.export import benchmark, fidelity, parse_modes, tflite
+from tfopt.export import benchmark, fidelity, metadata, parse_modes, tflite
 from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split
 from tfopt.export.runner import BenchSettings, ExportSettings
 from tfopt.export.runner import run as export_run
@@ -65,11 +66,21 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
         assert ev["agreement"] >= 0.97, (mode, ev)
         assert abs(ev["accuracy_delta_pt"] - 100 * (ev["accuracy"] - ev["keras_accuracy"])) < 1e-6
         assert row["gate"]["passed"], (mode, row["gate"])
-        assert os.path.getsize(out / row["file"]) == row["size_bytes"] > 0
+        assert os.path.getsize(out / row["file"]) == row["size_bytes"] + row["metadata_bytes"]
+        assert 0 < row["metadata_bytes"] < 2048 < row["size_bytes"]
         assert 0 < row["gzip_bytes"] <= row["size_bytes"] * 1.01
         for key in ("xnnpack/1t", "xnnpack/2t"):
             assert 0 < row["latency"][key]["p50_ms"] <= row["latency"][key]["p95_ms"]
     assert rows["float32"]["eval"]["max_abs_error"] < 1e-3  # same float math as Keras
+    # Every file carries its labels and input contract, and still runs as the bare flatbuffer does.
+    int8 = out / rows["int8"]["file"]
+    packed = metadata.read(str(int8))
+    assert "labels.txt" not in packed and not (out / "labels.txt").exists()  # MNIST's classes have no names
+    assert json.loads(packed["input.json"]) == json.loads((out / "input.json").read_text())
+    assert zipfile.ZipFile(int8).testzip() is None  # the standard library reads it as a zip
+    x = load_split(load_run(mnist_run).config.data, "test", 8)[0]
+    bare = int8.read_bytes()[:rows["int8"]["size_bytes"]]
+    np.testing.assert_array_equal(TFLiteModel(str(int8)).predict(x), TFLiteModel(bare).predict(x))
     assert rows["float32"]["kernels"]["delegated_ops"] == rows["float32"]["kernels"]["total_ops"]
     # int8 weights are 4x smaller than float32, float16 2x (plus a little graph overhead)
     f32 = rows["float32"]["size_bytes"]
@@ -149,6 +160,7 @@ def test_gate_catches_a_quantization_sensitive_model_and_selective_quantization_
     assert full["mode"] == "int8" and not full["gate"]["passed"]
     assert full["eval"]["agreement"] < 0.5 and "agreement" in full["gate"]["reasons"][0]
     assert sel["mode"] == "int8-selective" and sel["gate"]["passed"]
+    assert record["gate_failures"] == {}  # the selective model stands in for the plain int8
     assert sel["eval"]["agreement"] >= 0.99 and sel["eval"]["accuracy"] > 0.85
     ranking = sel["selective"]["ranking"]
     assert "/fc0/" in ranking[0]["tensor_name"] and ranking[0]["rmse_over_scale"] > 10 * ranking[1]["rmse_over_scale"]
@@ -554,3 +566,16 @@ def test_exporting_a_float_model_does_not_import_tfmot(tiny_run):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_gate_failures_name_each_failed_mode_unless_a_selective_int8_passed():
+    from tfopt.export.runner import gate_failures
+
+    def row(mode, passed, why="agreement 0.4 < 0.98"):
+        return {"mode": mode, "gate": {"passed": passed, "reasons": [] if passed else [why]}}
+
+    rows = [{"mode": "float32", "gate": None}, row("int8", False), row("int16x8", False, "accuracy drop 2 pt")]
+    assert gate_failures(rows) == {"int8": "agreement 0.4 < 0.98", "int16x8": "accuracy drop 2 pt"}
+    assert gate_failures(rows + [row("int8-selective", True)]) == {"int16x8": "accuracy drop 2 pt"}
+    assert gate_failures(rows + [row("int8-selective", False)])["int8"] == "agreement 0.4 < 0.98"
+    assert gate_failures([row("dynamic", True)]) == {}

@@ -13,6 +13,7 @@ from isolation import ISOLATED
 
 from tfopt import config as C
 from tfopt._keras import keras
+from tfopt.export import metadata
 from tfopt.models.registry import build_model
 from tfopt.train import run as train
 
@@ -121,6 +122,7 @@ def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
     # the exported model is read back with its labels and its input contract
     labels = open(tmp_path / "pqat-export" / "labels.txt").read().split()
     assert labels == [f"digit_{k}" for k in range(10)]
+    assert metadata.labels(str(tmp_path / "pqat-export" / row["file"])) == labels  # packed into the .tflite too
     contract = json.load(open(tmp_path / "pqat-export" / "input.json"))
     assert contract["image_shape"] == [48, 48, 3] and contract["normalize"] == "0.5/0.5"
     # distil the MobileNetV2 run into a user's factory-free built-in student, at the teacher's inputs

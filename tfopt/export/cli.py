@@ -174,13 +174,9 @@ def _work(args) -> int:
         for note in export["notes"]:
             print(f"note: {note}")
         print(f"{PROG}: wrote {os.path.join(export['output'], 'run.json')}")
-        failed = [r["mode"] for r in export["modes"] if r["gate"] and not r["gate"]["passed"]]
-        # A selective int8 that passes stands in for the plain int8 that failed.
-        if "int8" in failed and any(r["mode"] == "int8-selective" and r["gate"]["passed"] for r in export["modes"]):
-            failed.remove("int8")
-        if failed:
-            reasons = {r["mode"]: "; ".join(r["gate"]["reasons"]) for r in export["modes"] if r["mode"] in failed}
-            print(f"{PROG}: fidelity gate failed: " + ", ".join(f"{m} ({why})" for m, why in reasons.items()),
+        failures = export["gate_failures"]
+        if failures:
+            print(f"{PROG}: fidelity gate failed: " + ", ".join(f"{m} ({why})" for m, why in failures.items()),
                   file=sys.stderr)
             return 1
         return 0

@@ -23,7 +23,7 @@ from tfopt._keras import keras
 from tfopt.config import DataConfig, RunConfig
 from tfopt.data.sources import input_contract, prepare
 from tfopt.export import benchmark as bench
-from tfopt.export import auto, fidelity, keras3, summary, tflite
+from tfopt.export import auto, fidelity, keras3, metadata, summary, tflite
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
 from tfopt.export.evaluate import EvalResult, TFLiteModel, evaluate, keras_outputs, load_split, read_tflite
 from tfopt.fileio import write_bytes, write_json, write_text
@@ -31,7 +31,7 @@ from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.optimize.common import strip_wrappers
 from tfopt.errors import ConfigError
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
-from tfopt.runtime.job import versions
+from tfopt.runtime.job import run_record
 from tfopt.runtime.rundir import RunDir
 
 
@@ -212,6 +212,7 @@ def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, r
                                    reference, out_dir, say, notes))
         if mode == "int8" and settings.float_layers and not qat:
             rows.append(_partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say))
+    _pack_metadata(rows, out_dir, metadata.files_of(contract))
     keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
     table = summary.export_table(rows)
     write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.source}\n\n{table}\n")
@@ -221,8 +222,8 @@ def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, r
     artifacts = {r["mode"]: r["file"] for r in rows if r.get("file")}
     artifacts.update(table="export.md", input="input.json", **({"plot": os.path.basename(plot)} if plot else {}),
                      **({"labels": "labels.txt"} if contract["class_names"] else {}))
-    record = RunRecord(
-        stage="export", config=run.config.to_dict(), versions=versions(),
+    record = run_record(
+        "export", run.config, rd.path,
         data={"dataset": data_cfg.dataset, "test_examples": int(len(y_test)), "input": contract},
         model={"name": run.config.model.name, "qat": qat, **cost,
                "weight_sparsity": round(tflite.weight_sparsity(model), 4)},
@@ -230,9 +231,36 @@ def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, r
                  **{f"{r['mode']}_test_accuracy": r["eval"]["accuracy"] for r in rows}},
         artifacts=artifacts, fingerprint=rd.fingerprint,
         section={"source": run.source, "output": rd.path, "settings": _settings_dict(settings), "modes": rows,
-                 "keras": keras_figures, "notes": notes, "table": table})
+                 "keras": keras_figures, "notes": notes, "table": table, "gate_failures": gate_failures(rows)})
     rd.commit(record)
     return record
+
+
+def _pack_metadata(rows: list[dict], out_dir: str, files: dict[str, bytes]) -> None:
+    """Packs the labels and the input contract into every written .tflite (:mod:`tfopt.export.metadata`).
+
+    Sizes in the rows stay the flatbuffer's (what LiteRT loads); ``metadata_bytes`` is what the
+    packed files add.
+    """
+    for row in rows:
+        if row.get("file"):
+            path = os.path.join(out_dir, row["file"])
+            with open(path, "rb") as f:
+                content = f.read()
+            packed = metadata.pack(content, files)
+            write_bytes(path, packed)
+            row["metadata_bytes"] = len(packed) - len(content)
+
+
+def gate_failures(rows: list[dict]) -> dict[str, str]:
+    """The export's verdict: mode -> why it failed the fidelity gate (empty when every gated mode passed).
+
+    A selective int8 that passes stands in for the plain int8 that failed.
+    """
+    failed = {r["mode"]: "; ".join(r["gate"]["reasons"]) for r in rows if r["gate"] and not r["gate"]["passed"]}
+    if "int8" in failed and any(r["mode"] == "int8-selective" and r["gate"]["passed"] for r in rows):
+        del failed["int8"]
+    return failed
 
 
 def _keras_figures(model, path: str, cost: dict, settings: ExportSettings, keras: "bench.KerasLatency | None",

@@ -195,24 +195,26 @@ def _body(args) -> int:
     settings = [settings_for(args, t) for t in names]
     results = run_optimize(args.source, cfg, settings, _outputs(args, names), keep_going=len(names) > 1,
                            overwrite=args.overwrite)
+    records = {}
     for res in results:
-        if res.get("record"):
-            res["record"] = res["record"].to_dict()
-            _print_result(res["record"], res["output"])
-        elif res["ok"]:  # a non-chief worker: it writes nothing, but says what it holds
-            info = {"technique": res["technique"], "weights_sha256": res["weights_sha256"]}
+        if res.record:
+            records[res.technique] = res.record.to_dict()
+            _print_result(records[res.technique], res.output)
+        elif res.ok:  # a non-chief worker: it writes nothing, but says what it holds
+            info = {"technique": res.technique, "weights_sha256": res.weights_sha256}
             print(f"{PROG}: worker done {json.dumps(info)}", flush=True)
         else:
-            print(f"{PROG}: {res['technique']}: error: {res['error']}", file=sys.stderr)
-    if args.report and any(r.get("record") for r in results):
+            print(f"{PROG}: {res.technique}: error: {res.error}", file=sys.stderr)
+    if args.report and records:
         from tfopt.fileio import write_json
 
-        write_json(args.report, [{k: v for k, v in r.items() if k != "record"} | _summary(r.get("record"))
+        write_json(args.report, [{"technique": r.technique, "output": r.output, "ok": r.ok,
+                                  **({"error": r.error} if r.error else {})} | _summary(records.get(r.technique))
                                  for r in results])
-    if not all(r["ok"] for r in results):
+    if not all(r.ok for r in results):
         return 2
-    failed = [f"{r['technique']}: {name}" for r in results if r.get("record")
-              for name, check in r["record"]["optimize"]["checks"].items() if not check["ok"]]
+    failed = [f"{technique}: {name}" for technique, record in records.items()
+              for name, check in record["optimize"]["checks"].items() if not check["ok"]]
     if failed:
         print(f"{PROG}: check failed: {', '.join(failed)} (see run.json's optimize.checks)", file=sys.stderr)
         return 1

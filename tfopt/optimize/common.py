@@ -15,7 +15,7 @@ import numpy as np
 from tfopt import _compat
 from tfopt._compat import is_graph_network, producing_layer
 from tfopt._keras import ensure_tf_keras, keras
-from tfopt.errors import ModelError, OptimizeError  # noqa: F401  (OptimizeError: re-exported)
+from tfopt.errors import OptimizeError  # noqa: F401  (re-exported)
 
 #: Kernel-like weights: what pruning and clustering act on (biases and BN statistics are not).
 KERNEL_NAMES = ("kernel", "depthwise_kernel", "pointwise_kernel", "embeddings", "recurrent_kernel")

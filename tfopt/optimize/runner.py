@@ -30,7 +30,7 @@ from tfopt.optimize.common import (OptimizeError, Selection, check_model, compil
 from tfopt.optimize.phases import Context, FineTune, run_chain
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
 from tfopt.runtime import precision as precision_lib
-from tfopt.runtime.job import Job, result_config, versions, weights_digest
+from tfopt.runtime.job import Job, result_config, run_record, weights_digest
 from tfopt.runtime.rundir import RunDir
 
 
@@ -112,11 +112,35 @@ def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir:
     Raises:
         TfoptError: bad input run, TF_CONFIG or settings, or a layer tfmot cannot handle.
     """
-    return run(from_dir, cfg, [settings], [out_dir], keep_going=False, overwrite=overwrite)[0].get("record")
+    return run(from_dir, cfg, [settings], [out_dir], keep_going=False, overwrite=overwrite)[0].record
+
+
+@dataclass
+class Outcome:
+    """What one technique of :func:`run` produced.
+
+    Attributes:
+        technique: The technique's name.
+        output: Its run directory.
+        record: The committed RunRecord (None outside the chief, which alone writes, and on error).
+        weights_sha256: The digest of the final weights (every worker; equal when in sync).
+        error: The TfoptError's message when the technique failed (``keep_going``), else None.
+    """
+
+    technique: str
+    output: str
+    record: RunRecord | None = None
+    weights_sha256: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the technique finished."""
+        return self.error is None
 
 
 def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], out_dirs: list[str | None],
-        keep_going: bool = True, overwrite: bool = False) -> list[dict]:
+        keep_going: bool = True, overwrite: bool = False) -> list[Outcome]:
     """Runs several techniques on one input run in one job (one strategy, one model load).
 
     A multi-worker strategy can be created once per process, so comparing techniques under
@@ -132,8 +156,7 @@ def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], ou
         overwrite: Replace finished runs at the output directories.
 
     Returns:
-        One dict per technique: ``{"technique", "output", "ok", "record", "weights_sha256"}`` or
-        ``{..., "ok": False, "error"}`` (``record`` is None outside the chief).
+        One :class:`Outcome` per technique, in order.
     """
     source = load_input(from_dir, cfg)  # reads JSON (or hashes a file) only: no TensorFlow op before MultiWorkerMirrored exists
     job = Job(cfg, "optimize", out_dir=False)
@@ -154,15 +177,14 @@ def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], ou
                                                     settings_list[0].trust_model), f"model of {from_dir!r}")
         ctx = Context(job=job)
         for settings, rd in zip(settings_list, dirs):
-            entry = {"technique": settings.technique, "output": rd.path, "ok": False}
+            outcome = Outcome(settings.technique, rd.path)
             try:
-                entry["record"], entry["weights_sha256"] = _optimize_one(ctx, source, base, settings, rd)
-                entry["ok"] = True
+                outcome.record, outcome.weights_sha256 = _optimize_one(ctx, source, base, settings, rd)
             except TfoptError as e:
                 if not keep_going:
                     raise
-                entry["error"] = str(e)
-            results.append(entry)
+                outcome.error = str(e)
+            results.append(outcome)
     return results
 
 
@@ -181,7 +203,7 @@ def _resolved(settings: OptimizeSettings, fine_tunes: dict[str, FineTune]) -> Op
     return replace(settings, prune=replace(settings.prune, frequency=frequency))
 
 
-def _optimize_one(ctx: Context, run_record, base, settings: OptimizeSettings, rd: RunDir) -> tuple[RunRecord | None, str]:
+def _optimize_one(ctx: Context, source, base, settings: OptimizeSettings, rd: RunDir) -> tuple[RunRecord | None, str]:
     job = ctx.job
     scratch = tempfile.mkdtemp(prefix="tfopt-optimize-")
     try:
@@ -198,7 +220,7 @@ def _optimize_one(ctx: Context, run_record, base, settings: OptimizeSettings, rd
         if not job.chief:
             return None, digest
         keras.mixed_precision.set_global_policy("float32")  # evaluation copies and saved models are float32
-        return _write(ctx, run_record, base, settings, final, infos, rd, seconds, digest), digest
+        return _write(ctx, source, base, settings, final, infos, rd, seconds, digest), digest
     finally:
         ctx.log_dir = None
         shutil.rmtree(scratch, ignore_errors=True)
@@ -278,9 +300,8 @@ def _write(ctx: Context, source, base, settings: OptimizeSettings, final, infos:
     artifacts = {k: os.path.relpath(v, rd.work) for k, v in artifacts.items()}
     artifacts.update(layers="layers.json", layers_text="layers.txt")
     epochs = sum(i["epochs"] for i in infos if not i.get("reused"))
-    record = RunRecord(
-        stage="optimize", config=replace(job.cfg, train=replace(job.cfg.train, output_dir=rd.path)).to_dict(),
-        versions=versions(), strategy=job.strategy_section(), data=job.data_section(),
+    record = run_record(
+        "optimize", job.cfg, rd.path, strategy=job.strategy_section(), data=job.data_section(),
         model={"name": source.config.model.name, "params": int(float_model.count_params()),
                "keras_bytes": os.path.getsize(os.path.join(rd.work, "model.keras"))},
         train={"epochs": epochs, "seconds": round(seconds, 3), "global_batch_size": job.cfg.data.global_batch_size},

@@ -64,6 +64,22 @@ def versions() -> dict:
     return out
 
 
+def run_record(stage: str, cfg: RunConfig, output_dir: str | None = None, **sections) -> RunRecord:
+    """The one builder of every stage's ``run.json`` record.
+
+    Args:
+        stage: ``train``, ``distill``, ``optimize`` or ``export``.
+        cfg: The config the stage ran with.
+        output_dir: The run directory the record is committed to (stored as
+            ``config.train.output_dir``); None keeps the config's.
+        **sections: The other :class:`~tfopt.runs.RunRecord` fields (``model``, ``metrics``, ...).
+    """
+    config = cfg.to_dict()
+    if output_dir is not None:
+        config["train"]["output_dir"] = output_dir
+    return RunRecord(stage=stage, config=config, versions=versions(), **sections)
+
+
 def weights_digest(model: "keras.Model") -> str:
     """Returns a sha256 over all of ``model``'s weights (identical models, identical digests)."""
     h = hashlib.sha256()
@@ -456,13 +472,11 @@ class Job:
                 "optimizer_steps": self.optimizer_steps}
 
     def record(self, **fields) -> RunRecord:
-        """A RunRecord of this job: the common sections filled in, ``fields`` on top."""
-        base = {"stage": self.stage, "config": self.cfg.to_dict(), "versions": versions(),
-                "strategy": self.strategy_section(), "data": self.data_section(),
+        """A RunRecord of this job (:func:`run_record`): the common sections filled in, ``fields`` on top."""
+        base = {"strategy": self.strategy_section(), "data": self.data_section(),
                 "history": list(self.logger.rows) if self.logger else [], "fingerprint": self.fingerprint}
-        if self.run_dir is not None:
-            base["config"]["train"]["output_dir"] = self.run_dir.path
-        return RunRecord(**{**base, **fields})
+        return run_record(self.stage, self.cfg, self.run_dir.path if self.run_dir is not None else None,
+                          **{**base, **fields})
 
     def relative(self, artifacts: dict[str, str]) -> dict[str, str]:
         """Artifact paths relative to the run directory (where they will be once committed)."""
