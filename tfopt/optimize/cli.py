@@ -213,8 +213,7 @@ def _body(args) -> int:
                                  for r in results])
     if not all(r.ok for r in results):
         return 2
-    failed = [f"{technique}: {name}" for technique, record in records.items()
-              for name, check in record["optimize"]["checks"].items() if not check["ok"]]
+    failed = [f"{r.technique}: {name}" for r in results for name in r.failed_checks]
     if failed:
         print(f"{PROG}: check failed: {', '.join(failed)} (see run.json's optimize.checks)", file=sys.stderr)
         return 1

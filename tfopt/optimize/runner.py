@@ -138,6 +138,12 @@ class Outcome:
         """Whether the technique finished."""
         return self.error is None
 
+    @property
+    def failed_checks(self) -> list[str]:
+        """The names of the result's checks that failed (``run.json``'s ``optimize.checks``)."""
+        checks = self.record.section["checks"] if self.record else {}
+        return [name for name, check in checks.items() if not check["ok"]]
+
 
 def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], out_dirs: list[str | None],
         keep_going: bool = True, overwrite: bool = False) -> list[Outcome]:
