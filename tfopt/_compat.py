@@ -56,7 +56,7 @@ TARGETS = {"tensorflow": "2.21", "tf_keras": "2.21", "tensorflow-model-optimizat
            "ai-edge-litert": "2.3"}
 
 __all__ = [
-    "TARGETS", "PRUNE_WRAPPERS", "CLUSTER_WRAPPERS", "QUANTIZE_LAYERS", "prune_registry_supports",
+    "TARGETS", "keras_saved_model_metadata", "PRUNE_WRAPPERS", "CLUSTER_WRAPPERS", "QUANTIZE_LAYERS", "prune_registry_supports",
     "prunable_weight_names", "cluster_registry_supports", "clusterable_weight_names", "is_graph_network",
     "producing_layer", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details",
     "read_tflite_model", "write_tflite_model", "saved_model_converter", "fix_for_keras_format",
@@ -277,6 +277,26 @@ def interpreter_ops_details(interpreter) -> list[dict]:
     ``Interpreter._get_ops_details``; it is the only way to see which kernels XNNPACK took.
     """
     return interpreter._get_ops_details()
+
+
+def keras_saved_model_metadata(path: str) -> list[tuple[str, str]]:
+    """``(node_path, metadata JSON)`` of every object a tf_keras SavedModel's ``keras_metadata.pb`` describes.
+
+    tf_keras 2.21 revives layers from this metadata (a Lambda's stored bytecode included); its
+    message class lives in ``tf_keras.protobuf``, which tf_keras does not document.
+
+    Raises:
+        OSError: the file cannot be read.
+        google.protobuf.message.DecodeError: it is not a SavedMetadata message.
+    """
+    import os
+
+    from tf_keras.protobuf import saved_metadata_pb2
+
+    proto = saved_metadata_pb2.SavedMetadata()
+    with open(os.path.join(path, "keras_metadata.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    return [(node.node_path, node.metadata) for node in proto.nodes]
 
 
 def read_tflite_model(content: bytes):

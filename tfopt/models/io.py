@@ -6,6 +6,7 @@ unless the user trusts the file (``--trust-model``).
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -13,6 +14,7 @@ import os
 import zipfile
 from typing import Any, Iterator
 
+from tfopt import _compat
 from tfopt._keras import ensure_tf_keras, keras
 from tfopt.errors import ModelError
 from tfopt.fileio import atomic_dir, atomic_path
@@ -20,6 +22,9 @@ from tfopt.fileio import atomic_dir, atomic_path
 # tfmot wrappers (QAT, pruning, clustering) are registered Keras classes of a known library.
 _SAFE_MODULE_PREFIXES = ("keras", "tf_keras", "tensorflow_model_optimization")
 _FIX = "pass --trust-model (trust_model=True) only if you trust where the file came from"
+# Serialized objects that carry Python: a Lambda layer (its function, output_shape and mask as
+# bytecode or a module path) and a lambda anywhere in the new format (e.g. an activation).
+_CODE_CLASSES = ("Lambda", "__lambda__")
 
 
 def _walk(node: Any) -> Iterator[dict]:
@@ -32,16 +37,45 @@ def _walk(node: Any) -> Iterator[dict]:
             yield from _walk(value)
 
 
+def _strings(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def _is_bytecode(text: str) -> bool:
+    """True for Keras's serialized function: base64 of a marshalled code object (type byte ``c``, flagged or not)."""
+    if len(text) < 16 or text[0] not in "4Y":
+        return False
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)[:1] in (b"\xe3", b"c")
+    except ValueError:  # binascii.Error included: not base64, so not a stored function
+        return False
+
+
 def _check_config(config: Any, path: str) -> None:
+    """Refuses a parsed model config (nested models and every format's encoding included) that can run code."""
+    if not isinstance(config, dict):
+        raise ModelError(f"{path}'s model config is a {type(config).__name__}, not an object; re-save the model")
     for node in _walk(config):
-        if node.get("class_name") == "Lambda":
-            name = node.get("config", {}).get("name", "?")
-            raise ModelError(f"{path} has a Lambda layer {name!r}, which runs stored Python code on load; {_FIX}")
+        if node.get("class_name") in _CODE_CLASSES or "function_type" in node:
+            inner = node.get("config")
+            name = inner.get("name", "?") if isinstance(inner, dict) else node.get("name", "?")
+            raise ModelError(f"{path} has a {node.get('class_name') or 'function'} {name!r} holding stored Python "
+                             f"code, which runs on load; {_FIX}")
         module = node.get("module")
         if isinstance(module, str) and module and not module.split(".")[0] in _SAFE_MODULE_PREFIXES:
             raise ModelError(
                 f"{path} names the module {module!r} (class {node.get('class_name')!r}), which would be "
                 f"imported on load; {_FIX}")
+    if any(_is_bytecode(text) for text in _strings(config)):
+        raise ModelError(f"{path} holds a serialized Python function (e.g. a lambda activation), which runs on "
+                         f"load; {_FIX}")
 
 
 def saved_by_keras3(path: str) -> str | None:
@@ -92,12 +126,22 @@ def _inspect(path: str) -> None:
             raise ModelError(f"{path} holds no model config (weights only?); save the whole model")
         _check_config(json.loads(raw if isinstance(raw, str) else raw.decode()), path)
     elif os.path.isdir(path):
-        meta = os.path.join(path, "keras_metadata.pb")
-        if not os.path.exists(meta):
+        if not os.path.exists(os.path.join(path, "keras_metadata.pb")):
             raise ModelError(f"{path} is a SavedModel without Keras metadata; save it with tf_keras")
-        with open(meta, "rb") as f:
-            if b'"class_name": "Lambda"' in f.read():
-                raise ModelError(f"{path} has a Lambda layer, which runs stored Python code on load; {_FIX}")
+        from google.protobuf.message import DecodeError
+
+        try:
+            nodes = _compat.keras_saved_model_metadata(path)
+        except (OSError, DecodeError) as e:
+            raise ModelError(f"{path}'s keras_metadata.pb cannot be read ({e}), so it cannot be checked for "
+                             f"stored code; re-save the model, or {_FIX}") from None
+        for node_path, metadata in nodes:
+            try:
+                config = json.loads(metadata) if metadata else {}
+            except ValueError:
+                raise ModelError(f"{path}: the metadata of {node_path!r} is not JSON, so it cannot be checked for "
+                                 f"stored code; re-save the model, or {_FIX}") from None
+            _check_config(config, path)
     else:
         raise ModelError(f"{path} is not a model file; give a .keras file, an .h5 file or a SavedModel directory")
 
