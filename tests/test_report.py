@@ -4,6 +4,7 @@ HParams built from a small synthetic pipeline run directory (records written by 
 import json
 import os
 import random
+import re
 
 import pytest
 
@@ -397,3 +398,21 @@ def test_cli_builds_and_bad_input_is_one_line_exit_2(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("tfopt.report: error: ") and needle in err[0], err
+
+
+def test_report_md_shows_hostile_names_as_text():
+    from markdown_it import MarkdownIt
+
+    from tfopt.report.render import markdown
+
+    name = "x` <img src=x onerror=alert(1)> [click](http://evil.example) `y"
+    md = markdown([{"type": "p", "text": f"Chosen edge model: `{name}`"},
+                   {"type": "list", "items": [f"run <script>alert(1)</script> {name}", "<img src=y>"]},
+                   {"type": "table", "header": ["variant"], "rows": [[name], ["a|b"], ["[c](http://e.example)"]]},
+                   {"type": "img", "alt": "](http://evil.example/track.png) ![", "file": "pareto.png"},
+                   {"type": "pre", "summary": "<b>log</b>", "text": "```\n<script>alert(1)</script>"}])
+    html = MarkdownIt("commonmark", {"html": True}).enable("table").render(md)
+    assert "<script" not in html and "<img src=x" not in html and "<img src=y" not in html
+    assert "evil.example" not in "".join(re.findall(r'(?:href|src)="([^"]*)"', html))  # no link, no image to it
+    assert 'src="pareto.png"' in html and html.count("<tr>") == 4  # no cell split by a name
+    assert "```\n&lt;script&gt;alert(1)&lt;/script&gt;\n</code></pre>" in html  # the fence holds the text

@@ -16,8 +16,31 @@ _BOLD = re.compile(r"\*\*(.+?)\*\*")
 _CODE = re.compile(r"`([^`]+)`")
 
 
+_MD_SPECIAL = re.compile(r"([\\`<\[\]|])")
+_MD_CODE = re.compile(r"(`[^`\n]+`)")
+
+
+def _md_text(text: str, cell: bool = False) -> str:
+    """Markdown for text that holds names taken from runs and models: only its code spans stay markup.
+
+    Outside ```code``` spans, what makes HTML, links, images or table cells (``<``, ``[``, ``]``,
+    ``|``, a backtick, a backslash) is backslash-escaped, so a run named ``<img src=x onerror=...>``
+    or ``[x](http://...)`` shows as text; a code span's content is literal in markdown already (in
+    a table ``cell``, its ``|`` is escaped too, as GitHub's tables need).
+    """
+    parts = _MD_CODE.split(str(text).replace("\n", " "))
+    return "".join((p.replace("|", "\\|") if cell else p) if i % 2 else _MD_SPECIAL.sub(r"\\\1", p)
+                   for i, p in enumerate(parts))
+
+
 def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return _md_text(text, cell=True)
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any run of backticks in ``text`` (the text cannot close it)."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def markdown(items: Sequence[dict]) -> str:
@@ -26,13 +49,13 @@ def markdown(items: Sequence[dict]) -> str:
     for b in items:
         t = b["type"]
         if t in ("h1", "h2", "h3"):
-            out.append("#" * int(t[1]) + " " + b["text"])
+            out.append("#" * int(t[1]) + " " + _md_text(b["text"]))
         elif t == "p":
-            out.append(b["text"])
+            out.append(_md_text(b["text"]))
         elif t == "callout":
-            out.append("\n>\n".join("> " + item for item in b["items"]))
+            out.append("\n>\n".join("> " + _md_text(item) for item in b["items"]))
         elif t == "list":
-            out.append("\n".join(f"- {item}" for item in b["items"]))
+            out.append("\n".join(f"- {_md_text(item)}" for item in b["items"]))
         elif t == "table":
             if b["rows"]:
                 out.append(markdown_table([_md_cell(h) for h in b["header"]],
@@ -40,13 +63,15 @@ def markdown(items: Sequence[dict]) -> str:
             else:
                 out.append("(no rows)")
             if b.get("note"):
-                out.append(f"<sub>{b['note']}</sub>")
+                out.append(f"<sub>{_md_text(b['note'])}</sub>")
         elif t == "img":
-            out.append(f"![{b['alt']}]({b['file']})")
+            out.append(f"![{_md_text(b['alt'])}]({b['file']})")
         elif t == "toc":
             continue
         elif t == "pre":
-            out.append(f"<details><summary>{b['summary']}</summary>\n\n```text\n{b['text']}\n```\n\n</details>")
+            fence = _fence(b["text"])
+            out.append(f"<details><summary>{html_lib.escape(b['summary'], quote=False)}</summary>\n\n{fence}text\n"
+                       f"{b['text']}\n{fence}\n\n</details>")
         else:
             raise ValueError(f"unknown block type {t!r}")
     return "\n\n".join(out) + "\n"
