@@ -65,6 +65,72 @@ def test_run_dir_refuses_a_finished_run_and_a_different_config(tmp_path):
     (tmp_path / "junk" / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="non-empty directory that is not a tfopt run"):
         _rundir(tmp_path / "junk").check()
+    with pytest.raises(ConfigError, match="not a tfopt run .*which --overwrite never replaces"):
+        _rundir(tmp_path / "junk", overwrite=True).check()
+    assert (tmp_path / "junk" / "notes.txt").read_text() == "mine"
+
+
+class _FsCrash(Exception):
+    pass
+
+
+def _count_fs_steps(monkeypatch, crash_at):
+    """Makes the crash_at-th file-system change (rename, unlink, rmtree, symlink) raise; returns the counter."""
+    import shutil
+
+    calls = []
+
+    def wrap(fn):
+        def step(*args, **kwargs):
+            calls.append(fn.__name__)
+            if len(calls) == crash_at:
+                raise _FsCrash(fn.__name__)
+            return fn(*args, **kwargs)
+        return step
+
+    for module, name in ((os, "replace"), (os, "unlink"), (os, "symlink"), (shutil, "rmtree")):
+        monkeypatch.setattr(module, name, wrap(getattr(module, name)))
+    return calls
+
+
+def _commit_over_a_previous_run(out):
+    first = _rundir(out)
+    first.open()
+    first.commit(RunRecord(stage="train", config={}, metrics={"run": 1}))
+    rd = _rundir(out, "b", overwrite=True)
+    rd.check()
+    rd.open()
+    os.makedirs(os.path.join(rd.work, "backup", "chief"))
+    open(os.path.join(rd.work, "backup", "chief", "ckpt"), "w").write("step 900")
+    open(os.path.join(rd.work, "model.keras"), "w").write("finished model")
+    return rd
+
+
+def test_a_crash_at_any_file_system_step_of_a_commit_loses_nothing(tmp_path, monkeypatch):
+    probe = _commit_over_a_previous_run(tmp_path / "probe" / "runs" / "r")
+    with monkeypatch.context() as m:
+        calls = _count_fs_steps(m, crash_at=0)
+        probe.commit(RunRecord(stage="train", config={}, metrics={"run": 2}))
+        steps = list(calls)
+    assert len(steps) >= 6, steps  # run.json's rename, two renames, backup, stamp, .old, latest
+    for crash_at in range(1, len(steps) + 1):
+        out = tmp_path / str(crash_at) / "runs" / "r"
+        rd = _commit_over_a_previous_run(out)
+        with monkeypatch.context() as m:
+            _count_fs_steps(m, crash_at)
+            with pytest.raises(_FsCrash):
+                rd.commit(RunRecord(stage="train", config={}, metrics={"run": 2}))
+        # the next start (any stage, any settings) finishes or undoes it before anything else
+        with pytest.raises(ConfigError, match="holds a finished run"):
+            _rundir(out, "c").check()
+        run = json.load(open(out / "run.json"))["metrics"]["run"]
+        left = sorted(n for n in os.listdir(out.parent) if not n.startswith(".latest-"))  # a link never renamed
+        if run == 2:  # the new run is in place, whole, and never resumable
+            assert sorted(os.listdir(out)) == ["model.keras", "run.json"], (crash_at, steps[crash_at - 1])
+            assert left == ["latest", "r"] and os.readlink(out.parent / "latest") == "r", (crash_at, left)
+        else:  # crashed before run.json was in the work directory: the old run, the work and its backup intact
+            assert crash_at == 1 and open(os.path.join(rd.work, "backup", "chief", "ckpt")).read() == "step 900"
+            assert sorted(os.listdir(out)) == ["run.json"] and left == ["latest", "r", "r.partial"]
 
 
 def test_commit_replaces_atomically_and_drops_backups(tmp_path):

@@ -2,8 +2,10 @@
 
 A stage never writes into its final run directory in place. The chief works in
 ``<run>.partial/`` (backups, metrics so far, TensorBoard logs), then writes the model and
-``run.json`` there and renames the whole directory to ``<run>``: a crash leaves either no run
-or the previous one, never an old ``run.json`` beside new metrics. The work directory carries
+``run.json`` there and renames the whole directory to ``<run>``: a crash leaves either the new
+run or the previous one, never an old ``run.json`` beside new metrics, and the next start
+finishes or undoes a commit a crash interrupted (:meth:`RunDir.recover`). ``--overwrite``
+replaces only a directory that holds a run. The work directory carries
 the fingerprint of the config that made it; re-running the same command resumes from its
 backup, a different config is refused unless the user asks to start over (``--overwrite``).
 """
@@ -18,6 +20,8 @@ from tfopt.fileio import write_json
 from tfopt.runs import PARTIAL_SUFFIX, RunRecord, update_latest
 
 FINGERPRINT_FILE = "fingerprint.json"
+OLD_SUFFIX = ".old"  # the previous run while a commit replaces it
+_LEFTOVERS = ("backup", FINGERPRINT_FILE)  # what a finished run must not carry (it is never resumed)
 
 
 def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -59,12 +63,14 @@ class RunDir:
         """
         if os.path.isfile(self.path):
             raise ConfigError(f"-o {self.path!r} is a file; give a directory")
+        recovered = self.recover() if self.chief else None
         if os.path.exists(os.path.join(self.path, "run.json")) and not self.overwrite:
-            raise ConfigError(f"-o {self.path!r} holds a finished run; give another -o, or --overwrite to replace it")
+            raise ConfigError(f"-o {self.path!r} holds a finished run{recovered or ''}; give another -o, or "
+                              "--overwrite to replace it")
         if os.path.isdir(self.path) and os.listdir(self.path) and not os.path.exists(
-                os.path.join(self.path, "run.json")) and not self.overwrite:
-            raise ConfigError(f"-o {self.path!r} is a non-empty directory that is not a tfopt run; give another -o, "
-                              "or --overwrite to replace it")
+                os.path.join(self.path, "run.json")):
+            raise ConfigError(f"-o {self.path!r} is a non-empty directory that is not a tfopt run (no run.json), "
+                              "which --overwrite never replaces; give another -o")
         stored = self._stored()
         if stored is not None and stored.get("fingerprint") != self.fingerprint and not self.overwrite:
             changed = _differences(stored.get("settings", {}), self.described)
@@ -98,27 +104,59 @@ class RunDir:
     def commit(self, record: RunRecord) -> str:
         """Writes ``run.json`` into the work directory and renames it into place (chief only).
 
-        The artifacts must already be in :attr:`work`. Backups and the fingerprint stamp are
-        removed first: a finished run is never "resumed".
+        The artifacts must already be in :attr:`work`. The order keeps every state a crash can
+        leave recoverable (:meth:`recover`): ``run.json`` is written, the previous run (if any)
+        is renamed to ``<run>.old``, the work directory to ``<run>``; only then are the backups,
+        the fingerprint stamp and ``<run>.old`` removed, so a finished run is never "resumed"
+        and a kill never costs the finished model.
 
         Returns:
             The run directory.
         """
-        for leftover in ("backup", FINGERPRINT_FILE):
-            target = os.path.join(self.work, leftover)
+        write_json(os.path.join(self.work, "run.json"), record.to_dict())
+        return self._move_into_place()
+
+    def recover(self) -> str | None:
+        """Finishes or undoes what a crash during a commit left (chief only; :meth:`check` calls it).
+
+        - a work directory holding ``run.json``: the commit is finished;
+        - no run but a ``<run>.old`` holding one: the previous run is restored;
+        - a committed run with backups, a stamp or a ``<run>.old`` beside it: they are removed.
+
+        Returns:
+            What was done, as a clause for a message (None when nothing was left).
+        """
+        if os.path.exists(os.path.join(self.work, "run.json")):
+            self._move_into_place()
+            return " (an interrupted commit of it was finished)"
+        if not os.path.lexists(self.path) and os.path.exists(os.path.join(self._old, "run.json")):
+            os.replace(self._old, self.path)
+            return " (restored from an interrupted replacement)"
+        if os.path.exists(os.path.join(self.path, "run.json")) and (
+                os.path.lexists(self._old) or any(os.path.lexists(os.path.join(self.path, n)) for n in _LEFTOVERS)):
+            self._clean_up()
+        return None
+
+    @property
+    def _old(self) -> str:
+        return self.path + OLD_SUFFIX
+
+    def _move_into_place(self) -> str:
+        if os.path.lexists(self.path):
+            if os.path.lexists(self._old):
+                shutil.rmtree(self._old)
+            os.replace(self.path, self._old)
+        os.replace(self.work, self.path)
+        self._clean_up()
+        return self.path
+
+    def _clean_up(self) -> None:
+        for leftover in _LEFTOVERS:
+            target = os.path.join(self.path, leftover)
             if os.path.isdir(target):
                 shutil.rmtree(target)
-            elif os.path.exists(target):
+            elif os.path.lexists(target):
                 os.unlink(target)
-        write_json(os.path.join(self.work, "run.json"), record.to_dict())
-        old = None
-        if os.path.lexists(self.path):
-            old = self.path + ".old"
-            if os.path.lexists(old):
-                shutil.rmtree(old)
-            os.replace(self.path, old)
-        os.replace(self.work, self.path)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        if os.path.lexists(self._old):
+            shutil.rmtree(self._old)
         update_latest(self.path)
-        return self.path
