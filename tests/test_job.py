@@ -160,6 +160,53 @@ def test_fingerprint_ignores_where_and_how_loudly():
     assert fingerprint("train", result_config(a)) != fingerprint("train", result_config(c))
 
 
+def test_a_changed_input_model_or_tfopt_version_is_not_resumed(tmp_path, monkeypatch):
+    from tfopt._keras import keras
+    from tfopt.runs import load_input
+    from tfopt.runtime.job import Job
+
+    teacher = str(tmp_path / "teacher.keras")
+    inp = keras.Input((8, 8, 1))
+    keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(inp))).save(teacher)
+    cfg = C.from_dict({"data": DIGITS, "runtime": {"strategy": "one_device"},
+                       "train": {"output_dir": str(tmp_path / "student"), "verbose": 0}})
+
+    def job():  # what tfopt.distill fingerprints: its options and each teacher's digest
+        return Job(cfg, "distill", options={"teacher_digests": [load_input(teacher).digest]})
+
+    job().run_dir.open()  # an unfinished run against this teacher
+    assert job().run_dir.resuming
+    keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(inp))).save(teacher)  # retrained: new weights
+    with pytest.raises(ConfigError, match="other settings .*distill.teacher_digests"):
+        job()
+    before = fingerprint("distill", {})
+    monkeypatch.setattr("tfopt._version.__version__", "0.0.0-other")
+    assert fingerprint("distill", {}) != before  # another tfopt never resumes this one's backups
+
+
+def test_a_backup_of_another_model_is_refused_not_half_restored(tmp_path):
+    from tfopt._keras import keras, tf
+    from tfopt.errors import TrainingError
+    from tfopt.runtime.backup import Backup
+
+    def backup(units, extra=False):
+        inp = keras.Input((4,))
+        x = keras.layers.Dense(units, name="fc")(inp)
+        model = keras.Model(inp, keras.layers.Dense(2, name="extra")(x) if extra else x)
+        b = Backup(model, str(tmp_path / "backup"), steps_per_epoch=1, every=0, chief=True,
+                   scratch=str(tmp_path), strategy=tf.distribute.get_strategy())
+        b.set_model(model)  # what fit does with its callbacks
+        return b
+
+    saved = backup(3)
+    saved.step = 7
+    saved.save()
+    assert backup(3).restore() == 7  # the same model restores
+    for other in (backup(5), backup(3, extra=True)):  # a variable of another shape; a layer the backup lacks
+        with pytest.raises(TrainingError, match="does not match this run's model.*--overwrite"):
+            other.restore()
+
+
 # -- real training: resume, refusal, crash safety --------------------------------------------------
 
 

@@ -205,8 +205,14 @@ def load_run(path: str, need_model: bool = True) -> Run:
 
 
 def fingerprint(*parts: Any) -> str:
-    """A digest of what determines a run's result (configs, options), for resume checks."""
-    text = json.dumps(parts, sort_keys=True, default=str)
+    """A digest of what determines a run's result (configs, options, tfopt's version), for resume checks.
+
+    A backup made by another tfopt version is not resumed: its code may have built or trained
+    the model differently.
+    """
+    from tfopt._version import __version__
+
+    text = json.dumps([__version__, *parts], sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 

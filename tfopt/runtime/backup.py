@@ -37,7 +37,7 @@ import numpy as np
 
 from tfopt import _compat
 from tfopt._keras import keras, tf
-from tfopt.errors import Preempted, TfoptError
+from tfopt.errors import Preempted, TfoptError, TrainingError
 from tfopt.fileio import write_text
 
 KEEP = 2  # backups kept: the newest may be the one a kill interrupted
@@ -124,7 +124,14 @@ class Backup(keras.callbacks.Callback):
         if latest is None:
             self.step = self.saved_step = 0
             return 0
-        self.checkpoint.restore(latest).expect_partial()
+        try:
+            # Every object this run has already made must come from the backup: a model of another
+            # shape, or a backup of another input, is refused instead of half restored. (read, not
+            # restore: backups are written with write(), which keeps no save counter.)
+            self.checkpoint.read(latest).expect_partial().assert_existing_objects_matched()
+        except (AssertionError, ValueError) as e:  # unmatched objects; a variable of another shape
+            raise TrainingError(f"the backup {latest!r} does not match this run's model ({str(e).splitlines()[0][:200]})"
+                                "; re-run with --overwrite to start over") from None
         self.step = self.saved_step = int(self.step_var.numpy())
         return self.step
 
