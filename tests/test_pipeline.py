@@ -164,3 +164,36 @@ def test_folder_edge_smoke_on_a_generated_image_folder(tmp_path):
         assert open(run / export / "labels.txt").read().split() == names
         assert json.load(open(run / export / "input.json"))["image_shape"] == [32, 32, 3]
     assert os.path.getsize(run / "report" / "report.html") > 1000
+
+
+def test_a_kill_mid_run_keeps_the_done_marks_of_stages_it_does_not_change(tmp_path, monkeypatch):
+    from tfopt.pipeline import runner
+    from tfopt.pipeline.stages import stage_dir
+
+    ran = []
+
+    def fake_stage(cfg, stage, run_dir, **_):  # commits a run the way a stage does; "kills" at one stage
+        if stage.name == crash_at:
+            raise KeyboardInterrupt
+        ran.append(stage.name)
+        os.makedirs(stage_dir(run_dir, stage), exist_ok=True)
+        with open(os.path.join(stage_dir(run_dir, stage), "run.json"), "w") as f:
+            json.dump({"stage": stage.kind}, f)
+
+    monkeypatch.setattr(runner, "run_stage", fake_stage)
+    cfg = apply_overrides(load_pipeline(MNIST_EDGE, "smoke"), ["probe.steps=0"])
+    out = str(tmp_path / "run")
+    crash_at = None
+    runner.run_pipeline(cfg, out, report=False, say=lambda _: None)
+    order = [s.name for s in plan(cfg)]
+    assert ran == order and order.index("student-pqat") < order.index("student-export")
+    changed = apply_overrides(cfg, ["compress.sparsity=0.6"])  # student-pqat and its export only
+    crash_at = "student-pqat"
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_pipeline(changed, out, report=False, say=lambda _: None)
+    status = {s["name"]: s["status"] for s in json.load(open(os.path.join(out, "pipeline.json")))["stages"]}
+    assert status == {n: "pending" if n in ("student-pqat", "student-pqat-export") else "done" for n in order}
+    ran.clear()
+    crash_at = None
+    runner.run_pipeline(changed, out, report=False, say=lambda _: None)
+    assert ran == ["student-pqat", "student-pqat-export"]

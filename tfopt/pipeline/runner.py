@@ -101,6 +101,9 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str, *, variant: str = "default",
              "stages": [{"name": s.name, "kind": s.kind, "dir": s.name, "inputs": list(s.inputs),
                          "fingerprint": s.fingerprint, "status": "pending", "seconds": None} for s in stages]}
     entries = {e["name"]: e for e in state["stages"]}
+    for stage in stages:  # a kill mid-run must not lose the marks of stages that stay valid
+        if _finished(stage, run_dir, previous):
+            entries[stage.name].update(status="done", seconds=previous[stage.name].get("seconds"))
     rerun: set[str] = set()
     started = time.perf_counter()
     for i, stage in enumerate(stages):
@@ -111,6 +114,11 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str, *, variant: str = "default",
             say(f"{head}: finished earlier with the same settings, kept")
             continue
         say(f"{head}: running")
+        stale = {stage.name}
+        for later in stages[i:]:  # this stage and every stage built on it, directly or not
+            if later.name in stale or stale.intersection(later.inputs):
+                stale.add(later.name)
+                entries[later.name].update(status="pending", seconds=None)
         write_json(os.path.join(run_dir, STATE_FILE), state)
         t0 = time.perf_counter()
         if multi and stage.trains:
