@@ -1,6 +1,8 @@
 """The Job every stage runs in: run records, output directories, atomic commits, resume and fingerprints."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -52,6 +54,7 @@ def test_run_dir_refuses_a_finished_run_and_a_different_config(tmp_path):
     rd.check()
     rd.open()
     assert os.path.isdir(rd.work) and rd.resuming
+    rd.release()  # the run died: its work directory stays, its lock goes
     other = _rundir(out, "b", {"config": {"train": {"learning_rate": 0.01}}})
     with pytest.raises(ConfigError, match=r"other settings \(config.train.learning_rate: 0.001 -> 0.01\).*--overwrite"):
         other.check()
@@ -120,6 +123,7 @@ def test_a_crash_at_any_file_system_step_of_a_commit_loses_nothing(tmp_path, mon
             _count_fs_steps(m, crash_at)
             with pytest.raises(_FsCrash):
                 rd.commit(RunRecord(stage="train", config={}, metrics={"run": 2}))
+        rd.release()  # the process died: the kernel drops its lock
         # the next start (any stage, any settings) finishes or undoes it before anything else
         with pytest.raises(ConfigError, match="holds a finished run"):
             _rundir(out, "c").check()
@@ -148,6 +152,59 @@ def test_commit_replaces_atomically_and_drops_backups(tmp_path):
     rd2.commit(RunRecord(stage="train", config={}, metrics={"a": 2}))
     assert json.load(open(out / "run.json"))["metrics"] == {"a": 2}
     assert not [p for p in os.listdir(out.parent) if p.endswith((".old", ".partial"))]
+
+
+_HOLD = """
+import sys, time
+from tfopt.runtime.rundir import RunDir
+rd = RunDir(sys.argv[1], "f", {}, cluster=sys.argv[2] or None)
+rd.check()
+rd.open()
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def _hold(path, cluster=""):
+    """A live run in another process: it locks ``path`` and waits to be killed."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path), cluster], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_live_run_locks_its_directory_until_it_dies(tmp_path):
+    root = tmp_path / "runs"
+    live = _hold(root / "train")
+    try:
+        for kw in ({}, {"overwrite": True}):  # --overwrite never replaces a live run
+            with pytest.raises(ConfigError, match=rf"being written by another run \(pid {live.pid} on .*give another -o"):
+                _rundir(root / "train", **kw).check()
+        assert default_output("train", str(root)) == str(root / "train-2")  # default names skip it
+        picked = _rundir(root / "train", pick=lambda: default_output("train", str(root)))
+        picked.check()  # a default name that a live run took between pick and lock moves on
+        assert picked.path == str(root / "train-2") and picked.lock.held
+        picked.release()
+        assert os.path.isdir(root / "train.partial")  # the live run's work is untouched
+    finally:
+        live.kill()
+        live.wait()
+    rd = RunDir(str(root / "train"), "f", {})
+    rd.check()  # kill -9 released it: the crashed run can be resumed
+    assert rd.resuming and rd.lock.held
+    rd.release()
+    assert not os.path.exists(str(root / "train") + ".tfopt-lock")
+
+
+def test_the_workers_of_a_cluster_pick_the_directory_their_chief_locked(tmp_path):
+    root = tmp_path / "runs"
+    chief = _hold(root / "train", cluster="c1")
+    try:
+        assert default_output("train", str(root), cluster="c1") == str(root / "train")
+        assert default_output("train", str(root), cluster="c2") == str(root / "train-2")
+        assert default_output("train", str(root)) == str(root / "train-2")
+    finally:
+        chief.kill()
+        chief.wait()
 
 
 def test_fingerprint_ignores_where_and_how_loudly():
@@ -282,3 +339,25 @@ def test_versions_reports_what_is_installed_and_keeps_bugs(monkeypatch):
     monkeypatch.setattr(job, "version", broken)
     with pytest.raises(ZeroDivisionError):  # only "not installed" is swallowed
         job.versions()
+
+
+@pytest.mark.slow
+def test_runs_started_together_on_the_default_output_each_commit_their_own(tmp_path):
+    """Three `tfopt.train` started at once in one directory: three runs, none lost or mixed."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    cmd = [sys.executable, "-m", "tfopt.train", "--dataset", "digits", "--strategy", "one_device", "--epochs", "1",
+           "--batch-size", "64", "--set", "train.tensorboard=false", "--set", "train.verbose=0"]
+    procs = [subprocess.Popen([*cmd, "--set", f"train.seed={seed}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for seed in (1, 2, 3)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
+    runs = tmp_path / "runs"
+    names = sorted(n for n in os.listdir(runs) if not n.startswith(".") and n != "latest")
+    assert names == ["train", "train-2", "train-3"], names
+    seeds = sorted(load_run(str(runs / n)).config.train.seed for n in names)
+    assert seeds == [1, 2, 3]  # each run committed its own config and model
+    for n in names:
+        rec = load_run(str(runs / n)).record
+        assert rec.history and rec.metrics["test_accuracy"] > 0 and rec.config["train"]["output_dir"].endswith(n)
+    newest = max(names, key=lambda n: os.path.getmtime(runs / n / "run.json"))
+    assert os.readlink(runs / "latest") == newest

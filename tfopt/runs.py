@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfopt import config as config_lib
+from tfopt import runlock
 from tfopt.errors import ConfigError
 from tfopt.fileio import tree_digest
 
@@ -216,22 +217,30 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def default_output(stage: str, root: str = RUNS_ROOT) -> str:
+def default_output(stage: str, root: str = RUNS_ROOT, cluster: str | None = None) -> str:
     """The default run directory of ``stage``: ``runs/<stage>``, or the first free ``-N`` after it."""
-    return fresh_dir(os.path.join(root, stage))
+    return fresh_dir(os.path.join(root, stage), cluster)
 
 
-def fresh_dir(base: str) -> str:
-    """``base`` when no finished run is there, else ``base-2``, ``base-3``, ...
+def fresh_dir(base: str, cluster: str | None = None) -> str:
+    """``base`` when no finished or live run is there, else ``base-2``, ``base-3``, ...
 
     A crashed run's work directory (``<dir>.partial``) does not make a name taken: re-running
-    the same command resumes it.
+    the same command resumes it. A directory another live run is writing (its lock is held,
+    :mod:`tfopt.runlock`) does, unless that run is this process's own cluster (``cluster``: the
+    workers of a multi-worker run pick the directory their chief locked).
     """
     candidate, n = base, 1
-    while os.path.exists(os.path.join(candidate, "run.json")) or os.path.isfile(candidate):
+    while (os.path.exists(os.path.join(candidate, "run.json")) or os.path.isfile(candidate)
+           or _locked_by_another(candidate, cluster)):
         n += 1
         candidate = f"{base}-{n}"
     return candidate
+
+
+def _locked_by_another(path: str, cluster: str | None) -> bool:
+    held = runlock.holder(path)
+    return held is not None and (cluster is None or held.get("cluster") != cluster)
 
 
 def update_latest(run_dir: str) -> None:

@@ -133,14 +133,15 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     say = progress or (lambda _msg: None)
     modes = parse_modes(settings.modes)
     run = load_input(run_dir, RunConfig(data=data) if data is not None else None)
-    out = os.path.abspath(out_dir or fresh_dir(run.stem.rstrip(os.sep) + "-export"))
+    pick = (lambda: fresh_dir(run.stem.rstrip(os.sep) + "-export")) if not out_dir else None
+    out = os.path.abspath(out_dir or pick())
     if out == run.source:
         raise ConfigError(f"-o {out!r} is the input run; a stage writes a NEW run directory: give another -o")
     options = {"source": run.source, "source_digest": run.digest, **_settings_dict(settings)}
-    rd = RunDir(out, fingerprint("export", options), {"export": options}, overwrite=overwrite)
-    rd.check()
+    rd = RunDir(out, fingerprint("export", options), {"export": options}, overwrite=overwrite, pick=pick)
     scratch = tempfile.mkdtemp(prefix="tfopt-export-")
     try:
+        rd.check()
         if saved_by_keras3(run.model_path):
             say(f"{run.model_path} was saved by Keras 3: exporting it as a SavedModel with Keras 3")
             model = keras3.as_tf_keras(keras3.to_saved_model(run.model_path, os.path.join(scratch, "keras3"),
@@ -160,6 +161,7 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
                 tflite.saved_models():
             return _export(run, model, qat, modes, settings, rd, keras, say)
     finally:
+        rd.release()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -30,7 +30,7 @@ from tfopt.optimize.common import (OptimizeError, Selection, check_model, compil
 from tfopt.optimize.phases import Context, FineTune, run_chain
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
 from tfopt.runtime import precision as precision_lib
-from tfopt.runtime.job import Job, result_config, run_record, weights_digest
+from tfopt.runtime.job import Job, cluster_id, result_config, run_record, weights_digest
 from tfopt.runtime.rundir import RunDir
 
 
@@ -85,10 +85,10 @@ class OptimizeSettings:
         return [(kind, specs[kind].validate()) for kind in tech.phases]
 
 
-def default_output(from_dir: str, technique: str) -> str:
+def default_output(from_dir: str, technique: str, cluster: str | None = None) -> str:
     """``<from>-<technique>`` beside the input run (``-2``, ``-3``, ... when taken); ``from_dir`` is a run's
     path or a model file's without its suffix (:attr:`tfopt.runs.Run.stem`)."""
-    return fresh_dir(os.path.abspath(from_dir).rstrip(os.sep) + "-" + technique)
+    return fresh_dir(os.path.abspath(from_dir).rstrip(os.sep) + "-" + technique, cluster)
 
 
 def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir: str | None = None,
@@ -166,17 +166,28 @@ def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], ou
     """
     source = load_input(from_dir, cfg)  # reads JSON (or hashes a file) only: no TensorFlow op before MultiWorkerMirrored exists
     job = Job(cfg, "optimize", out_dir=False)
+    cluster = cluster_id(job.cluster)
     dirs = []
-    for settings, out in zip(settings_list, out_dirs):
-        settings.validate()
-        path = os.path.abspath(out or default_output(source.stem, settings.technique))
-        if path == source.source:
-            raise OptimizeError(f"output {path!r} is the input run; give a new directory with -o")
-        options = {"source": source.source, "source_digest": source.digest, **settings.to_dict()}
-        rd = RunDir(path, fingerprint("optimize", result_config(cfg), options), {"optimize": options},
-                    overwrite=overwrite, chief=job.chief)
-        rd.check()
-        dirs.append(rd)
+    try:
+        for settings, out in zip(settings_list, out_dirs):
+            settings.validate()
+            pick = (lambda t=settings.technique: default_output(source.stem, t, cluster)) if not out else None
+            path = os.path.abspath(out or pick())
+            if path == source.source:
+                raise OptimizeError(f"output {path!r} is the input run; give a new directory with -o")
+            options = {"source": source.source, "source_digest": source.digest, **settings.to_dict()}
+            rd = RunDir(path, fingerprint("optimize", result_config(cfg), options), {"optimize": options},
+                        overwrite=overwrite, chief=job.chief, cluster=cluster, pick=pick)
+            dirs.append(rd)
+            rd.check()
+        return _run_all(job, source, from_dir, settings_list, dirs, keep_going)
+    finally:
+        for rd in dirs:
+            rd.release()
+
+
+def _run_all(job: Job, source, from_dir: str, settings_list: list[OptimizeSettings], dirs: list[RunDir],
+             keep_going: bool) -> list[Outcome]:
     results = []
     with job:
         base = check_model(sources.load_stage_input(source, job.info.image_shape, job.info.num_classes,

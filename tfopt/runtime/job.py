@@ -97,6 +97,13 @@ def plain_copy(model: "keras.Model") -> "keras.Model":
     return copy
 
 
+def cluster_id(cluster: ClusterInfo | None) -> str | None:
+    """What identifies a multi-worker run's cluster (its task addresses), or None for one process."""
+    if cluster is None:
+        return None
+    return hashlib.sha256(json.dumps(cluster.cluster, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def result_config(cfg: RunConfig) -> dict:
     """The parts of ``cfg`` that determine a run's result (the fingerprint's input)."""
     out = cfg.to_dict()
@@ -152,9 +159,12 @@ class Job:
         self.fingerprint = fingerprint(stage, result_config(cfg), self.options)
         self.run_dir: RunDir | None = None
         if out_dir is not False:
-            path = out_dir or cfg.train.output_dir or default_output(stage)
-            self.run_dir = RunDir(path, self.fingerprint, {"config": result_config(cfg), stage: self.options},
-                                  overwrite=overwrite, chief=self.chief)
+            cluster = cluster_id(self.cluster)
+            explicit = out_dir or cfg.train.output_dir
+            self.run_dir = RunDir(explicit or default_output(stage, cluster=cluster), self.fingerprint,
+                                  {"config": result_config(cfg), stage: self.options}, overwrite=overwrite,
+                                  chief=self.chief, cluster=cluster,
+                                  pick=None if explicit else lambda: default_output(stage, cluster=cluster))
             self.run_dir.check()
         self.strategy = None
         self.info = None
@@ -223,6 +233,8 @@ class Job:
         print(f"{prog}: {self.precision_probe.log_line()}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc) -> None:
+        if self.run_dir is not None:
+            self.run_dir.release()  # committed or not, this process no longer writes it
         if self._previous_policy is not None:
             precision.set_policy(self._previous_policy)
             self._previous_policy = None

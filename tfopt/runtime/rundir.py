@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Callable
 
 from tfopt.errors import ConfigError
 from tfopt.fileio import write_json
+from tfopt.runlock import Locked, RunLock
 from tfopt.runs import PARTIAL_SUFFIX, RunRecord, update_latest
 
 FINGERPRINT_FILE = "fingerprint.json"
@@ -46,23 +48,60 @@ class RunDir:
         chief: Only the chief creates, writes and commits.
     """
 
-    def __init__(self, path: str, fingerprint: str, described: dict, *, overwrite: bool = False, chief: bool = True):
-        self.path = os.path.abspath(path)
-        self.work = self.path + PARTIAL_SUFFIX
+    def __init__(self, path: str, fingerprint: str, described: dict, *, overwrite: bool = False, chief: bool = True,
+                 cluster: str | None = None, pick: Callable[[], str] | None = None):
         self.fingerprint = fingerprint
         self.described = described
         self.overwrite = overwrite
         self.chief = chief
+        self.cluster = cluster
+        self.pick = pick
+        self._at(path)
+
+    def _at(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self.work = self.path + PARTIAL_SUFFIX
+        self.lock = RunLock(self.path, {"cluster": self.cluster})
+
+    def _lock(self) -> None:
+        """The chief locks the directory; a default name (``pick``) moves on to the next free one."""
+        for _ in range(8):
+            try:
+                self.lock.acquire()
+                return
+            except Locked as e:
+                if self.pick is None:
+                    raise ConfigError(f"-o {self.path!r} is being written by another run ({e.describe()}); wait for "
+                                      "it to finish or give another -o (--overwrite never replaces a live run)") from None
+                self._at(self.pick())
+        raise ConfigError(f"no free run directory near {self.path!r}: every name is being written; give -o")
+
+    def release(self) -> None:
+        """Drops the directory's lock (after a commit, or when the run ends without one)."""
+        self.lock.release()
 
     def check(self) -> None:
         """Refuses, before any work, to replace a finished run or resume a different config.
 
+        The chief first locks the directory (:mod:`tfopt.runlock`) for the rest of the run and
+        finishes a commit a crash interrupted (:meth:`recover`).
+
         Raises:
-            ConfigError: ``path`` holds a finished run (without ``overwrite``), or the work
-                directory was made by another config.
+            ConfigError: another live run is writing ``path`` (a default name moves on to the
+                next free one instead), ``path`` holds a finished run (without ``overwrite``)
+                or a directory that is not a run, or the work directory was made by another config.
         """
         if os.path.isfile(self.path):
             raise ConfigError(f"-o {self.path!r} is a file; give a directory")
+        if self.chief:
+            self._lock()
+        try:
+            self._refuse()
+        except BaseException:
+            self.release()
+            raise
+
+    def _refuse(self) -> None:
         recovered = self.recover() if self.chief else None
         if os.path.exists(os.path.join(self.path, "run.json")) and not self.overwrite:
             raise ConfigError(f"-o {self.path!r} holds a finished run{recovered or ''}; give another -o, or "
@@ -114,7 +153,9 @@ class RunDir:
             The run directory.
         """
         write_json(os.path.join(self.work, "run.json"), record.to_dict())
-        return self._move_into_place()
+        path = self._move_into_place()
+        self.release()
+        return path
 
     def recover(self) -> str | None:
         """Finishes or undoes what a crash during a commit left (chief only; :meth:`check` calls it).
