@@ -280,3 +280,99 @@ def test_parameter_server_chief_two_workers_one_ps():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "[chief:0] RESULT chief:0 counter=4" in done.stdout
     assert "[ps:0] tfopt: ps:0 server listening" in done.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _wait_dead(pids, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_tasks_end_when_their_launcher_dies(sig):
+    """kill -9 of the launcher, or its terminal closing: no task is left running with its ports open."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--grace", "5", "--",
+         *py("""
+             import signal
+             signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(143)))
+             print('pid', os.getpid(), flush=True)
+             time.sleep(120)
+             """)],
+        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    pids = [int(proc.stdout.readline().split()[-1]) for _ in range(2)]
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    assert _wait_dead(pids) == [], "tasks outlived their launcher"
+
+
+def test_a_second_ctrl_c_during_the_grace_period_kills_the_tasks_without_a_traceback():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--grace", "60", "--",
+         *py("""
+             import signal
+             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a task slow to stop
+             print('pid', os.getpid(), flush=True)
+             time.sleep(120)
+             """)],
+        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    pids = [int(proc.stdout.readline().split()[-1]) for _ in range(2)]
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)  # inside the 60 s grace period
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "interrupted again; killing 2 task(s) now" in err
+    assert _wait_dead(pids, timeout=5) == []
+
+
+_PIPELINE_LIKE = """
+import sys
+from tfopt.children import run_child
+try:
+    sys.exit(run_child(sys.argv[1:]))
+except KeyboardInterrupt:
+    print("parent: interrupted after its child ended", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("how", ["sigint_to_the_parent_only", "kill9_of_the_parent"])
+def test_the_pipeline_runner_waits_for_its_launcher_or_takes_it_along(how):
+    """What `tfopt.pipeline` does around each multi-process stage: its launcher never outlives it."""
+    launcher = [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--grace", "10", "--",
+                *py("""
+                    import signal
+                    signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(143)))
+                    print('pid', os.getpid(), flush=True)
+                    time.sleep(120)
+                    """)]
+    proc = subprocess.Popen([sys.executable, "-c", _PIPELINE_LIKE, *launcher], env=ENV, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    pids = []
+    while len(pids) < 2:
+        line = proc.stdout.readline()
+        if " pid " in line:
+            pids.append(int(line.split()[-1]))
+    if how == "kill9_of_the_parent":
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _wait_dead(pids) == []
+        return
+    proc.send_signal(signal.SIGINT)  # to the parent alone, not its process group
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    assert out.count("saving") == 2 and out.rstrip().endswith("parent: interrupted after its child ended"), out
+    assert _wait_dead(pids, timeout=2) == []

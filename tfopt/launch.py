@@ -19,8 +19,10 @@ Job semantics:
   stages resume from their last backup. TensorFlow restarts jobs, it does not replace a task in
   place (the elastic-agent model). Codes 1-127 (bad input, a crash) are final, as under
   Kubernetes' ``ExitCode`` restart policy.
-* SIGTERM to the launcher is passed on to every task (each writes a backup at its next step and
-  exits 143); the launcher then exits 143.
+* SIGTERM (or SIGHUP, the terminal closing) to the launcher is passed on to every task as SIGTERM
+  (each writes a backup at its next step and exits 143); the launcher then exits 143. A launcher
+  killed outright takes its tasks along: each gets SIGTERM from the kernel when it dies
+  (:func:`tfopt.children.die_with_parent`).
 * ``--timeout S`` stops everything after S seconds and returns 124.
 * ``--isolate`` runs the whole local cluster in a private network namespace (``unshare -n``):
   TensorFlow servers listen on all interfaces, unauthenticated, even when TF_CONFIG names
@@ -28,7 +30,7 @@ Job semantics:
 * ``--render kubeflow`` prints a Kubeflow ``TFJob`` for the same cluster and command instead of
   running it (see :mod:`tfopt.kube` and docs/kubernetes.md).
 
-Tasks are stopped with SIGTERM, then SIGKILL after ``--grace`` seconds.
+Tasks are stopped with SIGTERM, then SIGKILL after ``--grace`` seconds, or at once on a second Ctrl-C.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ import time
 from typing import IO, Mapping
 
 from tfopt import kube
+from tfopt.children import die_with_parent
 from tfopt.errors import ConfigError
 
 TIMEOUT_EXIT = 124
@@ -111,7 +114,8 @@ class _Task:
         self.role, self.index = role, index
         self.name = f"{role}:{index}"
         self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=die_with_parent())
         self._thread = threading.Thread(target=self._pump, args=(out, lock), daemon=True)
         self._thread.start()
 
@@ -140,18 +144,30 @@ def _exit_code(returncode: int) -> int:
 
 
 def _stop(tasks: list[_Task], grace: float) -> None:
+    """SIGTERM, ``grace`` seconds, then SIGKILL; a second Ctrl-C during the grace period kills at once."""
     alive = [t for t in tasks if t.proc.poll() is None]
     for t in alive:
         t.signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while any(t.proc.poll() is None for t in alive) and time.monotonic() < deadline:
-        time.sleep(_POLL)
-    for t in alive:
-        if t.proc.poll() is None:
-            t.signal(signal.SIGKILL)
-    for t in tasks:
-        t.proc.wait()
-        t.join_output()
+    try:
+        while any(t.proc.poll() is None for t in alive) and time.monotonic() < deadline:
+            time.sleep(_POLL)
+    except KeyboardInterrupt:
+        _say(f"interrupted again; killing {sum(t.proc.poll() is None for t in alive)} task(s) now")
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing may interrupt the last waits
+    except ValueError:  # not the main thread: no Ctrl-C arrives here
+        previous = None
+    try:
+        for t in alive:
+            if t.proc.poll() is None:
+                t.signal(signal.SIGKILL)
+        for t in tasks:
+            t.proc.wait()
+            t.join_output()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _say(message: str) -> None:
@@ -212,8 +228,8 @@ def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, t
                  "every task starts again and resumes from the last backup")
         return code  # pragma: no cover - the loop always returns
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in (previous or {}).items():
+            signal.signal(sig, handler)
 
 
 def _meaning(code: int) -> str:
@@ -230,9 +246,9 @@ def _meaning(code: int) -> str:
 
 
 def _on_sigterm(event: threading.Event):
-    """Makes SIGTERM set ``event`` (the wait loop then passes it on to the tasks)."""
+    """Makes SIGTERM and SIGHUP (the terminal closed) set ``event``: the wait loop passes it on to the tasks."""
     try:
-        return signal.signal(signal.SIGTERM, lambda signum, frame: event.set())
+        return {sig: signal.signal(sig, lambda signum, frame: event.set()) for sig in (signal.SIGTERM, signal.SIGHUP)}
     except ValueError:  # not the main thread
         return None
 
@@ -269,7 +285,7 @@ def _wait(tasks: list[_Task], parameter_servers: bool, deadline: float | None, t
     tolerated: set[str] = set()
     while True:
         if terminated.is_set():
-            _say(f"got SIGTERM; passing it on to {len(tasks)} task(s) (each writes a backup and exits)")
+            _say(f"got SIGTERM or SIGHUP; passing SIGTERM on to {len(tasks)} task(s) (each writes a backup and exits)")
             _stop(tasks, grace)
             return PREEMPTED_EXIT, "launcher"
         for t in tasks:

@@ -10,11 +10,11 @@ and ``parameter_server`` run as ``tfopt.launch`` process groups, with restarts.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from typing import Callable
 
+from tfopt.children import run_child
 from tfopt.errors import ConfigError, TfoptError
 from tfopt.fileio import write_json
 from tfopt.pipeline.config import MULTI_PROCESS, PipelineConfig
@@ -43,7 +43,7 @@ def _launch(cfg: PipelineConfig, stage: Stage, run_dir: str) -> None:
     if cfg.base.runtime.strategy == "parameter_server":
         cmd += ["--chief", "--ps", str(launch.ps)]
     cmd += ["--", sys.executable, "-m", "tfopt.pipeline.execute", run_dir, stage.name]
-    code = subprocess.call(cmd)
+    code = run_child(cmd)
     if code != 0 or not os.path.isfile(os.path.join(stage_dir(run_dir, stage), "run.json")):
         raise TfoptError(f"stage {stage.name!r} ({stage.kind}) failed under tfopt.launch (exit {code}); its tasks' "
                          "output is above; run the pipeline again to resume from the stage's last backup")
