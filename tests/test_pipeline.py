@@ -67,7 +67,7 @@ def test_overrides_and_their_errors():
         (["teacher.model=resnet"], r"unknown model 'resnet'; choose one of"),
         (["export.modes=int4"], r"int4"),
         (["student.alpha=2"], r"student.alpha=2.0 in \[0, 1\]"),
-        (["teacher.epochs=two"], r"teacher.epochs='two' is not a int"),
+        (["teacher.epochs=two"], r"teacher.epochs='two' is not an int"),
         (["nonsense"], r"override 'nonsense' is not of the form section.key=value"),
         (["stages.x=1"], r"unknown pipeline section 'stages'; valid sections:"),
         (["export.calibration_steps=0"], r"export.calibration_steps=0 >= 1"),

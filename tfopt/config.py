@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -173,8 +174,10 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
             raise ConfigError(f"{where}={value!r} is not a number; give a {typ.__name__}")
         try:
             out = typ(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}={value!r} is not a {typ.__name__}; give a number") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{where}={value!r} is not {'an int' if typ is int else 'a float'}; give a number") from None
+        if typ is float and not math.isfinite(out):
+            raise ConfigError(f"{where}={value!r} is not a finite number; give a number")
         if typ is int and isinstance(value, float) and value != out:
             raise ConfigError(f"{where}={value!r} is not a whole number; give an int")
         return out
@@ -287,6 +290,12 @@ def _validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"data.service={service!r} is not valid; give local, grpc://HOST:PORT or nothing (off)")
     if cfg.train.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
+    for section, key in (("data", "seed"), ("train", "seed")):
+        if not 0 <= getattr(getattr(cfg, section), key) < 2 ** 32:
+            raise ConfigError(f"{section}.{key}={getattr(getattr(cfg, section), key)} must be in [0, 2**32); "
+                              "give a non-negative seed")
+    if not cfg.runtime.startup_timeout > 0:
+        raise ConfigError(f"runtime.startup_timeout={cfg.runtime.startup_timeout} must be > 0 seconds")
     return cfg
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -136,6 +137,10 @@ class ClusterInfo:
         return out
 
 
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+RPC_LAYERS = ("grpc",)  # what open-source TensorFlow servers speak
+
+
 def _check_address(role: str, i: int, address: Any) -> str:
     where = f"TF_CONFIG cluster.{role}[{i}]"
     if not isinstance(address, str):
@@ -146,11 +151,13 @@ def _check_address(role: str, i: int, address: Any) -> str:
         raise ClusterError(f"{where}={address!r} has no port; give \"host:port\" such as \"{example}\"")
     if not host:
         raise ClusterError(f"{where}={address!r} has no host; give \"host:port\" such as \"localhost{address}\"")
-    try:
-        number = int(port)
-    except ValueError:
+    if not (port.isascii() and port.isdigit()):  # int() would take " 2222" and "2_222"; gRPC does not
         raise ClusterError(f"{where}={address!r} has port {port!r}, which is not an integer; "
-                           "give a port number in 1..65535") from None
+                           "give a port number in 1..65535")
+    if not _HOST.fullmatch(host):
+        raise ClusterError(f"{where}={address!r} has host {host!r}, which is not a host name or IP address; "
+                           "give e.g. \"127.0.0.1:2222\", \"worker-0.svc:2222\" or \"[::1]:2222\"")
+    number = int(port)
     if not 1 <= number <= 65535:
         raise ClusterError(f"{where}={address!r} has port {number}, outside 1..65535; give a valid port")
     return address
@@ -259,8 +266,9 @@ def parse_tf_config(text: str | None) -> ClusterInfo | None:
     cluster = _check_cluster(raw["cluster"])
     task_type, task_index = _check_task(raw["task"], cluster)
     rpc_layer = raw.get("rpc_layer") or "grpc"
-    if not isinstance(rpc_layer, str):
-        raise ClusterError(f"TF_CONFIG rpc_layer={rpc_layer!r} is not a string; give \"grpc\" or remove it")
+    if rpc_layer not in RPC_LAYERS:
+        raise ClusterError(f"TF_CONFIG rpc_layer={rpc_layer!r} is not valid; choose one of {', '.join(RPC_LAYERS)} "
+                           "or remove it")
     environment = raw.get("environment") or ""
     if not isinstance(environment, str):
         raise ClusterError(f"TF_CONFIG environment={environment!r} is not a string; give \"cloud\" (what the "
