@@ -1,4 +1,5 @@
 """Sources: real MNIST, digits, Fashion-MNIST through tfds, user TFRecord globs, and their errors."""
+import json
 import os
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import builtin, prepare, source_names, tfds_source
+from tfopt.data.sources import dataset_dir
 from tfopt.data.shards import encode_example
 from tfopt.data.tfrecord_source import parse_feature_spec
 from tfopt.errors import ConfigError, DataError
@@ -233,6 +235,10 @@ def test_tfrecord_glob_indexes_user_files_without_copying(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(DataError, match="test-0.tfrecord is corrupted"):
         prepare(cfg)
+    path.write_bytes(bytes(data[:40] + bytes([data[40] ^ 0xFF]) + data[41:]))  # repaired
+    write_user_files(str(user), names=("train-3",))  # a new file that matches the glob is noticed too
+    again = prepare(cfg)
+    assert again.splits["train"].num_records + again.splits["validation"].num_records == 400
 
 
 def test_tfrecord_glob_with_limit_copies_first_records(tmp_path):
@@ -266,6 +272,33 @@ def test_tfrecord_glob_refuses_bad_files(tmp_path):
         prepare(DataConfig(dataset=glob, data_dir=data_dir, feature_spec="image=raw:8x8x1"))
     with pytest.raises(DataError, match="matches no file"):
         prepare(DataConfig(dataset=f"tfrecord:{user}/*.nothing", data_dir=data_dir, feature_spec="image=png"))
+
+
+def test_a_dataset_with_one_class_or_an_empty_split_is_refused(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    from sklearn.datasets import load_digits
+
+    images = np.rint(load_digits().images[:60] * (255 / 16)).astype(np.uint8)[..., None]
+    for name, labels in (("train-0", [0] * 20), ("val-0", [0] * 20), ("test-0", [0] * 20)):  # every label is 0
+        with tf.io.TFRecordWriter(str(user / f"{name}.tfrecord")) as w:
+            for img, lab in zip(images, labels):
+                w.write(encode_example(img.tobytes(), lab))
+    with pytest.raises(DataError, match=r"has 1 class\(es\); a classifier needs at least 2"):
+        prepare(DataConfig(dataset=f"tfrecord:{user}/*.tfrecord", data_dir=str(tmp_path / "data"),
+                           feature_spec="image=raw:8x8x1,label=int64"))
+    cfg = DataConfig(dataset="digits", data_dir=str(tmp_path / "d"), limit=200, num_shards=2)
+    prepare(cfg)
+    manifest_path = os.path.join(dataset_dir(cfg), "manifest.json")
+    manifest = json.load(open(manifest_path))
+    manifest["splits"]["test"].update(num_records=0, shards=[])  # what a source with no test examples writes
+    json.dump(manifest, open(manifest_path, "w"))
+    with pytest.raises(DataError, match="the test split of 'digits' has no examples"):
+        prepare(cfg)
+    del manifest["splits"]["train"]["shards"][0]["bytes"]
+    json.dump(manifest, open(manifest_path, "w"))
+    with pytest.raises(DataError, match=r"manifest .* is damaged \(shard 0 of split 'train' has no valid 'bytes'\)"):
+        prepare(cfg)
 
 
 @pytest.mark.parametrize("spec, part", [

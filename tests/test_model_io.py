@@ -48,7 +48,7 @@ def _lambda_model():
 def test_h5_with_lambda_refused_unless_trusted(tmp_path):
     path = str(tmp_path / "m.h5")
     _lambda_model().save(path)
-    with pytest.raises(ModelError, match="Lambda .double. holding stored Python code.*--trust-model"):
+    with pytest.raises(ModelError, match="Lambda layer .double. holding stored Python code.*--trust-model"):
         load_model(path)
     m = load_model(path, trust_model=True)
     assert float(m(np.ones((1, 4), "float32"))[0, 0]) == 2.0

@@ -125,3 +125,12 @@ def test_a_clean_model_loads_in_every_format(tmp_path):
                          (str(tmp_path / "saved"), {"save_format": "tf"})):
         model.save(path, **kwargs)
         np.testing.assert_allclose(load_model(path)(x), model(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_corrupt_h5_is_one_line_trusted_or_not(tmp_path, trust):
+    path = tmp_path / "m.h5"
+    path.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 200)
+    with pytest.raises(ModelError) as err:
+        load_model(str(path), trust_model=trust)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)

@@ -208,7 +208,29 @@ def read_manifest(directory: str) -> dict | None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
         raise DataError(f"manifest {path} is not a tfopt format-{FORMAT_VERSION} manifest; "
                         f"delete {directory} to rebuild it")
+    problem = _schema_problem(manifest)
+    if problem:
+        raise DataError(f"manifest {path} is damaged ({problem}); delete {directory} to rebuild it")
     return manifest
+
+
+_SHARD_FIELDS = {"file": str, "bytes": int, "records": int, "sha256": str}
+
+
+def _schema_problem(manifest: dict) -> str | None:
+    """What is missing or mistyped in a manifest's fields that tfopt reads (None when nothing is)."""
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        return "no splits"
+    for split, info in splits.items():
+        if not isinstance(info, dict) or not isinstance(info.get("num_records"), int) \
+                or not isinstance(info.get("shards"), list):
+            return f"split {split!r} lacks num_records or shards"
+        for i, entry in enumerate(info["shards"]):
+            for key, typ in _SHARD_FIELDS.items():
+                if not isinstance(entry, dict) or not isinstance(entry.get(key), typ) or isinstance(entry.get(key), bool):
+                    return f"shard {i} of split {split!r} has no valid {key!r}"
+    return None
 
 
 def write_manifest(directory: str, manifest: dict) -> None:

@@ -126,11 +126,22 @@ def dataset_dir(cfg: DataConfig) -> str:
 
 
 def _info(cfg: DataConfig, directory: str, manifest: dict) -> DatasetInfo:
+    shape = manifest.get("image_shape")
+    if not (isinstance(shape, list) and len(shape) == 3) or not isinstance(manifest.get("num_classes"), int):
+        raise DataError(f"manifest of {directory} is damaged (no image_shape [H, W, C] or num_classes); "
+                        f"delete {directory} to rebuild it")
     splits = {
         split: SplitInfo(files=tuple(shards.shard_path(directory, e) for e in s["shards"]),
                          num_records=int(s["num_records"]), encoding=s["encoding"])
         for split, s in manifest["splits"].items()
     }
+    for split in ("train", "validation", "test"):
+        if split not in splits or splits[split].num_records == 0:
+            raise DataError(f"the {split} split of {cfg.dataset!r} has no examples; give a dataset with examples in "
+                            "train, validation and test (a larger data.limit, or files in the split's folder)")
+    if int(manifest["num_classes"]) < 2:
+        raise DataError(f"{cfg.dataset!r} has {manifest['num_classes']} class(es); a classifier needs at least 2 "
+                        "(check the labels, the label key or the class folders)")
     stored = tuple(manifest["image_shape"])
     size = parse_image_size(cfg.image_size)
     if size is None and None in stored[:2]:

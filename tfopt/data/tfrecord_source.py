@@ -122,9 +122,14 @@ def read_labels(fs: FeatureSpec, spec: str) -> list[str]:
 
 
 def slug(pattern: str, spec: str) -> str:
-    """Returns the cache directory name for a glob + feature spec."""
+    """Returns the cache directory name for a glob + feature spec + the files it matches now.
+
+    A file that starts (or stops) matching the glob makes a new name, so the files are indexed
+    again; a changed file is caught by the manifest's checksums.
+    """
     where = pattern if "://" in pattern else os.path.abspath(pattern)
-    return "tfrecord-" + hashlib.sha256(f"{where}|{spec}".encode()).hexdigest()[:12]
+    matched = "\n".join(sorted(tf.io.gfile.glob(pattern)))
+    return "tfrecord-" + hashlib.sha256(f"{where}|{spec}|{matched}".encode()).hexdigest()[:12]
 
 
 def split_files(pattern: str) -> dict[str, list[str]]:

@@ -66,8 +66,8 @@ def _check_config(config: Any, path: str) -> None:
         if node.get("class_name") in _CODE_CLASSES or "function_type" in node:
             inner = node.get("config")
             name = inner.get("name", "?") if isinstance(inner, dict) else node.get("name", "?")
-            raise ModelError(f"{path} has a {node.get('class_name') or 'function'} {name!r} holding stored Python "
-                             f"code, which runs on load; {_FIX}")
+            kind = {"Lambda": "Lambda layer", "__lambda__": "lambda"}.get(node.get("class_name"), "function")
+            raise ModelError(f"{path} has a {kind} {name!r} holding stored Python code, which runs on load; {_FIX}")
         module = node.get("module")
         if isinstance(module, str) and module and not module.split(".")[0] in _SAFE_MODULE_PREFIXES:
             raise ModelError(
