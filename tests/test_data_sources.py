@@ -263,6 +263,12 @@ def test_tfrecord_glob_refuses_bad_files(tmp_path):
         prepare(DataConfig(dataset=glob, data_dir=data_dir, feature_spec="image=raw:9x8x1,label=int64"))
     with pytest.raises(DataError, match="classes=5"):
         prepare(DataConfig(dataset=glob, data_dir=data_dir, feature_spec="image=raw:8x8x1,classes=5"))
+    with tf.io.TFRecordWriter(str(user / "train-1.tfrecord")) as w:  # record 5 of 8 is 8x7, not 8x8
+        for i in range(8):
+            w.write(encode_example(bytes(56 if i == 5 else 64), i % 10))
+    with pytest.raises(DataError, match=r"record 5 of .*train-1.tfrecord has a 56-byte image.*raw 8x8x1 \(64 bytes\)"):
+        prepare(DataConfig(dataset=glob, data_dir=data_dir, feature_spec="image=raw:8x8x1,label=int64"))
+    write_user_files(str(user), encoding="raw", names=("train-0", "train-1"))
     path = user / "test-0.tfrecord"
     path.write_bytes(path.read_bytes()[:-30])  # cut inside the last record: TF alone would not notice
     with pytest.raises(DataError, match="test-0.tfrecord is truncated"):

@@ -165,14 +165,28 @@ def split_files(pattern: str) -> dict[str, list[str]]:
 def _check_file(path: str, fs: FeatureSpec) -> tuple[int, int, int, tuple[int, ...]]:
     """Reads a user file fully: returns (records, min label, max label, shape of its first image)."""
     count = shards.scan_tfrecord(path)  # catches truncation, which TensorFlow does not
-    label_spec = {fs.label_key: tf.io.FixedLenFeature([], tf.int64)}
+    spec = {fs.label_key: tf.io.FixedLenFeature([], tf.int64)}
+    if fs.encoding == "raw":  # every raw image must have the spec's size, not only the first
+        spec[fs.image_key] = tf.io.FixedLenFeature([], tf.string)
     lo, hi, shape = None, None, ()
+    expected = int(np.prod(fs.shape)) if fs.encoding == "raw" and fs.shape else None
+
+    def read(batch):
+        parsed = tf.io.parse_example(batch, spec)
+        sizes = tf.strings.length(parsed[fs.image_key]) if expected else tf.zeros_like(parsed[fs.label_key], tf.int32)
+        return parsed[fs.label_key], sizes
+
     try:
         ds = tf.data.TFRecordDataset(path).batch(4096)
-        for batch in ds.map(lambda b: tf.io.parse_example(b, label_spec)[fs.label_key]).as_numpy_iterator():
+        for i, (batch, sizes) in enumerate(ds.map(read).as_numpy_iterator()):
             if batch.size:
                 lo = int(batch.min()) if lo is None else min(lo, int(batch.min()))
                 hi = int(batch.max()) if hi is None else max(hi, int(batch.max()))
+            wrong = np.nonzero(sizes != expected)[0] if expected else ()
+            if len(wrong):
+                raise DataError(f"record {i * 4096 + int(wrong[0])} of {path} has a {int(sizes[wrong[0]])}-byte image, "
+                                f"but data.feature_spec says raw {'x'.join(map(str, fs.shape))} ({expected} bytes); "
+                                "give every image that shape, or fix the spec")
         for record in tf.data.TFRecordDataset(path).take(1):
             image = tf.io.parse_single_example(record, {fs.image_key: tf.io.FixedLenFeature([], tf.string)})[fs.image_key]
             if fs.encoding == "raw":
