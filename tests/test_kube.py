@@ -48,7 +48,7 @@ def render_text(argv: list[str], command: list[str] = PS_COMMAND) -> str:
 
 
 def render(argv: list[str], command: list[str] = PS_COMMAND) -> dict:
-    return yaml.safe_load(render_text(argv, command))
+    return next(yaml.safe_load_all(render_text(argv, command)))  # the TFJob; its NetworkPolicy follows
 
 
 # -- the three checks ----------------------------------------------------------------------
@@ -414,3 +414,23 @@ def test_vendored_schema_says_where_it_comes_from():
     doc["spec"]["tfReplicaSpec"] = doc["spec"].pop("tfReplicaSpecs")
     with pytest.raises(jsonschema.ValidationError):
         crd_check(doc)
+
+
+def test_a_network_policy_admits_only_the_jobs_own_pods():
+    """TF's gRPC servers are unauthenticated: the render comes with a policy that admits only the job's pods."""
+    from kubernetes.client import ApiClient as K8sClient
+
+    job, policy, *rest = yaml.safe_load_all(render_text([*BRIEF, "--name", "mnist-ps", "--namespace", "ml"]))
+    assert rest == [] and (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    k8s = K8sClient()
+    typed = k8s.deserialize(_Response(policy), "V1NetworkPolicy")  # the Kubernetes client's own model
+    assert k8s.sanitize_for_serialization(typed) == policy  # nothing it does not know
+    assert policy["metadata"] == {"name": "mnist-ps-only-own-pods", "namespace": "ml"}
+    labels = {role: spec["template"]["metadata"]["labels"] for role, spec in job["spec"]["tfReplicaSpecs"].items()}
+    assert set(labels) == {"Chief", "Worker", "PS", "Evaluator"}
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert all(selected.items() <= pod.items() for pod in labels.values())  # every pod of the job is covered
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress (data, image pulls) stays open
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selected}}]}]
+    other = next(yaml.safe_load_all(render_text([*BRIEF, "--name", "other"])))
+    assert not selected.items() <= other["spec"]["tfReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"].items()

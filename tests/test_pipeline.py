@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from isolation import ISOLATED
 
 from tfopt.errors import ConfigError
 from tfopt.pipeline import apply_overrides, load_pipeline, plan
@@ -127,11 +128,15 @@ def test_a_stopped_pipeline_resumes_at_its_unfinished_stage(pipeline_run):
 def test_multi_worker_training_stages_run_under_the_launcher(tmp_path):
     """Under multi_worker_mirrored each training stage is a tfopt.launch process group of 2 workers."""
     run = tmp_path / "mwms"
+    isolate = ["--isolate"] if ISOLATED else []  # off the network where the kernel allows it
     result = subprocess.run(
         [sys.executable, "-m", "tfopt.pipeline", MNIST_EDGE, "--variant", "smoke", "--strategy", "multi_worker_mirrored",
          "--set", "compress.techniques=", "--set", "export.modes=float32", "--set", "probe.steps=0", "--no-report",
-         "--quiet", "-o", str(run)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+         "--quiet", *isolate, "-o", str(run)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # the chief of each training stage says once whether its servers are open to the network
+    exposed = result.stdout.count("warning: TensorFlow's servers of this job listen on port(s)")
+    assert exposed == (0 if isolate else 2), result.stdout[-3000:]
     for stage in ("teacher", "student"):
         record = json.load(open(run / stage / "run.json"))
         assert record["strategy"]["name"] == "multi_worker_mirrored" and record["strategy"]["num_workers"] == 2

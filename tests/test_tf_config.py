@@ -270,3 +270,15 @@ def test_mwms_refuses_the_operators_ps_for_every_task():
     for task_type, index in [("chief", 0), ("worker", 1), ("evaluator", 0)]:
         with pytest.raises(ClusterError, match="'multi_worker_mirrored'"):
             validate_for_strategy(parse_tf_config(operator_tf_config(task_type, index)), "multi_worker_mirrored")
+
+
+def test_a_job_whose_servers_the_network_can_reach_says_so_once():
+    from tfopt.runtime.tf_config import exposure_warning
+
+    local = parse_tf_config(tf_config({"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}))
+    remote = parse_tf_config(tf_config({"chief": ["10.0.0.5:2222"], "worker": ["10.0.0.6:2222"]}, "chief"))
+    said = exposure_warning(local, {})
+    assert "port(s) 2222, 2223 of every network interface (not only 127.0.0.1)" in said and "--isolate" in said
+    assert "NetworkPolicy" in exposure_warning(remote, {}) and "\n" not in exposure_warning(remote, {})
+    assert exposure_warning(local, {"TFOPT_ISOLATED": "1"}) is None  # inside tfopt.launch --isolate
+    assert exposure_warning(None, {}) is None  # one process: no server

@@ -70,6 +70,7 @@ PORT_NAME, PORT = "tfjob-port", 2222
 VOLUME_NAME = "runs"
 GPU_RESOURCE = "nvidia.com/gpu"
 ISTIO_INJECT = "sidecar.istio.io/inject"
+JOB_LABEL = "tfopt.dev/job"  # on every pod of the job: what its NetworkPolicy admits
 DEFAULT_NAME, DEFAULT_CLAIM, DEFAULT_MOUNT = "tfopt", "tfopt-runs", "/runs"
 STAGES = ("train", "distill", "optimize", "export")  # the tfopt commands that take -o/--output
 
@@ -129,7 +130,8 @@ def render_from_args(args: argparse.Namespace, command: list[str]) -> str:
         command: The command after ``--``, run by every replica.
 
     Returns:
-        The YAML of one ``kubeflow.org/v1`` TFJob, for ``kubectl apply -f``.
+        The YAML of one ``kubeflow.org/v1`` TFJob and the NetworkPolicy that admits only its own
+        pods (:func:`render_network_policy`), for ``kubectl apply -f``.
 
     Raises:
         ConfigError: a missing ``--image``, an empty command, a bad name, count, quantity or
@@ -148,7 +150,8 @@ def render_from_args(args: argparse.Namespace, command: list[str]) -> str:
         restart_policy=args.restart_policy, backoff_limit=args.backoff_limit, clean_pod_policy=args.clean_pod_policy,
         cpu=args.cpu, memory=args.memory, gpus=args.gpus, volume_claim=args.volume_claim, mount_path=args.mount_path)
     check_tfjob(doc)
-    return yaml.safe_dump(doc, sort_keys=False, width=120)
+    policy = render_network_policy(args.name, args.namespace)
+    return yaml.safe_dump_all([doc, policy], sort_keys=False, width=120)
 
 
 def render_tfjob(*, name: str, image: str, command: list[str], chief: bool = False, workers: int = 2, ps: int = 0,
@@ -202,7 +205,7 @@ def render_tfjob(*, name: str, image: str, command: list[str], chief: bool = Fal
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = namespace
-    specs = {role: _replica(n, restart_policy, image, run_command, resources[role], volume_claim, mount_path)
+    specs = {role: _replica(n, restart_policy, image, run_command, resources[role], volume_claim, mount_path, name)
              for role, n in counts.items()}
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
             "spec": {"runPolicy": {"backoffLimit": backoff_limit, "cleanPodPolicy": clean_pod_policy},
@@ -388,8 +391,28 @@ def _output_of(command: list[str]) -> str | None:
     return None
 
 
+def render_network_policy(name: str, namespace: str | None = None) -> dict[str, Any]:
+    """A ``networking.k8s.io/v1`` NetworkPolicy admitting, into the job's pods, only the job's own pods.
+
+    TensorFlow's gRPC servers have no authentication (TensorFlow's SECURITY.md): without it, any
+    pod of the cluster could reach them. Egress is left open (data, image pulls). It takes effect
+    where the cluster's network plugin enforces NetworkPolicies.
+
+    Args:
+        name: The TFJob's name (its pods carry ``tfopt.dev/job: <name>``).
+        namespace: The TFJob's namespace; None leaves it to kubectl.
+    """
+    metadata: dict[str, Any] = {"name": f"{name}-only-own-pods"}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    selector = {"matchLabels": {JOB_LABEL: name}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
+            "spec": {"podSelector": selector, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}]}]}}
+
+
 def _replica(replicas: int, restart_policy: str, image: str, command: list[str], resources: dict,
-             claim: str, mount_path: str) -> dict[str, Any]:
+             claim: str, mount_path: str, name: str) -> dict[str, Any]:
     # Fresh objects for every replica: a shared one would be dumped as YAML anchors and aliases.
     container = {"name": CONTAINER_NAME, "image": image, "command": list(command),
                  "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
@@ -397,7 +420,7 @@ def _replica(replicas: int, restart_policy: str, image: str, command: list[str],
                  "resources": {kind: dict(amounts) for kind, amounts in resources.items()},
                  "volumeMounts": [{"name": VOLUME_NAME, "mountPath": mount_path}]}
     return {"replicas": replicas, "restartPolicy": restart_policy,
-            "template": {"metadata": {"annotations": {ISTIO_INJECT: "false"}},
+            "template": {"metadata": {"annotations": {ISTIO_INJECT: "false"}, "labels": {JOB_LABEL: name}},
                          "spec": {"containers": [container],
                                   "volumes": [{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim}}]}}}
 

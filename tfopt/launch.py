@@ -49,12 +49,12 @@ from typing import IO, Mapping
 from tfopt import kube
 from tfopt.children import die_with_parent
 from tfopt.errors import ConfigError
+from tfopt.runtime.tf_config import ISOLATED_ENV
 
 TIMEOUT_EXIT = 124
 INTERRUPT_EXIT = 130
 PREEMPTED_EXIT = 143
 RETRYABLE_FROM = 128  # exit codes from here on: signals, preemption (143), a lost peer (138)
-_ISOLATED_ENV = "TFOPT_ISOLATED"
 _POLL = 0.05
 
 
@@ -353,7 +353,10 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--isolate", action="store_true",
                         help="run the cluster in a private network namespace (unshare -n; needs root)")
     parser.add_argument("--timeout", type=float, default=None, help="stop all tasks and exit 124 after S seconds")
-    parser.add_argument("--host", default="127.0.0.1", help="address the tasks listen on (default 127.0.0.1)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address written into the tasks' TF_CONFIG, the one peers dial (default 127.0.0.1); "
+                             "TensorFlow's servers listen on every interface whatever it is: --isolate keeps them "
+                             "off the network")
     parser.add_argument("--grace", type=float, default=10.0,
                         help="seconds between SIGTERM and SIGKILL (default 10: time to write a backup)")
     kube.add_render_arguments(parser)
@@ -368,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.render:
             sys.stdout.write(kube.render_from_args(args, command))
             return 0
-        if args.isolate and not os.environ.get(_ISOLATED_ENV):
+        if args.isolate and not os.environ.get(ISOLATED_ENV):
             prefix = isolation_prefix()
-            os.environ[_ISOLATED_ENV] = "1"
+            os.environ[ISOLATED_ENV] = "1"
             os.execvp(prefix[0], [*prefix, sys.executable, "-m", "tfopt.launch", *argv])
         return launch(command, args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout, host=args.host,
                       grace=args.grace, max_restarts=args.max_restarts, evaluator=args.evaluator)

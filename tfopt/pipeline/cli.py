@@ -30,6 +30,9 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--no-report", action="store_true", help="skip the report (build it later: python -m "
                                                                   "tfopt.report RUN)")
     parser.add_argument("--quiet", action="store_true", help="no Keras progress inside the stages")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run multi-process stages in a private network namespace, off the network "
+                             "(= --set launch.isolate=true; needs unshare and ip, as root)")
     return parser
 
 
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"runtime.strategy={args.strategy}")
         if args.select:
             overrides.append(f"select={args.select}")
+        if args.isolate:
+            overrides.append("launch.isolate=true")
         cfg = apply_overrides(cfg, overrides)
         if args.print_config:
             print(json.dumps(cfg.to_dict(), indent=2))

@@ -82,6 +82,7 @@ class LaunchSpec:
     workers: int = 2
     ps: int = 1  # parameter servers (parameter_server only; it also gets a chief)
     max_restarts: int = 2
+    isolate: bool = False  # run each launch in a private network namespace (tfopt.launch --isolate)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ def _launch(cfg: PipelineConfig, stage: Stage, run_dir: str) -> None:
            "--max-restarts", str(launch.max_restarts)]
     if cfg.base.runtime.strategy == "parameter_server":
         cmd += ["--chief", "--ps", str(launch.ps)]
+    if launch.isolate:
+        cmd.append("--isolate")
     cmd += ["--", sys.executable, "-m", "tfopt.pipeline.execute", run_dir, stage.name]
     code = run_child(cmd)
     if code != 0 or not os.path.isfile(os.path.join(stage_dir(run_dir, stage), "run.json")):

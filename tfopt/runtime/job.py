@@ -41,7 +41,7 @@ from tfopt.errors import PeerLost, TrainingError
 from tfopt.runtime.backup import Backup, NonFinite
 from tfopt.runtime.callbacks import EpochTimer, MetricsLogger, PlainValidation
 from tfopt.runtime.rundir import RunDir
-from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
+from tfopt.runtime.tf_config import ClusterInfo, exposure_warning, parse_tf_config, validate_for_strategy
 from tfopt.runtime.watchdog import StartupWatchdog
 from tfopt.specs import AUTO_PRECISION, PRECISIONS, STRATEGIES
 
@@ -157,6 +157,9 @@ class Job:
         self.chief = strategy_lib.is_chief(self.cluster)
         self.options = options or {}
         self.fingerprint = fingerprint(stage, result_config(cfg), self.options)
+        exposed = exposure_warning(self.cluster)
+        if exposed and self.chief:  # once per job
+            print(f"tfopt.{stage}: {exposed}", file=sys.stderr, flush=True)
         self.run_dir: RunDir | None = None
         if out_dir is not False:
             cluster = cluster_id(self.cluster)

@@ -337,3 +337,27 @@ def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
         raise ClusterError(
             f"TF_CONFIG cluster ({_describe(info)}) lacks {' and '.join(missing)} for strategy {strategy!r}; "
             "it needs one chief, >= 1 worker and >= 1 ps")
+
+
+ISOLATED_ENV = "TFOPT_ISOLATED"  # set by ``tfopt.launch --isolate`` inside its private network namespace
+
+
+def exposure_warning(cluster: ClusterInfo | None, environ: dict | None = None) -> str | None:
+    """The start-up warning of a multi-process job whose servers the network can reach, or None.
+
+    TensorFlow's gRPC servers (and the tf.data service's) listen on every network interface,
+    whatever host TF_CONFIG names, and authenticate nobody (TensorFlow's SECURITY.md): a local
+    cluster on 127.0.0.1 is reachable from the machine's other addresses too. Nothing to say
+    inside ``tfopt.launch --isolate``'s private network namespace.
+    """
+    environ = os.environ if environ is None else environ
+    if cluster is None or environ.get(ISOLATED_ENV):
+        return None
+    ports = sorted({a.rpartition(":")[2] for addresses in cluster.cluster.values() for a in addresses}, key=int)
+    local = all(a.rpartition(":")[0] in ("127.0.0.1", "localhost", "[::1]")
+                for addresses in cluster.cluster.values() for a in addresses)
+    fix = ("python -m tfopt.launch --isolate runs a local cluster in a private network namespace" if local else
+           "run it on a private network (python -m tfopt.launch --render kubeflow adds a NetworkPolicy)")
+    return (f"warning: TensorFlow's servers of this job listen on port(s) {', '.join(ports)} of every network "
+            f"interface{' (not only 127.0.0.1)' if local else ''}, without authentication; {fix}")
+
