@@ -177,3 +177,17 @@ def test_job_names():
     assert "abc123" in service.job_name("train", "train", "abc123", remote)
     local = DataConfig(service="local")
     assert service.job_name("train", "train", "abc123", local) != service.job_name("train", "train", "abc123", local)
+
+
+def test_the_local_service_says_its_ports_are_open_unless_isolated(capfd, monkeypatch):
+    from tfopt.data.service import LocalService
+
+    monkeypatch.delenv("TFOPT_ISOLATED", raising=False)
+    with LocalService(1) as svc:
+        port = svc.target.rpartition(":")[2]
+    err = capfd.readouterr().err
+    assert f"tf.data service (dispatcher port {port} and 1 worker port(s)) listens on every network interface" in err
+    monkeypatch.setenv("TFOPT_ISOLATED", "1")  # inside tfopt.launch --isolate
+    with LocalService(1):
+        pass
+    assert "listens on every network interface" not in capfd.readouterr().err

@@ -19,6 +19,8 @@ def _prctl():
         return None
 
 
+#: Set by ``tfopt.launch --isolate`` in its private network namespace: servers there are off the network.
+ISOLATED_ENV = "TFOPT_ISOLATED"
 _PR_SET_PDEATHSIG = 1
 _PRCTL = _prctl()
 

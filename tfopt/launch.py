@@ -47,9 +47,8 @@ import time
 from typing import IO, Mapping
 
 from tfopt import kube
-from tfopt.children import die_with_parent
+from tfopt.children import ISOLATED_ENV, die_with_parent
 from tfopt.errors import ConfigError
-from tfopt.runtime.tf_config import ISOLATED_ENV
 
 TIMEOUT_EXIT = 124
 INTERRUPT_EXIT = 130

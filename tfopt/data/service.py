@@ -54,12 +54,15 @@ address for them), unauthenticated; run them only on trusted networks.
 """
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import threading
 import uuid
 from urllib.parse import urlsplit
 
 from tfopt._keras import tf
+from tfopt.children import ISOLATED_ENV
 from tfopt.config import SERVICE_MODES, DataConfig, RunConfig
 from tfopt.errors import ConfigError, DataError
 from tfopt.specs import STRATEGIES
@@ -95,6 +98,10 @@ class LocalService:
                         for _ in range(num_workers)]
         self.target = self.dispatcher.target
         self.stopped = False
+        if not os.environ.get(ISOLATED_ENV):  # tfopt.launch --isolate: a private network namespace
+            print(f"tfopt: warning: the in-process tf.data service (dispatcher port {self.target.rpartition(':')[2]} "
+                  f"and {num_workers} worker port(s)) listens on every network interface, without authentication; "
+                  "run on a trusted network, or under python -m tfopt.launch --isolate", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         """Stops the workers, then the dispatcher (idempotent).

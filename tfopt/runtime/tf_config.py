@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from tfopt.children import ISOLATED_ENV
 from tfopt.errors import ClusterError
 from tfopt.specs import STRATEGIES
 
@@ -337,9 +338,6 @@ def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
         raise ClusterError(
             f"TF_CONFIG cluster ({_describe(info)}) lacks {' and '.join(missing)} for strategy {strategy!r}; "
             "it needs one chief, >= 1 worker and >= 1 ps")
-
-
-ISOLATED_ENV = "TFOPT_ISOLATED"  # set by ``tfopt.launch --isolate`` inside its private network namespace
 
 
 def exposure_warning(cluster: ClusterInfo | None, environ: dict | None = None) -> str | None:
