@@ -343,17 +343,25 @@ def test_versions_reports_what_is_installed_and_keeps_bugs(monkeypatch):
 
 @pytest.mark.slow
 def test_runs_started_together_on_the_default_output_each_commit_their_own(tmp_path):
-    """Three `tfopt.train` started at once in one directory: three runs, none lost or mixed."""
+    """Three `tfopt.train` and a pipeline started at once in one directory: every run commits, none mixed."""
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     cmd = [sys.executable, "-m", "tfopt.train", "--dataset", "digits", "--strategy", "one_device", "--epochs", "1",
            "--batch-size", "64", "--set", "train.tensorboard=false", "--set", "train.verbose=0"]
-    procs = [subprocess.Popen([*cmd, "--set", f"train.seed={seed}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for seed in (1, 2, 3)]
+    pipeline = [sys.executable, "-m", "tfopt.pipeline", os.path.join(env["PYTHONPATH"], "pipelines", "mnist_edge.py"),
+                "--variant", "smoke", "--strategy", "one_device", "--set", "compress.techniques=", "--set",
+                "export.modes=float32", "--set", "probe.steps=0", "--set", "data.limit=512", "--no-report", "--quiet"]
+    procs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for command in ([*cmd, "--set", f"train.seed={seed}"] for seed in (1, 2, 3))]
+    procs.append(subprocess.Popen(pipeline, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))  # and a pipeline, in the same runs/
     outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err[-2000:] for _, err in outs]
     runs = tmp_path / "runs"
-    names = sorted(n for n in os.listdir(runs) if not n.startswith(".") and n != "latest")
+    names = sorted(n for n in os.listdir(runs) if not n.startswith(".") and n not in ("latest", "mnist_edge-smoke"))
     assert names == ["train", "train-2", "train-3"], names
+    state = json.load(open(runs / "mnist_edge-smoke" / "pipeline.json"))
+    assert all(s["status"] == "done" and os.path.isfile(runs / "mnist_edge-smoke" / s["dir"] / "run.json")
+               for s in state["stages"]) and len(state["stages"]) == 4
     seeds = sorted(load_run(str(runs / n)).config.train.seed for n in names)
     assert seeds == [1, 2, 3]  # each run committed its own config and model
     for n in names:
