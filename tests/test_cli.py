@@ -12,6 +12,11 @@ def test_console_script_dispatch(capsys):
         assert f"  {command} " in out, out  # every command with its one-line purpose
     assert main(["deploy"]) == 2
     assert "unknown command 'deploy'; choose one of train, distill, optimize, export, pipeline, report, launch" in capsys.readouterr().err
+    assert main(["trian"]) == 2
+    assert "unknown command 'trian'; did you mean 'train'? choose one of" in capsys.readouterr().err
+    from tfopt._version import __version__
+
+    assert main(["--version"]) == 0 and capsys.readouterr().out == f"tfopt {__version__}\n"
 
 
 def test_console_script_runs_a_subcommand():

@@ -1,6 +1,7 @@
 """The ``tfopt`` console script: ``tfopt COMMAND ...`` = ``python -m tfopt.COMMAND ...``."""
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -20,7 +21,8 @@ def usage() -> str:
     """``tfopt --help``: every command with its purpose."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {purpose}" for name, (_, purpose) in COMMANDS.items()]
-    return "usage: tfopt COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(lines) + "\n\nsee `tfopt COMMAND --help`"
+    return ("usage: tfopt COMMAND [ARGS...]   (tfopt --version)\n\ncommands:\n" + "\n".join(lines)
+            + "\n\nsee `tfopt COMMAND --help`")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,8 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from tfopt._version import __version__
+
+        print(f"tfopt {__version__}")
+        return 0
     if argv[0] not in COMMANDS:
-        print(f"tfopt: error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        print(f"tfopt: error: unknown command {argv[0]!r}; {hint}choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
 
