@@ -506,3 +506,14 @@ def test_a_keras_model_saved_once_converts_byte_for_byte_as_from_keras_model_doe
         assert ours.convert() == public.convert(), (
             f"{TF} converts a Keras model differently from its SavedModel: fix or remove "
             "tfopt._compat.saved_model_converter (and tfopt.export.tflite.saved_models)")
+
+
+def test_keras_saved_model_metadata_decodes_every_node_of_a_tf_keras_savedmodel(tmp_path):
+    import json
+
+    inp = keras.Input((4,))
+    keras.Model(inp, keras.layers.Dense(2, name="fc")(inp), name="m").save(str(tmp_path / "sm"), save_format="tf")
+    nodes = _compat.keras_saved_model_metadata(str(tmp_path / "sm"))
+    parsed = {path: json.loads(meta) for path, meta in nodes if meta}
+    assert parsed["root"]["class_name"] == "Functional" and parsed["root"]["name"] == "m"
+    assert any(m.get("class_name") == "Dense" and m.get("name") == "fc" for m in parsed.values())
