@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any, Iterable, Sequence
 
+from tfopt.export.summary import markdown_table  # noqa: F401  (the benchmarks' tables: one implementation)
+
 
 def median(values: Iterable[float]) -> float:
     """Returns the median of the finite values, or NaN when there are none."""
@@ -71,18 +73,6 @@ def write_json_atomic(path: str, payload: Any) -> None:
     from tfopt.fileio import write_json
 
     write_json(path, payload)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Returns a GitHub-flavoured markdown table with padded columns."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-
-    def line(r):
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
 
 
 def status(ok: bool | None) -> str:

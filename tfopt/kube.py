@@ -57,6 +57,7 @@ import re
 from typing import Any
 
 from tfopt.errors import ConfigError
+from tfopt.specs import STAGES  # the tfopt commands that take -o/--output
 
 API_VERSION, KIND = "kubeflow.org/v1", "TFJob"
 RENDER_TARGETS = ("kubeflow",)
@@ -72,7 +73,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 ISTIO_INJECT = "sidecar.istio.io/inject"
 JOB_LABEL = "tfopt.dev/job"  # on every pod of the job: what its NetworkPolicy admits
 DEFAULT_NAME, DEFAULT_CLAIM, DEFAULT_MOUNT = "tfopt", "tfopt-runs", "/runs"
-STAGES = ("train", "distill", "optimize", "export")  # the tfopt commands that take -o/--output
 
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

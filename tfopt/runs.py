@@ -22,10 +22,10 @@ from typing import Any
 from tfopt import config as config_lib
 from tfopt import runlock
 from tfopt.errors import ConfigError
+from tfopt.specs import STAGES
 from tfopt.fileio import tree_digest
 
 SCHEMA_VERSION = 2
-STAGES = ("train", "distill", "optimize", "export")
 RUNS_ROOT = "runs"
 LATEST = "latest"
 PARTIAL_SUFFIX = ".partial"  # an unfinished run's work directory, beside its final place

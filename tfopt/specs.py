@@ -18,6 +18,8 @@ from tfopt.errors import ConfigError
 
 T = TypeVar("T")
 
+STAGES = ("train", "distill", "optimize", "export")  # the stages that write a run directory (run.json)
+
 
 class Registry(Generic[T]):
     """Named specs in a fixed order; an unknown name is a one-line error listing the valid ones.

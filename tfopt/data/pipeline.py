@@ -36,11 +36,11 @@ from tfopt._keras import tf
 from tfopt.config import AUTOTUNE, DataConfig
 from tfopt.data import service
 from tfopt.data.augment import check_model_shape, crop_flip_augment, eval_transform, normalize_batches
+from tfopt.data.builtin import SPLITS
 from tfopt.data.shards import scan_tfrecord
 from tfopt.data.sources import DatasetInfo, dataset_dir, prepare
 from tfopt.errors import ConfigError, DataError
 
-SPLITS = ("train", "validation", "test")
 SHIFT_PIXELS = 2
 PARSE_BLOCK = 256  # records parsed per call of a vectorized parse function
 _ENDLESS = 2**62  # passes in a training stream: never reached

@@ -135,7 +135,7 @@ def _info(cfg: DataConfig, directory: str, manifest: dict) -> DatasetInfo:
                          num_records=int(s["num_records"]), encoding=s["encoding"])
         for split, s in manifest["splits"].items()
     }
-    for split in ("train", "validation", "test"):
+    for split in builtin.SPLITS:
         if split not in splits or splits[split].num_records == 0:
             raise DataError(f"the {split} split of {cfg.dataset!r} has no examples; give a dataset with examples in "
                             "train, validation and test (a larger data.limit, or files in the split's folder)")

@@ -122,10 +122,6 @@ class PipelineRun:
         """The variant called ``name``, or None."""
         return next((v for v in self.variants if v.name == name), None)
 
-    def export_of(self, model: str) -> StageInfo | None:
-        """The export stage that reads the model stage ``model``."""
-        return next((s for s in self.stages if s.kind == "export" and model in s.inputs), None)
-
 
 def read_state(run_dir: str) -> dict:
     """Reads ``<run_dir>/pipeline.json``.
