@@ -27,25 +27,11 @@ _FIX = "pass --trust-model (trust_model=True) only if you trust where the file c
 _CODE_CLASSES = ("Lambda", "__lambda__")
 
 
-def _walk(node: Any) -> Iterator[dict]:
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from _walk(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _walk(value)
-
-
-def _strings(node: Any) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, dict):
-        for value in node.values():
-            yield from _strings(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _strings(value)
+def _walk(node: Any) -> Iterator[Any]:
+    """Every value of a parsed config: the objects, lists and strings of every nesting level."""
+    yield node
+    for value in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
+        yield from _walk(value)
 
 
 def _is_bytecode(text: str) -> bool:
@@ -63,6 +49,11 @@ def _check_config(config: Any, path: str) -> None:
     if not isinstance(config, dict):
         raise ModelError(f"{path}'s model config is a {type(config).__name__}, not an object; re-save the model")
     for node in _walk(config):
+        if isinstance(node, str) and _is_bytecode(node):
+            raise ModelError(f"{path} holds a serialized Python function (e.g. a lambda activation), which runs on "
+                             f"load; {_FIX}")
+        if not isinstance(node, dict):
+            continue
         if node.get("class_name") in _CODE_CLASSES or "function_type" in node:
             inner = node.get("config")
             name = inner.get("name", "?") if isinstance(inner, dict) else node.get("name", "?")
@@ -73,9 +64,6 @@ def _check_config(config: Any, path: str) -> None:
             raise ModelError(
                 f"{path} names the module {module!r} (class {node.get('class_name')!r}), which would be "
                 f"imported on load; {_FIX}")
-    if any(_is_bytecode(text) for text in _strings(config)):
-        raise ModelError(f"{path} holds a serialized Python function (e.g. a lambda activation), which runs on "
-                         f"load; {_FIX}")
 
 
 def saved_by_keras3(path: str) -> str | None:
