@@ -45,7 +45,9 @@ class RunDir:
         fingerprint: Digest of what determines the result (see :func:`tfopt.runs.fingerprint`).
         described: The settings behind the fingerprint, as plain data (named in a mismatch error).
         overwrite: Replace a finished run at ``path`` and discard a mismatching work directory.
-        chief: Only the chief creates, writes and commits.
+        chief: Only the chief creates, writes, locks and commits.
+        cluster: The multi-worker cluster's id (recorded in the lock; None for one process).
+        pick: For a default name: picks the next free directory when another run took this one.
     """
 
     def __init__(self, path: str, fingerprint: str, described: dict, *, overwrite: bool = False, chief: bool = True,
