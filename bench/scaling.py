@@ -585,7 +585,7 @@ def _harness(role: str, *opts) -> list[str]:
 
 def _launch(ctx: Ctx, workers: int, command: list[str]) -> list[str]:
     return [sys.executable, "-m", "tfopt.launch", "--workers", str(workers), "--timeout", str(int(ctx.timeout)),
-            "--grace", "5", *(["--isolate"] if ctx.isolate else []), "--", *command]
+            "--grace", "5", "--isolate" if ctx.isolate else "--no-isolate", "--", *command]
 
 
 def _train_flags(p: Params, strategy: str, batch: int, total_steps: int, out: str, backup_every: int = 0,

@@ -18,3 +18,14 @@ def _isolation_prefix() -> list[str]:
 
 #: Prepend to a command that starts TensorFlow servers.
 ISOLATED = _isolation_prefix()
+
+
+def launch_isolates() -> bool:
+    """True when ``tfopt.launch`` runs a loopback cluster in a private network namespace (its default)."""
+    from tfopt.errors import ConfigError
+    from tfopt.launch import isolation_prefix
+
+    try:
+        return bool(isolation_prefix())
+    except ConfigError:
+        return False

@@ -19,7 +19,7 @@ import pytest
 from isolation import ISOLATED
 
 from tfopt.errors import ConfigError
-from tfopt.launch import free_ports, launch, main, make_cluster
+from tfopt.launch import free_ports, isolation_prefix, launch, main, make_cluster
 from tfopt.runtime.tf_config import parse_tf_config
 from tfopt.runtime.watchdog import timeout_message
 
@@ -190,18 +190,66 @@ def test_restarts_only_retryable_failures_up_to_the_limit(tmp_path, capfd):
     assert code == 137 and "no restart left (--max-restarts=1)" in capfd.readouterr().err
 
 
-def test_isolate_runs_the_cluster_without_any_network_but_loopback():
+INTERFACES = py("print('interfaces', sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]), "
+                "flush=True)")
+HOST_INTERFACES = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])
+
+
+@pytest.mark.parametrize("flags, isolated", [
+    ([], True),  # the default: a loopback cluster runs off the network
+    (["--isolate"], True),
+    (["--no-isolate"], False),
+    (["--host", "this machine's address"], False),  # an address a private namespace lacks
+])
+def test_a_local_cluster_has_no_network_but_its_loopback(flags, isolated):
     if not ISOLATED:
         pytest.skip("needs root (unshare -n)")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tfopt.launch", "--isolate", "--workers", "1", "--",
-         *py("print('interfaces', sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]), "
-             "flush=True)")],
-        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if "--host" in flags:
+        found = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True,
+                               text=True).stdout.split()
+        if "inet" not in found:
+            pytest.skip("this machine has no global IPv4 address")
+        flags = ["--host", found[found.index("inet") + 1].partition("/")[0]]
+    proc = subprocess.run([sys.executable, "-m", "tfopt.launch", *flags, "--workers", "1", "--", *INTERFACES],
+                          env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "[worker:0] interfaces ['lo']" in proc.stdout
-    outside = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])
-    assert outside != ["lo"]  # the test itself does see the host's interfaces
+    assert HOST_INTERFACES != ["lo"]  # the test itself does see the host's interfaces
+    seen = ["lo"] if isolated else HOST_INTERFACES
+    assert f"[worker:0] interfaces {seen}" in proc.stdout, proc.stdout
+
+
+def test_other_users_get_the_namespace_inside_a_user_namespace(monkeypatch):
+    if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this kernel has no user namespaces")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    prefix = isolation_prefix()
+    assert prefix[:2] == ["unshare", "-rn"]
+    proc = subprocess.run([*prefix, *INTERFACES], env=dict(ENV, TF_CONFIG=json.dumps({"task": {"type": "worker", "index": 0}})), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "interfaces ['lo']" in proc.stdout, proc.stderr
+
+
+def test_a_host_that_is_not_this_machine_is_a_one_line_error():
+    proc = subprocess.run([sys.executable, "-m", "tfopt.launch", "--host", "10.255.255.1", "--workers", "1", "--",
+                           *INTERFACES], env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "tfopt.launch: --host '10.255.255.1' is not an address of this machine (Cannot assign requested address)")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_isolate_fails_in_one_line_where_no_namespace_can_be_made(tmp_path):
+    (tmp_path / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (tmp_path / "unshare").chmod(0o755)
+    env = dict(ENV, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    run = [sys.executable, "-m", "tfopt.launch", "--workers", "1", "--", *INTERFACES]
+    proc = subprocess.run([*run[:3], "--isolate", *run[3:]], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "[worker:0]" not in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "tfopt.launch: --isolate cannot create a network namespace (unshare: unshare failed: Operation not "
+        "permitted); run as root or enable unprivileged user namespaces (sysctl user.max_user_namespaces), or "
+        "pass --no-isolate on a trusted machine")
+    proc = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)  # the default
+    assert proc.returncode == 0 and f"[worker:0] interfaces {HOST_INTERFACES}" in proc.stdout, proc.stderr
 
 
 # ---------------------------------------------------------------- watchdog (no TensorFlow)

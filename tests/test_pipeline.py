@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from isolation import ISOLATED
+from isolation import launch_isolates
 
 from tfopt.errors import ConfigError
 from tfopt.pipeline import apply_overrides, load_pipeline, plan
@@ -72,9 +72,15 @@ def test_overrides_and_their_errors():
         (["nonsense"], r"override 'nonsense' is not of the form section.key=value"),
         (["stages.x=1"], r"unknown pipeline section 'stages'; valid sections:"),
         (["export.calibration_steps=0"], r"export.calibration_steps=0 >= 1"),
+        (["launch.isolate=true"], r"launch.isolate='true' is not valid; choose one of auto, on, off"),
     ]:
         with pytest.raises(ConfigError, match=message):
             apply_overrides(cfg, bad)
+    from tfopt.pipeline.runner import launch_command
+
+    launches = {mode: launch_command(apply_overrides(cfg, [f"launch.isolate={mode}"]), plan(cfg)[0], "r")
+                for mode in ("auto", "on", "off")}
+    assert [c[c.index("--") - 1] for c in launches.values()] == ["2", "--isolate", "--no-isolate"]
     with pytest.raises(ConfigError, match=r"--variant 'huge' is not one of .*mnist_edge.py's variants: default, smoke"):
         load_pipeline(MNIST_EDGE, "huge")
     with pytest.raises(ConfigError, match=r"pipeline 'nope.py' is not a .py file"):
@@ -128,15 +134,14 @@ def test_a_stopped_pipeline_resumes_at_its_unfinished_stage(pipeline_run):
 def test_multi_worker_training_stages_run_under_the_launcher(tmp_path):
     """Under multi_worker_mirrored each training stage is a tfopt.launch process group of 2 workers."""
     run = tmp_path / "mwms"
-    isolate = ["--isolate"] if ISOLATED else []  # off the network where the kernel allows it
     result = subprocess.run(
         [sys.executable, "-m", "tfopt.pipeline", MNIST_EDGE, "--variant", "smoke", "--strategy", "multi_worker_mirrored",
          "--set", "compress.techniques=", "--set", "export.modes=float32", "--set", "probe.steps=0", "--no-report",
-         "--quiet", *isolate, "-o", str(run)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+         "--quiet", "-o", str(run)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    # the chief of each training stage says once whether its servers are open to the network
+    # the launcher keeps each stage off the network where the kernel allows it; if not, the chief says so once
     exposed = result.stdout.count("warning: TensorFlow's servers of this job listen on port(s)")
-    assert exposed == (0 if isolate else 2), result.stdout[-3000:]
+    assert exposed == (0 if launch_isolates() else 2), result.stdout[-3000:]
     for stage in ("teacher", "student"):
         record = json.load(open(run / stage / "run.json"))
         assert record["strategy"]["name"] == "multi_worker_mirrored" and record["strategy"]["num_workers"] == 2

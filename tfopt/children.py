@@ -19,8 +19,10 @@ def _prctl():
         return None
 
 
-#: Set by ``tfopt.launch --isolate`` in its private network namespace: servers there are off the network.
+#: Set by ``tfopt.launch`` in its private network namespace: servers there are off the network.
 ISOLATED_ENV = "TFOPT_ISOLATED"
+#: Host names of the loopback: a cluster on them can run in a private network namespace.
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 _PR_SET_PDEATHSIG = 1
 _PRCTL = _prctl()
 

@@ -24,9 +24,12 @@ Job semantics:
   killed outright takes its tasks along: each gets SIGTERM from the kernel when it dies
   (:func:`tfopt.children.die_with_parent`).
 * ``--timeout S`` stops everything after S seconds and returns 124.
-* ``--isolate`` runs the whole local cluster in a private network namespace (``unshare -n``):
-  TensorFlow servers listen on all interfaces, unauthenticated, even when TF_CONFIG names
-  127.0.0.1. Without it, launch on trusted machines only.
+* A local cluster (``--host`` on the loopback, the default) runs in a private network namespace
+  whose only interface is its own loopback (``unshare -n`` as root, ``unshare -rn`` for other
+  users): TensorFlow servers listen on every interface, unauthenticated, whatever TF_CONFIG
+  names, and this keeps them off the network. Where the kernel refuses a namespace the job runs
+  as it is and its chief warns once. ``--isolate`` makes the namespace a requirement (an error
+  where it cannot be made); ``--no-isolate`` leaves the servers on the host's network.
 * ``--render kubeflow`` prints a Kubeflow ``TFJob`` for the same cluster and command instead of
   running it (see :mod:`tfopt.kube` and docs/kubernetes.md).
 
@@ -47,7 +50,7 @@ import time
 from typing import IO, Mapping
 
 from tfopt import kube
-from tfopt.children import ISOLATED_ENV, die_with_parent
+from tfopt.children import ISOLATED_ENV, LOOPBACK, die_with_parent
 from tfopt.errors import ConfigError
 
 TIMEOUT_EXIT = 124
@@ -62,13 +65,21 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
     All sockets are held open until every port is chosen, so the ports differ; another
     program may still take one before the task binds it (rare on loopback).
+
+    Raises:
+        ConfigError: ``host`` is not an IPv4 address or name of this machine.
     """
     socks = []
     try:
         for _ in range(n):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
             socks.append(s)
+            try:
+                s.bind((host, 0))
+            except (OSError, UnicodeError) as e:
+                raise ConfigError(f"--host {host!r} is not an address of this machine ({e.strerror or e}); give "
+                                  "127.0.0.1 (the default) or one of this machine's IPv4 addresses "
+                                  "(hostname -I)") from None
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -173,6 +184,19 @@ def _say(message: str) -> None:
     print(f"tfopt.launch: {message}", file=sys.stderr, flush=True)
 
 
+def _check(command: list[str], workers: int, ps: int, chief: bool, timeout: float | None, host: str,
+           max_restarts: int) -> None:
+    """Raises ConfigError on arguments no job can start with, before anything starts."""
+    if not command:
+        raise ConfigError("no command to launch; put it after `--`, e.g. "
+                          "`python -m tfopt.launch --workers 2 -- python -m tfopt.train`")
+    if timeout is not None and timeout <= 0:
+        raise ConfigError(f"--timeout={timeout} must be > 0 seconds; omit it to wait forever")
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts={max_restarts} must be >= 0; 0 never restarts")
+    make_cluster(workers, ps=ps, chief=chief, host=host)  # check the counts before starting anything
+
+
 def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, timeout: float | None = None,
            env: Mapping[str, str] | None = None, host: str = "127.0.0.1", grace: float = 10.0,
            out: IO[str] | None = None, max_restarts: int = 0, evaluator: bool = False) -> int:
@@ -199,14 +223,7 @@ def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, t
     Raises:
         ConfigError: an empty command or impossible task counts.
     """
-    if not command:
-        raise ConfigError("no command to launch; put it after `--`, e.g. "
-                          "`python -m tfopt.launch --workers 2 -- python -m tfopt.train`")
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"--timeout={timeout} must be > 0 seconds; omit it to wait forever")
-    if max_restarts < 0:
-        raise ConfigError(f"--max-restarts={max_restarts} must be >= 0; 0 never restarts")
-    make_cluster(workers, ps=ps, chief=chief, host=host)  # check the counts before starting anything
+    _check(command, workers, ps, chief, timeout, host, max_restarts)
     base = dict(os.environ if env is None else env)
     base.setdefault("PYTHONUNBUFFERED", "1")
     out = out or sys.stdout
@@ -311,23 +328,47 @@ def _wait(tasks: list[_Task], parameter_servers: bool, deadline: float | None, t
         time.sleep(_POLL)
 
 
+_NAMESPACE = ["sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+
+
 def isolation_prefix() -> list[str]:
     """The command prefix that runs a program in a private network namespace with loopback up.
 
+    Root gets a bare network namespace (``unshare -n``); other users get it inside a user
+    namespace (``unshare -rn``: root there, themselves outside, files theirs).
+
     Raises:
-        ConfigError: this kernel or user cannot create one (needs root and ``unshare``, ``ip``).
+        ConfigError: this kernel or user cannot create one (needs ``unshare`` and ``ip``, and
+            root or unprivileged user namespaces).
     """
     missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
     if missing:
         raise ConfigError(f"--isolate needs the {' and '.join(missing)} command(s); install util-linux and "
-                          "iproute2, or drop --isolate on a trusted machine")
-    prefix = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
-    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        reason = (probe.stderr.strip().splitlines() or ["unknown reason"])[-1]
-        raise ConfigError(f"--isolate cannot create a network namespace ({reason}); run as root (or with "
-                          "CAP_SYS_ADMIN), or drop --isolate on a trusted machine")
-    return prefix
+                          "iproute2, or pass --no-isolate on a trusted machine")
+    reason = "unknown reason"
+    for flags in (["-n"], ["-rn"]) if os.geteuid() == 0 else (["-rn"],):
+        prefix = ["unshare", *flags, *_NAMESPACE]
+        probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return prefix
+        reason = (probe.stderr.strip().splitlines() or [reason])[-1]
+    raise ConfigError(f"--isolate cannot create a network namespace ({reason}); run as root or enable "
+                      "unprivileged user namespaces (sysctl user.max_user_namespaces), or pass --no-isolate "
+                      "on a trusted machine")
+
+
+def _isolation(isolate: bool | None, host: str) -> list[str]:
+    """The prefix this launch runs under: [] when off, unwanted, or (for the default) not possible."""
+    if os.environ.get(ISOLATED_ENV) or isolate is False:
+        return []
+    if isolate is None:
+        if host not in LOOPBACK:  # peers dial an address a private namespace does not have
+            return []
+        try:
+            return isolation_prefix()
+        except ConfigError:
+            return []  # the chief warns that the ports are open (runtime.tf_config.exposure_warning)
+    return isolation_prefix()
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -349,13 +390,15 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="add an evaluator task: it evaluates each new backup while training runs")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="restart a job that failed with a retryable code (>= 128) up to K times (default 0)")
-    parser.add_argument("--isolate", action="store_true",
-                        help="run the cluster in a private network namespace (unshare -n; needs root)")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the cluster in a private network namespace, off the network (default: when "
+                             "--host is the loopback and the kernel allows it; --isolate: always, or fail; "
+                             "--no-isolate: never)")
     parser.add_argument("--timeout", type=float, default=None, help="stop all tasks and exit 124 after S seconds")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address written into the tasks' TF_CONFIG, the one peers dial (default 127.0.0.1); "
-                             "TensorFlow's servers listen on every interface whatever it is: --isolate keeps them "
-                             "off the network")
+                             "TensorFlow's servers listen on every interface whatever it is: on the loopback the "
+                             "cluster runs in a private network namespace (see --isolate)")
     parser.add_argument("--grace", type=float, default=10.0,
                         help="seconds between SIGTERM and SIGKILL (default 10: time to write a backup)")
     kube.add_render_arguments(parser)
@@ -370,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.render:
             sys.stdout.write(kube.render_from_args(args, command))
             return 0
-        if args.isolate and not os.environ.get(ISOLATED_ENV):
-            prefix = isolation_prefix()
+        _check(command, args.workers, args.ps, args.chief, args.timeout, args.host, args.max_restarts)
+        prefix = _isolation(args.isolate, args.host)
+        if prefix:
             os.environ[ISOLATED_ENV] = "1"
             os.execvp(prefix[0], [*prefix, sys.executable, "-m", "tfopt.launch", *argv])
         return launch(command, args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout, host=args.host,

@@ -1,6 +1,7 @@
 """``python -m tfopt.pipeline PIPELINE.py``: data to a verified edge model and its report, in one command."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -30,9 +31,10 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--no-report", action="store_true", help="skip the report (build it later: python -m "
                                                                   "tfopt.report RUN)")
     parser.add_argument("--quiet", action="store_true", help="no Keras progress inside the stages")
-    parser.add_argument("--isolate", action="store_true",
-                        help="run multi-process stages in a private network namespace, off the network "
-                             "(= --set launch.isolate=true; needs unshare and ip, as root)")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                        help="multi-process stages in a private network namespace, off the network: by default "
+                             "where the kernel allows it; --isolate: always, or fail; --no-isolate: never "
+                             "(= --set launch.isolate=on|off)")
     return parser
 
 
@@ -49,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"runtime.strategy={args.strategy}")
         if args.select:
             overrides.append(f"select={args.select}")
-        if args.isolate:
-            overrides.append("launch.isolate=true")
+        if args.isolate is not None:
+            overrides.append(f"launch.isolate={'on' if args.isolate else 'off'}")
         cfg = apply_overrides(cfg, overrides)
         if args.print_config:
             print(json.dumps(cfg.to_dict(), indent=2))

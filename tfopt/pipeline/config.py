@@ -75,6 +75,10 @@ class ProbeSpec:
     steps: int = 32  # timed steps per measurement (0 = skip the probe)
 
 
+#: launch.isolate: tfopt.launch's default, --isolate, --no-isolate.
+ISOLATE_CHOICES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Processes of a multi-process strategy (started by ``tfopt.launch`` for each training stage)."""
@@ -82,7 +86,7 @@ class LaunchSpec:
     workers: int = 2
     ps: int = 1  # parameter servers (parameter_server only; it also gets a chief)
     max_restarts: int = 2
-    isolate: bool = False  # run each launch in a private network namespace (tfopt.launch --isolate)
+    isolate: str = "auto"  # a private network namespace per launch: auto (where possible), on (or fail), off
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,9 @@ class PipelineConfig:
         if self.launch.workers < 1 or self.launch.ps < 1 or self.launch.max_restarts < 0:
             raise ConfigError(f"launch.workers={self.launch.workers} and launch.ps={self.launch.ps} must be >= 1, "
                               f"launch.max_restarts={self.launch.max_restarts} >= 0")
+        if self.launch.isolate not in ISOLATE_CHOICES:
+            raise ConfigError(f"launch.isolate={self.launch.isolate!r} is not valid; choose one of "
+                              f"{', '.join(ISOLATE_CHOICES)}")
         from tfopt.report.select import parse_rule
 
         parse_rule(self.select)

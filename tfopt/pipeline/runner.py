@@ -35,17 +35,20 @@ def _finished(stage: Stage, run_dir: str, previous: dict) -> bool:
             and os.path.isfile(os.path.join(stage_dir(run_dir, stage), "run.json")))
 
 
-def _launch(cfg: PipelineConfig, stage: Stage, run_dir: str) -> None:
-    """Runs a training stage as a ``tfopt.launch`` process group (every task calls the same entry)."""
+def launch_command(cfg: PipelineConfig, stage: Stage, run_dir: str) -> list[str]:
+    """The ``tfopt.launch`` command that runs a training stage as a process group (one entry for every task)."""
     launch = cfg.launch
     cmd = [sys.executable, "-m", "tfopt.launch", "--workers", str(launch.workers),
            "--max-restarts", str(launch.max_restarts)]
     if cfg.base.runtime.strategy == "parameter_server":
         cmd += ["--chief", "--ps", str(launch.ps)]
-    if launch.isolate:
-        cmd.append("--isolate")
-    cmd += ["--", sys.executable, "-m", "tfopt.pipeline.execute", run_dir, stage.name]
-    code = run_child(cmd)
+    cmd += {"auto": [], "on": ["--isolate"], "off": ["--no-isolate"]}[launch.isolate]
+    return [*cmd, "--", sys.executable, "-m", "tfopt.pipeline.execute", run_dir, stage.name]
+
+
+def _launch(cfg: PipelineConfig, stage: Stage, run_dir: str) -> None:
+    """Runs a training stage under ``tfopt.launch``; raises TfoptError when it fails."""
+    code = run_child(launch_command(cfg, stage, run_dir))
     if code != 0 or not os.path.isfile(os.path.join(stage_dir(run_dir, stage), "run.json")):
         raise TfoptError(f"stage {stage.name!r} ({stage.kind}) failed under tfopt.launch (exit {code}); its tasks' "
                          "output is above; run the pipeline again to resume from the stage's last backup")

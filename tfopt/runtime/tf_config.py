@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from tfopt.children import ISOLATED_ENV
+from tfopt.children import ISOLATED_ENV, LOOPBACK
 from tfopt.errors import ClusterError
 from tfopt.specs import STRATEGIES
 
@@ -346,15 +346,16 @@ def exposure_warning(cluster: ClusterInfo | None, environ: dict | None = None) -
     TensorFlow's gRPC servers (and the tf.data service's) listen on every network interface,
     whatever host TF_CONFIG names, and authenticate nobody (TensorFlow's SECURITY.md): a local
     cluster on 127.0.0.1 is reachable from the machine's other addresses too. Nothing to say
-    inside ``tfopt.launch --isolate``'s private network namespace.
+    inside ``tfopt.launch``'s private network namespace.
     """
     environ = os.environ if environ is None else environ
     if cluster is None or environ.get(ISOLATED_ENV):
         return None
     ports = sorted({a.rpartition(":")[2] for addresses in cluster.cluster.values() for a in addresses}, key=int)
-    local = all(a.rpartition(":")[0] in ("127.0.0.1", "localhost", "[::1]")
+    local = all(a.rpartition(":")[0] in LOOPBACK
                 for addresses in cluster.cluster.values() for a in addresses)
-    fix = ("python -m tfopt.launch --isolate runs a local cluster in a private network namespace" if local else
+    fix = ("python -m tfopt.launch runs a local cluster in a private network namespace where the kernel allows "
+           "it (--isolate says why it cannot)" if local else
            "run it on a private network (python -m tfopt.launch --render kubeflow adds a NetworkPolicy)")
     return (f"warning: TensorFlow's servers of this job listen on port(s) {', '.join(ports)} of every network "
             f"interface{' (not only 127.0.0.1)' if local else ''}, without authentication; {fix}")
