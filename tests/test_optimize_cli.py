@@ -48,7 +48,7 @@ def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
 def test_inspect_lists_every_layer(tiny_run, capsys):
     assert main(["--from", tiny_run, "--inspect"]) == 0
     text = capsys.readouterr().out
-    assert "model 'tiny_cnn': what tfmot can do with each layer" in text
+    assert "model 'tiny_cnn': what each technique can do with each layer" in text
     for line in ("conv0", "pool0", "flatten", "logits"):
         assert any(row.startswith(line + " ") for row in text.splitlines()), line
 

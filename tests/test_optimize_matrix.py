@@ -25,10 +25,10 @@ from optimize_fixtures import tiny_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "compatibility.md")
-ALL = ("prune", "prune_2of4", "qat", "cluster", "pqat", "cqat", "pcqat")
-F16 = ("prune", "qat", "cluster")  # mixed_float16 is for GPUs: a representative subset on the CPU
-MWMS = ("prune", "qat", "pcqat")  # pcqat runs all three wrappers (prune, cluster, QAT) in sequence
-PS = ("prune", "qat", "cluster")
+ALL = ("prune", "prune_2of4", "qat", "cluster", "pqat", "cqat", "pcqat", "low_rank", "low_rank_qat")
+F16 = ("prune", "qat", "cluster", "low_rank")  # mixed_float16 is for GPUs: a representative subset on the CPU
+MWMS = ("prune", "qat", "pcqat", "low_rank")  # pcqat runs all three wrappers (prune, cluster, QAT) in sequence
+PS = ("prune", "qat", "cluster", "low_rank")
 STEPS = 8
 # A small learning rate: a few steps must not move a barely trained model far (accuracy is not the point here).
 FLAGS = ["--steps-per-epoch", str(STEPS), "--epochs", "1", "--schedule", "polynomial", "--lr", "1e-4",
@@ -96,7 +96,8 @@ def _doc(rows) -> str:
         f"3,000 real MNIST images (TensorFlow {_minor(tf.__version__)}, tf_keras {_minor(keras.__version__)}, "
         f"tfmot {_minor(tfmot.__version__)}). The test also checks that fine-tuning keeps the gentle techniques' "
         "accuracy; sparsity and cluster counts are read back from the stripped weights (checks: each kernel's "
-        "sparsity reaches the target, 2:4 groups hold, at most 16 values per clustered kernel). "
+        "sparsity reaches the target, 2:4 groups hold, at most 16 values per clustered kernel, a factorized model's "
+        "multiply-adds counted again meet its FLOPs budget). "
         "mirrored = 2 replicas on 2 logical "
         "CPUs; multi_worker_mirrored = 2 worker processes (their final weights are checked identical); "
         "parameter_server = chief + 2 workers + 1 ps processes (asynchronous). Every technique runs in-process "
@@ -162,7 +163,7 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
     rows += _rows_from_report(tmp_path / "d.json", "parameter_server")
     print(f"matrix: {len(rows)} cells in {time.time() - started:.0f} s")
 
-    assert len(rows) == 7 * 2 + len(F16) + 7 * 2 + len(MWMS) + len(PS)
+    assert len(rows) == len(ALL) * 4 + len(F16) + len(MWMS) + len(PS)
     refs = {r["technique"]: r["test_accuracy"] for r in rows
             if (r["strategy"], r["precision"]) == ("one_device", "float32") and r["ok"]}
     for row in rows:
@@ -174,7 +175,9 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
         if row["technique"] == "prune_2of4":
             assert 0.45 < row["sparsity"] <= 0.5, where
         if row["technique"] in ("cluster", "cqat", "pcqat"):
-            assert row["clusters"], where  # the checks above bound them: <= 16 per kernel (per channel after CQAT)
+            assert row["clusters"], where
+        if row["technique"].startswith("low_rank"):
+            assert row["checks"]["flops"], where  # the factorized model's multiply-adds, counted again  # the checks above bound them: <= 16 per kernel (per channel after CQAT)
         if row["technique"] in ("qat", "cluster", "cqat", "prune_2of4"):
             # Gentle techniques keep the source model's accuracy within a few points even after 8 steps.
             assert row["test_accuracy"] > row["source_accuracy"] - 0.05, (where, row)

@@ -183,6 +183,12 @@ def test_inspect_reports_reasons_and_one_sentence_for_unsupported_models():
     assert rows["conv0"].prune == rows["conv0"].quantize == rows["conv0"].cluster == "yes"
     assert rows["bn0"].quantize == "yes"  # folded into conv0 by tfmot's Conv2D+BN pattern
     assert rows["relu0"].prune == "no weights"
+    conv0 = _cnn().get_layer("conv0")  # low-rank: the largest rank whose pair costs less, counted by hand
+    rows_, cols = int(np.prod(conv0.kernel.shape[:-1])), int(conv0.kernel.shape[-1])
+    assert rows["conv0"].low_rank == f"yes: rank <= {(rows_ * cols - 1) // (rows_ + cols)} of {min(rows_, cols)}"
+    assert rows["conv0"].macs == int(np.prod(conv0.output_shape[1:])) * rows_
+    assert rows["relu0"].low_rank == "-" and rows["relu0"].macs == 0
+    assert " low_rank" in format_report(report).splitlines()[1]
 
     class Sub(keras.Model):
         def __init__(self):

@@ -60,6 +60,12 @@ def test_overrides_and_their_errors():
     modes = {s.name: s.settings["modes"] for s in plan(two) if s.kind == "export"}
     assert modes["student-pqat-export"] == ["int8"]  # a QAT model converts to int8 only
     assert modes["student-prune_2of4-export"] == list(cfg.export.modes)
+    low = apply_overrides(cfg, ["compress.techniques=low_rank,low_rank_qat", "compress.flops=0.4"])
+    stages = {s.name: s for s in plan(low)}
+    assert stages["student-low_rank"].settings["flops"] == 0.4
+    assert [stages[f"student-{t}-export"].settings["modes"] for t in ("low_rank", "low_rank_qat")] == [
+        list(cfg.export.modes), ["int8"]]  # a QAT result converts to int8 only
+    assert "flops" not in {s.name: s for s in plan(two)}["student-pqat"].settings  # no rerun of the others
     assert [s.name for s in plan(apply_overrides(cfg, ["compress.techniques="]))] == [
         "teacher", "student", "teacher-export", "student-export"]
     for bad, message in [
@@ -73,6 +79,7 @@ def test_overrides_and_their_errors():
         (["stages.x=1"], r"unknown pipeline section 'stages'; valid sections:"),
         (["export.calibration_steps=0"], r"export.calibration_steps=0 >= 1"),
         (["launch.isolate=true"], r"launch.isolate='true' is not valid; choose one of auto, on, off"),
+        (["compress.flops=0"], r"compress.flops=0.0 must be in \(0, 1\]"),
     ]:
         with pytest.raises(ConfigError, match=message):
             apply_overrides(cfg, bad)

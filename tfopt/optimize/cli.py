@@ -20,7 +20,7 @@ from tfopt.optimize.techniques import TECHNIQUES
 from tfopt.specs import PRECISIONS, STRATEGIES
 
 PROG = "tfopt.optimize"
-DEFAULT_PRUNE_EPOCHS = 3
+DEFAULT_PRUNE_EPOCHS = 3  # and low-rank: structural changes need time to recover
 TECHNIQUE_NAMES = tuple(TECHNIQUES)
 
 
@@ -62,6 +62,14 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--clusters", type=int, default=16, help="centroids per kernel (default 16)")
     g.add_argument("--centroid-init", default="kmeans_plus_plus", help="kmeans_plus_plus, density, linear, random")
     g.add_argument("--per-channel", action="store_true", help="one set of centroids per Conv2D output channel")
+    g = p.add_argument_group("low-rank factorization")
+    g.add_argument("--low-rank-by", default="flops", choices=("flops", "energy"),
+                   help="choose each layer's rank by a FLOPs budget for the model or by the energy each kernel keeps "
+                        "(default flops)")
+    g.add_argument("--low-rank-flops", type=float, default=0.5,
+                   help="target multiply-adds as a share of the model's (default 0.5)")
+    g.add_argument("--low-rank-energy", type=float, default=0.9,
+                   help="share of each kernel's squared singular values kept (default 0.9)")
     g = p.add_argument_group("data (a run directory brings its own)")
     g.add_argument("--dataset", help="a model file's data: mnist, digits, folder:PATH, tfds:NAME, tfrecord:GLOB ...")
     g.add_argument("--data-dir", help="dataset cache directory")
@@ -73,7 +81,7 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs")
     g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
     g.add_argument("--epochs", type=int,
-                   help=f"epochs of every phase (default: {DEFAULT_PRUNE_EPOCHS} for pruning, 1 for QAT and clustering)")
+                   help=f"epochs of every phase (default: {DEFAULT_PRUNE_EPOCHS} for pruning and low-rank, 1 for QAT and clustering)")
     g.add_argument("--phase-epochs", metavar="KIND=N[,...]",
                    help="epochs of some phase kinds, e.g. prune=3,qat=1 (overrides --epochs for them)")
     g.add_argument("--steps-per-epoch", type=int, default=0, help="0 = one pass over the training split")
@@ -127,13 +135,15 @@ def settings_for(args, technique: str):
     """
     from tfopt.optimize.cluster import ClusterSpec
     from tfopt.optimize.common import Selection
+    from tfopt.optimize.low_rank import LowRankSpec
     from tfopt.optimize.prune import PruneSpec
     from tfopt.optimize.runner import OptimizeSettings
 
     phase_epochs = _phase_epochs(args.phase_epochs)
-    if args.epochs is None and "prune" not in dict(phase_epochs):
-        # Pruning needs time to recover from the zeros (tfmot's guides fine-tune for a few epochs).
-        phase_epochs += (("prune", DEFAULT_PRUNE_EPOCHS),)
+    for kind in ("prune", "low_rank"):
+        if args.epochs is None and kind not in dict(phase_epochs):
+            # Pruning and factorization need time to recover (tfmot's guides fine-tune for a few epochs).
+            phase_epochs += ((kind, DEFAULT_PRUNE_EPOCHS),)
     selection = Selection(_csv(args.layers), _csv(args.layer_types))
     prune = PruneSpec(sparsity=args.sparsity, schedule=args.schedule, initial_sparsity=args.initial_sparsity,
                       begin_step=args.begin_step, end_step=args.end_step, frequency=args.frequency,
@@ -143,6 +153,8 @@ def settings_for(args, technique: str):
         technique=technique, prune=prune,
         cluster=ClusterSpec(clusters=args.clusters, init=args.centroid_init, per_channel=args.per_channel,
                             selection=selection),
+        low_rank=LowRankSpec(rank_by=args.low_rank_by, energy=args.low_rank_energy, flops=args.low_rank_flops,
+                             selection=selection),
         qat_selection=selection, epochs=1 if args.epochs is None else args.epochs, phase_epochs=phase_epochs,
         steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.lr,

@@ -1,4 +1,7 @@
-"""What each layer of a model supports: prunable / quantizable / clusterable, or why not and the fix.
+"""What each layer of a model supports: prunable / quantizable / clusterable / factorizable, or why not.
+
+Each row also gives the layer's multiply-adds per example and, for low-rank factorization, the
+largest rank that still saves (``yes: rank <= R of F``, F the full rank).
 
     python -m tfopt.optimize --from runs/mnist --inspect
 
@@ -12,9 +15,11 @@ from dataclasses import asdict, dataclass
 from tfopt._keras import keras
 from tfopt.errors import TfoptError
 from tfopt.optimize import cluster as cluster_lib
+from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.common import check_model
+from tfopt.optimize.flops import model_macs
 
 
 @dataclass
@@ -27,6 +32,8 @@ class LayerSupport:
     prune: str
     quantize: str
     cluster: str
+    macs: int = 0
+    low_rank: str = "-"
 
 
 @dataclass
@@ -64,6 +71,10 @@ def inspect_model(model) -> Report:
     except TfoptError as e:
         return Report(model=str(name), layers=[], problem=str(e))
     rows = []
+    macs = model_macs(model)
+    cands, skipped = low_rank_lib.candidates(model, low_rank_lib.LowRankSpec())
+    low_rank = {c.name: f"yes: rank <= {c.max_rank} of {min(c.matrix.shape)}" for c in cands}
+    low_rank.update({name: f"no: {why}" for name, why in skipped.items()})
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
             continue
@@ -76,7 +87,8 @@ def inspect_model(model) -> Report:
             prune=_verdict(prune_reason, prunable),
             # Layers without weights still get their activations quantized.
             quantize=_verdict(quantize_lib.why_not_quantizable(layer), True),
-            cluster=_verdict(cluster_reason, clusterable)))
+            cluster=_verdict(cluster_reason, clusterable), macs=macs.get(layer.name, 0),
+            low_rank=low_rank.get(layer.name, "-")))
     return Report(model=str(name), layers=rows)
 
 
@@ -84,15 +96,19 @@ def format_report(report: Report) -> str:
     """Text for the terminal: a table, then the reasons and fixes for every ``no``."""
     if report.problem:
         return report.problem
-    header = ("layer", "type", "params", "prune", "quantize", "cluster")
-    short = [(r.layer, r.type, str(r.params), *(v if not v.startswith("no: ") else "NO" for v in
-                                                 (r.prune, r.quantize, r.cluster))) for r in report.layers]
+    header = ("layer", "type", "params", "macs", "prune", "quantize", "cluster", "low_rank")
+    short = [(r.layer, r.type, str(r.params), str(r.macs),
+              *(v if not v.startswith("no: ") else "NO" for v in (r.prune, r.quantize, r.cluster)),
+              r.low_rank.replace("yes: rank ", "r ").replace(" of ", "/") if not r.low_rank.startswith("no: ")
+              else "NO") for r in report.layers]
     widths = [max(len(x) for x in col) for col in zip(header, *short)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
-    lines = [f"model {report.model!r}: what tfmot can do with each layer", fmt.format(*header)]
+    lines = [f"model {report.model!r}: what each technique can do with each layer (macs: multiply-adds per "
+             "example; low_rank: the largest rank that saves, of the full rank)", fmt.format(*header)]
     lines += [fmt.format(*row) for row in short]
     notes = [f"  {r.layer} ({kind}): {v[4:]}" for r in report.layers
-             for kind, v in (("prune", r.prune), ("quantize", r.quantize), ("cluster", r.cluster))
+             for kind, v in (("prune", r.prune), ("quantize", r.quantize), ("cluster", r.cluster),
+                             ("low_rank", r.low_rank))
              if v.startswith("no: ")]
     if notes:
         lines += ["", "why not, and the fix:"] + notes

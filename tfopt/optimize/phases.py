@@ -1,4 +1,4 @@
-"""One fine-tuning phase (prune, cluster or QAT) under a strategy and a precision policy.
+"""One fine-tuning phase (prune, cluster, QAT or a structural one) under a strategy and a precision policy.
 
 Every phase follows the PITFALLS rule: rebuild the model inside ``strategy.scope()`` (fresh
 variables, per-layer precision), wrap, compile, fit, then strip in that same scope. Its result
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from tfopt._compat import tfmot_layer_dtype
 from tfopt._keras import keras, tf
 from tfopt.optimize import cluster as cluster_lib
+from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.common import compute_dtypes, rebuild
@@ -133,7 +134,24 @@ def qat_phase(ctx: Context, ft: FineTune, src, spec: quantize_lib.QatSpec):
     return quantize_lib.savable_copy(wrapped, rebuild(src, "float32"), names, weights), info
 
 
-_RUN = {"prune": prune_phase, "cluster": cluster_phase, "qat": qat_phase}
+def _tune(ctx: Context, ft: FineTune, src, kind: str):
+    # A structural phase's model is plain: rebuild it in scope under the policy, fit, read it back.
+    with ctx.job.strategy.scope():
+        model = rebuild(src, ctx.job.cfg.runtime.precision)
+        _compile(model, ctx, ft)
+    info = _fit(ctx, ft, model, [], kind)
+    return rebuild(model, "float32"), info  # every worker reads the weights (a collective under MWMS)
+
+
+def low_rank_phase(ctx: Context, ft: FineTune, src, spec: low_rank_lib.LowRankSpec):
+    """Factorizes ``src`` by truncated SVD and fine-tunes it; returns ``(float32 model, phase info)``."""
+    decided = low_rank_lib.plan(src, spec)
+    model, info = _tune(ctx, ft, low_rank_lib.factorize(src, decided.ranks), "low_rank")
+    info.update(layers=sorted(decided.ranks), **decided.to_dict())
+    return model, info
+
+
+_RUN = {"prune": prune_phase, "cluster": cluster_phase, "qat": qat_phase, "low_rank": low_rank_phase}
 
 
 def run_chain(ctx: Context, fine_tunes: dict[str, FineTune], base, chain: list[tuple[str, object]]):
@@ -149,10 +167,13 @@ def run_chain(ctx: Context, fine_tunes: dict[str, FineTune], base, chain: list[t
         chain: The phases.
 
     Returns:
-        ``(result model, [phase info, ...])``.
+        ``(result model, [phase info, ...], the model the last phase started from)``: a QAT
+        result's float architecture is that of the model it was trained from.
     """
     src, infos, key = base, [], (id(base),)
+    entered = base
     for kind, spec in chain:
+        entered = src
         ft = fine_tunes[kind]
         key = key + ((kind, spec, ft),)
         if key in ctx.cache:
@@ -162,4 +183,4 @@ def run_chain(ctx: Context, fine_tunes: dict[str, FineTune], base, chain: list[t
         src, info = _RUN[kind](ctx, ft, src, spec)
         ctx.cache[key] = (src, info)
         infos.append(info)
-    return src, infos
+    return src, infos, entered

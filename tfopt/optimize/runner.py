@@ -22,6 +22,7 @@ from tfopt.fileio import atomic_path, write_json, write_text
 from tfopt.models import sources
 from tfopt.models.io import save_model
 from tfopt.optimize import cluster as cluster_lib
+from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize import techniques
@@ -41,6 +42,7 @@ class OptimizeSettings:
     technique: str = "prune"
     prune: prune_lib.PruneSpec = field(default_factory=prune_lib.PruneSpec)
     cluster: cluster_lib.ClusterSpec = field(default_factory=cluster_lib.ClusterSpec)
+    low_rank: low_rank_lib.LowRankSpec = field(default_factory=low_rank_lib.LowRankSpec)
     qat_selection: Selection = field(default_factory=Selection)
     epochs: int = 1  # per phase
     phase_epochs: tuple[tuple[str, int], ...] = ()  # e.g. (("prune", 3),): overrides ``epochs`` per phase kind
@@ -55,18 +57,20 @@ class OptimizeSettings:
         techniques.get(self.technique)
         self.prune.validate()
         self.cluster.validate()
+        self.low_rank.validate()
         if self.epochs < 1 or self.steps_per_epoch < 0 or self.learning_rate <= 0:
             raise OptimizeError(f"epochs={self.epochs} must be >= 1, steps_per_epoch={self.steps_per_epoch} >= 0 "
                                 f"and learning_rate={self.learning_rate} > 0")
         for kind, epochs in self.phase_epochs:
-            if kind not in ("prune", "cluster", "qat") or epochs < 1:
-                raise OptimizeError(f"phase epochs {kind}={epochs} is not valid; give prune|cluster|qat=N with N >= 1")
+            if kind not in techniques.PHASE_KINDS or epochs < 1:
+                raise OptimizeError(f"phase epochs {kind}={epochs} is not valid; give "
+                                    f"{'|'.join(techniques.PHASE_KINDS)}=N with N >= 1")
         return self
 
     def to_dict(self) -> dict:
         """The settings as JSON-ready data (what the resume fingerprint covers)."""
         return {"technique": self.technique, "prune": self.prune.to_dict(), "cluster": self.cluster.to_dict(),
-                "qat_selection": self.qat_selection.to_dict(), "epochs": self.epochs,
+                "low_rank": self.low_rank.to_dict(), "qat_selection": self.qat_selection.to_dict(), "epochs": self.epochs,
                 "phase_epochs": dict(self.phase_epochs), "steps_per_epoch": self.steps_per_epoch,
                 "learning_rate": self.learning_rate}
 
@@ -80,7 +84,7 @@ class OptimizeSettings:
         prune_spec = replace(self.prune, m_by_n=tech.m_by_n) if tech.m_by_n else self.prune
         # PCQAT's clustering must keep the zeros pruning made.
         cluster_spec = replace(self.cluster, preserve_sparsity=True) if "prune" in tech.phases else self.cluster
-        specs = {"prune": prune_spec, "cluster": cluster_spec,
+        specs = {"prune": prune_spec, "cluster": cluster_spec, "low_rank": self.low_rank,
                  "qat": quantize_lib.QatSpec(tech.qat_scheme, self.qat_selection)}
         return [(kind, specs[kind].validate()) for kind in tech.phases]
 
@@ -209,7 +213,7 @@ def _fine_tunes(ctx: Context, settings: OptimizeSettings) -> dict[str, FineTune]
     steps = ctx.job.steps_per_epoch(settings.steps_per_epoch)
     spe = ctx.job.steps_per_execution(steps)
     return {kind: FineTune(settings.epochs_of(kind), steps, settings.learning_rate, spe)
-            for kind in ("prune", "cluster", "qat")}
+            for kind in techniques.PHASE_KINDS}
 
 
 def _resolved(settings: OptimizeSettings, fine_tunes: dict[str, FineTune]) -> OptimizeSettings:
@@ -231,13 +235,13 @@ def _optimize_one(ctx: Context, source, base, settings: OptimizeSettings, rd: Ru
         fine_tunes = _fine_tunes(ctx, settings)
         settings = _resolved(settings, fine_tunes)
         started = time.perf_counter()
-        final, infos = run_chain(ctx, fine_tunes, base, settings.chain())
+        final, infos, entered = run_chain(ctx, fine_tunes, base, settings.chain())
         seconds = time.perf_counter() - started
         digest = weights_digest(final)  # equal on every worker when the replicas stayed in sync
         if not job.chief:
             return None, digest
         keras.mixed_precision.set_global_policy("float32")  # evaluation copies and saved models are float32
-        return _write(ctx, source, base, settings, final, infos, rd, seconds, digest), digest
+        return _write(ctx, source, base, settings, (final, entered), infos, rd, seconds, digest), digest
     finally:
         ctx.log_dir = None
         shutil.rmtree(scratch, ignore_errors=True)
@@ -269,17 +273,21 @@ def _checks(float_model, chain, infos) -> dict:
         # channel uses about as many values; the clusters then survive per channel.
         checks["clusters"] = cluster_lib.check_clusters(float_model, specs["cluster"], layers["cluster"],
                                                         conv_per_channel="qat" in specs)
+    if "low_rank" in specs:
+        checks["flops"] = low_rank_lib.check_flops(float_model, specs["low_rank"],
+                                                   next(i for i in infos if i["phase"] == "low_rank"))
     return checks
 
 
-def _write(ctx: Context, source, base, settings: OptimizeSettings, final, infos: list, rd: RunDir,
+def _write(ctx: Context, source, base, settings: OptimizeSettings, result, infos: list, rd: RunDir,
            seconds: float, digest: str) -> RunRecord:
     job = ctx.job
+    final, entered = result  # the model, and the one its last phase started from (a QAT model's float twin)
     test = job.dataset("test")
     baseline = _baseline(ctx, base, test)
     metrics = compile_for_eval(final).evaluate(test, return_dict=True, verbose=0)
     is_qat = quantize_lib.is_qat_model(final)
-    float_model = quantize_lib.inner_float_model(final, rebuild(base, "float32")) if is_qat else final
+    float_model = quantize_lib.inner_float_model(final, rebuild(entered, "float32")) if is_qat else final
     chain = settings.chain()
     specs = dict(chain)
     rows = weight_table(float_model, m_by_n=specs["prune"].m_by_n if "prune" in specs else None)

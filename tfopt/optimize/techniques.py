@@ -1,6 +1,7 @@
 """The technique registry and what tfopt does with each strategy and precision policy.
 
-A technique is a list of phases, each one fine-tuning run with one kind of tfmot wrapper:
+A technique is a list of phases, each one fine-tuning run with one kind of tfmot wrapper, or a
+structural edit of the model (:mod:`tfopt.optimize.surgery`) followed by plain fine-tuning:
 
     prune       prune                       (magnitude, schedule)
     prune_2of4  prune                       (2 zeros in every 4 weights)
@@ -9,6 +10,8 @@ A technique is a list of phases, each one fine-tuning run with one kind of tfmot
     pqat        prune -> qat                (prune-preserving QAT)
     cqat        cluster -> qat              (cluster-preserving QAT)
     pcqat       prune -> cluster -> qat     (clustering keeps the zeros; sparsity-and-cluster-preserving QAT)
+    low_rank    low_rank                    (truncated SVD of Dense/Conv2D kernels into two layers, fine-tuned)
+    low_rank_qat low_rank -> qat            (the factorized model, then QAT)
 
 Every technique runs under every strategy and precision policy; where tfmot alone fails, tfopt
 works around it (``MIXED_NOTES``). The test matrix records what really happens for every cell into
@@ -42,10 +45,19 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
               description="cluster, then cluster-preserving QAT"),
     Technique("pcqat", ("prune", "cluster", "qat"), qat_scheme="sparsity_cluster_preserve",
               description="prune, sparsity-preserving clustering, then sparsity-and-cluster-preserving QAT"),
+    Technique("low_rank", ("low_rank",),
+              description="truncated SVD of Dense/Conv2D kernels into two smaller layers, to --low-rank-flops"),
+    Technique("low_rank_qat", ("low_rank", "qat"), description="low-rank factorization, then QAT"),
 )}
 
+#: Phase kinds that change the model's structure (a plain model comes out; no wrapper to strip).
+STRUCTURAL = ("low_rank",)
+#: Every phase kind, in the order a chain may hold them.
+PHASE_KINDS = ("low_rank", "prune", "cluster", "qat")
+
 #: Techniques another stage can train a model under in one phase, with its own loss ("none" = plain).
-ONE_PHASE = ("none",) + tuple(name for name, t in TECHNIQUES.items() if len(t.phases) == 1 and t.m_by_n is None)
+ONE_PHASE = ("none",) + tuple(name for name, t in TECHNIQUES.items()
+                              if len(t.phases) == 1 and t.m_by_n is None and t.phases[0] not in STRUCTURAL)
 
 # What tfopt does under a mixed policy, per phase kind (recorded in run.json and the matrix).
 MIXED_NOTES = {
@@ -55,6 +67,7 @@ MIXED_NOTES = {
                "the others in the mixed dtype",
     "qat": "quantized layers compute in float32 (fake-quant kernels are float32-only, model-optimization#367); "
            "layers left unquantized keep the mixed dtype",
+    "low_rank": "the factorized model computes in the mixed dtype, its output layer in float32, like any model",
 }
 
 

@@ -52,6 +52,7 @@ class CompressSpec:
 
     techniques: tuple[str, ...] = ("pqat",)
     sparsity: float = 0.5
+    flops: float = 0.5  # low_rank: the factorized student's multiply-adds as a share of the student's
     epochs: int = 1  # fine-tuning epochs per phase
     learning_rate: float = 5e-4
 
@@ -141,6 +142,9 @@ class PipelineConfig:
         if not 0 <= self.compress.sparsity < 1 or self.compress.epochs < 1 or self.compress.learning_rate <= 0:
             raise ConfigError(f"compress.sparsity={self.compress.sparsity} must be in [0, 1), compress.epochs="
                               f"{self.compress.epochs} >= 1 and compress.learning_rate > 0")
+        if not 0 < self.compress.flops <= 1:
+            raise ConfigError(f"compress.flops={self.compress.flops} must be in (0, 1], e.g. 0.5 for half the "
+                              "student's multiply-adds")
         parse_modes(self.export.modes)
         parse_threads(self.export.threads)
         if (self.export.eval_limit < 0 or self.export.runs < 1 or self.export.warmup < 0

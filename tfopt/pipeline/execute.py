@@ -49,13 +49,15 @@ def run_stage(cfg: PipelineConfig, stage: Stage, run_dir: str, *, verbose: int =
         run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
         run(run_cfg, DistillOptions(teachers=(source,), temperature=s.temperature, alpha=s.alpha), overwrite=True)
     elif stage.kind == "optimize":
+        from tfopt.optimize.low_rank import LowRankSpec
         from tfopt.optimize.prune import PruneSpec
         from tfopt.optimize.runner import OptimizeSettings, run
 
         s, c = cfg.student, cfg.compress
         run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
         settings = OptimizeSettings(technique=stage.settings["technique"], prune=PruneSpec(sparsity=c.sparsity),
-                                    epochs=c.epochs, learning_rate=c.learning_rate)
+                                    low_rank=LowRankSpec(flops=c.flops), epochs=c.epochs,
+                                    learning_rate=c.learning_rate)
         run(source, run_cfg, [settings], [out], keep_going=False, overwrite=True)
     elif stage.kind == "export":
         from tfopt.export.runner import BenchSettings, ExportSettings, run

@@ -1,0 +1,259 @@
+"""Low-rank factorization: a kernel by truncated SVD into two smaller layers.
+
+* ``Dense(n)`` on ``m`` inputs becomes ``Dense(r, no bias) -> Dense(n)``: ``r (m + n)`` instead of
+  ``m n`` multiply-adds.
+* ``Conv2D(cout, k x k)`` becomes ``Conv2D(r, k x k, no bias) -> Conv2D(cout, 1 x 1)``: the SVD of
+  the kernel reshaped to ``(k k cin) x cout``, strides, padding and dilation on the first.
+
+The second layer keeps the original's name, bias and activation, so consumers and outputs are
+unchanged; the first is ``<name>_lr``. At full rank the model computes what it did (up to float
+rounding). The rank of each layer comes from the energy it keeps (``sum s[:r]^2 / sum s^2``) or
+from a FLOPs budget for the whole model, met greedily by dropping the singular value that loses
+the least energy per multiply-add saved. A layer the factorization would not make cheaper is
+left whole and named.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tfopt._keras import keras
+from tfopt.optimize.common import OptimizeError, Selection
+from tfopt.optimize.flops import model_macs
+from tfopt.optimize.surgery import Graph
+
+RANK_BY = ("energy", "flops")
+
+
+@dataclass(frozen=True)
+class LowRankSpec:
+    """How to factorize.
+
+    Attributes:
+        rank_by: ``energy`` (each layer keeps ``energy`` of its squared singular values) or
+            ``flops`` (the model's multiply-adds end at ``flops`` times the original's).
+        energy: Share of each kernel's energy kept, in (0, 1].
+        flops: Target multiply-adds as a share of the model's, in (0, 1].
+        selection: Layers to consider; empty = every Dense and Conv2D.
+    """
+
+    rank_by: str = "flops"
+    energy: float = 0.9
+    flops: float = 0.5
+    selection: Selection = field(default_factory=Selection)
+
+    def validate(self) -> "LowRankSpec":
+        """Raises OptimizeError naming the bad value and the valid range."""
+        if self.rank_by not in RANK_BY:
+            raise OptimizeError(f"rank_by={self.rank_by!r} is not valid; choose one of {', '.join(RANK_BY)}")
+        if not 0 < self.energy <= 1 or not 0 < self.flops <= 1:
+            raise OptimizeError(f"energy={self.energy} and flops={self.flops} must be in (0, 1], e.g. energy=0.9 "
+                                "(keep 90% of each kernel's energy) or flops=0.5 (half the model's multiply-adds)")
+        return self
+
+    def to_dict(self) -> dict:
+        """JSON-ready settings."""
+        return {"rank_by": self.rank_by, "energy": self.energy, "flops": self.flops,
+                "selection": self.selection.to_dict()}
+
+
+@dataclass
+class Candidate:
+    """A layer that can be factorized: its kernel as a matrix, its SVD and its cost."""
+
+    name: str
+    matrix: np.ndarray  # (inputs, outputs)
+    positions: int  # output positions per example (multiply-adds per matrix entry)
+    u: np.ndarray
+    s: np.ndarray
+    vt: np.ndarray
+
+    @property
+    def macs(self) -> int:
+        """Multiply-adds per example of the whole layer."""
+        return self.positions * self.matrix.size
+
+    def macs_at(self, rank: int) -> int:
+        """Multiply-adds per example of the factorized pair at ``rank``."""
+        return self.positions * rank * sum(self.matrix.shape)
+
+    @property
+    def max_rank(self) -> int:
+        """The largest rank at which the pair costs fewer multiply-adds than the layer (0: none)."""
+        return (self.matrix.size - 1) // sum(self.matrix.shape)
+
+    def energy_loss(self, rank: int) -> float:
+        """Share of the kernel's squared singular values dropped at ``rank``."""
+        total = float(np.sum(self.s ** 2))
+        return float(np.sum(self.s[rank:] ** 2)) / total if total else 0.0
+
+
+def _why_not(layer) -> str | None:
+    if isinstance(layer, (keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D)):
+        return "depthwise and separable convolutions have no dense kernel to factorize"
+    if isinstance(layer, keras.layers.Conv2D):
+        return "grouped convolution" if layer.groups != 1 else None
+    if isinstance(layer, keras.layers.Dense):
+        return None
+    return ""  # not a candidate at all
+
+
+def candidates(model: "keras.Model", spec: LowRankSpec) -> tuple[list[Candidate], dict[str, str]]:
+    """The layers of ``model`` that can be factorized, and the others considered, with why not."""
+    spec.selection.check(model)
+    macs = model_macs(model)
+    found, skipped = [], {}
+    for layer in model.layers:
+        reason = _why_not(layer)
+        if reason == "" or not spec.selection.matches(layer):
+            continue
+        if reason is None and len(layer.inbound_nodes) != 1:
+            reason = "shared layer (called more than once)"
+        if reason:
+            skipped[layer.name] = reason
+            continue
+        kernel = layer.get_weights()[0]
+        matrix = kernel.reshape(-1, kernel.shape[-1])
+        positions = macs.get(layer.name, 0) // matrix.size
+        u, s, vt = np.linalg.svd(matrix.astype(np.float64), full_matrices=False)
+        cand = Candidate(layer.name, matrix, positions, u, s, vt)
+        if cand.max_rank < 1:
+            skipped[layer.name] = (f"too small to gain: {matrix.shape[0]}x{matrix.shape[1]} kernel costs "
+                                   f"{cand.macs} multiply-adds, a rank-1 pair {cand.macs_at(1)}")
+            continue
+        found.append(cand)
+    return found, skipped
+
+
+def energy_ranks(cands: list[Candidate], energy: float) -> dict[str, int]:
+    """The smallest rank keeping ``energy`` of each kernel; 0 where that rank would not save."""
+    ranks = {}
+    for c in cands:
+        kept = np.cumsum(c.s ** 2) / max(float(np.sum(c.s ** 2)), 1e-30)
+        rank = int(np.searchsorted(kept, energy - 1e-12) + 1)
+        ranks[c.name] = rank if rank <= c.max_rank else 0
+    return ranks
+
+
+def budget_ranks(cands: list[Candidate], total_macs: int, share: float) -> dict[str, int]:
+    """Ranks that bring the model to ``share`` of ``total_macs`` losing the least energy; 0 = whole.
+
+    Raises:
+        OptimizeError: the budget is below what every candidate at rank 1 gives (the floor).
+    """
+    budget = share * total_macs
+    floor = total_macs - sum(c.macs - c.macs_at(1) for c in cands)
+    if budget < floor:
+        raise OptimizeError(f"low-rank FLOPs budget {share:g} of the model is out of reach: rank 1 everywhere "
+                            f"gives {floor / total_macs:.3f} of its multiply-adds ({floor} of {total_macs}); "
+                            f"give flops >= {np.ceil(floor / total_macs * 1000) / 1000:g}")
+    ranks = {c.name: 0 for c in cands}
+    current = float(total_macs)
+
+    def step(c: Candidate) -> tuple[float, int, int]:  # (energy lost per multiply-add saved, new rank, saved)
+        rank = ranks[c.name]
+        new = c.max_rank if rank == 0 else rank - 1
+        saved = (c.macs if rank == 0 else c.macs_at(rank)) - c.macs_at(new)
+        lost = c.energy_loss(new) - (0.0 if rank == 0 else c.energy_loss(rank))
+        return lost / saved, new, saved
+
+    while current > budget:
+        moves = [(step(c), c) for c in cands if ranks[c.name] != 1]
+        if not moves:
+            break
+        (_, new, saved), best = min(moves, key=lambda m: m[0][0])
+        ranks[best.name] = new
+        current -= saved
+    return ranks
+
+
+def factorize(model: "keras.Model", ranks: dict[str, int]) -> "keras.Model":
+    """``model`` with each layer of ``ranks`` (rank > 0) replaced by its rank-r pair.
+
+    Args:
+        model: A functional or Sequential tf_keras model.
+        ranks: Layer name -> rank (0 or absent: left whole).
+
+    Returns:
+        A new flat model; the first layer of each pair is ``<name>_lr``.
+    """
+    graph = Graph(model)
+    for name, rank in ranks.items():
+        if rank <= 0:
+            continue
+        layer = graph.layers[name]
+        kernel, *rest = layer.get_weights()
+        matrix = kernel.reshape(-1, kernel.shape[-1]).astype(np.float64)
+        u, s, vt = np.linalg.svd(matrix, full_matrices=False)
+        root = np.sqrt(s[:rank])
+        first = (u[:, :rank] * root).astype(kernel.dtype)
+        second = (root[:, None] * vt[:rank]).astype(kernel.dtype)
+        if isinstance(layer, keras.layers.Conv2D):
+            cfg = layer.get_config()
+            graph.insert_before(name, f"{name}_lr", "Conv2D", {
+                "filters": rank, "kernel_size": cfg["kernel_size"], "strides": cfg["strides"],
+                "padding": cfg["padding"], "data_format": cfg["data_format"], "dilation_rate": cfg["dilation_rate"],
+                "groups": 1, "activation": "linear", "use_bias": False}, [first.reshape(*kernel.shape[:-1], rank)])
+            graph.set_layer(name, [second.reshape(1, 1, rank, -1), *rest], kernel_size=(1, 1), strides=(1, 1),
+                            padding="valid", dilation_rate=(1, 1))
+        else:
+            graph.insert_before(name, f"{name}_lr", "Dense", {"units": rank, "activation": "linear",
+                                                             "use_bias": False}, [first])
+            graph.set_layer(name, [second, *rest])
+    return graph.build()
+
+
+@dataclass
+class Plan:
+    """What :func:`plan` decided: ranks, the layers left whole and why, multiply-adds before/after."""
+
+    ranks: dict[str, int]
+    skipped: dict[str, str]
+    macs_before: int
+    macs_after: int
+    energy_kept: dict[str, float]
+
+    def to_dict(self) -> dict:
+        """JSON-ready data (the run record's ``low_rank`` section)."""
+        return {"ranks": self.ranks, "skipped": self.skipped, "macs_before": self.macs_before,
+                "macs_after": self.macs_after, "energy_kept": self.energy_kept}
+
+
+def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
+    """Chooses each layer's rank under ``spec``.
+
+    Raises:
+        OptimizeError: a bad spec, or a FLOPs budget below the floor.
+    """
+    spec.validate()
+    cands, skipped = candidates(model, spec)
+    total = sum(model_macs(model).values())
+    if spec.rank_by == "energy":
+        ranks = energy_ranks(cands, spec.energy)
+    else:
+        ranks = budget_ranks(cands, total, spec.flops)
+    by_name = {c.name: c for c in cands}
+    for name, rank in ranks.items():
+        if rank == 0:
+            c = by_name[name]
+            skipped[name] = (f"would not save: {spec.energy:g} of its energy needs rank > {c.max_rank}, the largest "
+                             "that costs less" if spec.rank_by == "energy" else "cheaper whole within the budget")
+    kept = {n: r for n, r in ranks.items() if r > 0}
+    after = total - sum(by_name[n].macs - by_name[n].macs_at(r) for n, r in kept.items())
+    return Plan(kept, skipped, total, after,
+                {n: round(1 - by_name[n].energy_loss(r), 5) for n, r in kept.items()})
+
+
+def check_flops(model: "keras.Model", spec: LowRankSpec, info: dict) -> dict:
+    """The run record's ``flops`` check: the result's multiply-adds, counted again, meet the plan.
+
+    Args:
+        model: The factorized (and fine-tuned) float model.
+        spec: The spec it was factorized under.
+        info: The low_rank phase's info (its ``macs_before`` and ``macs_after``).
+    """
+    counted = sum(model_macs(model).values())
+    target = spec.flops * info["macs_before"] if spec.rank_by == "flops" else info["macs_before"]
+    return {"macs": counted, "planned": info["macs_after"], "target": int(target),
+            "ok": counted == info["macs_after"] and counted <= target}
