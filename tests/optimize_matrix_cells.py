@@ -23,7 +23,7 @@ from tfopt.optimize.cli import build_parser, resolve_config, settings_for  # noq
 from tfopt.optimize.runner import run as run_optimize  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
-TECHNIQUES = "prune,prune_2of4,qat,cluster,pqat,cqat,pcqat,low_rank,low_rank_qat"
+TECHNIQUES = "prune,prune_2of4,qat,cluster,pqat,cqat,pcqat,low_rank,low_rank_qat,channel_prune,channel_prune_qat"
 
 
 def main(run_dir: str, out_dir: str, report: str, cells: str, *flags: str) -> None:

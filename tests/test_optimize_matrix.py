@@ -25,10 +25,11 @@ from optimize_fixtures import tiny_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "compatibility.md")
-ALL = ("prune", "prune_2of4", "qat", "cluster", "pqat", "cqat", "pcqat", "low_rank", "low_rank_qat")
-F16 = ("prune", "qat", "cluster", "low_rank")  # mixed_float16 is for GPUs: a representative subset on the CPU
-MWMS = ("prune", "qat", "pcqat", "low_rank")  # pcqat runs all three wrappers (prune, cluster, QAT) in sequence
-PS = ("prune", "qat", "cluster", "low_rank")
+ALL = ("prune", "prune_2of4", "qat", "cluster", "pqat", "cqat", "pcqat", "low_rank", "low_rank_qat",
+       "channel_prune", "channel_prune_qat")
+F16 = ("prune", "qat", "cluster", "low_rank", "channel_prune")  # mixed_float16 is for GPUs: a subset on the CPU
+MWMS = ("prune", "qat", "pcqat", "low_rank", "channel_prune")  # pcqat: all three wrappers (prune, cluster, QAT)
+PS = ("prune", "qat", "cluster", "low_rank", "channel_prune")
 STEPS = 8
 # A small learning rate: a few steps must not move a barely trained model far (accuracy is not the point here).
 FLAGS = ["--steps-per-epoch", str(STEPS), "--epochs", "1", "--schedule", "polynomial", "--lr", "1e-4",
@@ -97,7 +98,8 @@ def _doc(rows) -> str:
         f"tfmot {_minor(tfmot.__version__)}). The test also checks that fine-tuning keeps the gentle techniques' "
         "accuracy; sparsity and cluster counts are read back from the stripped weights (checks: each kernel's "
         "sparsity reaches the target, 2:4 groups hold, at most 16 values per clustered kernel, a factorized model's "
-        "multiply-adds counted again meet its FLOPs budget). "
+        "multiply-adds counted again meet its FLOPs budget, a channel-pruned model's widths read back are the plan's "
+        "and meet its budget). "
         "mirrored = 2 replicas on 2 logical "
         "CPUs; multi_worker_mirrored = 2 worker processes (their final weights are checked identical); "
         "parameter_server = chief + 2 workers + 1 ps processes (asynchronous). Every technique runs in-process "
@@ -177,7 +179,9 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
         if row["technique"] in ("cluster", "cqat", "pcqat"):
             assert row["clusters"], where
         if row["technique"].startswith("low_rank"):
-            assert row["checks"]["flops"], where  # the factorized model's multiply-adds, counted again  # the checks above bound them: <= 16 per kernel (per channel after CQAT)
+            assert row["checks"]["flops"], where  # the factorized model's multiply-adds, counted again
+        if row["technique"].startswith("channel_prune"):
+            assert row["checks"]["channels"], where  # widths and multiply-adds read back from the result  # the checks above bound them: <= 16 per kernel (per channel after CQAT)
         if row["technique"] in ("qat", "cluster", "cqat", "prune_2of4"):
             # Gentle techniques keep the source model's accuracy within a few points even after 8 steps.
             assert row["test_accuracy"] > row["source_accuracy"] - 0.05, (where, row)

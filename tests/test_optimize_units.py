@@ -189,6 +189,8 @@ def test_inspect_reports_reasons_and_one_sentence_for_unsupported_models():
     assert rows["conv0"].macs == int(np.prod(conv0.output_shape[1:])) * rows_
     assert rows["relu0"].low_rank == "-" and rows["relu0"].macs == 0
     assert " low_rank" in format_report(report).splitlines()[1]
+    assert rows["conv0"].channels == "yes" and rows["relu0"].channels == "-" and report.model == _cnn().name
+    assert rows[_cnn().layers[-1].name].channels.startswith("no: kept whole, its channels reach ")  # the output
 
     class Sub(keras.Model):
         def __init__(self):

@@ -70,6 +70,18 @@ def build_parser() -> cli.ArgumentParser:
                    help="target multiply-adds as a share of the model's (default 0.5)")
     g.add_argument("--low-rank-energy", type=float, default=0.9,
                    help="share of each kernel's squared singular values kept (default 0.9)")
+    g = p.add_argument_group("channel pruning")
+    g.add_argument("--channels-flops", type=float, default=0.5,
+                   help="target multiply-adds as a share of the model's (default 0.5)")
+    g.add_argument("--channels-ratio", type=float, default=0.0,
+                   help="remove this share of the prunable channels instead of aiming at --channels-flops")
+    g.add_argument("--importance", default="l1", choices=("l1", "l2", "bn"),
+                   help="channel importance: kernel L1 or L2 norm, or the following batch norm's |gamma| (default l1)")
+    g.add_argument("--ranking", default="global", choices=("global", "uniform"),
+                   help="rank channels model-wide or remove the same share of every group (default global)")
+    g.add_argument("--round-to", type=int, default=1, help="round widths up to a multiple of N, e.g. 8 (default 1)")
+    g.add_argument("--prune-iterations", type=int, default=1,
+                   help="reach the target in N prune + fine-tune steps, each fine-tuning --epochs (default 1)")
     g = p.add_argument_group("data (a run directory brings its own)")
     g.add_argument("--dataset", help="a model file's data: mnist, digits, folder:PATH, tfds:NAME, tfrecord:GLOB ...")
     g.add_argument("--data-dir", help="dataset cache directory")
@@ -81,7 +93,7 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs")
     g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
     g.add_argument("--epochs", type=int,
-                   help=f"epochs of every phase (default: {DEFAULT_PRUNE_EPOCHS} for pruning and low-rank, 1 for QAT and clustering)")
+                   help=f"epochs of every phase (default: {DEFAULT_PRUNE_EPOCHS} for pruning, low-rank and channel pruning, 1 for QAT and clustering)")
     g.add_argument("--phase-epochs", metavar="KIND=N[,...]",
                    help="epochs of some phase kinds, e.g. prune=3,qat=1 (overrides --epochs for them)")
     g.add_argument("--steps-per-epoch", type=int, default=0, help="0 = one pass over the training split")
@@ -134,13 +146,14 @@ def settings_for(args, technique: str):
     every 100 steps), counted from the real training split when the job starts.
     """
     from tfopt.optimize.cluster import ClusterSpec
+    from tfopt.optimize.channel_prune import ChannelSpec
     from tfopt.optimize.common import Selection
     from tfopt.optimize.low_rank import LowRankSpec
     from tfopt.optimize.prune import PruneSpec
     from tfopt.optimize.runner import OptimizeSettings
 
     phase_epochs = _phase_epochs(args.phase_epochs)
-    for kind in ("prune", "low_rank"):
+    for kind in ("prune", "low_rank", "channel_prune"):
         if args.epochs is None and kind not in dict(phase_epochs):
             # Pruning and factorization need time to recover (tfmot's guides fine-tune for a few epochs).
             phase_epochs += ((kind, DEFAULT_PRUNE_EPOCHS),)
@@ -154,6 +167,9 @@ def settings_for(args, technique: str):
         cluster=ClusterSpec(clusters=args.clusters, init=args.centroid_init, per_channel=args.per_channel,
                             selection=selection),
         low_rank=LowRankSpec(rank_by=args.low_rank_by, energy=args.low_rank_energy, flops=args.low_rank_flops,
+                             selection=selection),
+        channels=ChannelSpec(flops=args.channels_flops, ratio=args.channels_ratio, importance=args.importance,
+                             ranking=args.ranking, round_to=args.round_to, iterations=args.prune_iterations,
                              selection=selection),
         qat_selection=selection, epochs=1 if args.epochs is None else args.epochs, phase_epochs=phase_epochs,
         steps_per_epoch=args.steps_per_epoch,

@@ -1,7 +1,8 @@
 """What each layer of a model supports: prunable / quantizable / clusterable / factorizable, or why not.
 
-Each row also gives the layer's multiply-adds per example and, for low-rank factorization, the
-largest rank that still saves (``yes: rank <= R of F``, F the full rank).
+Each row also gives the layer's multiply-adds per example, for low-rank factorization the largest
+rank that still saves (``yes: rank <= R of F``, F the full rank), and whether channel pruning may
+remove its output channels (or which layer keeps them whole).
 
     python -m tfopt.optimize --from runs/mnist --inspect
 
@@ -18,8 +19,10 @@ from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
+from tfopt.optimize.channels import trace
 from tfopt.optimize.common import check_model
 from tfopt.optimize.flops import model_macs
+from tfopt.optimize.surgery import functional
 
 
 @dataclass
@@ -34,6 +37,7 @@ class LayerSupport:
     cluster: str
     macs: int = 0
     low_rank: str = "-"
+    channels: str = "-"
 
 
 @dataclass
@@ -75,6 +79,12 @@ def inspect_model(model) -> Report:
     cands, skipped = low_rank_lib.candidates(model, low_rank_lib.LowRankSpec())
     low_rank = {c.name: f"yes: rank <= {c.max_rank} of {min(c.matrix.shape)}" for c in cands}
     low_rank.update({name: f"no: {why}" for name, why in skipped.items()})
+    ch = trace(functional(model))
+    channels = {}
+    for producer in ch.producers:
+        pins = ch.kept_whole(producer)
+        channels[producer] = ("no: kept whole, its channels reach " + "; ".join(f"{p} ({ch.why.get(p, 'model input')})"
+                                                                          for p in pins)) if pins else "yes"
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
             continue
@@ -88,7 +98,7 @@ def inspect_model(model) -> Report:
             # Layers without weights still get their activations quantized.
             quantize=_verdict(quantize_lib.why_not_quantizable(layer), True),
             cluster=_verdict(cluster_reason, clusterable), macs=macs.get(layer.name, 0),
-            low_rank=low_rank.get(layer.name, "-")))
+            low_rank=low_rank.get(layer.name, "-"), channels=channels.get(layer.name, "-")))
     return Report(model=str(name), layers=rows)
 
 
@@ -96,11 +106,11 @@ def format_report(report: Report) -> str:
     """Text for the terminal: a table, then the reasons and fixes for every ``no``."""
     if report.problem:
         return report.problem
-    header = ("layer", "type", "params", "macs", "prune", "quantize", "cluster", "low_rank")
+    header = ("layer", "type", "params", "macs", "prune", "quantize", "cluster", "low_rank", "channels")
     short = [(r.layer, r.type, str(r.params), str(r.macs),
               *(v if not v.startswith("no: ") else "NO" for v in (r.prune, r.quantize, r.cluster)),
               r.low_rank.replace("yes: rank ", "r ").replace(" of ", "/") if not r.low_rank.startswith("no: ")
-              else "NO") for r in report.layers]
+              else "NO", "NO" if r.channels.startswith("no: ") else r.channels) for r in report.layers]
     widths = [max(len(x) for x in col) for col in zip(header, *short)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
     lines = [f"model {report.model!r}: what each technique can do with each layer (macs: multiply-adds per "
@@ -108,7 +118,7 @@ def format_report(report: Report) -> str:
     lines += [fmt.format(*row) for row in short]
     notes = [f"  {r.layer} ({kind}): {v[4:]}" for r in report.layers
              for kind, v in (("prune", r.prune), ("quantize", r.quantize), ("cluster", r.cluster),
-                             ("low_rank", r.low_rank))
+                             ("low_rank", r.low_rank), ("channels", r.channels))
              if v.startswith("no: ")]
     if notes:
         lines += ["", "why not, and the fix:"] + notes

@@ -8,6 +8,7 @@ line here: reading the weights is a collective.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -15,11 +16,13 @@ from dataclasses import dataclass, field
 
 from tfopt._compat import tfmot_layer_dtype
 from tfopt._keras import keras, tf
+from tfopt.optimize import channel_prune as channel_lib
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.common import compute_dtypes, rebuild
+from tfopt.optimize.flops import model_macs
 from tfopt.runtime.job import Job
 
 
@@ -151,7 +154,37 @@ def low_rank_phase(ctx: Context, ft: FineTune, src, spec: low_rank_lib.LowRankSp
     return model, info
 
 
-_RUN = {"prune": prune_phase, "cluster": cluster_phase, "qat": qat_phase, "low_rank": low_rank_phase}
+def channel_prune_phase(ctx: Context, ft: FineTune, src, spec: channel_lib.ChannelSpec):
+    """Removes channels of ``src`` in ``spec.iterations`` steps, fine-tuning after each.
+
+    Each step aims at an equal share of the way to the target, measured on the original model:
+    ``flops`` of its multiply-adds, or ``ratio`` of its prunable channels.
+
+    Returns:
+        ``(float32 model, phase info)``; the info holds every step's plan and the widths from
+        the original to the result.
+    """
+    original = sum(model_macs(src).values())
+    model, steps, fits = src, [], []
+    for k in range(1, spec.iterations + 1):
+        current = sum(model_macs(model).values())
+        share = 1 - (1 - spec.flops) * k / spec.iterations
+        step = dataclasses.replace(spec, flops=min(1.0, share * original / current), iterations=1,
+                                   ratio=1 - (1 - spec.ratio) ** (1 / spec.iterations) if spec.ratio else 0.0)
+        decided = channel_lib.plan(model, step)
+        model, info = _tune(ctx, ft, channel_lib.prune_channels(decided), "channel_prune")
+        steps.append(decided.to_dict())
+        fits.append(info)
+    widths = {name: [before, steps[-1]["widths"][name][1]] for name, (before, _) in steps[0]["widths"].items()}
+    info = dict(fits[-1], epochs=sum(f["epochs"] for f in fits), steps=sum(f["steps"] for f in fits),
+                seconds=round(sum(f["seconds"] for f in fits), 3))
+    info.update(layers=sorted(n for n, (b, a) in widths.items() if a < b), widths=widths, pinned=steps[0]["pinned"],
+                macs_before=original, macs_after=steps[-1]["macs_after"], iterations=steps)
+    return model, info
+
+
+_RUN = {"prune": prune_phase, "cluster": cluster_phase, "qat": qat_phase, "low_rank": low_rank_phase,
+        "channel_prune": channel_prune_phase}
 
 
 def run_chain(ctx: Context, fine_tunes: dict[str, FineTune], base, chain: list[tuple[str, object]]):

@@ -21,6 +21,7 @@ from tfopt.errors import TfoptError
 from tfopt.fileio import atomic_path, write_json, write_text
 from tfopt.models import sources
 from tfopt.models.io import save_model
+from tfopt.optimize import channel_prune as channel_lib
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
@@ -43,6 +44,7 @@ class OptimizeSettings:
     prune: prune_lib.PruneSpec = field(default_factory=prune_lib.PruneSpec)
     cluster: cluster_lib.ClusterSpec = field(default_factory=cluster_lib.ClusterSpec)
     low_rank: low_rank_lib.LowRankSpec = field(default_factory=low_rank_lib.LowRankSpec)
+    channels: channel_lib.ChannelSpec = field(default_factory=channel_lib.ChannelSpec)
     qat_selection: Selection = field(default_factory=Selection)
     epochs: int = 1  # per phase
     phase_epochs: tuple[tuple[str, int], ...] = ()  # e.g. (("prune", 3),): overrides ``epochs`` per phase kind
@@ -58,6 +60,7 @@ class OptimizeSettings:
         self.prune.validate()
         self.cluster.validate()
         self.low_rank.validate()
+        self.channels.validate()
         if self.epochs < 1 or self.steps_per_epoch < 0 or self.learning_rate <= 0:
             raise OptimizeError(f"epochs={self.epochs} must be >= 1, steps_per_epoch={self.steps_per_epoch} >= 0 "
                                 f"and learning_rate={self.learning_rate} > 0")
@@ -70,7 +73,7 @@ class OptimizeSettings:
     def to_dict(self) -> dict:
         """The settings as JSON-ready data (what the resume fingerprint covers)."""
         return {"technique": self.technique, "prune": self.prune.to_dict(), "cluster": self.cluster.to_dict(),
-                "low_rank": self.low_rank.to_dict(), "qat_selection": self.qat_selection.to_dict(), "epochs": self.epochs,
+                "low_rank": self.low_rank.to_dict(), "channels": self.channels.to_dict(), "qat_selection": self.qat_selection.to_dict(), "epochs": self.epochs,
                 "phase_epochs": dict(self.phase_epochs), "steps_per_epoch": self.steps_per_epoch,
                 "learning_rate": self.learning_rate}
 
@@ -85,6 +88,7 @@ class OptimizeSettings:
         # PCQAT's clustering must keep the zeros pruning made.
         cluster_spec = replace(self.cluster, preserve_sparsity=True) if "prune" in tech.phases else self.cluster
         specs = {"prune": prune_spec, "cluster": cluster_spec, "low_rank": self.low_rank,
+                 "channel_prune": self.channels,
                  "qat": quantize_lib.QatSpec(tech.qat_scheme, self.qat_selection)}
         return [(kind, specs[kind].validate()) for kind in tech.phases]
 
@@ -276,6 +280,9 @@ def _checks(float_model, chain, infos) -> dict:
     if "low_rank" in specs:
         checks["flops"] = low_rank_lib.check_flops(float_model, specs["low_rank"],
                                                    next(i for i in infos if i["phase"] == "low_rank"))
+    if "channel_prune" in specs:
+        checks["channels"] = channel_lib.check_widths(float_model, specs["channel_prune"],
+                                                      next(i for i in infos if i["phase"] == "channel_prune"))
     return checks
 
 

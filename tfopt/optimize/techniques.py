@@ -12,6 +12,8 @@ structural edit of the model (:mod:`tfopt.optimize.surgery`) followed by plain f
     pcqat       prune -> cluster -> qat     (clustering keeps the zeros; sparsity-and-cluster-preserving QAT)
     low_rank    low_rank                    (truncated SVD of Dense/Conv2D kernels into two layers, fine-tuned)
     low_rank_qat low_rank -> qat            (the factorized model, then QAT)
+    channel_prune channel_prune             (whole channels removed: a smaller dense model, fine-tuned)
+    channel_prune_qat channel_prune -> qat  (the narrower model, then QAT)
 
 Every technique runs under every strategy and precision policy; where tfmot alone fails, tfopt
 works around it (``MIXED_NOTES``). The test matrix records what really happens for every cell into
@@ -48,12 +50,15 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
     Technique("low_rank", ("low_rank",),
               description="truncated SVD of Dense/Conv2D kernels into two smaller layers, to --low-rank-flops"),
     Technique("low_rank_qat", ("low_rank", "qat"), description="low-rank factorization, then QAT"),
+    Technique("channel_prune", ("channel_prune",),
+              description="structured pruning of whole channels into a smaller dense model, to --channels-flops"),
+    Technique("channel_prune_qat", ("channel_prune", "qat"), description="channel pruning, then QAT"),
 )}
 
 #: Phase kinds that change the model's structure (a plain model comes out; no wrapper to strip).
-STRUCTURAL = ("low_rank",)
+STRUCTURAL = ("low_rank", "channel_prune")
 #: Every phase kind, in the order a chain may hold them.
-PHASE_KINDS = ("low_rank", "prune", "cluster", "qat")
+PHASE_KINDS = ("channel_prune", "low_rank", "prune", "cluster", "qat")
 
 #: Techniques another stage can train a model under in one phase, with its own loss ("none" = plain).
 ONE_PHASE = ("none",) + tuple(name for name, t in TECHNIQUES.items()
@@ -68,6 +73,7 @@ MIXED_NOTES = {
     "qat": "quantized layers compute in float32 (fake-quant kernels are float32-only, model-optimization#367); "
            "layers left unquantized keep the mixed dtype",
     "low_rank": "the factorized model computes in the mixed dtype, its output layer in float32, like any model",
+    "channel_prune": "the narrower model computes in the mixed dtype, its output layer in float32, like any model",
 }
 
 

@@ -52,7 +52,7 @@ class CompressSpec:
 
     techniques: tuple[str, ...] = ("pqat",)
     sparsity: float = 0.5
-    flops: float = 0.5  # low_rank: the factorized student's multiply-adds as a share of the student's
+    flops: float = 0.5  # low_rank, channel_prune: the result's multiply-adds as a share of the student's
     epochs: int = 1  # fine-tuning epochs per phase
     learning_rate: float = 5e-4
 

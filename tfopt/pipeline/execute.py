@@ -49,6 +49,7 @@ def run_stage(cfg: PipelineConfig, stage: Stage, run_dir: str, *, verbose: int =
         run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
         run(run_cfg, DistillOptions(teachers=(source,), temperature=s.temperature, alpha=s.alpha), overwrite=True)
     elif stage.kind == "optimize":
+        from tfopt.optimize.channel_prune import ChannelSpec
         from tfopt.optimize.low_rank import LowRankSpec
         from tfopt.optimize.prune import PruneSpec
         from tfopt.optimize.runner import OptimizeSettings, run
@@ -56,7 +57,8 @@ def run_stage(cfg: PipelineConfig, stage: Stage, run_dir: str, *, verbose: int =
         s, c = cfg.student, cfg.compress
         run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
         settings = OptimizeSettings(technique=stage.settings["technique"], prune=PruneSpec(sparsity=c.sparsity),
-                                    low_rank=LowRankSpec(flops=c.flops), epochs=c.epochs,
+                                    low_rank=LowRankSpec(flops=c.flops), channels=ChannelSpec(flops=c.flops),
+                                    epochs=c.epochs,
                                     learning_rate=c.learning_rate)
         run(source, run_cfg, [settings], [out], keep_going=False, overwrite=True)
     elif stage.kind == "export":

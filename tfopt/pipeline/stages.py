@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from tfopt import config as config_lib
 from tfopt.config import RunConfig
 from tfopt.pipeline.config import PipelineConfig
-from tfopt.optimize.techniques import TECHNIQUES
+from tfopt.optimize.techniques import STRUCTURAL, TECHNIQUES
 from tfopt.runs import fingerprint
 
 QAT_TECHNIQUES = tuple(name for name, t in TECHNIQUES.items() if t.phases[-1] == "qat")  # these convert to int8 only
@@ -75,7 +75,7 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
         add(f"student-{technique}", "optimize", ("student",),
             {"run": _result_part(stage_run_config(cfg, s, "")),
              "technique": technique, "sparsity": c.sparsity, "epochs": c.epochs, "learning_rate": c.learning_rate,
-             **({"flops": c.flops} if "low_rank" in TECHNIQUES[technique].phases else {})})
+             **({"flops": c.flops} if set(STRUCTURAL) & set(TECHNIQUES[technique].phases) else {})})
     for source in ["teacher", "student", *[f"student-{x}" for x in c.techniques]]:
         qat = source.startswith("student-") and source[len("student-"):] in QAT_TECHNIQUES
         modes = ["int8"] if qat else list(e.modes)

@@ -1,0 +1,318 @@
+"""Structured channel pruning: remove whole output channels and rebuild a smaller dense model.
+
+    spec = ChannelSpec(flops=0.5, importance="l1", ranking="global", round_to=8)
+    decided = plan(model, spec)          # which channel classes go, widths before/after, pinned layers
+    smaller = prune_channels(model, decided)
+
+A channel of a Conv2D, SeparableConv2D or Dense layer goes with the batch norm after it, the
+depthwise convolutions that follow it, and the matching input rows of every consumer (through
+``Flatten`` into a Dense layer too). Channels tied by a residual ``Add``, a squeeze-and-excitation
+``Multiply`` or another join go as one class (:mod:`tfopt.optimize.channels`); what the tracer
+cannot follow is kept whole and named.
+
+Importance: the L1 or L2 norm of a channel's kernel slice, or the batch norm's ``|gamma|`` after
+it, each divided by its layer's mean so layers compare; a class scores its members' mean.
+Ranking: ``uniform`` removes the same share of every group of tied channels, ``global`` the
+lowest-scoring classes model-wide (each group keeps at least ``round_to`` channels, and
+widths are rounded up to a multiple of ``round_to``). The target is a share of channels
+(``ratio``) or of the model's multiply-adds (``flops``, reached by bisection on the share).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tfopt._keras import keras
+from tfopt.optimize.channels import Channels, trace
+from tfopt.optimize.common import OptimizeError, Selection
+from tfopt.optimize.flops import model_macs
+from tfopt.optimize.surgery import Graph, functional
+
+L = keras.layers
+IMPORTANCE = ("l1", "l2", "bn")
+RANKING = ("global", "uniform")
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """How to prune channels.
+
+    Attributes:
+        flops: Target multiply-adds as a share of the model's, in (0, 1] (used when ``ratio`` is 0).
+        ratio: Share of the prunable channels to remove, in [0, 1); 0 = aim at ``flops``.
+        importance: ``l1``, ``l2`` (kernel norms) or ``bn`` (the following batch norm's |gamma|).
+        ranking: ``global`` (model-wide) or ``uniform`` (the same share in every group).
+        round_to: Widths rounded up to a multiple of this (1 = exact); also each group's minimum.
+        iterations: Prune in this many steps to the target, fine-tuning after each.
+        selection: Layers whose output channels may be pruned; empty = all.
+    """
+
+    flops: float = 0.5
+    ratio: float = 0.0
+    importance: str = "l1"
+    ranking: str = "global"
+    round_to: int = 1
+    iterations: int = 1
+    selection: Selection = field(default_factory=Selection)
+
+    def validate(self) -> "ChannelSpec":
+        """Raises OptimizeError naming the bad value and the valid range."""
+        if self.importance not in IMPORTANCE or self.ranking not in RANKING:
+            raise OptimizeError(f"importance={self.importance!r} / ranking={self.ranking!r} is not valid; choose "
+                                f"importance from {', '.join(IMPORTANCE)} and ranking from {', '.join(RANKING)}")
+        if not 0 < self.flops <= 1 or not 0 <= self.ratio < 1:
+            raise OptimizeError(f"flops={self.flops} must be in (0, 1] and ratio={self.ratio} in [0, 1); e.g. "
+                                "flops=0.5 for half the multiply-adds, or ratio=0.3 to remove 30% of the channels")
+        if self.round_to < 1 or self.iterations < 1:
+            raise OptimizeError(f"round_to={self.round_to} and iterations={self.iterations} must be >= 1")
+        return self
+
+    def to_dict(self) -> dict:
+        """JSON-ready settings."""
+        return {"flops": self.flops, "ratio": self.ratio, "importance": self.importance, "ranking": self.ranking,
+                "round_to": self.round_to, "iterations": self.iterations, "selection": self.selection.to_dict()}
+
+    def step(self, k: int) -> "ChannelSpec":
+        """The spec of iteration ``k`` (1-based) of ``iterations``: the target reached in equal steps."""
+        share = k / self.iterations
+        return ChannelSpec(flops=1 - (1 - self.flops) * share, ratio=self.ratio * share,
+                           importance=self.importance, ranking=self.ranking, round_to=self.round_to,
+                           selection=self.selection)
+
+
+@dataclass
+class Plan:
+    """What :func:`plan` decided."""
+
+    model: "keras.Model"
+    channels: Channels
+    removed: set[int]
+    widths: dict[str, tuple[int, int]]
+    pinned: dict[str, str]
+    macs_before: int
+    macs_after: int
+    share: float
+
+    def to_dict(self) -> dict:
+        """JSON-ready data (the run record's ``channel_prune`` phase info)."""
+        return {"widths": {n: list(w) for n, w in self.widths.items()}, "pinned": self.pinned,
+                "macs_before": self.macs_before, "macs_after": self.macs_after, "share_removed": round(self.share, 5),
+                "channels_removed": sum(b - a for b, a in self.widths.values())}
+
+
+def _kernel_out(layer) -> np.ndarray:
+    """The kernel whose last axis holds the layer's output channels."""
+    return (layer.pointwise_kernel if isinstance(layer, L.SeparableConv2D) else layer.kernel).numpy()
+
+
+def _scores(model: "keras.Model", ch: Channels, importance: str) -> dict[str, np.ndarray]:
+    """Producer -> importance of each of its output channels, divided by the layer's mean."""
+    consumers: dict[str, list] = {}
+    for layer in model.layers:
+        for node in layer.inbound_nodes:
+            for inbound in (node.inbound_layers if isinstance(node.inbound_layers, list) else [node.inbound_layers]):
+                consumers.setdefault(inbound.name, []).append(layer)
+    out = {}
+    for name in ch.producers:
+        layer = model.get_layer(name)
+        kernel = _kernel_out(layer).reshape(-1, _kernel_out(layer).shape[-1])
+        bn = [c for c in consumers.get(name, []) if isinstance(c, L.BatchNormalization) and c.scale]
+        if importance == "bn" and len(bn) == 1:
+            score = np.abs(bn[0].gamma.numpy())
+        elif importance == "l2":
+            score = np.sqrt(np.sum(kernel.astype(np.float64) ** 2, axis=0))
+        else:
+            score = np.sum(np.abs(kernel.astype(np.float64)), axis=0)
+        mean = float(np.mean(score))
+        out[name] = score / mean if mean > 0 else np.ones_like(score, dtype=np.float64)
+    return out
+
+
+def _groups(ch: Channels, classes: dict[int, list[tuple[str, int]]]) -> list[list[int]]:
+    """Classes grouped by the producers they share (a residual stream is one group)."""
+    owner: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while owner.setdefault(name, name) != name:
+            name = owner[name]
+        return name
+
+    for members in classes.values():
+        first = root(members[0][0])
+        for producer, _ in members[1:]:
+            other = root(producer)
+            if other != first:
+                owner[other] = first
+    groups: dict[str, list[int]] = {}
+    for cls, members in classes.items():
+        groups.setdefault(root(members[0][0]), []).append(cls)
+    return list(groups.values())
+
+
+def _choose(groups: list[list[int]], score: dict[int, float], share: float, ranking: str, round_to: int) -> set[int]:
+    """The classes to remove at ``share``; every group keeps >= round_to and a multiple of it."""
+    def keep_count(n: int, remove: int) -> int:
+        kept = max(n - remove, min(n, round_to))
+        return min(n, math.ceil(kept / round_to) * round_to)
+
+    removed: set[int] = set()
+    if ranking == "uniform":
+        for group in groups:
+            ordered = sorted(group, key=lambda c: (score[c], c))
+            removed.update(ordered[:len(group) - keep_count(len(group), int(share * len(group)))])
+        return removed
+    every = sorted((c for g in groups for c in g), key=lambda c: (score[c], c))
+    cut = set(every[:int(share * len(every))])
+    for group in groups:
+        ordered = sorted(group, key=lambda c: (score[c], c))
+        gone = sum(c in cut for c in group)
+        removed.update(ordered[:len(group) - keep_count(len(group), gone)])
+    return removed
+
+
+def _counts(model: "keras.Model", ch: Channels, removed: set[int]) -> dict[str, tuple[int, int]]:
+    """Weighted layer -> (input channels kept, output channels kept)."""
+    kept = lambda ids: sum(ch.find(i) not in removed for i in ids)  # noqa: E731
+    config = {e["name"]: e for e in model.get_config()["layers"]}
+    out = {}
+    for layer in model.layers:
+        if layer.name not in ch.producers and not (isinstance(layer, L.DepthwiseConv2D)
+                                                   and layer.depth_multiplier == 1):
+            continue  # a layer kept whole (pinned) costs what it did
+        refs = [ref for node in config[layer.name]["inbound_nodes"] for ref in node]
+        cin = kept(ch.out[refs[0][0]]) if refs else 0
+        out[layer.name] = (cin, kept(ch.producers[layer.name]) if layer.name in ch.producers else cin)
+    return out
+
+
+def _macs(layer, cin: int, cout: int) -> int:
+    positions = int(np.prod([d for d in layer.output_shape[1:-1]] or [1]))
+    if isinstance(layer, L.SeparableConv2D):
+        kh, kw = layer.kernel_size
+        depth = cin * layer.depth_multiplier
+        return positions * (kh * kw * depth + depth * cout)
+    if isinstance(layer, L.DepthwiseConv2D):
+        kh, kw = layer.kernel_size
+        return positions * kh * kw * cout
+    if isinstance(layer, L.Conv2D):
+        kh, kw = layer.kernel_size
+        return positions * kh * kw * cin // layer.groups * cout
+    return positions * cin * cout
+
+
+def macs_after(model: "keras.Model", ch: Channels, removed: set[int]) -> int:
+    """The model's multiply-adds per example with the ``removed`` classes gone (counted from widths)."""
+    counts = _counts(model, ch, removed)
+    macs = model_macs(model)
+    counted = {name: _macs(model.get_layer(name), *io) for name, io in counts.items()}
+    return sum(macs.values()) - sum(macs.get(n, 0) for n in counted) + sum(counted.values())
+
+
+def plan(model: "keras.Model", spec: ChannelSpec) -> Plan:
+    """Chooses the channels to remove under ``spec``.
+
+    Raises:
+        OptimizeError: a bad spec, nothing prunable, or a FLOPs target below the floor (every
+            group at its minimum width).
+    """
+    spec.validate()
+    model = functional(model)
+    spec.selection.check(model)
+    ch = trace(model)
+    for name, ids in ch.producers.items():
+        if not spec.selection.matches(model.get_layer(name)):
+            ch.pin(ids, name, "not selected")
+    classes = ch.classes()
+    total = sum(model_macs(model).values())
+    if not classes:
+        raise OptimizeError(f"model {model.name!r} has no channel that can be pruned (pinned: "
+                            f"{', '.join(f'{n} ({w})' for n, w in ch.why.items()) or 'nothing'}); select other layers "
+                            "or use another technique")
+    scores = _scores(model, ch, spec.importance)
+    score = {cls: float(np.mean([scores[p][i] for p, i in members])) for cls, members in classes.items()}
+    groups = _groups(ch, classes)
+    pick = lambda share: _choose(groups, score, share, spec.ranking, spec.round_to)  # noqa: E731
+    if spec.ratio:
+        share, removed = spec.ratio, pick(spec.ratio)
+    else:
+        budget = spec.flops * total
+        floor = macs_after(model, ch, pick(1.0))
+        if floor > budget:
+            raise OptimizeError(
+                f"channel-pruning FLOPs target {spec.flops:g} of the model is out of reach: every group at its "
+                f"minimum width ({spec.round_to}) leaves {floor / total:.3f} of its multiply-adds ({floor} of {total}; "
+                f"the unprunable layers hold the rest); give flops >= {math.ceil(floor / total * 1000) / 1000:g}")
+        low, high = 0.0, 1.0
+        if macs_after(model, ch, pick(0.0)) <= budget:
+            high = 0.0
+        for _ in range(40):  # the smallest share that meets the budget
+            if high - low < 1e-4:
+                break
+            mid = (low + high) / 2
+            low, high = (low, mid) if macs_after(model, ch, pick(mid)) <= budget else (mid, high)
+        share, removed = high, pick(high)
+    kept = lambda ids: sum(ch.find(i) not in removed for i in ids)  # noqa: E731
+    widths = {name: (len(ids), kept(ids)) for name, ids in ch.producers.items()}
+    return Plan(model, ch, removed, widths, dict(ch.why), total, macs_after(model, ch, removed), share)
+
+
+def prune_channels(decided: Plan) -> "keras.Model":
+    """The smaller model of a :class:`Plan`: the removed channels gone from every layer they touch.
+
+    Returns:
+        A new flat tf_keras model (outside any strategy scope).
+    """
+    model, ch, removed = decided.model, decided.channels, decided.removed
+    graph = Graph(model)
+    keep = lambda ids: [j for j, i in enumerate(ids) if ch.find(i) not in removed]  # noqa: E731
+    for layer in model.layers:
+        name = layer.name
+        inbound = graph.inbound(name)
+        ins = keep(ch.out[inbound[0]]) if inbound and inbound[0] in ch.out else None
+        outs = keep(ch.producers[name]) if name in ch.producers else None
+        weights = layer.get_weights()
+        if isinstance(layer, L.SeparableConv2D) and name in ch.producers:
+            dm = layer.depth_multiplier
+            rows = [c * dm + m for c in ins for m in range(dm)]
+            depthwise, pointwise, *bias = weights
+            graph.set_layer(name, [depthwise[:, :, ins, :], pointwise[:, :, rows, :][..., outs],
+                                   *[b[outs] for b in bias]], filters=len(outs))
+        elif isinstance(layer, L.DepthwiseConv2D) and ins is not None and len(ins) != weights[0].shape[2]:
+            kernel, *bias = weights
+            graph.set_layer(name, [kernel[:, :, ins, :], *[b[ins] for b in bias]])
+        elif isinstance(layer, L.Conv2D) and name in ch.producers:
+            kernel, *bias = weights
+            graph.set_layer(name, [kernel[:, :, ins, :][..., outs], *[b[outs] for b in bias]], filters=len(outs))
+        elif isinstance(layer, L.Dense) and name in ch.producers:
+            kernel, *bias = weights
+            graph.set_layer(name, [kernel[ins][:, outs], *[b[outs] for b in bias]], units=len(outs))
+        elif isinstance(layer, L.BatchNormalization) and ins is not None and len(ins) != weights[0].shape[0]:
+            graph.set_layer(name, [w[ins] for w in weights])
+        elif isinstance(layer, L.Reshape):
+            width = len(keep(ch.out[name]))
+            target = list(graph.entries[name]["config"]["target_shape"])
+            if target[-1] not in (-1, width):
+                graph.set_layer(name, target_shape=tuple(target[:-1]) + (width,))
+    return graph.build()
+
+
+def check_widths(model: "keras.Model", spec: ChannelSpec, info: dict) -> dict:
+    """The run record's ``channels`` check: the result's widths and multiply-adds, read back, are the plan's
+    and meet the FLOPs target (when the target is one).
+
+    Args:
+        model: The pruned (and fine-tuned) float model.
+        spec: The spec it was pruned under.
+        info: The plan's or the phase's info (``widths``, ``macs_before``, ``macs_after``).
+    """
+    widths = {}
+    for name, (_, after) in info["widths"].items():
+        layer = model.get_layer(name)
+        widths[name] = int(layer.units if isinstance(layer, L.Dense) else layer.filters)
+    counted = sum(model_macs(model).values())
+    target = info["macs_before"] if spec.ratio else spec.flops * info["macs_before"]
+    wrong = sorted(n for n, w in widths.items() if w != info["widths"][n][1])
+    return {"macs": counted, "planned": info["macs_after"], "target": int(target), "wrong_widths": wrong,
+            "ok": not wrong and counted == info["macs_after"] and counted <= target}
