@@ -150,6 +150,10 @@ def test_keras_graph_network_and_keras_history_are_still_private():
     assert not _compat.is_graph_network(subclassed)
     assert [_compat.producing_layer(t).name for t in model.outputs] == ["out"], (
         f"{TF} changed KerasTensor._keras_history: update tfopt._compat.producing_layer")
+    out = model.get_layer("out")
+    other = keras.Model(other_input := keras.Input(out.input_shape[1:]), out(other_input))  # a second call
+    assert _compat.model_node_indices(model, out) == [0] and _compat.model_node_indices(other, out) == [1], (
+        f"{TF} changed Functional._network_nodes: update tfopt._compat.model_node_indices")
 
 
 def test_freezing_variables_has_no_public_api():

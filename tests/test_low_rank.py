@@ -93,6 +93,16 @@ def test_macs_agree_with_tensorflows_profiler():
     assert 2 * sum(model_macs(model).values()) == keras_cost(model)["flops"]
 
 
+def test_macs_count_only_the_models_own_calls():
+    """A layer also called elsewhere (a clone's source, a tfmot-stripped model) has other models' calls."""
+    model = _graph_model()
+    before = model_macs(model)
+    fc = model.get_layer("fc")
+    fc(keras.Input(fc.input_shape[1:]))  # a second call, outside the model
+    assert model_macs(model) == before
+    assert lr.plan(model, lr.LowRankSpec()).macs_before == sum(before.values())
+
+
 def test_energy_ranks_are_numpys_and_layers_that_would_not_save_are_named():
     model = _randomize(_graph_model())
     kinds = set()

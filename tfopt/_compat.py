@@ -58,7 +58,7 @@ TARGETS = {"tensorflow": "2.21", "tf_keras": "2.21", "tensorflow-model-optimizat
 __all__ = [
     "TARGETS", "keras_saved_model_metadata", "PRUNE_WRAPPERS", "CLUSTER_WRAPPERS", "QUANTIZE_LAYERS", "prune_registry_supports",
     "prunable_weight_names", "cluster_registry_supports", "clusterable_weight_names", "is_graph_network",
-    "producing_layer", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details",
+    "producing_layer", "model_node_indices", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details",
     "read_tflite_model", "write_tflite_model", "saved_model_converter", "fix_for_keras_format",
     "StepCountingClusteringSummaries", "tfmot_layer_dtype", "float32_global_policy", "fit_resumes_at",
     "build_step_state", "random_generators", "accept_remote_logs",
@@ -267,6 +267,18 @@ def producing_layer(tensor) -> "keras.layers.Layer":
     ``model.output_names`` are de-duplicated names, not necessarily layer names.
     """
     return tensor._keras_history.layer
+
+
+def model_node_indices(model, layer) -> list[int]:
+    """Which calls of ``layer`` (indices into ``layer.inbound_nodes``) belong to ``model``'s graph.
+
+    A layer object used by several models (a clone's source, a tfmot-stripped model) keeps the
+    nodes of all of them; tf_keras 2.21 records a model's own in the private
+    ``Functional._network_nodes`` (keys ``<layer>_ib-<index>``).
+    """
+    own = getattr(model, "_network_nodes", None)
+    indices = range(len(layer.inbound_nodes))
+    return list(indices) if own is None else [i for i in indices if f"{layer.name}_ib-{i}" in own]
 
 
 def interpreter_ops_details(interpreter) -> list[dict]:

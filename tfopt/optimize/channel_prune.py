@@ -28,7 +28,7 @@ from tfopt._keras import keras
 from tfopt.optimize.channels import Channels, trace
 from tfopt.optimize.common import OptimizeError, Selection
 from tfopt.optimize.flops import model_macs
-from tfopt.optimize.surgery import Graph, functional
+from tfopt.optimize.surgery import Graph, fresh
 
 L = keras.layers
 IMPORTANCE = ("l1", "l2", "bn")
@@ -218,7 +218,7 @@ def plan(model: "keras.Model", spec: ChannelSpec) -> Plan:
             group at its minimum width).
     """
     spec.validate()
-    model = functional(model)
+    model = fresh(model)
     spec.selection.check(model)
     ch = trace(model)
     for name, ids in ch.producers.items():

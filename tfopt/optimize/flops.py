@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tfopt._compat import model_node_indices
 from tfopt._keras import keras
 
 
@@ -18,15 +19,12 @@ def _positions(shape, data_format: str = "channels_last") -> int:
     return int(np.prod(dims)) if dims else 1
 
 
-def _shapes(layer):
-    for i in range(len(layer.inbound_nodes)):
-        yield layer.get_input_shape_at(i), layer.get_output_shape_at(i)
-
-
-def layer_macs(layer) -> int:
-    """Multiply-adds per example of ``layer`` over all its calls (0 for layers without a kernel)."""
+def layer_macs(layer, model: "keras.Model | None" = None) -> int:
+    """Multiply-adds per example of ``layer`` over its calls in ``model`` (all calls without one; 0 for
+    layers without a kernel)."""
     total = 0
-    for shape_in, shape_out in _shapes(layer):
+    calls = model_node_indices(model, layer) if model is not None else range(len(layer.inbound_nodes))
+    for shape_in, shape_out in ((layer.get_input_shape_at(i), layer.get_output_shape_at(i)) for i in calls):
         if isinstance(shape_in, list) or isinstance(shape_out, list):
             continue
         fmt = getattr(layer, "data_format", "channels_last")
@@ -48,4 +46,4 @@ def layer_macs(layer) -> int:
 
 def model_macs(model: "keras.Model") -> dict[str, int]:
     """Layer name -> multiply-adds per example, for every layer of ``model`` that has some."""
-    return {layer.name: macs for layer in model.layers if (macs := layer_macs(layer))}
+    return {layer.name: macs for layer in model.layers if (macs := layer_macs(layer, model))}

@@ -22,7 +22,7 @@ from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.channels import trace
 from tfopt.optimize.common import check_model
 from tfopt.optimize.flops import model_macs
-from tfopt.optimize.surgery import functional
+from tfopt.optimize.surgery import fresh
 
 
 @dataclass
@@ -75,11 +75,12 @@ def inspect_model(model) -> Report:
     except TfoptError as e:
         return Report(model=str(name), layers=[], problem=str(e))
     rows = []
-    macs = model_macs(model)
-    cands, skipped = low_rank_lib.candidates(model, low_rank_lib.LowRankSpec())
+    own = fresh(model)  # its layers' calls are this model's alone
+    macs = model_macs(own)
+    cands, skipped = low_rank_lib.candidates(own, low_rank_lib.LowRankSpec())
     low_rank = {c.name: f"yes: rank <= {c.max_rank} of {min(c.matrix.shape)}" for c in cands}
     low_rank.update({name: f"no: {why}" for name, why in skipped.items()})
-    ch = trace(functional(model))
+    ch = trace(own)
     channels = {}
     for producer in ch.producers:
         pins = ch.kept_whole(producer)

@@ -21,7 +21,7 @@ import numpy as np
 from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError, Selection
 from tfopt.optimize.flops import model_macs
-from tfopt.optimize.surgery import Graph
+from tfopt.optimize.surgery import Graph, fresh
 
 RANK_BY = ("energy", "flops")
 
@@ -227,6 +227,7 @@ def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
         OptimizeError: a bad spec, or a FLOPs budget below the floor.
     """
     spec.validate()
+    model = fresh(model)
     cands, skipped = candidates(model, spec)
     total = sum(model_macs(model).values())
     if spec.rank_by == "energy":

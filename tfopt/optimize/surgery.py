@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tfopt._compat import is_graph_network
 from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError
 
@@ -32,10 +33,22 @@ def functional(model: "keras.Model") -> "keras.Model":
             raise OptimizeError(f"Sequential model {model.name!r} has no input shape; start it with "
                                 "keras.Input(shape=...) so its graph can be rewritten")
         return keras.Model(model.inputs, model.outputs, name=model.name)
-    if not getattr(model, "_is_graph_network", False):
+    if not is_graph_network(model):
         raise OptimizeError(f"model {model.name!r} is a subclassed keras.Model, whose graph is Python code; "
                             "structured compression needs a functional or Sequential model")
     return model
+
+
+def fresh(model: "keras.Model") -> "keras.Model":
+    """A functional copy of ``model`` with its weights whose layers belong to it alone.
+
+    A layer object shared with another model (the source of a clone, a tfmot-stripped model)
+    has that model's calls too; shapes and call counts are then ambiguous.
+    """
+    model = functional(model)
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
 
 
 class Graph:

@@ -1,0 +1,44 @@
+"""Keeps benchmark B10 (bench/structured.py) runnable: its ``--smoke`` mode end to end.
+
+Not a performance test: it checks the script trains, fine-tunes every arm through the library,
+runs both tfmot peers, prints its table and writes JSON whose figures follow from its numbers.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_structured_benchmark_smoke(tmp_path):
+    out = tmp_path / "structured.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "bench", "structured.py"), "--smoke", "--workdir", str(tmp_path / "work"),
+         "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "## B10: cnn" in proc.stdout and "### Figures" in proc.stdout
+    res = json.loads(out.read_text())
+    assert res["id"] == "B10" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
+    arms = res["families"]["cnn"]
+    assert list(arms) == ["dense", "channel_prune", "low_rank", "magnitude_peer", "xnnpack_peer"]
+    # the structured arms are smaller in multiply-adds as planned; the magnitude peer keeps its shape
+    assert arms["channel_prune"]["macs"] <= 0.5 * arms["dense"]["macs"] < arms["magnitude_peer"]["macs"]
+    assert arms["channel_prune"]["section"]["checks"]["channels"]["ok"]
+    assert arms["low_rank"]["macs"] <= 0.5 * arms["dense"]["macs"]
+    assert arms["magnitude_peer"]["macs"] == arms["dense"]["macs"] and arms["magnitude_peer"]["sparsity"] > 0.05
+    assert "Conv2D 3x3" in arms["xnnpack_peer"]["refused"]  # tfmot's policy has no subgraph to prune in cnn
+    cp = arms["channel_prune"]["modes"]["float32"]
+    assert res["figures"][0]["value"] == pytest.approx(
+        statistics.median(cp["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"]))
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from _common import figure
+
+    for f in res["figures"]:  # every verdict follows from its numbers
+        again = figure(f["name"], f["values"], f["unit"], target=(f["op"], f["bound"]) if f["op"] else None)
+        assert (again["value"], again["status"]) == (f["value"], f["status"]), f["name"]
