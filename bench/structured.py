@@ -143,7 +143,7 @@ def fine_tune_arms(base: str, workdir: str, family: str, p: Params) -> dict:
     out = {name: os.path.join(workdir, f"{tag}-{name}") for name in ARMS[:3]}
     if not os.path.exists(os.path.join(out["dense"], "run.json")):
         control = config_lib.from_dict({
-            "model": {"name": run.model_path},
+            "model": {"name": run.model_path, "args": ""},  # the file holds the built model
             "train": {"epochs": p.epochs, "learning_rate": p.learning_rate, "output_dir": out["dense"]}}, cfg)
         train(control)
     todo = [(name, s) for name, s in (
@@ -278,8 +278,8 @@ def summarize(p: Params, families: dict, per: dict) -> dict:
         peer_text = "; ".join(
             f"{name}: " + (f"refused ({arms[name]['refused'][:90]})" if "refused" in arms[name] else
                            f"{lat(name, 'float32')['speedup_vs_float32']:.2f}x float at "
-                           f"{arms[name]['sparsity']:.0%} zeros, {arms[name]['modes']['float32']['accuracy_loss_pt']:+.1f}"
-                           " pt")
+                           f"{arms[name]['sparsity']:.0%} zeros, "
+                           f"{arms[name]['modes']['float32']['accuracy_loss_pt']:.1f} pt below dense")
             for name in ("magnitude_peer", "xnnpack_peer"))
         low_target = family == "cnn"
         figures += [

@@ -190,10 +190,36 @@ def test_importance_orders_the_channels():
     assert {j for j, i in enumerate(ids) if plan.channels.find(i) in plan.removed} == {5, 9, 11}
 
 
+def test_taylor_importance_is_the_hand_computed_first_order_term():
+    """(sum over the kernel slice of weight x gradient)^2, averaged over batches, against numpy's gradient."""
+    x = inputs = keras.Input((4,))
+    model = _randomize(keras.Model(inputs, L.Dense(3, use_bias=False, name="out")(
+        L.Dense(5, use_bias=False, name="h")(x))), 5)
+    rng = np.random.default_rng(6)
+    batches = [(rng.normal(size=(8, 4)).astype("float32"), rng.integers(0, 3, 8)) for _ in range(2)]
+    w1, w2 = model.get_layer("h").kernel.numpy(), model.get_layer("out").kernel.numpy()
+    want = np.zeros(5)
+    for xb, yb in batches:
+        logits = xb @ w1 @ w2
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        delta = (p - np.eye(3)[yb]) / len(xb)  # d(mean cross-entropy)/d(logits)
+        grad = xb.T @ (delta @ w2.T)  # d loss / d w1
+        want += np.sum(w1 * grad, axis=0) ** 2
+    want /= len(batches)
+    got = cp.importance(model, ["h"], "taylor", batches)["h"]
+    np.testing.assert_allclose(got, want / want.mean(), rtol=1e-4)
+    plan = cp.plan(model, cp.ChannelSpec(ratio=0.4, importance="taylor"), batches)
+    ids = plan.channels.producers["h"]
+    assert {j for j, i in enumerate(ids) if plan.channels.find(i) in plan.removed} == set(np.argsort(want)[:2])
+    with pytest.raises(OptimizeError, match="taylor importance got no batch"):
+        cp.plan(model, cp.ChannelSpec(ratio=0.4, importance="taylor"))
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(importance="taylor2"), "importance='taylor2' / ranking='global' is not valid"),
     (dict(flops=0), "flops=0 must be in (0, 1] and ratio=0.0 in [0, 1)"),
-    (dict(round_to=0), "round_to=0 and iterations=1 must be >= 1"),
+    (dict(round_to=0), "round_to=0, iterations=1 and taylor_batches=8 must be >= 1"),
 ])
 def test_bad_specs_are_named(bad, message):
     with pytest.raises(OptimizeError) as err:

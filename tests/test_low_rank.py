@@ -136,6 +136,20 @@ def test_a_flops_budget_is_met_and_counted_again_on_the_result():
     assert check["ok"] and not lr.check_flops(model, lr.LowRankSpec(flops=0.6), plan.to_dict())["ok"]
 
 
+def test_ranks_rounded_to_a_multiple():
+    model = _randomize(_graph_model())
+    plan = lr.plan(model, lr.LowRankSpec(flops=0.7, round_to=4))
+    assert plan.ranks and all(r % 4 == 0 for r in plan.ranks.values())
+    assert sum(model_macs(lr.factorize(model, plan.ranks)).values()) == plan.macs_after <= 0.7 * plan.macs_before
+    energy = lr.plan(model, lr.LowRankSpec(rank_by="energy", energy=0.5, round_to=4))
+    exact = lr.plan(model, lr.LowRankSpec(rank_by="energy", energy=0.5))
+    for name, rank in energy.ranks.items():
+        assert rank == -(-exact.ranks[name] // 4) * 4
+    coarse = lr.plan(model, lr.LowRankSpec(rank_by="energy", energy=0.5, round_to=5))
+    for name in ("logits", "per_token"):  # 24x5 and 6x20 kernels: a rank-5 pair costs more than the layer
+        assert coarse.skipped[name] == "no rank that is a multiple of 5 costs less than the layer"
+
+
 def test_a_budget_below_the_floor_is_a_one_line_error():
     model = _randomize(_graph_model())
     with pytest.raises(OptimizeError) as err:

@@ -20,6 +20,23 @@ def _one_line_error(capsys, argv, needle):
     return err[0]
 
 
+@pytest.mark.slow
+def test_iterative_taylor_channel_pruning_reaches_its_target_step_by_step(tiny_run, tmp_path):
+    out = tmp_path / "cp"
+    assert main(["--from", tiny_run, "--technique", "channel_prune", "--channels-flops", "0.5", "--importance",
+                 "taylor", "--taylor-batches", "2", "--prune-iterations", "2", "--epochs", "1", "--steps-per-epoch",
+                 "3", "--strategy", "one_device", "--quiet", "--no-saved-model", "-o", str(out)]) == 0
+    section = json.load(open(out / "run.json"))["optimize"]
+    phase = section["phases"][0]
+    steps = phase["iterations"]
+    assert len(steps) == 2 and phase["epochs"] == 2 and phase["steps"] == 6  # each step fine-tuned
+    assert steps[0]["macs_before"] == phase["macs_before"] > steps[0]["macs_after"] == steps[1]["macs_before"]
+    assert steps[0]["macs_after"] <= 0.75 * phase["macs_before"]  # halfway to the target after the first step
+    assert phase["macs_after"] == steps[1]["macs_after"] <= 0.5 * phase["macs_before"]
+    assert section["checks"]["channels"]["ok"] and section["channel_prune"]["importance"] == "taylor"
+    assert phase["widths"]["conv0"][1] < phase["widths"]["conv0"][0] == 12
+
+
 def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
     out = str(tmp_path / "out")
     _one_line_error(capsys, ["--from", str(tmp_path / "nope"), "--technique", "prune"],
@@ -42,6 +59,12 @@ def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
                     "--block-size '4' is not ROWS,COLS; e.g. --block-size 4,1")
     _one_line_error(capsys, ["--from", tiny_run, "--technique", "prune_2of4", "--block-size", "4,1", "--strategy",
                              "one_device", "-o", out], "exclude each other")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "channel_prune", "--channels-flops", "0.01",
+                             "--strategy", "one_device", "--steps-per-epoch", "1", "-o", out],
+                    "channel-pruning FLOPs target 0.01 of the model is out of reach")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "low_rank", "--low-rank-flops", "0.01",
+                             "--strategy", "one_device", "--steps-per-epoch", "1", "-o", out],
+                    "low-rank FLOPs budget 0.01 of the model is out of reach")
     assert not os.path.exists(out)  # nothing written for a mistake
 
 

@@ -31,7 +31,7 @@ from tfopt.optimize.flops import model_macs
 from tfopt.optimize.surgery import Graph, fresh
 
 L = keras.layers
-IMPORTANCE = ("l1", "l2", "bn")
+IMPORTANCE = ("l1", "l2", "bn", "taylor")
 RANKING = ("global", "uniform")
 
 
@@ -42,7 +42,9 @@ class ChannelSpec:
     Attributes:
         flops: Target multiply-adds as a share of the model's, in (0, 1] (used when ``ratio`` is 0).
         ratio: Share of the prunable channels to remove, in [0, 1); 0 = aim at ``flops``.
-        importance: ``l1``, ``l2`` (kernel norms) or ``bn`` (the following batch norm's |gamma|).
+        importance: ``l1``, ``l2`` (kernel norms), ``bn`` (the following batch norm's |gamma|) or
+            ``taylor`` (first-order Taylor: ``(sum of weight x gradient)^2`` over the channel's
+            kernel slice, averaged over ``taylor_batches`` training batches).
         ranking: ``global`` (model-wide) or ``uniform`` (the same share in every group).
         round_to: Widths rounded up to a multiple of this (1 = exact); also each group's minimum.
         iterations: Prune in this many steps to the target, fine-tuning after each.
@@ -55,6 +57,7 @@ class ChannelSpec:
     ranking: str = "global"
     round_to: int = 1
     iterations: int = 1
+    taylor_batches: int = 8
     selection: Selection = field(default_factory=Selection)
 
     def validate(self) -> "ChannelSpec":
@@ -65,21 +68,23 @@ class ChannelSpec:
         if not 0 < self.flops <= 1 or not 0 <= self.ratio < 1:
             raise OptimizeError(f"flops={self.flops} must be in (0, 1] and ratio={self.ratio} in [0, 1); e.g. "
                                 "flops=0.5 for half the multiply-adds, or ratio=0.3 to remove 30% of the channels")
-        if self.round_to < 1 or self.iterations < 1:
-            raise OptimizeError(f"round_to={self.round_to} and iterations={self.iterations} must be >= 1")
+        if self.round_to < 1 or self.iterations < 1 or self.taylor_batches < 1:
+            raise OptimizeError(f"round_to={self.round_to}, iterations={self.iterations} and taylor_batches="
+                                f"{self.taylor_batches} must be >= 1")
         return self
 
     def to_dict(self) -> dict:
         """JSON-ready settings."""
         return {"flops": self.flops, "ratio": self.ratio, "importance": self.importance, "ranking": self.ranking,
-                "round_to": self.round_to, "iterations": self.iterations, "selection": self.selection.to_dict()}
+                "round_to": self.round_to, "iterations": self.iterations, "taylor_batches": self.taylor_batches,
+                "selection": self.selection.to_dict()}
 
     def step(self, k: int) -> "ChannelSpec":
         """The spec of iteration ``k`` (1-based) of ``iterations``: the target reached in equal steps."""
         share = k / self.iterations
         return ChannelSpec(flops=1 - (1 - self.flops) * share, ratio=self.ratio * share,
                            importance=self.importance, ranking=self.ranking, round_to=self.round_to,
-                           selection=self.selection)
+                           taylor_batches=self.taylor_batches, selection=self.selection)
 
 
 @dataclass
@@ -107,21 +112,53 @@ def _kernel_out(layer) -> np.ndarray:
     return (layer.pointwise_kernel if isinstance(layer, L.SeparableConv2D) else layer.kernel).numpy()
 
 
-def _scores(model: "keras.Model", ch: Channels, importance: str) -> dict[str, np.ndarray]:
-    """Producer -> importance of each of its output channels, divided by the layer's mean."""
+def _taylor(model: "keras.Model", names: list[str], batches) -> dict[str, np.ndarray]:
+    """``(sum over the kernel slice of weight x gradient)^2`` per output channel, averaged over ``batches``."""
+    from tfopt._keras import tf
+
+    kernels = [model.get_layer(n).pointwise_kernel if isinstance(model.get_layer(n), L.SeparableConv2D)
+               else model.get_layer(n).kernel for n in names]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    total = {n: np.zeros(int(k.shape[-1])) for n, k in zip(names, kernels)}
+    count = 0
+    for x, y in batches:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=False))
+        for n, k, g in zip(names, kernels, tape.gradient(loss, kernels)):
+            w = k.numpy().astype(np.float64)
+            total[n] += np.sum((w * g.numpy()).reshape(-1, w.shape[-1]), axis=0) ** 2
+        count += 1
+    if not count:
+        raise OptimizeError("taylor importance got no batch; give taylor_batches >= 1 and a non-empty training split")
+    return {n: t / count for n, t in total.items()}
+
+
+def importance(model: "keras.Model", producers: list[str], method: str, batches=None) -> dict[str, np.ndarray]:
+    """Producer -> importance of each of its output channels, divided by the layer's mean.
+
+    Args:
+        model: The model (its layers called once).
+        producers: Names of its Conv2D, SeparableConv2D and Dense layers to score.
+        method: One of :data:`IMPORTANCE`; ``bn`` falls back to ``l1`` for a producer without a
+            batch norm right after it.
+        batches: ``(images, labels)`` batches, for ``taylor`` only.
+    """
     consumers: dict[str, list] = {}
     for layer in model.layers:
         for node in layer.inbound_nodes:
             for inbound in (node.inbound_layers if isinstance(node.inbound_layers, list) else [node.inbound_layers]):
                 consumers.setdefault(inbound.name, []).append(layer)
+    taylor = _taylor(model, producers, batches if batches is not None else []) if method == "taylor" else {}
     out = {}
-    for name in ch.producers:
+    for name in producers:
         layer = model.get_layer(name)
         kernel = _kernel_out(layer).reshape(-1, _kernel_out(layer).shape[-1])
         bn = [c for c in consumers.get(name, []) if isinstance(c, L.BatchNormalization) and c.scale]
-        if importance == "bn" and len(bn) == 1:
+        if method == "taylor":
+            score = taylor[name]
+        elif method == "bn" and len(bn) == 1:
             score = np.abs(bn[0].gamma.numpy())
-        elif importance == "l2":
+        elif method == "l2":
             score = np.sqrt(np.sum(kernel.astype(np.float64) ** 2, axis=0))
         else:
             score = np.sum(np.abs(kernel.astype(np.float64)), axis=0)
@@ -210,8 +247,13 @@ def macs_after(model: "keras.Model", ch: Channels, removed: set[int]) -> int:
     return sum(macs.values()) - sum(macs.get(n, 0) for n in counted) + sum(counted.values())
 
 
-def plan(model: "keras.Model", spec: ChannelSpec) -> Plan:
+def plan(model: "keras.Model", spec: ChannelSpec, batches=None) -> Plan:
     """Chooses the channels to remove under ``spec``.
+
+    Args:
+        model: A functional or Sequential tf_keras model.
+        spec: What to remove and how to rank.
+        batches: ``(images, labels)`` training batches: ``taylor`` importance needs them.
 
     Raises:
         OptimizeError: a bad spec, nothing prunable, or a FLOPs target below the floor (every
@@ -230,7 +272,7 @@ def plan(model: "keras.Model", spec: ChannelSpec) -> Plan:
         raise OptimizeError(f"model {model.name!r} has no channel that can be pruned (pinned: "
                             f"{', '.join(f'{n} ({w})' for n, w in ch.why.items()) or 'nothing'}); select other layers "
                             "or use another technique")
-    scores = _scores(model, ch, spec.importance)
+    scores = importance(model, list(ch.producers), spec.importance, batches)
     score = {cls: float(np.mean([scores[p][i] for p, i in members])) for cls, members in classes.items()}
     groups = _groups(ch, classes)
     pick = lambda share: _choose(groups, score, share, spec.ranking, spec.round_to)  # noqa: E731

@@ -70,13 +70,16 @@ def build_parser() -> cli.ArgumentParser:
                    help="target multiply-adds as a share of the model's (default 0.5)")
     g.add_argument("--low-rank-energy", type=float, default=0.9,
                    help="share of each kernel's squared singular values kept (default 0.9)")
+    g.add_argument("--low-rank-round-to", type=int, default=1, help="ranks are multiples of N, e.g. 8 (default 1)")
     g = p.add_argument_group("channel pruning")
     g.add_argument("--channels-flops", type=float, default=0.5,
                    help="target multiply-adds as a share of the model's (default 0.5)")
     g.add_argument("--channels-ratio", type=float, default=0.0,
                    help="remove this share of the prunable channels instead of aiming at --channels-flops")
-    g.add_argument("--importance", default="l1", choices=("l1", "l2", "bn"),
-                   help="channel importance: kernel L1 or L2 norm, or the following batch norm's |gamma| (default l1)")
+    g.add_argument("--importance", default="l1", choices=("l1", "l2", "bn", "taylor"),
+                   help="channel importance: kernel L1 or L2 norm, the following batch norm's |gamma|, or first-order "
+                        "Taylor on --taylor-batches training batches (default l1)")
+    g.add_argument("--taylor-batches", type=int, default=8, help="batches taylor importance averages (default 8)")
     g.add_argument("--ranking", default="global", choices=("global", "uniform"),
                    help="rank channels model-wide or remove the same share of every group (default global)")
     g.add_argument("--round-to", type=int, default=1, help="round widths up to a multiple of N, e.g. 8 (default 1)")
@@ -167,10 +170,10 @@ def settings_for(args, technique: str):
         cluster=ClusterSpec(clusters=args.clusters, init=args.centroid_init, per_channel=args.per_channel,
                             selection=selection),
         low_rank=LowRankSpec(rank_by=args.low_rank_by, energy=args.low_rank_energy, flops=args.low_rank_flops,
-                             selection=selection),
+                             round_to=args.low_rank_round_to, selection=selection),
         channels=ChannelSpec(flops=args.channels_flops, ratio=args.channels_ratio, importance=args.importance,
                              ranking=args.ranking, round_to=args.round_to, iterations=args.prune_iterations,
-                             selection=selection),
+                             taylor_batches=args.taylor_batches, selection=selection),
         qat_selection=selection, epochs=1 if args.epochs is None else args.epochs, phase_epochs=phase_epochs,
         steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.lr,

@@ -35,18 +35,22 @@ class LowRankSpec:
             ``flops`` (the model's multiply-adds end at ``flops`` times the original's).
         energy: Share of each kernel's energy kept, in (0, 1].
         flops: Target multiply-adds as a share of the model's, in (0, 1].
+        round_to: Ranks are multiples of this (8 suits SIMD kernels; 1 = any rank).
         selection: Layers to consider; empty = every Dense and Conv2D.
     """
 
     rank_by: str = "flops"
     energy: float = 0.9
     flops: float = 0.5
+    round_to: int = 1
     selection: Selection = field(default_factory=Selection)
 
     def validate(self) -> "LowRankSpec":
         """Raises OptimizeError naming the bad value and the valid range."""
         if self.rank_by not in RANK_BY:
             raise OptimizeError(f"rank_by={self.rank_by!r} is not valid; choose one of {', '.join(RANK_BY)}")
+        if self.round_to < 1:
+            raise OptimizeError(f"round_to={self.round_to} must be >= 1 (1 = any rank, 8 = multiples of 8)")
         if not 0 < self.energy <= 1 or not 0 < self.flops <= 1:
             raise OptimizeError(f"energy={self.energy} and flops={self.flops} must be in (0, 1], e.g. energy=0.9 "
                                 "(keep 90% of each kernel's energy) or flops=0.5 (half the model's multiply-adds)")
@@ -54,7 +58,7 @@ class LowRankSpec:
 
     def to_dict(self) -> dict:
         """JSON-ready settings."""
-        return {"rank_by": self.rank_by, "energy": self.energy, "flops": self.flops,
+        return {"rank_by": self.rank_by, "energy": self.energy, "flops": self.flops, "round_to": self.round_to,
                 "selection": self.selection.to_dict()}
 
 
@@ -126,40 +130,42 @@ def candidates(model: "keras.Model", spec: LowRankSpec) -> tuple[list[Candidate]
     return found, skipped
 
 
-def energy_ranks(cands: list[Candidate], energy: float) -> dict[str, int]:
-    """The smallest rank keeping ``energy`` of each kernel; 0 where that rank would not save."""
+def energy_ranks(cands: list[Candidate], energy: float, multiple: int = 1) -> dict[str, int]:
+    """The smallest rank (a multiple of ``multiple``) keeping ``energy`` of each kernel; 0 where it would not save."""
     ranks = {}
-    for c in cands:
+    for c in (c for c in cands if c.max_rank >= multiple):
         kept = np.cumsum(c.s ** 2) / max(float(np.sum(c.s ** 2)), 1e-30)
-        rank = int(np.searchsorted(kept, energy - 1e-12) + 1)
+        rank = -(-int(np.searchsorted(kept, energy - 1e-12) + 1) // multiple) * multiple
         ranks[c.name] = rank if rank <= c.max_rank else 0
     return ranks
 
 
-def budget_ranks(cands: list[Candidate], total_macs: int, share: float) -> dict[str, int]:
-    """Ranks that bring the model to ``share`` of ``total_macs`` losing the least energy; 0 = whole.
+def budget_ranks(cands: list[Candidate], total_macs: int, share: float, multiple: int = 1) -> dict[str, int]:
+    """Ranks (multiples of ``multiple``) that bring the model to ``share`` of ``total_macs`` losing the
+    least energy; 0 = whole.
 
     Raises:
-        OptimizeError: the budget is below what every candidate at rank 1 gives (the floor).
+        OptimizeError: the budget is below what every candidate at its smallest rank gives (the floor).
     """
     budget = share * total_macs
-    floor = total_macs - sum(c.macs - c.macs_at(1) for c in cands)
+    cands = [c for c in cands if c.max_rank >= multiple]
+    floor = total_macs - sum(c.macs - c.macs_at(multiple) for c in cands)
     if budget < floor:
-        raise OptimizeError(f"low-rank FLOPs budget {share:g} of the model is out of reach: rank 1 everywhere "
-                            f"gives {floor / total_macs:.3f} of its multiply-adds ({floor} of {total_macs}); "
-                            f"give flops >= {np.ceil(floor / total_macs * 1000) / 1000:g}")
+        raise OptimizeError(f"low-rank FLOPs budget {share:g} of the model is out of reach: rank {multiple} "
+                            f"everywhere gives {floor / total_macs:.3f} of its multiply-adds ({floor} of "
+                            f"{total_macs}); give flops >= {np.ceil(floor / total_macs * 1000) / 1000:g}")
     ranks = {c.name: 0 for c in cands}
     current = float(total_macs)
 
     def step(c: Candidate) -> tuple[float, int, int]:  # (energy lost per multiply-add saved, new rank, saved)
         rank = ranks[c.name]
-        new = c.max_rank if rank == 0 else rank - 1
+        new = c.max_rank // multiple * multiple if rank == 0 else rank - multiple
         saved = (c.macs if rank == 0 else c.macs_at(rank)) - c.macs_at(new)
         lost = c.energy_loss(new) - (0.0 if rank == 0 else c.energy_loss(rank))
         return lost / saved, new, saved
 
     while current > budget:
-        moves = [(step(c), c) for c in cands if ranks[c.name] != 1]
+        moves = [(step(c), c) for c in cands if ranks[c.name] != multiple]
         if not moves:
             break
         (_, new, saved), best = min(moves, key=lambda m: m[0][0])
@@ -231,10 +237,13 @@ def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
     cands, skipped = candidates(model, spec)
     total = sum(model_macs(model).values())
     if spec.rank_by == "energy":
-        ranks = energy_ranks(cands, spec.energy)
+        ranks = energy_ranks(cands, spec.energy, spec.round_to)
     else:
-        ranks = budget_ranks(cands, total, spec.flops)
+        ranks = budget_ranks(cands, total, spec.flops, spec.round_to)
     by_name = {c.name: c for c in cands}
+    for c in cands:
+        if c.name not in ranks:
+            skipped[c.name] = f"no rank that is a multiple of {spec.round_to} costs less than the layer"
     for name, rank in ranks.items():
         if rank == 0:
             c = by_name[name]

@@ -171,7 +171,9 @@ def channel_prune_phase(ctx: Context, ft: FineTune, src, spec: channel_lib.Chann
         share = 1 - (1 - spec.flops) * k / spec.iterations
         step = dataclasses.replace(spec, flops=min(1.0, share * original / current), iterations=1,
                                    ratio=1 - (1 - spec.ratio) ** (1 / spec.iterations) if spec.ratio else 0.0)
-        decided = channel_lib.plan(model, step)
+        batches = (list(ctx.job.dataset("train").take(spec.taylor_batches)) if spec.importance == "taylor"
+                   else None)  # read deterministically: every worker scores the same batches
+        decided = channel_lib.plan(model, step, batches)
         model, info = _tune(ctx, ft, channel_lib.prune_channels(decided), "channel_prune")
         steps.append(decided.to_dict())
         fits.append(info)
