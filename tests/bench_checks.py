@@ -22,3 +22,34 @@ def check_verdicts(targets: dict) -> None:
             assert target["pass"] is None, key
         else:
             assert target["pass"] is OPS[op](measured, bound), (key, target)
+
+
+def run_smoke(script: str, tmp_path) -> tuple:
+    """Runs ``bench/<script> --smoke`` with its work directory and JSON in ``tmp_path``; returns
+    ``(completed process, the JSON it wrote)`` after checking it exited 0."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / script.replace(".py", ".json")
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, os.path.join(repo, "bench", script), "--smoke", "--workdir",
+                           str(tmp_path / "work"), "--out", str(out)], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc, json.loads(out.read_text())
+
+
+def check_figures(res: dict) -> None:
+    """Every published figure's median and verdict, recomputed from its repeats by ``bench/_common.figure``."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    from _common import figure
+
+    for f in res["figures"]:
+        again = figure(f["name"], f["values"], f["unit"], target=(f["op"], f["bound"]) if f["op"] else None)
+        assert (again["value"], again["status"]) == (f["value"], f["status"]), f["name"]

@@ -3,27 +3,16 @@
 Not a performance test: it checks the script runs through the folder source, the export stage
 and the guide's recipes, prints its table and writes JSON whose figures follow from its numbers.
 """
-import json
-import os
 import statistics
-import subprocess
-import sys
 
 import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_checks import check_figures, run_smoke
 
 
 @pytest.mark.slow
 def test_edge_architecture_benchmark_smoke(tmp_path):
-    out = tmp_path / "edge_architecture.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "edge_architecture.py"), "--smoke", "--workdir",
-         str(tmp_path / "work"), "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc, res = run_smoke("edge_architecture.py", tmp_path)
     assert "## B9: mobilenetv2_0.35" in proc.stdout and "### Figures" in proc.stdout
-    res = json.loads(out.read_text())
     assert res["id"] == "B9" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
     fam = res["families"]["mobilenetv2_0.35"]
     assert fam["data"]["input"]["normalize"] == "0.5/0.5" and fam["data"]["image_shape"] == [32, 32, 3]
@@ -35,9 +24,4 @@ def test_edge_architecture_benchmark_smoke(tmp_path):
     assert res["figures"][0]["value"] == pytest.approx(speedup)
     f32 = fam["tfopt"]["float32"]["size_bytes"]
     assert auto["size_ratio_vs_float32"] == pytest.approx(f32 / auto["size_bytes"])
-    sys.path.insert(0, os.path.join(REPO, "bench"))
-    from _common import figure
-
-    for f in res["figures"]:  # every verdict follows from its numbers
-        again = figure(f["name"], f["values"], f["unit"], target=(f["op"], f["bound"]) if f["op"] else None)
-        assert (again["value"], again["status"]) == (f["value"], f["status"]), f["name"]
+    check_figures(res)  # every verdict follows from its numbers

@@ -3,27 +3,16 @@
 Not a performance test: it checks the script trains, fine-tunes every arm through the library,
 runs both tfmot peers, prints its table and writes JSON whose figures follow from its numbers.
 """
-import json
-import os
 import statistics
-import subprocess
-import sys
 
 import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_checks import check_figures, run_smoke
 
 
 @pytest.mark.slow
 def test_structured_benchmark_smoke(tmp_path):
-    out = tmp_path / "structured.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "structured.py"), "--smoke", "--workdir", str(tmp_path / "work"),
-         "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc, res = run_smoke("structured.py", tmp_path)
     assert "## B10: cnn" in proc.stdout and "### Figures" in proc.stdout
-    res = json.loads(out.read_text())
     assert res["id"] == "B10" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
     arms = res["families"]["cnn"]
     assert list(arms) == ["dense", "channel_prune", "low_rank", "magnitude_peer", "xnnpack_peer"]
@@ -36,9 +25,4 @@ def test_structured_benchmark_smoke(tmp_path):
     cp = arms["channel_prune"]["modes"]["float32"]
     assert res["figures"][0]["value"] == pytest.approx(
         statistics.median(cp["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"]))
-    sys.path.insert(0, os.path.join(REPO, "bench"))
-    from _common import figure
-
-    for f in res["figures"]:  # every verdict follows from its numbers
-        again = figure(f["name"], f["values"], f["unit"], target=(f["op"], f["bound"]) if f["op"] else None)
-        assert (again["value"], again["status"]) == (f["value"], f["status"]), f["name"]
+    check_figures(res)  # every verdict follows from its numbers

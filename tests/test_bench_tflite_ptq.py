@@ -3,14 +3,11 @@
 Not a performance test: it checks the script runs, prints its tables and writes well-formed JSON
 whose published figures follow from the raw numbers in it.
 """
-import json
 import os
 import statistics
-import subprocess
-import sys
 
 import pytest
-from bench_checks import check_verdicts
+from bench_checks import check_verdicts, run_smoke
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ["float32", "dynamic", "float16", "int8", "int8_auto", "int16x8"]
@@ -18,14 +15,9 @@ MODES = ["float32", "dynamic", "float16", "int8", "int8_auto", "int16x8"]
 
 @pytest.mark.slow
 def test_tflite_ptq_benchmark_smoke(tmp_path):
-    out = tmp_path / "tflite_ptq.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "tflite_ptq.py"), "--smoke", "--workdir", str(tmp_path / "work"),
-         "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc, res = run_smoke("tflite_ptq.py", tmp_path)
     assert "## B5 TFLite PTQ: cnn" in proc.stdout and "### Figures" in proc.stdout and "per-op timings" in proc.stdout
-    check_result(json.loads(out.read_text()))
+    check_result(res)
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
 
 
