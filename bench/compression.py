@@ -211,7 +211,8 @@ def _optimize_job(run_dir: str, seed: int, smoke: bool):
         def tune(settings):
             settings.validate()
             fine_tunes = _fine_tunes(ctx, settings)
-            return run_chain(ctx, fine_tunes, base, _resolved(settings, fine_tunes).chain())
+            model, infos, _ = run_chain(ctx, fine_tunes, base, _resolved(settings, fine_tunes).chain())
+            return model, infos
 
         yield tune
 
