@@ -38,11 +38,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tfopt import native_stderr
 from tfopt._compat import interpreter_ops_details, read_tflite_model, write_tflite_model
 from tfopt.errors import ConfigError
 from tfopt.export import benchmark as bench
-from tfopt.export import fidelity, native_stderr, tflite
+from tfopt.export import fidelity, tflite
 from tfopt.export.evaluate import EvalResult, _interpreter_class
+from tfopt.timing import time_calls
 
 # Ops the quantizer inserts at float <-> int8 borders: not ops of the model itself.
 _BORDER_OPS = ("QUANTIZE", "DEQUANTIZE")
@@ -243,7 +245,7 @@ class _OpRunner:
         self.interpreter.invoke()  # first run: XNNPACK packs the weights
 
     def p50_ms(self, runs: int, warmup: int) -> float:
-        return bench.time_invokes(self.interpreter.invoke, warmup=warmup, runs=runs)["p50_ms"]
+        return time_calls(self.interpreter.invoke, warmup=warmup, runs=runs)["p50_ms"]
 
 
 def time_ops(float_content: bytes, int8_content: bytes, *, threads: int = 1, rounds: int = 3, runs: int = 100,

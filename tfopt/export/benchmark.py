@@ -18,12 +18,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 from tfopt.errors import ConfigError
 from tfopt.export.evaluate import TFLiteModel
+from tfopt.timing import time_calls
 
 GZIP_LEVEL = 9
 
@@ -90,27 +90,8 @@ def latency(model: str | bytes, *, threads: int = 1, warmup: int = 20, runs: int
     m = TFLiteModel(model, num_threads=threads, xnnpack=xnnpack)
     q = _example_input(m)
     m.invoke_raw(q)  # sets the input and sizes the tensors; later calls only invoke
-    return {**time_invokes(m.interpreter.invoke, warmup=warmup, runs=runs), "threads": threads,
+    return {**time_calls(m.interpreter.invoke, warmup=warmup, runs=runs), "threads": threads,
             "kernels": kernel_report(m)}
-
-
-def time_invokes(invoke, *, warmup: int, runs: int) -> dict:
-    """Calls ``invoke`` ``warmup`` times untimed, then ``runs`` times timed one by one.
-
-    Returns:
-        ``{"p50_ms", "p95_ms", "mean_ms", "min_ms", "runs", "warmup"}``.
-    """
-    for _ in range(warmup):
-        invoke()
-    times = np.empty(runs)
-    clock = time.perf_counter
-    for i in range(runs):
-        t0 = clock()
-        invoke()
-        times[i] = clock() - t0
-    ms = times * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "mean_ms": float(ms.mean()), "min_ms": float(ms.min()), "runs": runs, "warmup": warmup}
 
 
 def litert_benchmark(path: str, *, threads: int = 1, runs: int = 200, warmup: int = 20,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import sys
 
-from tfopt import cli
+from tfopt import cli, native_stderr
 from tfopt.errors import ConfigError, ModelError
-from tfopt.export import choices, native_stderr
+from tfopt.export import choices
 
 PROG = "tfopt.export"
 

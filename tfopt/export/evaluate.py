@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tfopt import native_stderr
 from tfopt.config import DataConfig
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo
 from tfopt.errors import DataError, ModelError
-from tfopt.export import native_stderr
 
 
 def _interpreter_class():

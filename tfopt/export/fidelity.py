@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tfopt import native_stderr
 from tfopt._keras import keras, tf
 from tfopt.errors import ConfigError
-from tfopt.export import native_stderr
 from tfopt.export.evaluate import EvalResult
 from tfopt.export.tflite import ConvertOptions, make_converter, modify_io, representative_fn
 

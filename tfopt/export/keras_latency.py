@@ -39,7 +39,7 @@ _TIMEOUT_S = 600.0
 def _load(path: str, *, threads: int, trust_model: bool):
     """Runs in the child: starts TensorFlow at ``threads`` threads and loads the model as export sees it."""
     from tfopt._keras import tf
-    from tfopt.export import native_stderr
+    from tfopt import native_stderr
 
     with native_stderr.filtered():  # the runtime starts here: CUDA probe notices
         tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -66,23 +66,14 @@ def _prepare(model):
 
 
 def _time(fn, x, *, runs: int, warmup: int) -> dict:
-    """Runs in the child: warms up, then times ``runs`` single-example calls of the traced ``fn``."""
-    import numpy as np
+    """Runs in the child: warms up, then times ``runs`` single-example calls of the traced ``fn``.
 
+    Eager execution is synchronous on CPU: each call returns with its result computed.
+    """
     from tfopt._keras import tf
+    from tfopt.timing import time_calls
 
-    for _ in range(warmup):
-        out = fn(x)
-    times = np.empty(runs)
-    clock = time.perf_counter
-    for i in range(runs):
-        t0 = clock()
-        out = fn(x)  # eager execution is synchronous on CPU: the call returns with the result computed
-        times[i] = clock() - t0
-    del out
-    ms = times * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "mean_ms": float(ms.mean()), "min_ms": float(ms.min()), "runs": runs, "warmup": warmup,
+    return {**time_calls(lambda: fn(x), warmup=warmup, runs=runs),
             "threads": int(tf.config.threading.get_intra_op_parallelism_threads()),
             "inter_op_threads": int(tf.config.threading.get_inter_op_parallelism_threads()),
             "tensorflow": tf.__version__}

@@ -36,12 +36,12 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from tfopt import native_stderr
 from tfopt._keras import keras, tf
 from tfopt.config import DataConfig
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo
 from tfopt.errors import ConfigError, ModelError
-from tfopt.export import native_stderr
 from tfopt.export.choices import IO_TYPES, MODES, SPARSITY_CHOICES, check_choice
 from tfopt.optimize.common import tfmot_imported
 
