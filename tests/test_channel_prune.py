@@ -219,7 +219,7 @@ def test_taylor_importance_is_the_hand_computed_first_order_term():
 @pytest.mark.parametrize("bad, message", [
     (dict(importance="taylor2"), "importance='taylor2' / ranking='global' is not valid"),
     (dict(flops=0), "flops=0 must be in (0, 1] and ratio=0.0 in [0, 1)"),
-    (dict(round_to=0), "round_to=0, iterations=1 and taylor_batches=8 must be >= 1"),
+    (dict(round_to=0), "round_to=0, iterations=1, taylor_batches=8 and latency_threads=1 must be >= 1"),
 ])
 def test_bad_specs_are_named(bad, message):
     with pytest.raises(OptimizeError) as err:

@@ -189,6 +189,29 @@ def test_litert_ops_details_is_still_private():
         "LiteRT changed Interpreter._get_ops_details: update tfopt._compat.interpreter_ops_details")
 
 
+def test_litert_signature_invoke_is_still_private():
+    from ai_edge_litert.interpreter import Interpreter
+
+    def double(x):
+        return {"y": x * 2.0}
+
+    def triple(x):
+        return {"y": x * 3.0}
+
+    spec = tf.TensorSpec([1, 4], tf.float32, name="x")
+    fns = [tf.function(f).get_concrete_function(spec) for f in (double, triple)]
+    interpreter = Interpreter(model_content=tf.lite.TFLiteConverter.from_concrete_functions(fns, tf.Module()).convert())
+    runner = interpreter.get_signature_runner("triple")
+    assert not hasattr(runner, "invoke"), (
+        "LiteRT's SignatureRunner has a public invoke(): use it in tfopt._compat.signature_invoker")
+    runner(x=np.ones((1, 4), np.float32))
+    runner._interpreter_wrapper.SetTensor(runner._inputs["x"], np.full((1, 4), 2.0, np.float32),
+                                          runner._subgraph_index)
+    _compat.signature_invoker(runner)()  # the bare invoke of that one subgraph
+    out = runner._interpreter_wrapper.GetTensor(dict(runner._outputs)["y"], runner._subgraph_index)
+    assert out.tolist() == [[6.0] * 4], "LiteRT changed SignatureRunner: update tfopt._compat.signature_invoker"
+
+
 def test_tflite_model_editing_is_still_private():
     import ai_edge_litert
     from ai_edge_litert.interpreter import Interpreter

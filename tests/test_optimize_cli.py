@@ -62,6 +62,11 @@ def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
     _one_line_error(capsys, ["--from", tiny_run, "--technique", "channel_prune", "--channels-flops", "0.01",
                              "--strategy", "one_device", "--steps-per-epoch", "1", "-o", out],
                     "channel-pruning FLOPs target 0.01 of the model is out of reach")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "channel_prune", "--target-latency-us", "0.01",
+                             "--strategy", "one_device", "--steps-per-epoch", "1", "-o", out],
+                    "channel-pruning latency target 0.01 us is out of reach")
+    _one_line_error(capsys, ["--from", tiny_run, "--technique", "channel_prune", "--target-latency-us", "50",
+                             "--channels-ratio", "0.3", "-o", out], "cannot be combined with ratio=0.3")
     _one_line_error(capsys, ["--from", tiny_run, "--technique", "low_rank", "--low-rank-flops", "0.01",
                              "--strategy", "one_device", "--steps-per-epoch", "1", "-o", out],
                     "low-rank FLOPs budget 0.01 of the model is out of reach")

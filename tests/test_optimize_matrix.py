@@ -49,11 +49,21 @@ def _start(cmd, log):
     return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
 
 
-def _launch_cmd(run_dir, out, report, strategy, techniques, *launch_args):
+def _launch_cmd(run_dir, out, report, strategy, techniques, *launch_args, flags=()):
     return [*ISOLATED, sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "500", "--",
             sys.executable, "-m", "tfopt.optimize", "--from", run_dir, "--technique", ",".join(techniques),
             "--strategy", strategy, "--quiet", "--no-saved-model", "--no-tensorboard", "-o", out,
-            "--report", report, *FLAGS]
+            "--report", report, *FLAGS, *flags]
+
+
+def _latency_target(run_dir):
+    """0.8x the run's float .tflite p50 here: channel_prune under MWMS aims at a measured latency, which
+    only the chief measures (workers that timed their own tables would plan different widths)."""
+    from tfopt.models.io import load_model
+    from tfopt.optimize.latency import model_us
+    from tfopt.runs import load_run
+
+    return f"{0.8 * model_us(load_model(load_run(run_dir).model_path)):.1f}"
 
 
 def _rows_from_report(path, strategy, precision="float32"):
@@ -150,7 +160,8 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
         "mirrored": _start(cells + [str(tmp_path / "b"), str(tmp_path / "b.json"),
                                     "mirrored/float32,mirrored/mixed_bfloat16", *FLAGS], tmp_path / "b.log"),
         "multi_worker_mirrored": _start(_launch_cmd(tiny_run, str(tmp_path / "c"), str(tmp_path / "c.json"),
-                                                    "multi_worker_mirrored", MWMS, "--workers", "2"),
+                                                    "multi_worker_mirrored", MWMS, "--workers", "2",
+                                                    flags=["--target-latency-us", _latency_target(tiny_run)]),
                                         tmp_path / "c.log"),
         "parameter_server": _start(_launch_cmd(tiny_run, str(tmp_path / "d"), str(tmp_path / "d.json"),
                                                "parameter_server", PS, "--chief", "--workers", "2", "--ps", "1"),
@@ -198,6 +209,9 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
                 digests.setdefault(info["technique"], set()).add(info["weights_sha256"])
     assert set(digests) == set(MWMS) and all(len(d) == 1 for d in digests.values()), digests
     assert logs["multi_worker_mirrored"].count("worker done") == len(MWMS)
+    # ... channel_prune aimed at the latency the chief alone measured: identical digests say the workers agreed
+    pruned = json.load(open(tmp_path / "c" / "channel_prune" / "run.json"))["optimize"]["phases"][0]["latency"]
+    assert pruned["predicted_us"] <= pruned["target_us"] and pruned["measured_us"] > 0, pruned
     doc = _doc(rows)
     assert doc.count("| ok |") == len(rows) and "| cqat | mirrored | mixed_bfloat16 | ok |" in doc
     if os.environ.get("TFOPT_WRITE_DOCS") == "1":

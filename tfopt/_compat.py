@@ -291,6 +291,17 @@ def interpreter_ops_details(interpreter) -> list[dict]:
     return interpreter._get_ops_details()
 
 
+def signature_invoker(runner):
+    """A function that invokes one signature of a multi-signature .tflite and nothing else.
+
+    ``SignatureRunner.__call__`` resizes, allocates, copies the inputs in and the outputs out on
+    every call; timing one subgraph needs its bare ``Invoke``. ai-edge-litert 2.3 keeps it in the
+    private ``_interpreter_wrapper`` and ``_subgraph_index``. Call the runner once with inputs first.
+    """
+    wrapper, index = runner._interpreter_wrapper, runner._subgraph_index
+    return lambda: wrapper.Invoke(index)
+
+
 def keras_saved_model_metadata(path: str) -> list[tuple[str, str]]:
     """``(node_path, metadata JSON)`` of every object a tf_keras SavedModel's ``keras_metadata.pb`` describes.
 

@@ -15,7 +15,9 @@ it, each divided by its layer's mean so layers compare; a class scores its membe
 Ranking: ``uniform`` removes the same share of every group of tied channels, ``global`` the
 lowest-scoring classes model-wide (each group keeps at least ``round_to`` channels, and
 widths are rounded up to a multiple of ``round_to``). The target is a share of channels
-(``ratio``) or of the model's multiply-adds (``flops``, reached by bisection on the share).
+(``ratio``), of the model's multiply-adds (``flops``), or a LiteRT latency (``latency_us``,
+predicted from a table of timed layer widths, :mod:`tfopt.optimize.latency`); the last two are
+reached by a scan and bisection on the share removed.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tfopt._keras import keras
+from tfopt.optimize import latency as latency_lib
 from tfopt.optimize.channels import Channels, trace
 from tfopt.optimize.common import OptimizeError, Selection
 from tfopt.optimize.flops import model_macs
@@ -48,6 +51,9 @@ class ChannelSpec:
         ranking: ``global`` (model-wide) or ``uniform`` (the same share in every group).
         round_to: Widths rounded up to a multiple of this (1 = exact); also each group's minimum.
         iterations: Prune in this many steps to the target, fine-tuning after each.
+        latency_us: Target LiteRT p50 of the float .tflite at batch 1, in microseconds (0 = aim
+            at ``flops``), predicted from a table of timed layer widths (:mod:`tfopt.optimize.latency`).
+        latency_threads: Interpreter threads the latency is measured and aimed at with.
         selection: Layers whose output channels may be pruned; empty = all.
     """
 
@@ -58,6 +64,8 @@ class ChannelSpec:
     round_to: int = 1
     iterations: int = 1
     taylor_batches: int = 8
+    latency_us: float = 0.0
+    latency_threads: int = 1
     selection: Selection = field(default_factory=Selection)
 
     def validate(self) -> "ChannelSpec":
@@ -68,23 +76,20 @@ class ChannelSpec:
         if not 0 < self.flops <= 1 or not 0 <= self.ratio < 1:
             raise OptimizeError(f"flops={self.flops} must be in (0, 1] and ratio={self.ratio} in [0, 1); e.g. "
                                 "flops=0.5 for half the multiply-adds, or ratio=0.3 to remove 30% of the channels")
-        if self.round_to < 1 or self.iterations < 1 or self.taylor_batches < 1:
-            raise OptimizeError(f"round_to={self.round_to}, iterations={self.iterations} and taylor_batches="
-                                f"{self.taylor_batches} must be >= 1")
+        if self.round_to < 1 or self.iterations < 1 or self.taylor_batches < 1 or self.latency_threads < 1:
+            raise OptimizeError(f"round_to={self.round_to}, iterations={self.iterations}, taylor_batches="
+                                f"{self.taylor_batches} and latency_threads={self.latency_threads} must be >= 1")
+        if not self.latency_us >= 0 or (self.latency_us and self.ratio):
+            raise OptimizeError(f"latency_us={self.latency_us} must be > 0 (a target in microseconds) or 0 (off), "
+                                f"and cannot be combined with ratio={self.ratio}; give one target")
         return self
 
     def to_dict(self) -> dict:
         """JSON-ready settings."""
         return {"flops": self.flops, "ratio": self.ratio, "importance": self.importance, "ranking": self.ranking,
                 "round_to": self.round_to, "iterations": self.iterations, "taylor_batches": self.taylor_batches,
+                "latency_us": self.latency_us, "latency_threads": self.latency_threads,
                 "selection": self.selection.to_dict()}
-
-    def step(self, k: int) -> "ChannelSpec":
-        """The spec of iteration ``k`` (1-based) of ``iterations``: the target reached in equal steps."""
-        share = k / self.iterations
-        return ChannelSpec(flops=1 - (1 - self.flops) * share, ratio=self.ratio * share,
-                           importance=self.importance, ranking=self.ranking, round_to=self.round_to,
-                           taylor_batches=self.taylor_batches, selection=self.selection)
 
 
 @dataclass
@@ -99,12 +104,14 @@ class Plan:
     macs_before: int
     macs_after: int
     share: float
+    latency: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready data (the run record's ``channel_prune`` phase info)."""
         return {"widths": {n: list(w) for n, w in self.widths.items()}, "pinned": self.pinned,
                 "macs_before": self.macs_before, "macs_after": self.macs_after, "share_removed": round(self.share, 5),
-                "channels_removed": sum(b - a for b, a in self.widths.values())}
+                "channels_removed": sum(b - a for b, a in self.widths.values()),
+                **({"latency": self.latency} if self.latency else {})}
 
 
 def _kernel_out(layer) -> np.ndarray:
@@ -239,25 +246,60 @@ def _macs(layer, cin: int, cout: int) -> int:
     return positions * cin * cout
 
 
-def macs_after(model: "keras.Model", ch: Channels, removed: set[int]) -> int:
-    """The model's multiply-adds per example with the ``removed`` classes gone (counted from widths)."""
+def macs_after(model: "keras.Model", ch: Channels, removed: set[int], macs: dict | None = None) -> int:
+    """The model's multiply-adds per example with the ``removed`` classes gone (counted from widths).
+
+    ``macs``: the model's :func:`~tfopt.optimize.flops.model_macs`, when already counted.
+    """
     counts = _counts(model, ch, removed)
-    macs = model_macs(model)
+    macs = macs if macs is not None else model_macs(model)
     counted = {name: _macs(model.get_layer(name), *io) for name, io in counts.items()}
     return sum(macs.values()) - sum(macs.get(n, 0) for n in counted) + sum(counted.values())
 
 
-def plan(model: "keras.Model", spec: ChannelSpec, batches=None) -> Plan:
+def _smallest_share(cost, pick, budget: float) -> tuple[float, float]:
+    """``(the smallest share of channels removed whose cost meets budget (or None), the lowest cost seen)``.
+
+    Shares are scanned in steps of 0.01, then bisected between the last that misses and the first
+    that meets: a measured latency need not fall with every channel removed (a 1-channel
+    convolution can be slower than a 6-channel one).
+    """
+    costs = [cost(pick(i / 100)) for i in range(101)]
+    first = next((i for i, c in enumerate(costs) if c <= budget), None)
+    if first is None or first == 0:
+        return (None if first is None else 0.0), min(costs)
+    low, high = (first - 1) / 100, first / 100
+    while high - low >= 1e-4:
+        mid = (low + high) / 2
+        low, high = (low, mid) if cost(pick(mid)) <= budget else (mid, high)
+    return high, min(costs)
+
+
+def _latency_table(model, ch: Channels, pick, spec: ChannelSpec, measure) -> latency_lib.Table:
+    now = _counts(model, ch, set())
+    grid = latency_lib.layer_grid(model, [now] + [_counts(model, ch, pick(s)) for s in (0.5, 1.0)])
+    todo = latency_lib.entries(model, grid)
+    times = (measure(model, todo) if measure else
+             latency_lib.time_signatures(model, todo, threads=spec.latency_threads))
+    return latency_lib.Table.measured(model, grid, times, now=now, threads=spec.latency_threads)
+
+
+def plan(model: "keras.Model", spec: ChannelSpec, batches=None, *, measure=None, steps_left: int = 1) -> Plan:
     """Chooses the channels to remove under ``spec``.
 
     Args:
         model: A functional or Sequential tf_keras model.
         spec: What to remove and how to rank.
         batches: ``(images, labels)`` training batches: ``taylor`` importance needs them.
+        measure: For a latency target: ``(model, entries) -> times`` (default
+            :func:`tfopt.optimize.latency.time_signatures` at ``spec.latency_threads``); a
+            multi-worker job passes one that every worker gets the chief's times from.
+        steps_left: For a latency target: this step goes ``1 / steps_left`` of the way from the
+            model's measured latency to the target.
 
     Raises:
-        OptimizeError: a bad spec, nothing prunable, or a FLOPs target below the floor (every
-            group at its minimum width).
+        OptimizeError: a bad spec, nothing prunable, or a FLOPs or latency target below the
+            floor (every group at its minimum width).
     """
     spec.validate()
     model = fresh(model)
@@ -276,28 +318,37 @@ def plan(model: "keras.Model", spec: ChannelSpec, batches=None) -> Plan:
     score = {cls: float(np.mean([scores[p][i] for p, i in members])) for cls, members in classes.items()}
     groups = _groups(ch, classes)
     pick = lambda share: _choose(groups, score, share, spec.ranking, spec.round_to)  # noqa: E731
+    latency = None
     if spec.ratio:
-        share, removed = spec.ratio, pick(spec.ratio)
+        share = spec.ratio
+    elif spec.latency_us:
+        table = _latency_table(model, ch, pick, spec, measure)
+        cost = lambda removed: table.predict(_counts(model, ch, removed))  # noqa: E731
+        base = table.base_us
+        budget = base - (base - spec.latency_us) / steps_left if base > spec.latency_us else base
+        share, floor = _smallest_share(cost, pick, budget)
+        if share is None:
+            raise OptimizeError(
+                f"channel-pruning latency target {spec.latency_us:g} us is out of reach: the fastest widths (each "
+                f"group keeps >= {spec.round_to}) give {floor:.1f} us (LiteRT, {spec.latency_threads} thread(s); the "
+                f"model now {base:.1f} us; the unprunable layers hold the rest); give --target-latency-us >= "
+                f"{math.ceil(floor * 10) / 10:g}")
+        latency = {"target_us": spec.latency_us, "step_target_us": round(budget, 2), "before_us": round(base, 2),
+                   "predicted_us": round(cost(pick(share)), 2), "floor_us": round(floor, 2),
+                   "threads": spec.latency_threads, "table": table.to_dict()}
     else:
         budget = spec.flops * total
-        floor = macs_after(model, ch, pick(1.0))
-        if floor > budget:
+        macs = model_macs(model)
+        share, floor = _smallest_share(lambda removed: macs_after(model, ch, removed, macs), pick, budget)
+        if share is None:
             raise OptimizeError(
                 f"channel-pruning FLOPs target {spec.flops:g} of the model is out of reach: every group at its "
                 f"minimum width ({spec.round_to}) leaves {floor / total:.3f} of its multiply-adds ({floor} of {total}; "
                 f"the unprunable layers hold the rest); give flops >= {math.ceil(floor / total * 1000) / 1000:g}")
-        low, high = 0.0, 1.0
-        if macs_after(model, ch, pick(0.0)) <= budget:
-            high = 0.0
-        for _ in range(40):  # the smallest share that meets the budget
-            if high - low < 1e-4:
-                break
-            mid = (low + high) / 2
-            low, high = (low, mid) if macs_after(model, ch, pick(mid)) <= budget else (mid, high)
-        share, removed = high, pick(high)
+    removed = pick(share)
     kept = lambda ids: sum(ch.find(i) not in removed for i in ids)  # noqa: E731
     widths = {name: (len(ids), kept(ids)) for name, ids in ch.producers.items()}
-    return Plan(model, ch, removed, widths, dict(ch.why), total, macs_after(model, ch, removed), share)
+    return Plan(model, ch, removed, widths, dict(ch.why), total, macs_after(model, ch, removed), share, latency)
 
 
 def prune_channels(decided: Plan) -> "keras.Model":
@@ -342,19 +393,26 @@ def prune_channels(decided: Plan) -> "keras.Model":
 
 def check_widths(model: "keras.Model", spec: ChannelSpec, info: dict) -> dict:
     """The run record's ``channels`` check: the result's widths and multiply-adds, read back, are the plan's
-    and meet the FLOPs target (when the target is one).
+    and meet the FLOPs target (when the target is one); under a latency target, the latency its
+    table predicts meets it (the measured latency is recorded beside it, not judged: one
+    measurement on a shared machine varies by 10-20%).
 
     Args:
         model: The pruned (and fine-tuned) float model.
         spec: The spec it was pruned under.
-        info: The plan's or the phase's info (``widths``, ``macs_before``, ``macs_after``).
+        info: The plan's or the phase's info (``widths``, ``macs_before``, ``macs_after``, ``latency``).
     """
     widths = {}
     for name, (_, after) in info["widths"].items():
         layer = model.get_layer(name)
         widths[name] = int(layer.units if isinstance(layer, L.Dense) else layer.filters)
     counted = sum(model_macs(model).values())
-    target = info["macs_before"] if spec.ratio else spec.flops * info["macs_before"]
+    target = info["macs_before"] if spec.ratio or spec.latency_us else spec.flops * info["macs_before"]
     wrong = sorted(n for n, w in widths.items() if w != info["widths"][n][1])
-    return {"macs": counted, "planned": info["macs_after"], "target": int(target), "wrong_widths": wrong,
-            "ok": not wrong and counted == info["macs_after"] and counted <= target}
+    out = {"macs": counted, "planned": info["macs_after"], "target": int(target), "wrong_widths": wrong,
+           "ok": not wrong and counted == info["macs_after"] and counted <= target}
+    if spec.latency_us:
+        latency = info["latency"]
+        out.update(latency_target_us=spec.latency_us, predicted_us=latency["predicted_us"],
+                   measured_us=latency.get("measured_us"), ok=out["ok"] and latency["predicted_us"] <= spec.latency_us)
+    return out

@@ -76,6 +76,11 @@ def build_parser() -> cli.ArgumentParser:
                    help="target multiply-adds as a share of the model's (default 0.5)")
     g.add_argument("--channels-ratio", type=float, default=0.0,
                    help="remove this share of the prunable channels instead of aiming at --channels-flops")
+    g.add_argument("--target-latency-us", type=float, default=0.0, metavar="US",
+                   help="aim at this LiteRT p50 (microseconds, batch 1, float .tflite) instead of --channels-flops, "
+                        "predicted from a table of timed layer widths (default 0: off)")
+    g.add_argument("--latency-threads", type=int, default=1,
+                   help="interpreter threads --target-latency-us is measured with (default 1)")
     g.add_argument("--importance", default="l1", choices=("l1", "l2", "bn", "taylor"),
                    help="channel importance: kernel L1 or L2 norm, the following batch norm's |gamma|, or first-order "
                         "Taylor on --taylor-batches training batches (default l1)")
@@ -173,7 +178,8 @@ def settings_for(args, technique: str):
                              round_to=args.low_rank_round_to, selection=selection),
         channels=ChannelSpec(flops=args.channels_flops, ratio=args.channels_ratio, importance=args.importance,
                              ranking=args.ranking, round_to=args.round_to, iterations=args.prune_iterations,
-                             taylor_batches=args.taylor_batches, selection=selection),
+                             taylor_batches=args.taylor_batches, latency_us=args.target_latency_us,
+                             latency_threads=args.latency_threads, selection=selection),
         qat_selection=selection, epochs=1 if args.epochs is None else args.epochs, phase_epochs=phase_epochs,
         steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.lr,

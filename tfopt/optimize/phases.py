@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from tfopt._compat import tfmot_layer_dtype
 from tfopt._keras import keras, tf
 from tfopt.optimize import channel_prune as channel_lib
+from tfopt.optimize import latency as latency_lib
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
@@ -24,6 +25,7 @@ from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.common import compute_dtypes, rebuild
 from tfopt.optimize.flops import model_macs
 from tfopt.runtime.job import Job
+from tfopt.runtime.strategy import from_chief
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,9 @@ def channel_prune_phase(ctx: Context, ft: FineTune, src, spec: channel_lib.Chann
     """Removes channels of ``src`` in ``spec.iterations`` steps, fine-tuning after each.
 
     Each step aims at an equal share of the way to the target, measured on the original model:
-    ``flops`` of its multiply-adds, or ``ratio`` of its prunable channels.
+    ``flops`` of its multiply-adds, or ``ratio`` of its prunable channels; a ``latency_us`` step
+    goes its share of the way from the latency its latency table measures now. The chief alone
+    times the table and, at the end, the result (``latency.measured_us``).
 
     Returns:
         ``(float32 model, phase info)``; the info holds every step's plan and the widths from
@@ -173,7 +177,8 @@ def channel_prune_phase(ctx: Context, ft: FineTune, src, spec: channel_lib.Chann
                                    ratio=1 - (1 - spec.ratio) ** (1 / spec.iterations) if spec.ratio else 0.0)
         batches = (list(ctx.job.dataset("train").take(spec.taylor_batches)) if spec.importance == "taylor"
                    else None)  # read deterministically: every worker scores the same batches
-        decided = channel_lib.plan(model, step, batches)
+        decided = channel_lib.plan(model, step, batches, measure=_chief_measures(ctx, spec),
+                                   steps_left=spec.iterations - k + 1)
         model, info = _tune(ctx, ft, channel_lib.prune_channels(decided), "channel_prune")
         steps.append(decided.to_dict())
         fits.append(info)
@@ -182,7 +187,21 @@ def channel_prune_phase(ctx: Context, ft: FineTune, src, spec: channel_lib.Chann
                 seconds=round(sum(f["seconds"] for f in fits), 3))
     info.update(layers=sorted(n for n, (b, a) in widths.items() if a < b), widths=widths, pinned=steps[0]["pinned"],
                 macs_before=original, macs_after=steps[-1]["macs_after"], iterations=steps)
+    if spec.latency_us:
+        info["latency"] = {"target_us": spec.latency_us, "threads": spec.latency_threads,
+                           "before_us": steps[0]["latency"]["before_us"],
+                           "predicted_us": steps[-1]["latency"]["predicted_us"],
+                           "measured_us": round(float(from_chief(ctx.job.strategy, ctx.job.chief, 1, lambda: [
+                               latency_lib.model_us(model, threads=spec.latency_threads)])[0]), 2)}
     return model, info
+
+
+def _chief_measures(ctx: Context, spec: channel_lib.ChannelSpec):
+    """The latency table's timings: measured by the chief alone, the same on every worker."""
+    def measure(model, entries):
+        return from_chief(ctx.job.strategy, ctx.job.chief, len(entries) + 1,
+                          lambda: latency_lib.time_signatures(model, entries, threads=spec.latency_threads))
+    return measure
 
 
 _RUN = {"prune": prune_phase, "cluster": cluster_phase, "qat": qat_phase, "low_rank": low_rank_phase,

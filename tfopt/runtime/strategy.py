@@ -24,6 +24,8 @@ import os
 import sys
 from typing import NoReturn
 
+import numpy as np
+
 from tfopt._keras import tf
 from tfopt.config import RuntimeConfig
 from tfopt.errors import ClusterError, ConfigError
@@ -190,3 +192,25 @@ def is_chief(cluster: ClusterInfo | None) -> bool:
 def num_replicas(strategy: tf.distribute.Strategy) -> int:
     """The number of replicas that each step's global batch is split over."""
     return int(strategy.num_replicas_in_sync)
+
+
+def from_chief(strategy: tf.distribute.Strategy, chief: bool, size: int, compute) -> np.ndarray:
+    """``compute()`` (``size`` floats) run by the chief only; every worker gets the chief's values.
+
+    Under MultiWorkerMirroredStrategy the other workers wait in one all-reduce (a sum to which only
+    the chief's replicas contribute), so a measurement made once, on a quiet machine, decides for
+    all. Under any other strategy one process runs the job and ``compute()`` runs there.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return np.asarray(compute(), dtype=np.float64)
+    local = len(strategy.extended.worker_devices)
+    values = np.asarray(compute(), dtype=np.float64) / local if chief else np.zeros(size)
+    if values.shape != (size,):
+        raise ValueError(f"the chief's values have shape {values.shape}, the workers expect ({size},)")
+    mine = tf.constant(values, tf.float64)
+
+    @tf.function
+    def agree():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, mine))
+
+    return strategy.experimental_local_results(agree())[0].numpy()
