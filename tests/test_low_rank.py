@@ -13,8 +13,14 @@ L = keras.layers
 
 
 def _randomize(model, seed=0):
+    """Random weights; batch norms' moving variances positive (a negative one makes every output NaN,
+    and NaN == NaN to ``assert_allclose``)."""
     rng = np.random.default_rng(seed)
-    model.set_weights([rng.normal(size=w.shape).astype("float32") * 0.3 for w in model.get_weights()])
+    values = []
+    for w in model.weights:
+        v = rng.normal(size=w.shape).astype("float32") * 0.3
+        values.append(np.abs(v) + 0.5 if "moving_variance" in w.name else v)
+    model.set_weights(values)
     return model
 
 
@@ -50,11 +56,44 @@ def test_full_rank_factorization_computes_what_the_model_did():
     assert {f"{n}_lr" for n in ranks} <= {layer.name for layer in factored.layers}
     assert not any(isinstance(layer, keras.Model) for layer in factored.layers)  # flat: QAT can take it
     for before, after in zip(model(x, training=False), factored(x, training=False)):
+        assert np.isfinite(before.numpy()).all()
         np.testing.assert_allclose(after.numpy(), before.numpy(), atol=1e-5, rtol=1e-5)
     # the first layer of each pair has no bias and no activation; the second keeps the original's
     first, second = factored.get_layer("strided_lr"), factored.get_layer("strided")
     assert not first.use_bias and first.activation.__name__ == "linear" and first.strides == (2, 2)
     assert second.kernel_size == (1, 1) and second.activation.__name__ == "relu" and second.use_bias
+
+
+def test_spatial_factorization_at_full_rank_computes_what_the_model_did():
+    """k x 1 then 1 x k: strides, "same" and "valid" padding and dilation split between the two."""
+    model = _randomize(_graph_model())
+    x = np.random.default_rng(2).normal(size=(4, 12, 12, 3)).astype("float32")
+    cands, _ = lr.candidates(model, lr.LowRankSpec(conv="spatial"))
+    ranks = {c.name: min(c.matrix.shape) for c in cands}
+    factored = lr.factorize(model, ranks, conv="spatial")
+    for before, after in zip(model(x, training=False), factored(x, training=False)):
+        assert np.isfinite(before.numpy()).all()
+        np.testing.assert_allclose(after.numpy(), before.numpy(), atol=1e-5, rtol=1e-5)
+    first, second = factored.get_layer("strided_lr"), factored.get_layer("strided")
+    assert first.kernel_size == (3, 1) and first.strides == (2, 1) and second.kernel_size == (1, 3)
+    assert second.strides == (1, 2) and factored.get_layer("dilated_lr").dilation_rate == (2, 1)
+    assert factored.get_layer("rect").kernel_size == (1, 2)  # (3, 2): a k x 1 then a 1 x k too
+    assert factored.get_layer("pointwise").kernel_size == (1, 1)  # a 1 x 1 kernel splits pointwise
+    # every candidate's multiply-adds at its rank are what the factorized model counts
+    counted = model_macs(factored)
+    for c in cands:
+        assert counted[c.name + "_lr"] + counted[c.name] == c.macs_at(ranks[c.name]), c.name
+
+
+def test_a_spatial_flops_budget_is_met_and_counted_again():
+    model = _randomize(_graph_model())
+    spec = lr.LowRankSpec(flops=0.6, conv="spatial")
+    plan = lr.plan(model, spec)
+    factored = lr.factorize(model, plan.ranks, conv="spatial")
+    assert sum(model_macs(factored).values()) == plan.macs_after <= 0.6 * plan.macs_before
+    assert lr.check_flops(factored, spec, plan.to_dict())["ok"] and plan.to_dict()["conv"] == "spatial"
+    assert any(factored.get_layer(n + "_lr").kernel_size[1] == 1 for n in plan.ranks
+               if isinstance(model.get_layer(n), L.Conv2D) and min(model.get_layer(n).kernel_size) > 1)
 
 
 def test_a_sequential_model_is_factorized_too():

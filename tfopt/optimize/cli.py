@@ -71,6 +71,9 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--low-rank-energy", type=float, default=0.9,
                    help="share of each kernel's squared singular values kept (default 0.9)")
     g.add_argument("--low-rank-round-to", type=int, default=1, help="ranks are multiples of N, e.g. 8 (default 1)")
+    g.add_argument("--low-rank-conv", default="pointwise", choices=("pointwise", "spatial"),
+                   help="a k x k Conv2D becomes k x k then 1 x 1 (pointwise) or k x 1 then 1 x k (spatial) "
+                        "(default pointwise)")
     g = p.add_argument_group("channel pruning")
     g.add_argument("--channels-flops", type=float, default=0.5,
                    help="target multiply-adds as a share of the model's (default 0.5)")
@@ -175,7 +178,7 @@ def settings_for(args, technique: str):
         cluster=ClusterSpec(clusters=args.clusters, init=args.centroid_init, per_channel=args.per_channel,
                             selection=selection),
         low_rank=LowRankSpec(rank_by=args.low_rank_by, energy=args.low_rank_energy, flops=args.low_rank_flops,
-                             round_to=args.low_rank_round_to, selection=selection),
+                             round_to=args.low_rank_round_to, conv=args.low_rank_conv, selection=selection),
         channels=ChannelSpec(flops=args.channels_flops, ratio=args.channels_ratio, importance=args.importance,
                              ranking=args.ranking, round_to=args.round_to, iterations=args.prune_iterations,
                              taylor_batches=args.taylor_batches, latency_us=args.target_latency_us,

@@ -3,7 +3,12 @@
 * ``Dense(n)`` on ``m`` inputs becomes ``Dense(r, no bias) -> Dense(n)``: ``r (m + n)`` instead of
   ``m n`` multiply-adds.
 * ``Conv2D(cout, k x k)`` becomes ``Conv2D(r, k x k, no bias) -> Conv2D(cout, 1 x 1)``: the SVD of
-  the kernel reshaped to ``(k k cin) x cout``, strides, padding and dilation on the first.
+  the kernel reshaped to ``(k k cin) x cout``, strides, padding and dilation on the first
+  (``conv="pointwise"``, the default);
+* or, with ``conv="spatial"`` (Jaderberg et al. 2014, Tai et al. 2016), ``Conv2D(r, k x 1, no bias)
+  -> Conv2D(cout, 1 x k)``: the SVD of the kernel reshaped to ``(k cin) x (k cout)``, the height's
+  stride, padding and dilation on the first, the width's on the second. A kernel with a side of
+  1 is factorized pointwise.
 
 The second layer keeps the original's name, bias and activation, so consumers and outputs are
 unchanged; the first is ``<name>_lr``. At full rank the model computes what it did (up to float
@@ -24,6 +29,7 @@ from tfopt.optimize.flops import model_macs
 from tfopt.optimize.surgery import Graph, fresh
 
 RANK_BY = ("energy", "flops")
+CONV = ("pointwise", "spatial")
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,8 @@ class LowRankSpec:
         energy: Share of each kernel's energy kept, in (0, 1].
         flops: Target multiply-adds as a share of the model's, in (0, 1].
         round_to: Ranks are multiples of this (8 suits SIMD kernels; 1 = any rank).
+        conv: How a k x k Conv2D splits: ``pointwise`` (k x k then 1 x 1) or ``spatial`` (k x 1
+            then 1 x k).
         selection: Layers to consider; empty = every Dense and Conv2D.
     """
 
@@ -43,12 +51,16 @@ class LowRankSpec:
     energy: float = 0.9
     flops: float = 0.5
     round_to: int = 1
+    conv: str = "pointwise"
     selection: Selection = field(default_factory=Selection)
 
     def validate(self) -> "LowRankSpec":
         """Raises OptimizeError naming the bad value and the valid range."""
         if self.rank_by not in RANK_BY:
             raise OptimizeError(f"rank_by={self.rank_by!r} is not valid; choose one of {', '.join(RANK_BY)}")
+        if self.conv not in CONV:
+            raise OptimizeError(f"conv={self.conv!r} is not valid; choose one of {', '.join(CONV)} "
+                                "(--low-rank-conv)")
         if self.round_to < 1:
             raise OptimizeError(f"round_to={self.round_to} must be >= 1 (1 = any rank, 8 = multiples of 8)")
         if not 0 < self.energy <= 1 or not 0 < self.flops <= 1:
@@ -59,7 +71,7 @@ class LowRankSpec:
     def to_dict(self) -> dict:
         """JSON-ready settings."""
         return {"rank_by": self.rank_by, "energy": self.energy, "flops": self.flops, "round_to": self.round_to,
-                "selection": self.selection.to_dict()}
+                "conv": self.conv, "selection": self.selection.to_dict()}
 
 
 @dataclass
@@ -72,20 +84,26 @@ class Candidate:
     u: np.ndarray
     s: np.ndarray
     vt: np.ndarray
+    first_positions: int = 0  # the first layer's output positions (0: ``positions``; spatial: H_out x W_in)
 
     @property
     def macs(self) -> int:
         """Multiply-adds per example of the whole layer."""
         return self.positions * self.matrix.size
 
+    @property
+    def _per_rank(self) -> int:
+        rows, cols = self.matrix.shape
+        return (self.first_positions or self.positions) * rows + self.positions * cols
+
     def macs_at(self, rank: int) -> int:
         """Multiply-adds per example of the factorized pair at ``rank``."""
-        return self.positions * rank * sum(self.matrix.shape)
+        return rank * self._per_rank
 
     @property
     def max_rank(self) -> int:
         """The largest rank at which the pair costs fewer multiply-adds than the layer (0: none)."""
-        return (self.matrix.size - 1) // sum(self.matrix.shape)
+        return (self.macs - 1) // self._per_rank
 
     def energy_loss(self, rank: int) -> float:
         """Share of the kernel's squared singular values dropped at ``rank``."""
@@ -103,6 +121,20 @@ def _why_not(layer) -> str | None:
     return ""  # not a candidate at all
 
 
+def _spatial(layer) -> bool:
+    """A channels-last Conv2D whose kernel is at least 2 x 2: split into k x 1 then 1 x k."""
+    return (isinstance(layer, keras.layers.Conv2D) and layer.data_format == "channels_last"
+            and min(layer.kernel_size) > 1)
+
+
+def _matrix(kernel: np.ndarray, spatial: bool) -> np.ndarray:
+    """The kernel as the matrix its SVD splits: ``(kh kw cin) x cout``, or spatially ``(kh cin) x (kw cout)``."""
+    if spatial:
+        kh, kw, cin, cout = kernel.shape
+        return kernel.transpose(0, 2, 1, 3).reshape(kh * cin, kw * cout)
+    return kernel.reshape(-1, kernel.shape[-1])
+
+
 def candidates(model: "keras.Model", spec: LowRankSpec) -> tuple[list[Candidate], dict[str, str]]:
     """The layers of ``model`` that can be factorized, and the others considered, with why not."""
     spec.selection.check(model)
@@ -118,10 +150,12 @@ def candidates(model: "keras.Model", spec: LowRankSpec) -> tuple[list[Candidate]
             skipped[layer.name] = reason
             continue
         kernel = layer.get_weights()[0]
-        matrix = kernel.reshape(-1, kernel.shape[-1])
+        spatial = spec.conv == "spatial" and _spatial(layer)
+        matrix = _matrix(kernel, spatial)
         positions = macs.get(layer.name, 0) // matrix.size
         u, s, vt = np.linalg.svd(matrix.astype(np.float64), full_matrices=False)
-        cand = Candidate(layer.name, matrix, positions, u, s, vt)
+        first = int(layer.output_shape[1]) * int(layer.input_shape[2]) if spatial else 0
+        cand = Candidate(layer.name, matrix, positions, u, s, vt, first)
         if cand.max_rank < 1:
             skipped[layer.name] = (f"too small to gain: {matrix.shape[0]}x{matrix.shape[1]} kernel costs "
                                    f"{cand.macs} multiply-adds, a rank-1 pair {cand.macs_at(1)}")
@@ -174,12 +208,13 @@ def budget_ranks(cands: list[Candidate], total_macs: int, share: float, multiple
     return ranks
 
 
-def factorize(model: "keras.Model", ranks: dict[str, int]) -> "keras.Model":
+def factorize(model: "keras.Model", ranks: dict[str, int], conv: str = "pointwise") -> "keras.Model":
     """``model`` with each layer of ``ranks`` (rank > 0) replaced by its rank-r pair.
 
     Args:
         model: A functional or Sequential tf_keras model.
         ranks: Layer name -> rank (0 or absent: left whole).
+        conv: ``pointwise`` or ``spatial``: how a k x k Conv2D splits (see the module's docstring).
 
     Returns:
         A new flat model; the first layer of each pair is ``<name>_lr``.
@@ -190,17 +225,27 @@ def factorize(model: "keras.Model", ranks: dict[str, int]) -> "keras.Model":
             continue
         layer = graph.layers[name]
         kernel, *rest = layer.get_weights()
-        matrix = kernel.reshape(-1, kernel.shape[-1]).astype(np.float64)
-        u, s, vt = np.linalg.svd(matrix, full_matrices=False)
+        spatial = conv == "spatial" and _spatial(layer)
+        u, s, vt = np.linalg.svd(_matrix(kernel, spatial).astype(np.float64), full_matrices=False)
         root = np.sqrt(s[:rank])
         first = (u[:, :rank] * root).astype(kernel.dtype)
         second = (root[:, None] * vt[:rank]).astype(kernel.dtype)
         if isinstance(layer, keras.layers.Conv2D):
             cfg = layer.get_config()
+            common = {"padding": cfg["padding"], "data_format": cfg["data_format"], "groups": 1}
+            if spatial:
+                (kh, kw), (sh, sw), (dh, dw) = cfg["kernel_size"], cfg["strides"], cfg["dilation_rate"]
+                cin = kernel.shape[2]
+                graph.insert_before(name, f"{name}_lr", "Conv2D", {
+                    **common, "filters": rank, "kernel_size": (kh, 1), "strides": (sh, 1), "dilation_rate": (dh, 1),
+                    "activation": "linear", "use_bias": False}, [first.reshape(kh, 1, cin, rank)])
+                graph.set_layer(name, [second.reshape(rank, kw, -1).transpose(1, 0, 2)[None], *rest],
+                                kernel_size=(1, kw), strides=(1, sw), dilation_rate=(1, dw))
+                continue
             graph.insert_before(name, f"{name}_lr", "Conv2D", {
-                "filters": rank, "kernel_size": cfg["kernel_size"], "strides": cfg["strides"],
-                "padding": cfg["padding"], "data_format": cfg["data_format"], "dilation_rate": cfg["dilation_rate"],
-                "groups": 1, "activation": "linear", "use_bias": False}, [first.reshape(*kernel.shape[:-1], rank)])
+                **common, "filters": rank, "kernel_size": cfg["kernel_size"], "strides": cfg["strides"],
+                "dilation_rate": cfg["dilation_rate"], "activation": "linear", "use_bias": False},
+                [first.reshape(*kernel.shape[:-1], rank)])
             graph.set_layer(name, [second.reshape(1, 1, rank, -1), *rest], kernel_size=(1, 1), strides=(1, 1),
                             padding="valid", dilation_rate=(1, 1))
         else:
@@ -219,11 +264,12 @@ class Plan:
     macs_before: int
     macs_after: int
     energy_kept: dict[str, float]
+    conv: str = "pointwise"
 
     def to_dict(self) -> dict:
         """JSON-ready data (the run record's ``low_rank`` section)."""
         return {"ranks": self.ranks, "skipped": self.skipped, "macs_before": self.macs_before,
-                "macs_after": self.macs_after, "energy_kept": self.energy_kept}
+                "macs_after": self.macs_after, "energy_kept": self.energy_kept, "conv": self.conv}
 
 
 def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
@@ -252,7 +298,7 @@ def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
     kept = {n: r for n, r in ranks.items() if r > 0}
     after = total - sum(by_name[n].macs - by_name[n].macs_at(r) for n, r in kept.items())
     return Plan(kept, skipped, total, after,
-                {n: round(1 - by_name[n].energy_loss(r), 5) for n, r in kept.items()})
+                {n: round(1 - by_name[n].energy_loss(r), 5) for n, r in kept.items()}, spec.conv)
 
 
 def check_flops(model: "keras.Model", spec: LowRankSpec, info: dict) -> dict:

@@ -151,7 +151,7 @@ def _tune(ctx: Context, ft: FineTune, src, kind: str):
 def low_rank_phase(ctx: Context, ft: FineTune, src, spec: low_rank_lib.LowRankSpec):
     """Factorizes ``src`` by truncated SVD and fine-tunes it; returns ``(float32 model, phase info)``."""
     decided = low_rank_lib.plan(src, spec)
-    model, info = _tune(ctx, ft, low_rank_lib.factorize(src, decided.ranks), "low_rank")
+    model, info = _tune(ctx, ft, low_rank_lib.factorize(src, decided.ranks, spec.conv), "low_rank")
     info.update(layers=sorted(decided.ranks), **decided.to_dict())
     return model, info
 
