@@ -12,6 +12,9 @@ From each trained model, every arm fine-tunes the same ``--epochs`` at the same 
 2. ``channel_prune`` to half the multiply-adds (``tfopt.optimize``, global L1 ranking, widths a
    multiple of ``--round-to``);
 3. ``low_rank`` to ``--low-rank-flops`` of the multiply-adds (``tfopt.optimize``);
+3b. ``channel_prune_latency``: ``channel_prune`` aimed at the dense float .tflite's p50 / 1.7
+   (``--target-latency-us``, its latency table timed by the library; a target below the floor
+   the table predicts is recorded as refused);
 4. peer: tfmot magnitude pruning with as many nonzero weights as the channel-pruned model has
    parameters (``bench/peers/tfmot_xnnpack_guide.py``);
 5. peer: tfmot's ``PruneForLatencyOnXNNPack`` recipe, converted with sparse weights for
@@ -58,7 +61,8 @@ TARGETS = {"cp_float": (">=", 1.7), "cp_loss": ("<=", 1.0), "cp_int8": (">=", 4.
            "lr_loss": ("<=", 0.5)}
 ANCHOR = "tfmot has no filter pruning (its tracker's request open since 2021); XNNPACK sparse inference: 1x1 convs"
 COMMAND = "PYTHONPATH=. python bench/structured.py"
-ARMS = ("dense", "channel_prune", "low_rank", "magnitude_peer", "xnnpack_peer")
+ARMS = ("dense", "channel_prune", "low_rank", "channel_prune_latency", "magnitude_peer", "xnnpack_peer")
+LATENCY_SPEEDUP = 1.7  # channel_prune_latency aims at the dense p50 / this
 
 
 @dataclass(frozen=True)
@@ -140,23 +144,32 @@ def fine_tune_arms(base: str, workdir: str, family: str, p: Params) -> dict:
     run = load_run(base)
     tag = f"{family}-e{p.epochs}{'-smoke' if p.smoke else ''}"
     cfg = config_lib.apply_overrides(run.config, ["train.verbose=0", "train.tensorboard=false"])
-    out = {name: os.path.join(workdir, f"{tag}-{name}") for name in ARMS[:3]}
+    out = {name: os.path.join(workdir, f"{tag}-{name}") for name in ARMS[:4]}
     if not os.path.exists(os.path.join(out["dense"], "run.json")):
         control = config_lib.from_dict({
             "model": {"name": run.model_path, "args": ""},  # the file holds the built model
             "train": {"epochs": p.epochs, "learning_rate": p.learning_rate, "output_dir": out["dense"]}}, cfg)
         train(control)
+    from tfopt.models.io import load_model
+    from tfopt.optimize.latency import model_us
+
+    dense_us = model_us(load_model(run.model_path))  # the library's own measurement, as the table makes it
     todo = [(name, s) for name, s in (
         ("channel_prune", OptimizeSettings(technique="channel_prune", epochs=p.epochs, learning_rate=p.learning_rate,
                                            channels=ChannelSpec(flops=p.flops, round_to=p.round_to),
                                            tensorboard=False)),
         ("low_rank", OptimizeSettings(technique="low_rank", epochs=p.epochs, learning_rate=p.learning_rate,
                                       low_rank=LowRankSpec(flops=dict(p.low_rank_flops)[family]), tensorboard=False)),
+        ("channel_prune_latency", OptimizeSettings(
+            technique="channel_prune", epochs=p.epochs, learning_rate=p.learning_rate, tensorboard=False,
+            channels=ChannelSpec(latency_us=round(dense_us / LATENCY_SPEEDUP, 1), round_to=p.round_to))),
     ) if not os.path.exists(os.path.join(out[name], "run.json"))]
-    if todo:
-        for outcome in optimize(base, cfg, [s for _, s in todo], [out[n] for n, _ in todo], keep_going=True):
-            if not outcome.ok:
-                raise RuntimeError(f"{family} {outcome.technique}: {outcome.error}")
+    for name, settings in todo:  # one job each: a refused latency target is a result, not a crash
+        (outcome,) = optimize(base, cfg, [settings], [out[name]], keep_going=True)
+        if not outcome.ok and name == "channel_prune_latency" and "out of reach" in str(outcome.error):
+            out[name] = {"refused": str(outcome.error), "dense_us": dense_us}
+        elif not outcome.ok:
+            raise RuntimeError(f"{family} {name}: {outcome.error}")
     return out
 
 
@@ -224,6 +237,9 @@ def main(argv=None) -> int:
             from tfopt.models.io import load_model
 
             for name, run_dir in dirs.items():
+                if isinstance(run_dir, dict):  # refused
+                    fam["arms"][name] = run_dir
+                    continue
                 record = load_run(run_dir).record
                 fam["arms"][name] = {"run": run_dir, **_params_and_macs(load_model(os.path.join(run_dir, "model.keras"))),
                                      "keras_test_accuracy": record.metrics.get("test_accuracy"),
@@ -282,6 +298,22 @@ def summarize(p: Params, families: dict, per: dict) -> dict:
                            f"{arms[name]['modes']['float32']['accuracy_loss_pt']:.1f} pt below dense")
             for name in ("magnitude_peer", "xnnpack_peer"))
         low_target = family == "cnn"
+        aimed = arms["channel_prune_latency"]
+        if "refused" in aimed:
+            latency_figures = [figure(f"{family}: channel_prune to the dense p50 / {LATENCY_SPEEDUP} "
+                                      "(--target-latency-us), float speedup vs dense float (1 thread)", [None], "x",
+                                      detail="refused: " + aimed["refused"][:200])]
+        else:
+            plan = aimed["section"]["phases"][0]["latency"]
+            latency_figures = [
+                figure(f"{family}: channel_prune to the dense p50 / {LATENCY_SPEEDUP} (--target-latency-us), float "
+                       "speedup vs dense float (1 thread)", lat("channel_prune_latency", "float32")["speedup_rounds"],
+                       "x", target=(">=", LATENCY_SPEEDUP),
+                       detail=f"target {plan['target_us']:g} us from {plan['before_us']:g} us as the table measured "
+                              f"it; predicted {plan['predicted_us']:g} us, measured after fine-tuning "
+                              f"{plan['measured_us']:g} us; " + detail("channel_prune_latency", "float32")),
+                figure(f"{family}: channel_prune to a latency target: accuracy loss vs the equally trained dense model",
+                       loss("channel_prune_latency"), "pt", target=TARGETS["cp_loss"])]
         figures += [
             figure(f"{family}: channel_prune to half the FLOPs, float .tflite speedup vs dense float (1 thread)",
                    lat("channel_prune", "float32")["speedup_rounds"], "x", target=TARGETS["cp_float"], anchor=ANCHOR,
@@ -299,6 +331,7 @@ def summarize(p: Params, families: dict, per: dict) -> dict:
                    target=TARGETS["lr_float"] if low_target else None, detail=detail("low_rank", "float32")),
             figure(f"{family}: low_rank accuracy loss vs the equally trained dense model", loss("low_rank"), "pt",
                    target=TARGETS["lr_loss"] if low_target else None),
+            *latency_figures,
         ]
     return result("B10", "compression that buys speed", COMMAND, figures,
                   benchmark="B10 channel pruning and low-rank factorization in LiteRT", params=dataclasses.asdict(p),

@@ -15,11 +15,19 @@ def test_structured_benchmark_smoke(tmp_path):
     assert "## B10: cnn" in proc.stdout and "### Figures" in proc.stdout
     assert res["id"] == "B10" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
     arms = res["families"]["cnn"]
-    assert list(arms) == ["dense", "channel_prune", "low_rank", "magnitude_peer", "xnnpack_peer"]
+    assert list(arms) == ["dense", "channel_prune", "low_rank", "channel_prune_latency", "magnitude_peer",
+                          "xnnpack_peer"]
     # the structured arms are smaller in multiply-adds as planned; the magnitude peer keeps its shape
     assert arms["channel_prune"]["macs"] <= 0.5 * arms["dense"]["macs"] < arms["magnitude_peer"]["macs"]
     assert arms["channel_prune"]["section"]["checks"]["channels"]["ok"]
     assert arms["low_rank"]["macs"] <= 0.5 * arms["dense"]["macs"]
+    aimed = arms["channel_prune_latency"]  # the dense p50 / 1.7, or refused below the table's floor
+    if "refused" in aimed:
+        assert "out of reach" in aimed["refused"]
+    else:
+        plan = aimed["section"]["phases"][0]["latency"]
+        assert plan["predicted_us"] <= plan["target_us"] and aimed["section"]["checks"]["channels"]["ok"]
+        assert aimed["macs"] < arms["dense"]["macs"]
     assert arms["magnitude_peer"]["macs"] == arms["dense"]["macs"] and arms["magnitude_peer"]["sparsity"] > 0.05
     assert "Conv2D 3x3" in arms["xnnpack_peer"]["refused"]  # tfmot's policy has no subgraph to prune in cnn
     cp = arms["channel_prune"]["modes"]["float32"]
