@@ -1,4 +1,4 @@
-"""bench/run_all.py: the README's performance tables come from the committed result files."""
+"""bench/run_all.py: docs/benchmarks.md and the README's summary come from the committed result files."""
 import json
 import os
 import sys
@@ -40,18 +40,34 @@ def test_every_committed_result_renders_and_its_verdicts_follow_from_its_numbers
                 continue  # the benchmark declined to judge and says why (e.g. no AMX on this CPU)
             assert again["status"] == f["status"], (bench.id, f["name"])
         block = run_all.section(bench)
-        assert block.startswith(f"**{bench.id} {bench.title}**") and bench.command in block
+        assert block.startswith(f"## {bench.id}: {bench.title}") and bench.command in block
         assert block.count("\n| ") == len(res["figures"]) + 1  # header + one row per figure
+        misses = [f["name"] for f in res["figures"] if f["status"] == "MISS"]
+        # Every committed miss has its cause: a line in bench/causes.py, printed under the table.
+        assert [m for m in misses if run_all.cause(bench.id, m) is None] == [], bench.id
+        assert block.count("\n- ") == len(misses) and run_all.UNKNOWN not in block, bench.id
         seen += 1
     assert seen >= 1
 
 
-def test_readme_holds_exactly_the_tables_the_results_give(tmp_path):
-    readme = os.path.join(REPO, "README.md")
-    with open(readme, encoding="utf-8") as fh:
+def test_the_page_and_the_readme_summary_are_what_the_results_give():
+    with open(os.path.join(REPO, "docs", "benchmarks.md"), encoding="utf-8") as fh:
+        assert fh.read() == run_all.page(), "run: PYTHONPATH=. python bench/run_all.py --table-only"
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
         text = fh.read()
     start, end = text.index(run_all.START) + len(run_all.START), text.index(run_all.END)
-    assert text[start:end].strip() == run_all.tables().strip(), "run: PYTHONPATH=. python bench/run_all.py --table-only"
+    assert text[start:end].strip() == run_all.summary().strip(), "run: PYTHONPATH=. python bench/run_all.py --table-only"
+
+
+def test_a_miss_without_a_recorded_cause_says_so(tmp_path, monkeypatch):
+    bench = run_all.Bench("B99", "nothing.py", "a made-up benchmark")
+    res = {"figures": [figure("speed", [1.0], "x", target=(">=", 2.0)), figure("size", [3.0], "x", target=(">=", 2.0))]}
+    monkeypatch.setattr(run_all.Bench, "result", property(lambda self: str(tmp_path / "r.json")))
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    block = run_all.section(bench)
+    assert block.endswith(f"Why the misses:\n\n- speed: {run_all.UNKNOWN}"), block
+    assert "| B99 a made-up benchmark" not in run_all.summary([bench])
+    assert "| 1 of 2 |" in run_all.summary([bench])
 
 
 def test_update_readme_rewrites_only_between_the_markers(tmp_path):

@@ -1,14 +1,18 @@
-"""README.md can be followed as written: every command of its ``bash`` blocks runs, in order.
+"""README.md and the guides can be followed as written: every command of their ``bash`` blocks runs, in order.
 
-The first block (the two set-up commands that create ``.venv``) is what ``.ci/run`` itself runs.
-Every later command runs in a fresh directory, in the order shown, so each example finds the
-run directories an earlier one made. The pipelines section makes and reads only its own run
-directories, so it runs in a directory of its own (``test_readme_pipelines.py``, beside this
-test under pytest-xdist); every other section runs here, in one directory. Work is kept small by adding flags right after the
-command's name (the command's own flags come later and win): ``--limit`` for the training-like
-stages (``TFOPT_README_LIMIT`` records per split, default 512), the smoke variant for the pipelines
-(under their default strategy) and fewer evaluation examples and timing runs for the export.
+README.md's first block (the two set-up commands that create ``.venv``) is what ``.ci/run`` itself
+runs. Every later command, README.md's then each guide's in the order of ``DOCS``, runs in a fresh
+directory, so each example finds the run directories an earlier one made; a command that a
+guide repeats from an earlier document runs once. The pipelines' commands (``tfopt.pipeline``,
+``tfopt.report``) make and read only their own run directories, so they run in a directory of
+their own (``test_readme_pipelines.py``, beside this test under pytest-xdist). Blocks marked
+``text`` show commands that need what a test machine lacks (your files, docker, kubectl).
+Work is kept small by adding flags right after the command's name (the command's own flags come
+later and win): ``--limit`` for the training-like stages (``TFOPT_README_LIMIT`` records per
+split, default 512), the smoke variant for the pipelines (under their default strategy) and fewer
+evaluation examples and timing runs for the export.
 """
+import glob
 import os
 import re
 import shlex
@@ -36,35 +40,40 @@ SMALL = {
 }
 
 
-PIPELINES = "From data to an edge model"  # the heading of the section that runs on its own
+# The documents whose bash blocks run, in this order (README.md first, then the guides).
+DOCS = ("README.md", "docs/training.md", "docs/data.md", "docs/fault_tolerance.md", "docs/distillation.md",
+        "docs/compression.md", "docs/structured.md", "docs/export.md", "docs/your_model.md",
+        "docs/data_service.md", "docs/kubernetes.md", "docs/pipelines.md", "pipelines/README.md")
+PIPELINE_COMMAND = re.compile(r"-m tfopt\.(pipeline|report)\b")
 
 
-def readme_commands(text: str) -> list[str]:
-    """The commands of every ``bash`` block after the first, comments removed, continuations joined."""
-    return [c for _title, commands in readme_sections(text) for c in commands]
+def doc_commands(text: str, skip_first: bool = False) -> list[str]:
+    """The commands of a document's ``bash`` blocks, comments removed, continuations joined."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S)[(1 if skip_first else 0):]:
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
 
 
-def readme_sections(text: str) -> list[tuple[str, list[str]]]:
-    """``[(level-2 heading, its commands), ...]`` in order, for the sections after the set-up block."""
+def all_commands() -> list[str]:
+    """Every command of ``DOCS`` in order, README's set-up block left out."""
     out = []
-    for i, part in enumerate(re.split(r"^## ", text, flags=re.M)):
-        title = part.splitlines()[0] if i else ""
-        commands = []
-        for block in re.findall(r"```bash\n(.*?)```", part, re.S)[(0 if i else 1):]:
-            for line in block.replace("\\\n", " ").splitlines():
-                line = re.sub(r"\s+#.*$", "", line).strip()
-                if line and not line.startswith("#"):
-                    commands.append(line)
-        if commands:
-            out.append((title, commands))
+    for doc in DOCS:
+        with open(os.path.join(REPO, doc), encoding="utf-8") as f:
+            out.extend(doc_commands(f.read(), skip_first=doc == "README.md"))
     return out
 
 
 def section_commands(pipelines: bool) -> list[str]:
-    """The README's commands of the pipelines section (True) or of every other section (False)."""
-    sections = readme_sections(open(os.path.join(REPO, "README.md"), encoding="utf-8").read())
-    assert any(t.startswith(PIPELINES) for t, _ in sections), [t for t, _ in sections]
-    return [c for title, commands in sections if title.startswith(PIPELINES) == pipelines for c in commands]
+    """The pipelines' commands (True) or every other command (False), in order, each once."""
+    out = []
+    for command in all_commands():
+        if bool(PIPELINE_COMMAND.search(command)) == pipelines and command not in out:
+            out.append(command)
+    return out
 
 
 def shrink(command: str) -> str:
@@ -83,16 +92,21 @@ def shrink(command: str) -> str:
 
 
 def test_readme_commands_are_extracted():
-    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    commands = readme_commands(text)
-    assert len(commands) >= 15 and all("tfopt" in c for c in commands), commands
-    # Every command line of every bash block but the set-up one is in exactly one of the two tests.
-    lines = [re.sub(r"\s+#.*$", "", ln).strip() for b in re.findall(r"```bash\n(.*?)```", text, re.S)[1:]
-             for ln in b.replace("\\\n", " ").splitlines()]
-    assert sorted(section_commands(True) + section_commands(False)) == sorted(
-        ln for ln in lines if ln and not ln.startswith("#"))
+    commands = all_commands()
+    assert len(commands) >= 30 and all("tfopt" in c for c in commands), commands
+    assert sorted(set(section_commands(True) + section_commands(False))) == sorted(set(commands))
+    assert not any(PIPELINE_COMMAND.search(c) for c in section_commands(False))
+    assert doc_commands("```bash\na \\\n  b  # note\n# c\n```\n```text\nd\n```\n") == ["a    b"]
     assert shrink("python -m tfopt.launch --workers 2 -- python -m tfopt.train -o r").endswith(
         f"python -m tfopt.train --limit {LIMIT} --quiet -o r")
+
+
+def test_every_document_with_commands_is_run():
+    """A guide with a bash block that ``DOCS`` leaves out would show commands no test runs."""
+    docs = [os.path.relpath(p, REPO) for pattern in ("*.md", "docs/*.md", "pipelines/*.md", "notebooks/*.md")
+            for p in glob.glob(os.path.join(REPO, pattern))]
+    with_bash = {d for d in docs if "```bash" in open(os.path.join(REPO, d), encoding="utf-8").read()}
+    assert with_bash <= set(DOCS), sorted(with_bash - set(DOCS))
 
 
 def run_in_order(commands: list[str], tmp_path, after=None) -> None:
