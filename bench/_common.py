@@ -4,6 +4,7 @@ Benchmarks print a markdown table and write JSON; they are not timed tests. Ever
 they publish is a ratio measured side by side in one run, summarized by the median of
 several repeats.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -148,9 +149,19 @@ class QuietGate:
     is always kept (counted as disturbed if it was), so nothing is silently dropped.
     """
 
-    def __init__(self, threshold: float = 0.15, retries: int = 1, max_wait: float = 90.0,
-                 enabled: bool = True):
-        self.threshold, self.retries, self.max_wait, self.enabled = threshold, retries, max_wait, enabled
+    def __init__(
+        self,
+        threshold: float = 0.15,
+        retries: int = 1,
+        max_wait: float = 90.0,
+        enabled: bool = True,
+    ):
+        self.threshold, self.retries, self.max_wait, self.enabled = (
+            threshold,
+            retries,
+            max_wait,
+            enabled,
+        )
         self.spent = 0.0  # seconds spent waiting and re-running
         self.units = 0
         self.reruns = 0
@@ -191,11 +202,17 @@ class QuietGate:
 
     def summary(self) -> dict:
         return {
-            "threshold": self.threshold, "enabled": self.enabled, "units": self.units,
-            "reruns": self.reruns, "kept_disturbed_units": self.disturbed,
-            "extra_seconds": round(self.spent, 1), "max_extra_seconds": self.max_wait,
+            "threshold": self.threshold,
+            "enabled": self.enabled,
+            "units": self.units,
+            "reruns": self.reruns,
+            "kept_disturbed_units": self.disturbed,
+            "extra_seconds": round(self.spent, 1),
+            "max_extra_seconds": self.max_wait,
             "kept_foreign_load_median": median(self.kept_loads),
-            "kept_foreign_load_max": max((x for x in self.kept_loads if x == x), default=float("nan")),
+            "kept_foreign_load_max": max(
+                (x for x in self.kept_loads if x == x), default=float("nan")
+            ),
         }
 
 
@@ -210,7 +227,9 @@ def lscpu_info() -> dict[str, Any]:
 
     fields: dict[str, str] = {}
     try:
-        out = subprocess.run(["lscpu", "--json"], capture_output=True, text=True, timeout=10, check=True).stdout
+        out = subprocess.run(
+            ["lscpu", "--json"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
         for row in _json.loads(out).get("lscpu", []):
             key = str(row.get("field", "")).rstrip(":").strip()
             if key and row.get("data") is not None and not key.startswith("Vulnerability"):
@@ -224,8 +243,12 @@ def lscpu_info() -> dict[str, Any]:
                 flags = next((ln.split(":", 1)[1] for ln in f if ln.startswith("flags")), "")
         except OSError:
             pass
-    return {"source": "lscpu" if fields else "/proc/cpuinfo", "model": fields.get("Model name") or _cpu_model(),
-            "flags": sorted(flags.split()), "fields": fields}
+    return {
+        "source": "lscpu" if fields else "/proc/cpuinfo",
+        "model": fields.get("Model name") or _cpu_model(),
+        "flags": sorted(flags.split()),
+        "fields": fields,
+    }
 
 
 def environment_light() -> dict[str, Any]:
@@ -244,12 +267,25 @@ def environment_light() -> dict[str, Any]:
 
 # --- The one summary every result file carries (bench/run_all.py builds the README table from it) ---
 
-_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+_OPS = {
+    ">=": lambda a, b: a >= b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    "<": lambda a, b: a < b,
+}
 
 
-def figure(name: str, values: Iterable[float | None], unit: str, *, target: tuple[str, float] | None = None,
-           peer: str | None = None, anchor: str | None = None, detail: str | None = None,
-           digits: int = 2) -> dict[str, Any]:
+def figure(
+    name: str,
+    values: Iterable[float | None],
+    unit: str,
+    *,
+    target: tuple[str, float] | None = None,
+    peer: str | None = None,
+    anchor: str | None = None,
+    detail: str | None = None,
+    digits: int = 2,
+) -> dict[str, Any]:
     """One published figure: the median of its repeats, their range, and its verdict.
 
     Args:
@@ -271,22 +307,38 @@ def figure(name: str, values: Iterable[float | None], unit: str, *, target: tupl
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     value = statistics.median(vals) if vals else None
     out: dict[str, Any] = {
-        "name": name, "value": value, "unit": unit, "repeats": len(vals), "values": vals,
-        "spread": [min(vals), max(vals)] if vals else None, "digits": digits,
-        "target": None, "op": None, "bound": None, "status": "-",
-        "peer": peer, "anchor": anchor, "detail": detail,
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "repeats": len(vals),
+        "values": vals,
+        "spread": [min(vals), max(vals)] if vals else None,
+        "digits": digits,
+        "target": None,
+        "op": None,
+        "bound": None,
+        "status": "-",
+        "peer": peer,
+        "anchor": anchor,
+        "detail": detail,
     }
     if target is not None:
         op, bound = target
         if op not in _OPS:
             raise ValueError(f"target op {op!r} is not one of {', '.join(_OPS)}")
         sep = "" if unit in ("x", "%") else " "
-        out.update(target=f"{op} {bound:g}{sep}{unit}", op=op, bound=float(bound),
-                   status="n/a" if value is None else ("pass" if _OPS[op](value, bound) else "MISS"))
+        out.update(
+            target=f"{op} {bound:g}{sep}{unit}",
+            op=op,
+            bound=float(bound),
+            status="n/a" if value is None else ("pass" if _OPS[op](value, bound) else "MISS"),
+        )
     return out
 
 
-def result(bench_id: str, title: str, command: str, figures: Sequence[dict], **payload: Any) -> dict[str, Any]:
+def result(
+    bench_id: str, title: str, command: str, figures: Sequence[dict], **payload: Any
+) -> dict[str, Any]:
     """The JSON a benchmark commits to ``bench/results/``: who, where, what, and every figure.
 
     Args:
@@ -296,11 +348,20 @@ def result(bench_id: str, title: str, command: str, figures: Sequence[dict], **p
         figures: :func:`figure` dicts, in the order the README shows them.
         **payload: The benchmark's own details (parameters, every repeat, raw timings).
     """
-    return {"id": bench_id, "title": title, "command": command, "environment": environment_light(),
-            "lscpu": lscpu_info(), "figures": list(figures), **payload}
+    return {
+        "id": bench_id,
+        "title": title,
+        "command": command,
+        "environment": environment_light(),
+        "lscpu": lscpu_info(),
+        "figures": list(figures),
+        **payload,
+    }
 
 
-def interleaved_latency(models: dict, settings, *, repeats: int, runs: int, warmup: int, gate, bar) -> dict:
+def interleaved_latency(
+    models: dict, settings, *, repeats: int, runs: int, warmup: int, gate, bar
+) -> dict:
     """LiteRT p50 per (model, setting) per round; every model interleaved (order rotated) within every round.
 
     Args:
@@ -318,12 +379,17 @@ def interleaved_latency(models: dict, settings, *, repeats: int, runs: int, warm
     names = list(models)
     per = {name: {key: [] for key, _ in settings} for name in names}
     for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for key, threads in settings:
+
             def unit():
                 with CpuSample() as s:
-                    out = {n: bench.latency(models[n], threads=threads, warmup=warmup, runs=runs)["p50_ms"]
-                           for n in order}
+                    out = {
+                        n: bench.latency(models[n], threads=threads, warmup=warmup, runs=runs)[
+                            "p50_ms"
+                        ]
+                        for n in order
+                    }
                 return out, [s.foreign]
 
             for n, v in gate.run(unit).items():
@@ -338,8 +404,12 @@ def speedups(per: dict, name: str, base: str, settings) -> dict:
     out = {}
     for key, _ in settings:
         ratios = [f / v for f, v in zip(per[base][key], per[name][key])]
-        out[key] = {"p50_ms": median(per[name][key]), "rounds": per[name][key],
-                    "speedup_vs_float32": median(ratios), "speedup_rounds": ratios}
+        out[key] = {
+            "p50_ms": median(per[name][key]),
+            "rounds": per[name][key],
+            "speedup_vs_float32": median(ratios),
+            "speedup_rounds": ratios,
+        }
     return out
 
 
@@ -357,7 +427,16 @@ def publish(res: dict, gate, started: float, report, out: str, bench_id: str) ->
 
 def figures_table(figures: list[dict]) -> str:
     """The ``### Figures`` block a benchmark prints: name, median, range, target, status."""
-    rows = [[f["name"], "-" if f["value"] is None else f"{f['value']:.3g} {f['unit']}",
-             "-" if f["spread"] is None else f"{f['spread'][0]:.3g}-{f['spread'][1]:.3g}", f["target"] or "-",
-             f["status"]] for f in figures]
-    return "### Figures\n\n" + markdown_table(["figure", "median", "range", "target", "status"], rows)
+    rows = [
+        [
+            f["name"],
+            "-" if f["value"] is None else f"{f['value']:.3g} {f['unit']}",
+            "-" if f["spread"] is None else f"{f['spread'][0]:.3g}-{f['spread'][1]:.3g}",
+            f["target"] or "-",
+            f["status"],
+        ]
+        for f in figures
+    ]
+    return "### Figures\n\n" + markdown_table(
+        ["figure", "median", "range", "target", "status"], rows
+    )

@@ -41,6 +41,7 @@ Every model's row also has the Shannon entropy, in bits per byte, of its largest
     PYTHONPATH=. python bench/compression.py [--repeats 3] [--out bench/results/compression.json]
     PYTHONPATH=. python bench/compression.py --smoke --from RUN_DIR     # seconds; used by a test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,17 +88,33 @@ class Recipe:
     lr: float = 5e-4
     layers: tuple[str, ...] = DENSE_FIRST
 
-    def settings(self, technique: str = "prune", sparsity: float = SPARSITY, steps: int = 0,
-                 init: str = "kmeans_plus_plus"):
+    def settings(
+        self,
+        technique: str = "prune",
+        sparsity: float = SPARSITY,
+        steps: int = 0,
+        init: str = "kmeans_plus_plus",
+    ):
         """The ``OptimizeSettings`` of ``technique`` with this recipe's pruning (clustering with centroid
         initialization ``init``; QAT: defaults)."""
         from tfopt.optimize import ClusterSpec, OptimizeSettings, PruneSpec, Selection
 
-        prune = PruneSpec(sparsity=sparsity, block_size=self.block if sparsity else (1, 1),
-                          selection=Selection(names=self.layers))
-        return OptimizeSettings(technique=technique, prune=prune, cluster=ClusterSpec(clusters=CLUSTERS, init=init),
-                                epochs=1, phase_epochs=(("prune", self.epochs),), steps_per_epoch=steps,
-                                learning_rate=self.lr, tensorboard=False, saved_model=False)
+        prune = PruneSpec(
+            sparsity=sparsity,
+            block_size=self.block if sparsity else (1, 1),
+            selection=Selection(names=self.layers),
+        )
+        return OptimizeSettings(
+            technique=technique,
+            prune=prune,
+            cluster=ClusterSpec(clusters=CLUSTERS, init=init),
+            epochs=1,
+            phase_epochs=(("prune", self.epochs),),
+            steps_per_epoch=steps,
+            learning_rate=self.lr,
+            tensorboard=False,
+            saved_model=False,
+        )
 
 
 # Block shape, learning rate and length, one factor at a time from the tfmot tutorial's 2 pruning
@@ -108,7 +125,10 @@ CANDIDATES = (
     Recipe("4x1 blocks, lr 1e-3", 2, (4, 1), 1e-3),
     Recipe("4x1 blocks, lr 5e-4, 8 epochs", 8, (4, 1)),
 )
-SMOKE_CANDIDATES = (Recipe("unstructured", 1, layers=()), Recipe("4x1 blocks", 1, (4, 1), layers=()))
+SMOKE_CANDIDATES = (
+    Recipe("unstructured", 1, layers=()),
+    Recipe("4x1 blocks", 1, (4, 1), layers=()),
+)
 CLUSTER_ONLY = Recipe("cluster", 1, layers=())  # its lr and epochs: the library's defaults
 
 
@@ -121,11 +141,14 @@ def choose(rows: list[dict], bar: float = TARGET_RATIO) -> int:
     """
     passing = [i for i, r in enumerate(rows) if r["ratio"] >= bar]
     if passing:
-        return min(passing, key=lambda i: (-rows[i]["val_accuracy"], rows[i]["recipe"]["epochs"], i))
+        return min(
+            passing, key=lambda i: (-rows[i]["val_accuracy"], rows[i]["recipe"]["epochs"], i)
+        )
     return max(range(len(rows)), key=lambda i: (rows[i]["ratio"], -i))
 
 
 # --- the base run, the data, conversion and scoring ---------------------------------------------
+
 
 def _base_run(args) -> str:
     if args.source:
@@ -134,9 +157,14 @@ def _base_run(args) -> str:
     if not os.path.isfile(os.path.join(out, "run.json")):
         from tfopt.train import run as train
 
-        cfg = C.from_dict({"data": {"dataset": "mnist", "global_batch_size": 128, "num_shards": 8},
-                           "model": {"name": "cnn"}, "runtime": {"strategy": "one_device", "precision": "float32"},
-                           "train": {"epochs": 4, "output_dir": out, "verbose": 0, "tensorboard": False}})
+        cfg = C.from_dict(
+            {
+                "data": {"dataset": "mnist", "global_batch_size": 128, "num_shards": 8},
+                "model": {"name": "cnn"},
+                "runtime": {"strategy": "one_device", "precision": "float32"},
+                "train": {"epochs": 4, "output_dir": out, "verbose": 0, "tensorboard": False},
+            }
+        )
         print(f"B4: training the base cnn (4 epochs) into {out}", file=sys.stderr, flush=True)
         train(cfg)
     return out
@@ -152,8 +180,13 @@ def _tflite(model, mode: str, calibration=None) -> dict:
 
 def _sizes(content: bytes, sparse: bool = False) -> dict:
     """A ``.tflite``'s bytes, gzip -9 bytes and the entropy of its largest weight buffer."""
-    return {"content": content, "bytes": len(content), "gzip_bytes": len(gzip.compress(content, 9)),
-            "sparse": sparse, "largest_buffer_entropy_bits": round(largest_buffer_entropy(content), 3)}
+    return {
+        "content": content,
+        "bytes": len(content),
+        "gzip_bytes": len(gzip.compress(content, 9)),
+        "sparse": sparse,
+        "largest_buffer_entropy_bits": round(largest_buffer_entropy(content), 3),
+    }
 
 
 def largest_buffer_entropy(content: bytes) -> float:
@@ -167,7 +200,9 @@ def largest_buffer_entropy(content: bytes) -> float:
     from tensorflow.lite.python import schema_py_generated as schema
 
     model = schema.Model.GetRootAsModel(content, 0)
-    largest = max((model.Buffers(i) for i in range(model.BuffersLength())), key=lambda b: b.DataLength())
+    largest = max(
+        (model.Buffers(i) for i in range(model.BuffersLength())), key=lambda b: b.DataLength()
+    )
     counts = np.bincount(largest.DataAsNumpy().view(np.uint8), minlength=256)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log2(p)).sum())
@@ -202,8 +237,14 @@ def _optimize_job(run_dir: str, seed: int, smoke: bool):
     train = {"seed": seed, "verbose": 0, "tensorboard": False}
     if smoke:
         train["steps_per_execution"] = 1
-    cfg = C.from_dict({"data": {"seed": seed}, "train": train,
-                       "runtime": {"strategy": "one_device", "precision": "float32"}}, run.config)
+    cfg = C.from_dict(
+        {
+            "data": {"seed": seed},
+            "train": train,
+            "runtime": {"strategy": "one_device", "precision": "float32"},
+        },
+        run.config,
+    )
     with Job(cfg, "optimize", out_dir=False) as job:
         ctx = Context(job=job)
         base = load_model(run.model_path)
@@ -211,7 +252,9 @@ def _optimize_job(run_dir: str, seed: int, smoke: bool):
         def tune(settings):
             settings.validate()
             fine_tunes = _fine_tunes(ctx, settings)
-            model, infos, _ = run_chain(ctx, fine_tunes, base, _resolved(settings, fine_tunes).chain())
+            model, infos, _ = run_chain(
+                ctx, fine_tunes, base, _resolved(settings, fine_tunes).chain()
+            )
             return model, infos
 
         yield tune
@@ -219,23 +262,37 @@ def _optimize_job(run_dir: str, seed: int, smoke: bool):
 
 # --- selection, repeats --------------------------------------------------------------------------
 
+
 def _select(tune, candidates, steps: int, calibration, val, float_gzip: int) -> dict:
     rows = []
     for recipe in candidates:
         started = time.perf_counter()
         model, infos = tune(recipe.settings(steps=steps))
         converted = _tflite(model, "int8", calibration)
-        rows.append(_row(converted, float_gzip, val_accuracy=_accuracy(converted["content"], *val),
-                         recipe=asdict(recipe), train_accuracy=infos[-1].get("train_accuracy"),
-                         seconds=round(time.perf_counter() - started, 1)))
+        rows.append(
+            _row(
+                converted,
+                float_gzip,
+                val_accuracy=_accuracy(converted["content"], *val),
+                recipe=asdict(recipe),
+                train_accuracy=infos[-1].get("train_accuracy"),
+                seconds=round(time.perf_counter() - started, 1),
+            )
+        )
     chosen = choose(rows)
-    return {"rule": f"among candidates with gzip ratio >= {TARGET_RATIO:g}x, the highest validation accuracy "
-                    "(ties: fewer epochs, then the earlier one); if none, the largest ratio",
-            "split": "validation", "candidates": rows, "chosen": chosen, "recipe": rows[chosen]["recipe"]}
+    return {
+        "rule": f"among candidates with gzip ratio >= {TARGET_RATIO:g}x, the highest validation accuracy "
+        "(ties: fewer epochs, then the earlier one); if none, the largest ratio",
+        "split": "validation",
+        "candidates": rows,
+        "chosen": chosen,
+        "recipe": rows[chosen]["recipe"],
+    }
 
 
-def _repeat(args, base_dir: str, index: int, data: dict, base_model, float_gzip: int,
-            recipe: Recipe | None) -> tuple[dict, dict | None, Recipe]:
+def _repeat(
+    args, base_dir: str, index: int, data: dict, base_model, float_gzip: int, recipe: Recipe | None
+) -> tuple[dict, dict | None, Recipe]:
     """One seed: (repeat 1: the selection, then) the control, pruned, clustered and PCQAT models, and the peers."""
     from bench.peers import tfmot_clustering, tfmot_pruning
 
@@ -247,7 +304,9 @@ def _repeat(args, base_dir: str, index: int, data: dict, base_model, float_gzip:
     with _optimize_job(base_dir, seed, args.smoke) as tune:
         if recipe is None:
             candidates = SMOKE_CANDIDATES if args.smoke else CANDIDATES
-            selection = _select(tune, candidates, steps, calibration, data["validation"], float_gzip)
+            selection = _select(
+                tune, candidates, steps, calibration, data["validation"], float_gzip
+            )
             recipe = candidates[selection["chosen"]]
         control, _ = tune(recipe.settings(sparsity=0.0, steps=steps))
         pruned, _ = tune(recipe.settings(steps=steps))
@@ -256,22 +315,46 @@ def _repeat(args, base_dir: str, index: int, data: dict, base_model, float_gzip:
         pcqat, _ = tune(recipe.settings("pcqat", steps=steps))
     rows = {}
     control_tfl = _tflite(control, "float32")
-    rows["control_float"] = _row(control_tfl, float_gzip, test_accuracy=_accuracy(control_tfl["content"], *test))
-    if selection is not None:  # for the record: how the control scores where the candidates were compared
+    rows["control_float"] = _row(
+        control_tfl, float_gzip, test_accuracy=_accuracy(control_tfl["content"], *test)
+    )
+    if (
+        selection is not None
+    ):  # for the record: how the control scores where the candidates were compared
         selection["control_val_accuracy"] = _accuracy(control_tfl["content"], *data["validation"])
-    for name, model, cal in (("pruned_int8", pruned, calibration), ("clustered_int8", clustered, calibration),
-                             ("clustered_linear_int8", clustered_linear, calibration), ("pcqat_int8", pcqat, None)):
+    for name, model, cal in (
+        ("pruned_int8", pruned, calibration),
+        ("clustered_int8", clustered, calibration),
+        ("clustered_linear_int8", clustered_linear, calibration),
+        ("pcqat_int8", pcqat, None),
+    ):
         converted = _tflite(model, "int8", cal)
-        rows[name] = _row(converted, float_gzip, test_accuracy=_accuracy(converted["content"], *test))
+        rows[name] = _row(
+            converted, float_gzip, test_accuracy=_accuracy(converted["content"], *test)
+        )
     x_train, y_train = data["train"]
     smoke_pruning = {"epochs": 1, "frequency": 1} if args.smoke else {}  # to reach 80% in 4 steps
-    for name, peer, kwargs in (("peer_pruning", tfmot_pruning, smoke_pruning),
-                               ("peer_clustering", tfmot_clustering, {})):
-        out = peer.run(base_model, x_train, y_train, seed=seed, steps_per_epoch=4 if args.smoke else None, **kwargs)
+    for name, peer, kwargs in (
+        ("peer_pruning", tfmot_pruning, smoke_pruning),
+        ("peer_clustering", tfmot_clustering, {}),
+    ):
+        out = peer.run(
+            base_model,
+            x_train,
+            y_train,
+            seed=seed,
+            steps_per_epoch=4 if args.smoke else None,
+            **kwargs,
+        )
         converted = _sizes(out.pop("tflite"))
-        rows[name] = _row(converted, float_gzip, test_accuracy=_accuracy(converted["content"], *test), **out)
+        rows[name] = _row(
+            converted, float_gzip, test_accuracy=_accuracy(converted["content"], *test), **out
+        )
     rows["seed"], rows["recipe"] = seed, recipe.name
-    rows["seconds"], rows["cpu_seconds"] = round(time.perf_counter() - started, 1), round(time.process_time() - cpu, 1)
+    rows["seconds"], rows["cpu_seconds"] = (
+        round(time.perf_counter() - started, 1),
+        round(time.process_time() - cpu, 1),
+    )
     return rows, selection, recipe
 
 
@@ -286,15 +369,21 @@ def run(args) -> dict:
     base_dir = _base_run(args)
     cfg = load_run(base_dir).config
     limit = 1000 if args.smoke else 0
-    data = {"validation": load_split(cfg.data, "validation", limit), "test": load_split(cfg.data, "test", limit),
-            "train": load_split(cfg.data, "train"), "calibration": calibration_batches(cfg.data, 4 if args.smoke else 25)}
+    data = {
+        "validation": load_split(cfg.data, "validation", limit),
+        "test": load_split(cfg.data, "test", limit),
+        "train": load_split(cfg.data, "train"),
+        "calibration": calibration_batches(cfg.data, 4 if args.smoke else 25),
+    }
     base_model = load_model(load_run(base_dir).model_path)
     base = {}
     for name, mode in (("float", "float32"), ("int8", "int8")):
         converted = _tflite(base_model, mode, data["calibration"] if mode == "int8" else None)
         base[name] = {k: v for k, v in converted.items() if k != "content"}
-        base[name].update(val_accuracy=_accuracy(converted["content"], *data["validation"]),
-                          test_accuracy=_accuracy(converted["content"], *data["test"]))
+        base[name].update(
+            val_accuracy=_accuracy(converted["content"], *data["validation"]),
+            test_accuracy=_accuracy(converted["content"], *data["test"]),
+        )
     float_gzip = base["float"]["gzip_bytes"]
     base["int8"]["ratio"] = round(float_gzip / base["int8"]["gzip_bytes"], 3)
     repeats, selection, recipe = [], None, None
@@ -303,18 +392,42 @@ def run(args) -> dict:
         selection = selection or chosen
         repeats.append(rows)
         # What is done so far, should a later repeat fail (the run takes ~40 min).
-        write_json_atomic(os.path.join(args.workdir, "partial.json"),
-                          {"base": base, "selection": selection, "repeats": repeats})
-        print(f"B4: repeat {index + 1}/{args.repeats} done in {rows['seconds']:.0f} s", file=sys.stderr, flush=True)
+        write_json_atomic(
+            os.path.join(args.workdir, "partial.json"),
+            {"base": base, "selection": selection, "repeats": repeats},
+        )
+        print(
+            f"B4: repeat {index + 1}/{args.repeats} done in {rows['seconds']:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
-    params = {"smoke": args.smoke, "repeats": args.repeats, "base_run": os.path.abspath(base_dir),
-              "sparsity": SPARSITY, "clusters": CLUSTERS, "validation_examples": int(len(data["validation"][1])),
-              "test_examples": int(len(data["test"][1])), "train_examples": int(len(data["train"][1]))}
-    return result("B4", "compression", COMMAND, figures(base, selection, repeats), params=params, base=base,
-                  selection=selection, repeats=repeats, seconds=round(seconds, 1), cpu_seconds=round(cpu_seconds, 1))
+    params = {
+        "smoke": args.smoke,
+        "repeats": args.repeats,
+        "base_run": os.path.abspath(base_dir),
+        "sparsity": SPARSITY,
+        "clusters": CLUSTERS,
+        "validation_examples": int(len(data["validation"][1])),
+        "test_examples": int(len(data["test"][1])),
+        "train_examples": int(len(data["train"][1])),
+    }
+    return result(
+        "B4",
+        "compression",
+        COMMAND,
+        figures(base, selection, repeats),
+        params=params,
+        base=base,
+        selection=selection,
+        repeats=repeats,
+        seconds=round(seconds, 1),
+        cpu_seconds=round(cpu_seconds, 1),
+    )
 
 
 # --- figures ------------------------------------------------------------------------------------
+
 
 def _pt(a: float, b: float) -> float:
     return round(100.0 * (a - b), 3)
@@ -336,74 +449,139 @@ def figures(base: dict, selection: dict, repeats: list[dict]) -> list[dict]:
 
     pruned, peer_p = median(ratios("pruned_int8")), median(ratios("peer_pruning"))
     clustered, peer_c = median(ratios("clustered_int8")), median(ratios("peer_clustering"))
-    loss_ctrl = [_pt(r["control_float"]["test_accuracy"], r["pruned_int8"]["test_accuracy"]) for r in repeats]
+    loss_ctrl = [
+        _pt(r["control_float"]["test_accuracy"], r["pruned_int8"]["test_accuracy"]) for r in repeats
+    ]
     loss_base = [_pt(facc, r["pruned_int8"]["test_accuracy"]) for r in repeats]
     peer_loss = median(_pt(facc, r["peer_pruning"]["test_accuracy"]) for r in repeats)
     label = f"{recipe['name']} (chosen on validation)"
     return [
-        figure(f"pruned 80% + int8 PTQ, gzip size: float / pruned, {label}", ratios("pruned_int8"), "x",
-               target=(">=", TARGET_RATIO), anchor=ANCHOR_PRUNED,
-               peer=f"tfmot pruning tutorial {peer_p:.2f}x (tfopt / peer {pruned / peer_p:.2f}x)",
-               detail=f"float .tflite {fgz:,} B gzipped, pruned + int8 {med('pruned_int8', 'gzip_bytes'):,.0f} B"),
-        figure(f"pruned 80% + int8 PTQ, accuracy loss vs the float control fine-tuned the same "
-               f"{recipe['epochs']} epochs", loss_ctrl, "pt", target=("<=", TARGET_LOSS_PT),
-               peer=f"tfmot pruning tutorial: test accuracy {100 * med('peer_pruning', 'test_accuracy'):.2f}%",
-               detail=f"control {100 * med('control_float', 'test_accuracy'):.2f}%, pruned + int8 "
-                      f"{100 * med('pruned_int8', 'test_accuracy'):.2f}% (10k test images, LiteRT)"),
-        figure("(info) pruned 80% + int8 PTQ, accuracy loss vs the float model not fine-tuned", loss_base, "pt",
-               peer=f"tfmot pruning tutorial {peer_loss:.2f} pt",
-               detail=f"float model {100 * facc:.2f}%; the control's fine-tuning gained "
-                      f"{median(_pt(r['control_float']['test_accuracy'], facc) for r in repeats):+.2f} pt"),
-        figure("clustered 16 + int8 PTQ, gzip size: float / clustered", ratios("clustered_int8"), "x",
-               anchor=ANCHOR_CLUSTERED,
-               peer=f"tfmot clustering tutorial {peer_c:.2f}x (tfopt / peer {clustered / peer_c:.2f}x)",
-               detail=f"accuracy {100 * med('clustered_int8', 'test_accuracy'):.2f}% (peer "
-                      f"{100 * med('peer_clustering', 'test_accuracy'):.2f}%), float {100 * facc:.2f}%; dense "
-                      f"kernel {bits('clustered_int8')} bits per byte (peer {bits('peer_clustering')})"),
-        figure("(info) clustered 16 with --centroid-init linear (the tutorial's) + int8 PTQ, gzip size: float / "
-               "clustered", ratios("clustered_linear_int8"), "x",
-               peer=f"tfmot clustering tutorial {peer_c:.2f}x",
-               detail=f"accuracy {100 * med('clustered_linear_int8', 'test_accuracy'):.2f}%; dense kernel "
-                      f"{bits('clustered_linear_int8')} bits per byte (k-means++ {bits('clustered_int8')})"),
-        figure("pruned 80% + clustered 16 + PCQAT int8, gzip size: float / PCQAT", ratios("pcqat_int8"), "x",
-               detail=f"accuracy {100 * med('pcqat_int8', 'test_accuracy'):.2f}%, loss vs the control "
-                      f"{median(_pt(r['control_float']['test_accuracy'], r['pcqat_int8']['test_accuracy']) for r in repeats):.2f} pt "
-                      f"(PCQAT fine-tunes 2 epochs more)"),
+        figure(
+            f"pruned 80% + int8 PTQ, gzip size: float / pruned, {label}",
+            ratios("pruned_int8"),
+            "x",
+            target=(">=", TARGET_RATIO),
+            anchor=ANCHOR_PRUNED,
+            peer=f"tfmot pruning tutorial {peer_p:.2f}x (tfopt / peer {pruned / peer_p:.2f}x)",
+            detail=f"float .tflite {fgz:,} B gzipped, pruned + int8 {med('pruned_int8', 'gzip_bytes'):,.0f} B",
+        ),
+        figure(
+            f"pruned 80% + int8 PTQ, accuracy loss vs the float control fine-tuned the same "
+            f"{recipe['epochs']} epochs",
+            loss_ctrl,
+            "pt",
+            target=("<=", TARGET_LOSS_PT),
+            peer=f"tfmot pruning tutorial: test accuracy {100 * med('peer_pruning', 'test_accuracy'):.2f}%",
+            detail=f"control {100 * med('control_float', 'test_accuracy'):.2f}%, pruned + int8 "
+            f"{100 * med('pruned_int8', 'test_accuracy'):.2f}% (10k test images, LiteRT)",
+        ),
+        figure(
+            "(info) pruned 80% + int8 PTQ, accuracy loss vs the float model not fine-tuned",
+            loss_base,
+            "pt",
+            peer=f"tfmot pruning tutorial {peer_loss:.2f} pt",
+            detail=f"float model {100 * facc:.2f}%; the control's fine-tuning gained "
+            f"{median(_pt(r['control_float']['test_accuracy'], facc) for r in repeats):+.2f} pt",
+        ),
+        figure(
+            "clustered 16 + int8 PTQ, gzip size: float / clustered",
+            ratios("clustered_int8"),
+            "x",
+            anchor=ANCHOR_CLUSTERED,
+            peer=f"tfmot clustering tutorial {peer_c:.2f}x (tfopt / peer {clustered / peer_c:.2f}x)",
+            detail=f"accuracy {100 * med('clustered_int8', 'test_accuracy'):.2f}% (peer "
+            f"{100 * med('peer_clustering', 'test_accuracy'):.2f}%), float {100 * facc:.2f}%; dense "
+            f"kernel {bits('clustered_int8')} bits per byte (peer {bits('peer_clustering')})",
+        ),
+        figure(
+            "(info) clustered 16 with --centroid-init linear (the tutorial's) + int8 PTQ, gzip size: float / "
+            "clustered",
+            ratios("clustered_linear_int8"),
+            "x",
+            peer=f"tfmot clustering tutorial {peer_c:.2f}x",
+            detail=f"accuracy {100 * med('clustered_linear_int8', 'test_accuracy'):.2f}%; dense kernel "
+            f"{bits('clustered_linear_int8')} bits per byte (k-means++ {bits('clustered_int8')})",
+        ),
+        figure(
+            "pruned 80% + clustered 16 + PCQAT int8, gzip size: float / PCQAT",
+            ratios("pcqat_int8"),
+            "x",
+            detail=f"accuracy {100 * med('pcqat_int8', 'test_accuracy'):.2f}%, loss vs the control "
+            f"{median(_pt(r['control_float']['test_accuracy'], r['pcqat_int8']['test_accuracy']) for r in repeats):.2f} pt "
+            f"(PCQAT fine-tunes 2 epochs more)",
+        ),
     ]
 
 
 def _tables(res: dict) -> str:
-    figs = [[f["name"], f"{f['value']:.2f} {f['unit']}", "-" if not f["spread"] else
-             f"{f['spread'][0]:.2f} to {f['spread'][1]:.2f} ({f['repeats']})", f["target"] or "-", f["status"],
-             f["peer"] or "-"] for f in res["figures"]]
+    figs = [
+        [
+            f["name"],
+            f"{f['value']:.2f} {f['unit']}",
+            "-"
+            if not f["spread"]
+            else f"{f['spread'][0]:.2f} to {f['spread'][1]:.2f} ({f['repeats']})",
+            f["target"] or "-",
+            f["status"],
+            f["peer"] or "-",
+        ]
+        for f in res["figures"]
+    ]
     sel = res["selection"]
-    cands = [[("-> " if i == sel["chosen"] else "") + c["recipe"]["name"], f"{c['gzip_bytes']:,}", f"{c['ratio']:.2f}x",
-              f"{100 * c['val_accuracy']:.2f}%"] for i, c in enumerate(sel["candidates"])]
-    return (markdown_table(["figure", "median", "range (repeats)", "target", "status", "peer, same run"], figs)
-            + "\n\nSelection (validation split):\n"
-            + markdown_table(["candidate", "gzip bytes", "float / candidate", "val acc"], cands))
+    cands = [
+        [
+            ("-> " if i == sel["chosen"] else "") + c["recipe"]["name"],
+            f"{c['gzip_bytes']:,}",
+            f"{c['ratio']:.2f}x",
+            f"{100 * c['val_accuracy']:.2f}%",
+        ]
+        for i, c in enumerate(sel["candidates"])
+    ]
+    return (
+        markdown_table(
+            ["figure", "median", "range (repeats)", "target", "status", "peer, same run"], figs
+        )
+        + "\n\nSelection (validation split):\n"
+        + markdown_table(["candidate", "gzip bytes", "float / candidate", "val acc"], cands)
+    )
 
 
 def main(argv=None) -> int:
     """Runs the benchmark, prints its tables and writes the JSON result."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=3, help="fine-tuning repeats, one seed each (default 3)")
-    ap.add_argument("--from", dest="source", help="start from this run instead of training the base CNN")
-    ap.add_argument("--workdir", default=None, help="where the base run goes "
-                    "(default: $TMPDIR/tfopt-bench-compression)")
-    ap.add_argument("--out", default=None, help="JSON output (default bench/results/compression.json)")
-    ap.add_argument("--smoke", action="store_true", help="tiny data and fine-tunings, 1 repeat (for tests)")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="fine-tuning repeats, one seed each (default 3)"
+    )
+    ap.add_argument(
+        "--from", dest="source", help="start from this run instead of training the base CNN"
+    )
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        help="where the base run goes (default: $TMPDIR/tfopt-bench-compression)",
+    )
+    ap.add_argument(
+        "--out", default=None, help="JSON output (default bench/results/compression.json)"
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny data and fine-tunings, 1 repeat (for tests)"
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.repeats = 1
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats} must be >= 1")
-    args.workdir = args.workdir or os.path.join(tempfile.gettempdir(), "tfopt-bench-compression" +
-                                                ("-smoke" if args.smoke else ""))
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compression.json")
+    args.workdir = args.workdir or os.path.join(
+        tempfile.gettempdir(), "tfopt-bench-compression" + ("-smoke" if args.smoke else "")
+    )
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results", "compression.json"
+    )
     res = run(args)
     print(_tables(res))
-    print(f"\nB4: {args.repeats} repeat(s), medians; {res['seconds']:.0f} s wall, {res['cpu_seconds']:.0f} s CPU")
+    print(
+        f"\nB4: {args.repeats} repeat(s), medians; {res['seconds']:.0f} s wall, {res['cpu_seconds']:.0f} s CPU"
+    )
     write_json_atomic(out, res)
     return 0
 

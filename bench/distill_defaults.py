@@ -33,6 +33,7 @@ and at any one recipe the teacher's soft targets moved validation accuracy by at
 
     PYTHONPATH=. python bench/distill_defaults.py [--teacher RUN] [--phase all|select|check]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,11 @@ OLD_DEFAULTS = {"lr": "0.001", "temperature": 4, "alpha": 0.9, "set:data.augment
 def _flags(config: dict) -> list[str]:
     out = []
     for key, value in config.items():
-        out += [f"--{key}", str(value)] if not key.startswith("set:") else ["--set", f"{key[4:]}={value}"]
+        out += (
+            [f"--{key}", str(value)]
+            if not key.startswith("set:")
+            else ["--set", f"{key[4:]}={value}"]
+        )
     return out
 
 
@@ -77,7 +82,16 @@ class Runner:
 
         self.n += 1
         out = os.path.join(self.root, f"{stage}-{self.n}")
-        argv = [*COMMON, *_flags(config), "--set", f"train.seed={seed}", "--set", f"data.seed={seed}", "-o", out]
+        argv = [
+            *COMMON,
+            *_flags(config),
+            "--set",
+            f"train.seed={seed}",
+            "--set",
+            f"data.seed={seed}",
+            "-o",
+            out,
+        ]
         keras.backend.clear_session()
         t0 = time.perf_counter()
         if stage == "distill":
@@ -88,9 +102,13 @@ class Runner:
             raise RuntimeError(f"{stage} {argv} exited {code}")
         with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
             rec = json.load(f)
-        return {"val_accuracy": rec["history"][-1]["val_accuracy"], "test_accuracy": rec["metrics"]["test_accuracy"],
-                "seconds": round(time.perf_counter() - t0, 1),
-                "settings": rec.get("distill", {}).get("settings"), "config": rec["config"]}
+        return {
+            "val_accuracy": rec["history"][-1]["val_accuracy"],
+            "test_accuracy": rec["metrics"]["test_accuracy"],
+            "seconds": round(time.perf_counter() - t0, 1),
+            "settings": rec.get("distill", {}).get("settings"),
+            "config": rec["config"],
+        }
 
     def trial(self, phase: str, stage: str, config: dict, seeds=SELECTION_SEEDS) -> dict:
         """Runs ``config`` at every selection seed; records validation accuracies only."""
@@ -99,11 +117,21 @@ class Runner:
                 return t
         runs = [self.run(stage, config, s) for s in seeds]
         vals = [r["val_accuracy"] for r in runs]
-        t = {"phase": phase, "stage": stage, "config": config, "seeds": list(seeds), "val_accuracy": vals,
-             "val_mean": statistics.mean(vals), "seconds": [r["seconds"] for r in runs]}
+        t = {
+            "phase": phase,
+            "stage": stage,
+            "config": config,
+            "seeds": list(seeds),
+            "val_accuracy": vals,
+            "val_mean": statistics.mean(vals),
+            "seconds": [r["seconds"] for r in runs],
+        }
         self.trials.append(t)
-        print(f"{phase:>10} {stage:>7} {json.dumps(config):60s} val {', '.join(f'{v:.4f}' for v in vals)}"
-              f"  mean {t['val_mean']:.4f}", flush=True)
+        print(
+            f"{phase:>10} {stage:>7} {json.dumps(config):60s} val {', '.join(f'{v:.4f}' for v in vals)}"
+            f"  mean {t['val_mean']:.4f}",
+            flush=True,
+        )
         return t
 
     def best(self, candidates: list[dict]) -> dict:
@@ -112,30 +140,65 @@ class Runner:
 
 def select(r: Runner) -> tuple[dict, dict]:
     """The coordinate search of the protocol; returns (scratch, distill) winning configs."""
-    scratch = r.best([r.trial("scratch", "train", {"lr": lr, "set:data.augment": aug})
-                      for lr in LRS for aug in ("none", "shift")])
-    d = r.best([r.trial("lr", "distill", {"lr": lr, "temperature": 4, "alpha": 0.9, "set:data.augment": "none"})
-                for lr in LRS])
+    scratch = r.best(
+        [
+            r.trial("scratch", "train", {"lr": lr, "set:data.augment": aug})
+            for lr in LRS
+            for aug in ("none", "shift")
+        ]
+    )
+    d = r.best(
+        [
+            r.trial(
+                "lr",
+                "distill",
+                {"lr": lr, "temperature": 4, "alpha": 0.9, "set:data.augment": "none"},
+            )
+            for lr in LRS
+        ]
+    )
     lr = d["config"]["lr"]
-    d = r.best([d] + [r.trial("T x alpha", "distill", {"lr": lr, "temperature": t, "alpha": a,
-                                                        "set:data.augment": "none"})
-                      for t, a in TEMPERATURE_ALPHA])
-    d = r.best([d, r.trial("augment", "distill", dict(d["config"], **{"set:data.augment": "shift"}))])
+    d = r.best(
+        [d]
+        + [
+            r.trial(
+                "T x alpha",
+                "distill",
+                {"lr": lr, "temperature": t, "alpha": a, "set:data.augment": "none"},
+            )
+            for t, a in TEMPERATURE_ALPHA
+        ]
+    )
+    d = r.best(
+        [d, r.trial("augment", "distill", dict(d["config"], **{"set:data.augment": "shift"}))]
+    )
     return scratch["config"], d["config"]
 
 
 def _check(r: Runner, scratch: dict) -> dict:
     """Step 4: the bare commands (today's defaults) against each other and the tuned scratch recipe."""
-    check = {"train defaults": ("train", {}), "train, tuned recipe": ("train", scratch),
-             "distill defaults": ("distill", {}), "distill, old defaults": ("distill", OLD_DEFAULTS)}
-    runs = {name: [r.run(stage, cfg, s) for s in CHECK_SEEDS] for name, (stage, cfg) in check.items()}
+    check = {
+        "train defaults": ("train", {}),
+        "train, tuned recipe": ("train", scratch),
+        "distill defaults": ("distill", {}),
+        "distill, old defaults": ("distill", OLD_DEFAULTS),
+    }
+    runs = {
+        name: [r.run(stage, cfg, s) for s in CHECK_SEEDS] for name, (stage, cfg) in check.items()
+    }
     bare = runs["distill defaults"][0]  # what the bare command resolved to
-    return {"seeds": list(CHECK_SEEDS), "configs": {k: v[1] for k, v in check.items()},
-            "test_accuracy": {k: [x["test_accuracy"] for x in v] for k, v in runs.items()},
-            "val_accuracy": {k: [x["val_accuracy"] for x in v] for k, v in runs.items()},
-            "distill_defaults_resolved": {"settings": bare["settings"], "augment": bare["config"]["data"]["augment"],
-                                          "learning_rate": bare["config"]["train"]["learning_rate"]},
-            "seconds": [x["seconds"] for v in runs.values() for x in v]}
+    return {
+        "seeds": list(CHECK_SEEDS),
+        "configs": {k: v[1] for k, v in check.items()},
+        "test_accuracy": {k: [x["test_accuracy"] for x in v] for k, v in runs.items()},
+        "val_accuracy": {k: [x["val_accuracy"] for x in v] for k, v in runs.items()},
+        "distill_defaults_resolved": {
+            "settings": bare["settings"],
+            "augment": bare["config"]["data"]["augment"],
+            "learning_rate": bare["config"]["train"]["learning_rate"],
+        },
+        "seconds": [x["seconds"] for v in runs.values() for x in v],
+    }
 
 
 def _figures(check: dict) -> list[dict]:
@@ -149,27 +212,47 @@ def _figures(check: dict) -> list[dict]:
 
     seeds = "/".join(str(s) for s in check["seeds"])
     return [
-        figure("tfopt.distill defaults - tfopt.train defaults (tiny_cnn, 2 epochs, same seed)",
-               diff("distill defaults", "train defaults"), "pt", target=(">=", 0.0),
-               detail=f"test accuracy per seed {seeds}: distill {pct('distill defaults')}; "
-                      f"train {pct('train defaults')}"),
-        figure("tfopt.distill defaults - scratch with the tuned recipe",
-               diff("distill defaults", "train, tuned recipe"), "pt",
-               detail=f"scratch, recipe chosen on validation: {pct('train, tuned recipe')}"),
-        figure("old distill defaults (T=4, alpha=0.9, lr 1e-3) - tfopt.train defaults",
-               diff("distill, old defaults", "train defaults"), "pt",
-               detail=f"old distill defaults: {pct('distill, old defaults')}"),
+        figure(
+            "tfopt.distill defaults - tfopt.train defaults (tiny_cnn, 2 epochs, same seed)",
+            diff("distill defaults", "train defaults"),
+            "pt",
+            target=(">=", 0.0),
+            detail=f"test accuracy per seed {seeds}: distill {pct('distill defaults')}; "
+            f"train {pct('train defaults')}",
+        ),
+        figure(
+            "tfopt.distill defaults - scratch with the tuned recipe",
+            diff("distill defaults", "train, tuned recipe"),
+            "pt",
+            detail=f"scratch, recipe chosen on validation: {pct('train, tuned recipe')}",
+        ),
+        figure(
+            "old distill defaults (T=4, alpha=0.9, lr 1e-3) - tfopt.train defaults",
+            diff("distill, old defaults", "train defaults"),
+            "pt",
+            detail=f"old distill defaults: {pct('distill, old defaults')}",
+        ),
     ]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teacher", help="the main job's run (default: train it here, seeded)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                      "distill_defaults.json"))
-    parser.add_argument("--work", default="", help="where the runs go (default: a temporary directory)")
-    parser.add_argument("--phase", choices=("all", "select", "check"), default="all",
-                        help="select: steps 1-3 only; check: step 4 only, with the selection in --out")
+    parser.add_argument(
+        "--out",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results", "distill_defaults.json"
+        ),
+    )
+    parser.add_argument(
+        "--work", default="", help="where the runs go (default: a temporary directory)"
+    )
+    parser.add_argument(
+        "--phase",
+        choices=("all", "select", "check"),
+        default="all",
+        help="select: steps 1-3 only; check: step 4 only, with the selection in --out",
+    )
     args = parser.parse_args(argv)
     root = args.work or tempfile.mkdtemp(prefix="distill-defaults-")
     os.makedirs(root, exist_ok=True)
@@ -183,7 +266,20 @@ def main(argv=None) -> int:
         from tfopt.train.cli import main as train_main
 
         teacher = os.path.join(root, "teacher")
-        assert train_main(["--strategy", "mirrored", "--quiet", "--set", "train.tensorboard=false", "-o", teacher]) == 0
+        assert (
+            train_main(
+                [
+                    "--strategy",
+                    "mirrored",
+                    "--quiet",
+                    "--set",
+                    "train.tensorboard=false",
+                    "-o",
+                    teacher,
+                ]
+            )
+            == 0
+        )
     with open(os.path.join(teacher, "run.json"), encoding="utf-8") as f:
         teacher_rec = json.load(f)
     r = Runner(root, teacher)
@@ -191,20 +287,35 @@ def main(argv=None) -> int:
         selection = previous["selection"]
     else:
         scratch, distill = select(r)
-        selection = {"seeds": list(SELECTION_SEEDS), "split": "validation", "trials": r.trials,
-                     "chosen": {"train": scratch, "distill": distill},
-                     "seconds": round(time.perf_counter() - started, 1)}
+        selection = {
+            "seeds": list(SELECTION_SEEDS),
+            "split": "validation",
+            "trials": r.trials,
+            "chosen": {"train": scratch, "distill": distill},
+            "seconds": round(time.perf_counter() - started, 1),
+        }
     check = _check(r, selection["chosen"]["train"]) if args.phase != "select" else None
-    payload = result("B6", "distill defaults", "PYTHONPATH=. python bench/distill_defaults.py",
-                     _figures(check) if check else [],
-                     teacher={"run": teacher, "command": "python -m tfopt.train --strategy mirrored",
-                              "test_accuracy": teacher_rec["metrics"]["test_accuracy"],
-                              "val_accuracy": teacher_rec["history"][-1]["val_accuracy"]},
-                     budget={"epochs": 2, "global_batch_size": 128, "schedule": "cosine", "student": "tiny_cnn"},
-                     selection=selection, check=check, seconds=round(time.perf_counter() - started, 1))
+    payload = result(
+        "B6",
+        "distill defaults",
+        "PYTHONPATH=. python bench/distill_defaults.py",
+        _figures(check) if check else [],
+        teacher={
+            "run": teacher,
+            "command": "python -m tfopt.train --strategy mirrored",
+            "test_accuracy": teacher_rec["metrics"]["test_accuracy"],
+            "val_accuracy": teacher_rec["history"][-1]["val_accuracy"],
+        },
+        budget={"epochs": 2, "global_batch_size": 128, "schedule": "cosine", "student": "tiny_cnn"},
+        selection=selection,
+        check=check,
+        seconds=round(time.perf_counter() - started, 1),
+    )
     write_json_atomic(args.out, payload)
     for f in payload["figures"]:
-        print(f"{f['name']}: {f['value']:+.2f} pt [{f['spread'][0]:+.2f}, {f['spread'][1]:+.2f}] {f['status']}")
+        print(
+            f"{f['name']}: {f['value']:+.2f} pt [{f['spread'][0]:+.2f}, {f['spread'][1]:+.2f}] {f['status']}"
+        )
     print(f"wrote {args.out}")
     return 0
 

@@ -32,6 +32,7 @@ Protocol (one run, side by side, on real MNIST; BENCHMARKS.md row B6, PITFALLS "
     PYTHONPATH=. python bench/distillation.py [--seeds 3] [--out bench/results/distillation.json]
     PYTHONPATH=. python bench/distillation.py --smoke     # tiny and fast; used by a test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,11 +58,21 @@ from tfopt.models.registry import build_model  # noqa: E402
 
 SCCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 ANCHOR = "Hinton et al. 2015, MNIST: distillation closed ~0.91 of the gap"
-SCRATCH_GRID = tuple({"lr": lr, "augment": aug} for lr in (1e-3, 3e-3, 1e-2) for aug in ("none", "shift"))
+SCRATCH_GRID = tuple(
+    {"lr": lr, "augment": aug} for lr in (1e-3, 3e-3, 1e-2) for aug in ("none", "shift")
+)
 # Transfer set x learning rate; T=4 with labels (the CLI's former default), T=2 for the soft targets alone.
-DISTILL_GRID = tuple({"transfer": transfer, "temperature": 4.0 if transfer == "labeled" else 2.0,
-                      "alpha": 0.9 if transfer == "labeled" else 1.0, "lr": lr, "augment": "shift"}
-                     for transfer in ("labeled", "all") for lr in (3e-3, 1e-2))
+DISTILL_GRID = tuple(
+    {
+        "transfer": transfer,
+        "temperature": 4.0 if transfer == "labeled" else 2.0,
+        "alpha": 0.9 if transfer == "labeled" else 1.0,
+        "lr": lr,
+        "augment": "shift",
+    }
+    for transfer in ("labeled", "all")
+    for lr in (3e-3, 1e-2)
+)
 
 
 @dataclass(frozen=True)
@@ -71,19 +82,25 @@ class Params:
     seeds: int = 3
     labeled: int = 1000  # the student's labelled subset of the training split
     student: str = "small_cnn"
-    steps: int = 1600  # student updates of batch_size, for every arm (~100 passes over 1,000 images)
+    steps: int = (
+        1600  # student updates of batch_size, for every arm (~100 passes over 1,000 images)
+    )
     batch_size: int = 64
     teacher: str = "cnn"
     teacher_epochs: int = 3
     teacher_lr: float = 1e-3
     teacher_batch_size: int = 128
     steps_per_execution: int = 16  # per-step Keras overhead dominates a 15k-parameter student
-    selection_seed: int = 99  # the selection's subset and initial weights (no reported run uses them)
+    selection_seed: int = (
+        99  # the selection's subset and initial weights (no reported run uses them)
+    )
     limit: int = 0  # 0 = full MNIST (50k/10k/10k); smoke runs use a slice
     smoke: bool = False
 
 
-SMOKE = dict(seeds=1, labeled=128, steps=24, teacher="tiny_cnn", teacher_epochs=1, limit=2000, smoke=True)
+SMOKE = dict(
+    seeds=1, labeled=128, steps=24, teacher="tiny_cnn", teacher_epochs=1, limit=2000, smoke=True
+)
 
 
 def _arrays(cfg: DataConfig, info, split: str):
@@ -93,7 +110,12 @@ def _arrays(cfg: DataConfig, info, split: str):
 
 def _stream(x, y, seed: int, batch_size: int, augment: str):
     """Endless shuffled batches (reshuffled every pass), shifted by ``pipeline.shift_augment`` if asked."""
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).repeat().batch(batch_size)
+    ds = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(len(x), seed=seed)
+        .repeat()
+        .batch(batch_size)
+    )
     ds = ds.apply(pipeline.shift_augment(seed)) if augment == "shift" else ds
     return ds.prefetch(tf.data.AUTOTUNE)
 
@@ -117,7 +139,11 @@ def _fit_teacher(p: Params, x, y, seed: int):
     model = build_model(p.teacher, x.shape[1:], 10, dropout=0.25)
     steps = -(-len(x) // p.teacher_batch_size) * p.teacher_epochs
     model.compile(_adam(p.teacher_lr, steps), SCCE, steps_per_execution=p.steps_per_execution)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(p.teacher_batch_size)
+    ds = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(len(x), seed=seed)
+        .batch(p.teacher_batch_size)
+    )
     model.fit(ds.prefetch(tf.data.AUTOTUNE), epochs=p.teacher_epochs, verbose=0)
     return model
 
@@ -127,11 +153,18 @@ def _scratch(p: Params, init, x, y, seed: int, recipe: dict):
     model = _student(p, init, x.shape[1:])
     model.compile(_adam(recipe["lr"], p.steps), SCCE, steps_per_execution=p.steps_per_execution)
     keras.utils.set_random_seed(seed)
-    model.fit(_stream(x, y, seed, p.batch_size, recipe["augment"]), steps_per_epoch=p.steps, epochs=1, verbose=0)
+    model.fit(
+        _stream(x, y, seed, p.batch_size, recipe["augment"]),
+        steps_per_epoch=p.steps,
+        epochs=1,
+        verbose=0,
+    )
     return model
 
 
-def _distilled(p: Params, init, labeled, unlabeled_x, seed: int, recipe: dict, teachers, weights=None):
+def _distilled(
+    p: Params, init, labeled, unlabeled_x, seed: int, recipe: dict, teachers, weights=None
+):
     """The student taught by ``teachers`` with tfopt's Distiller, on the recipe's transfer set."""
     if recipe["transfer"] == "all":
         # alpha=1: the loss never reads a label, so the images go in with placeholder labels.
@@ -140,11 +173,21 @@ def _distilled(p: Params, init, labeled, unlabeled_x, seed: int, recipe: dict, t
     else:
         x, y = labeled
     student = _student(p, init, x.shape[1:])
-    distiller = Distiller(student, teachers, temperature=recipe["temperature"], alpha=recipe["alpha"],
-                          teacher_weights=weights)
+    distiller = Distiller(
+        student,
+        teachers,
+        temperature=recipe["temperature"],
+        alpha=recipe["alpha"],
+        teacher_weights=weights,
+    )
     distiller.compile(_adam(recipe["lr"], p.steps), steps_per_execution=p.steps_per_execution)
     keras.utils.set_random_seed(seed)
-    distiller.fit(_stream(x, y, seed, p.batch_size, recipe["augment"]), steps_per_epoch=p.steps, epochs=1, verbose=0)
+    distiller.fit(
+        _stream(x, y, seed, p.batch_size, recipe["augment"]),
+        steps_per_epoch=p.steps,
+        epochs=1,
+        verbose=0,
+    )
     return student
 
 
@@ -161,11 +204,19 @@ def _subset(p: Params, n: int, seed: int):
 
 def run(p: Params) -> dict:
     """Runs the whole protocol; returns the result payload (without the figures)."""
-    cfg = DataConfig(dataset="mnist", limit=p.limit, global_batch_size=1000,
-                     num_shards=4 if p.limit else DataConfig.num_shards)
+    cfg = DataConfig(
+        dataset="mnist",
+        limit=p.limit,
+        global_batch_size=1000,
+        num_shards=4 if p.limit else DataConfig.num_shards,
+    )
     info = sources.prepare(cfg)
-    (xtr, ytr), (xva, yva), (xte, yte) = (_arrays(cfg, info, s) for s in ("train", "validation", "test"))
-    scratch_grid, distill_grid = (SCRATCH_GRID[::3], DISTILL_GRID[::3]) if p.smoke else (SCRATCH_GRID, DISTILL_GRID)
+    (xtr, ytr), (xva, yva), (xte, yte) = (
+        _arrays(cfg, info, s) for s in ("train", "validation", "test")
+    )
+    scratch_grid, distill_grid = (
+        (SCRATCH_GRID[::3], DISTILL_GRID[::3]) if p.smoke else (SCRATCH_GRID, DISTILL_GRID)
+    )
     units = 2 + len(scratch_grid) + len(distill_grid) + 1 + 4 * p.seeds
     bar = tqdm(total=units, desc="B6 distillation", unit="fit", file=sys.stdout, disable=None)
     started = time.perf_counter()
@@ -195,10 +246,16 @@ def run(p: Params) -> dict:
         acc = _acc(timed("selection", lambda: _scratch(p, init, *labeled, s, recipe)), xva, yva)
         trials.append({"arm": "scratch", "recipe": recipe, "val_accuracy": acc})
     for recipe in distill_grid:
-        acc = _acc(timed("selection", lambda: _distilled(p, init, labeled, xtr, s, recipe, teachers[:1])), xva, yva)
+        acc = _acc(
+            timed("selection", lambda: _distilled(p, init, labeled, xtr, s, recipe, teachers[:1])),
+            xva,
+            yva,
+        )
         trials.append({"arm": "distilled", "recipe": recipe, "val_accuracy": acc})
-    chosen = {arm: max((t for t in trials if t["arm"] == arm), key=lambda t: t["val_accuracy"])["recipe"]
-              for arm in ("scratch", "distilled")}
+    chosen = {
+        arm: max((t for t in trials if t["arm"] == arm), key=lambda t: t["val_accuracy"])["recipe"]
+        for arm in ("scratch", "distilled")
+    }
 
     # Reported runs: test split read once per model, after every choice above.
     t_test = [teachers[i].predict(xte, batch_size=1000, verbose=0) for i in range(2)]
@@ -211,11 +268,19 @@ def run(p: Params) -> dict:
         idx, init = _subset(p, len(xtr), seed), init_weights(seed)
         labeled = (xtr[idx], ytr[idx])
         models = {
-            "scratch": timed("scratch", lambda: _scratch(p, init, *labeled, seed, chosen["scratch"])),
-            "single": timed("single", lambda: _distilled(p, init, labeled, xtr, seed, chosen["distilled"],
-                                                         teachers[:1])),
-            "multi": timed("multi", lambda: _distilled(p, init, labeled, xtr, seed, chosen["distilled"],
-                                                       teachers, multi_w)),
+            "scratch": timed(
+                "scratch", lambda: _scratch(p, init, *labeled, seed, chosen["scratch"])
+            ),
+            "single": timed(
+                "single",
+                lambda: _distilled(p, init, labeled, xtr, seed, chosen["distilled"], teachers[:1]),
+            ),
+            "multi": timed(
+                "multi",
+                lambda: _distilled(
+                    p, init, labeled, xtr, seed, chosen["distilled"], teachers, multi_w
+                ),
+            ),
             "peer": timed("peer", lambda: _peer(p, init, labeled, seed, teachers[0])),
         }
         a = {k: _acc(m, xte, yte) for k, m in models.items()}
@@ -223,24 +288,47 @@ def run(p: Params) -> dict:
         def closed(acc, ref):
             return (acc - a["scratch"]) / (ref - a["scratch"]) if ref > a["scratch"] else None
 
-        rows.append({"seed": seed, **{f"{k}_acc": v for k, v in a.items()},
-                     "gap_closed_single": closed(a["single"], t_acc[0]),
-                     "gap_closed_multi": closed(a["multi"], ens_acc),
-                     "gap_closed_peer": closed(a["peer"], t_acc[0]),
-                     "multi_minus_single_pt": 100 * (a["multi"] - a["single"])})
+        rows.append(
+            {
+                "seed": seed,
+                **{f"{k}_acc": v for k, v in a.items()},
+                "gap_closed_single": closed(a["single"], t_acc[0]),
+                "gap_closed_multi": closed(a["multi"], ens_acc),
+                "gap_closed_peer": closed(a["peer"], t_acc[0]),
+                "multi_minus_single_pt": 100 * (a["multi"] - a["single"]),
+            }
+        )
     bar.close()
     student_params = build_model(p.student, xtr.shape[1:], 10, dropout=0.0).count_params()
     return {
         "params": dataclasses.asdict(p),
-        "data": {"train": len(xtr), "validation": len(xva), "test": len(xte),
-                 "labeled_subset": min(p.labeled, len(xtr))},
-        "models": {"teacher": p.teacher, "teacher_params": int(teachers[0].count_params()),
-                   "student": p.student, "student_params": int(student_params)},
-        "teachers": {"test_accuracy": t_acc, "val_accuracy": t_val_acc, "multi_weights": multi_w,
-                     "combined_test_accuracy": ens_acc},
+        "data": {
+            "train": len(xtr),
+            "validation": len(xva),
+            "test": len(xte),
+            "labeled_subset": min(p.labeled, len(xtr)),
+        },
+        "models": {
+            "teacher": p.teacher,
+            "teacher_params": int(teachers[0].count_params()),
+            "student": p.student,
+            "student_params": int(student_params),
+        },
+        "teachers": {
+            "test_accuracy": t_acc,
+            "val_accuracy": t_val_acc,
+            "multi_weights": multi_w,
+            "combined_test_accuracy": ens_acc,
+        },
         "selection": {"split": "validation", "seed": s, "trials": trials, "chosen": chosen},
-        "peer": {"tutorial": peer.TUTORIAL, "url": peer.URL, "alpha_labels": peer.ALPHA,
-                 "temperature": peer.TEMPERATURE, "learning_rate": peer.LEARNING_RATE, "batch_size": peer.BATCH_SIZE},
+        "peer": {
+            "tutorial": peer.TUTORIAL,
+            "url": peer.URL,
+            "alpha_labels": peer.ALPHA,
+            "temperature": peer.TEMPERATURE,
+            "learning_rate": peer.LEARNING_RATE,
+            "batch_size": peer.BATCH_SIZE,
+        },
         "student_all_labels_test_accuracy": ceiling_acc,
         "per_seed": rows,
         "seconds": {"total": round(time.perf_counter() - started, 1), **seconds},
@@ -258,21 +346,47 @@ def figures(res: dict) -> list[dict]:
         return ", ".join(f"{100 * v:.2f}" for v in col(key))
 
     med = figure("", col("gap_closed_peer"), "of gap")["value"]
-    peer_text = f"keras.io recipe on the same run: {'n/a' if med is None else f'{med:.2f}'} of the gap"
+    peer_text = (
+        f"keras.io recipe on the same run: {'n/a' if med is None else f'{med:.2f}'} of the gap"
+    )
     return [
-        figure("gap closed, teacher A: (distilled - scratch) / (teacher - scratch)", col("gap_closed_single"),
-               "of gap", target=(">=", 0.9), peer=peer_text, anchor=ANCHOR,
-               detail=f"teacher A {100 * t['test_accuracy'][0]:.2f}%; distilled {pct('single_acc')}; "
-                      f"scratch {pct('scratch_acc')} (test %, per seed)"),
-        figure("multi (A+B) - single (A) teacher, student test accuracy", col("multi_minus_single_pt"), "pt",
-               target=(">=", 0.0), detail=f"A+B {pct('multi_acc')}; A {pct('single_acc')}"),
-        figure("gap closed, teachers A+B (vs their combined soft target)", col("gap_closed_multi"), "of gap",
-               detail=f"combined target {100 * t['combined_test_accuracy']:.2f}%"),
-        figure("student distilled from A, test accuracy", [100 * v for v in col("single_acc")], "%"),
-        figure("student from scratch (recipe tuned on validation), test accuracy",
-               [100 * v for v in col("scratch_acc")], "%"),
-        figure("peer: keras.io recipe, gap closed", col("gap_closed_peer"), "of gap",
-               detail=f"peer student {pct('peer_acc')}"),
+        figure(
+            "gap closed, teacher A: (distilled - scratch) / (teacher - scratch)",
+            col("gap_closed_single"),
+            "of gap",
+            target=(">=", 0.9),
+            peer=peer_text,
+            anchor=ANCHOR,
+            detail=f"teacher A {100 * t['test_accuracy'][0]:.2f}%; distilled {pct('single_acc')}; "
+            f"scratch {pct('scratch_acc')} (test %, per seed)",
+        ),
+        figure(
+            "multi (A+B) - single (A) teacher, student test accuracy",
+            col("multi_minus_single_pt"),
+            "pt",
+            target=(">=", 0.0),
+            detail=f"A+B {pct('multi_acc')}; A {pct('single_acc')}",
+        ),
+        figure(
+            "gap closed, teachers A+B (vs their combined soft target)",
+            col("gap_closed_multi"),
+            "of gap",
+            detail=f"combined target {100 * t['combined_test_accuracy']:.2f}%",
+        ),
+        figure(
+            "student distilled from A, test accuracy", [100 * v for v in col("single_acc")], "%"
+        ),
+        figure(
+            "student from scratch (recipe tuned on validation), test accuracy",
+            [100 * v for v in col("scratch_acc")],
+            "%",
+        ),
+        figure(
+            "peer: keras.io recipe, gap closed",
+            col("gap_closed_peer"),
+            "of gap",
+            detail=f"peer student {pct('peer_acc')}",
+        ),
     ]
 
 
@@ -281,16 +395,25 @@ def report(res: dict) -> str:
     rows = []
     for f in res["figures"]:
         lo, hi = f["spread"] or (None, None)
-        fmt = (lambda v: "n/a" if v is None else f"{v:.2f}")  # noqa: E731
-        rows.append([f["name"], f"{fmt(f['value'])} {f['unit']}", f"{fmt(lo)} to {fmt(hi)} ({f['repeats']})",
-                     f["target"] or "", f["status"]])
+        fmt = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+        rows.append(
+            [
+                f["name"],
+                f"{fmt(f['value'])} {f['unit']}",
+                f"{fmt(lo)} to {fmt(hi)} ({f['repeats']})",
+                f["target"] or "",
+                f["status"],
+            ]
+        )
     head = ["B6 distillation", "median", "range (seeds)", "target", "status"]
     d, p = res["selection"]["chosen"], res["params"]
-    note = (f"teachers {res['models']['teacher']} x2: {100 * res['teachers']['test_accuracy'][0]:.2f}% / "
-            f"{100 * res['teachers']['test_accuracy'][1]:.2f}%; student {p['student']} "
-            f"({res['models']['student_params']:,} params), {p['labeled']} labels, {p['steps']} steps; chosen on "
-            f"validation: scratch {d['scratch']}, distilled {d['distilled']}; student on all labels "
-            f"{100 * res['student_all_labels_test_accuracy']:.2f}%; {res['seconds']['total']:.0f} s")
+    note = (
+        f"teachers {res['models']['teacher']} x2: {100 * res['teachers']['test_accuracy'][0]:.2f}% / "
+        f"{100 * res['teachers']['test_accuracy'][1]:.2f}%; student {p['student']} "
+        f"({res['models']['student_params']:,} params), {p['labeled']} labels, {p['steps']} steps; chosen on "
+        f"validation: scratch {d['scratch']}, distilled {d['distilled']}; student on all labels "
+        f"{100 * res['student_all_labels_test_accuracy']:.2f}%; {res['seconds']['total']:.0f} s"
+    )
     return markdown_table(head, rows) + "\n" + note
 
 
@@ -300,19 +423,35 @@ def main(argv=None) -> int:
     for f in dataclasses.fields(Params):
         if f.name == "smoke":
             continue
-        parser.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
-                            default=getattr(defaults, f.name))
-    parser.add_argument("--smoke", action="store_true", help="tiny data and budgets: checks the script runs")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                      "distillation.json"))
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(getattr(defaults, f.name)),
+            default=getattr(defaults, f.name),
+        )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny data and budgets: checks the script runs"
+    )
+    parser.add_argument(
+        "--out",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results", "distillation.json"
+        ),
+    )
     args = parser.parse_args(argv)
-    tf.get_logger().setLevel("ERROR")  # one fresh model per fit: tf.function retracing notices are expected
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Params) if f.name != "smoke"}
+    tf.get_logger().setLevel(
+        "ERROR"
+    )  # one fresh model per fit: tf.function retracing notices are expected
+    values = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(Params) if f.name != "smoke"
+    }
     if args.smoke:
         values.update(SMOKE)
     p = Params(**values)
-    print(f"B6: 2 teachers, selection on validation, then {p.seeds} seeds x (scratch, distilled A, distilled A+B, "
-          f"keras.io peer) on {usable_cores()} cores", flush=True)
+    print(
+        f"B6: 2 teachers, selection on validation, then {p.seeds} seeds x (scratch, distilled A, distilled A+B, "
+        f"keras.io peer) on {usable_cores()} cores",
+        flush=True,
+    )
     res = run(p)
     command = "PYTHONPATH=. python bench/distillation.py" + (" --smoke" if p.smoke else "")
     payload = result("B6", "distillation", command, figures(res), **res)

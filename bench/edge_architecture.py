@@ -23,6 +23,7 @@ Writes ``bench/results/edge_architecture.json`` (figures via ``bench/_common.fig
     PYTHONPATH=. python bench/edge_architecture.py [--repeats 3] [--alphas 1.0,0.35]
     PYTHONPATH=. python bench/edge_architecture.py --smoke     # a small slice at 32x32; used by a test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,16 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import (  # noqa: E402
-    QuietGate, figure, figures_table, interleaved_latency, markdown_table, median, publish, result, speedups)
+    QuietGate,
+    figure,
+    figures_table,
+    interleaved_latency,
+    markdown_table,
+    median,
+    publish,
+    result,
+    speedups,
+)
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
 from tfopt.export import tflite  # noqa: E402
@@ -52,8 +62,12 @@ SETTINGS = (("xnnpack/1t", 1), ("xnnpack/2t", 2))
 MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int16x8")
 # B9 on width 1.0: int8_auto >= 2.5x faster than the float .tflite at 1 thread, >= 3.5x smaller,
 # <= 1 pt below the float model; no PTQ mode more than 5% slower than the guide's same mode.
-TARGETS = {"int8_auto_speedup_1t": (">=", 2.5), "int8_auto_size_ratio": (">=", 3.5),
-           "int8_auto_accuracy_loss_pt": ("<=", 1.0), "slower_than_peer": ("<=", 1.05)}
+TARGETS = {
+    "int8_auto_speedup_1t": (">=", 2.5),
+    "int8_auto_size_ratio": (">=", 3.5),
+    "int8_auto_accuracy_loss_pt": ("<=", 1.0),
+    "slower_than_peer": ("<=", 1.05),
+}
 ANCHOR = "measured on Zen 5 (VNNI), random weights: int8 2.19x faster, 3.32x smaller (1.0 @224); 1.54x / 2.66x (0.35 @96)"
 COMMAND = "PYTHONPATH=. python bench/edge_architecture.py"
 
@@ -84,11 +98,21 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--no-gate", action="store_true", help="no quiet-gate (measure whatever the load)")
+    ap.add_argument(
+        "--no-gate", action="store_true", help="no quiet-gate (measure whatever the load)"
+    )
     ap.add_argument("--workdir", default=os.path.join(config_lib.default_data_dir(), "bench-b9"))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                   "edge_architecture.json"))
-    ap.add_argument("--smoke", action="store_true", help="a small slice at 32x32, few runs: checks the script runs")
+    ap.add_argument(
+        "--out",
+        default=os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results", "edge_architecture.json"
+        ),
+    )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a small slice at 32x32, few runs: checks the script runs",
+    )
     a = ap.parse_args(argv)
     try:
         alphas = tuple(float(x) for x in a.alphas.split(",") if x.strip())
@@ -96,9 +120,22 @@ def parse_args(argv=None):
         ap.error(f"--alphas {a.alphas!r} is not a comma-separated list of widths, e.g. 1.0,0.35")
     p = Params(alphas=alphas, repeats=a.repeats, runs=a.runs, epochs=a.epochs)
     if a.smoke:
-        p = dataclasses.replace(p, alphas=(0.35,), image_size=32, limit=200, epochs=1, batch_size=32,
-                                calibration_steps=2, eval_limit=100, search_limit=100, repeats=1, runs=10,
-                                warmup=2, export_runs=5, smoke=True)
+        p = dataclasses.replace(
+            p,
+            alphas=(0.35,),
+            image_size=32,
+            limit=200,
+            epochs=1,
+            batch_size=32,
+            calibration_steps=2,
+            eval_limit=100,
+            search_limit=100,
+            repeats=1,
+            runs=10,
+            warmup=2,
+            export_runs=5,
+            smoke=True,
+        )
     gate = QuietGate(enabled=not (a.no_gate or a.smoke))
     return p, gate, a.out, a.workdir
 
@@ -120,13 +157,25 @@ def ensure_run(workdir: str, folder: str, p: Params, alpha: float) -> str:
     run_dir = os.path.join(workdir, f"mobilenetv2-a{alpha}-s{p.image_size}-e{p.epochs}-l{p.limit}")
     if os.path.exists(os.path.join(run_dir, "run.json")):
         return run_dir
-    cfg = config_lib.from_dict({
-        "data": {"dataset": f"folder:{folder}", "image_size": f"{p.image_size}x{p.image_size}", "channels": 3,
-                 "global_batch_size": p.batch_size},
-        "model": {"name": "keras.applications:MobileNetV2", "args": f"alpha={alpha}"},
-        "runtime": {"strategy": "one_device"},
-        "train": {"epochs": p.epochs, "learning_rate": p.learning_rate, "output_dir": run_dir, "verbose": 0,
-                  "tensorboard": False}})
+    cfg = config_lib.from_dict(
+        {
+            "data": {
+                "dataset": f"folder:{folder}",
+                "image_size": f"{p.image_size}x{p.image_size}",
+                "channels": 3,
+                "global_batch_size": p.batch_size,
+            },
+            "model": {"name": "keras.applications:MobileNetV2", "args": f"alpha={alpha}"},
+            "runtime": {"strategy": "one_device"},
+            "train": {
+                "epochs": p.epochs,
+                "learning_rate": p.learning_rate,
+                "output_dir": run_dir,
+                "verbose": 0,
+                "tensorboard": False,
+            },
+        }
+    )
     train(cfg)
     return run_dir
 
@@ -134,16 +183,26 @@ def ensure_run(workdir: str, folder: str, p: Params, alpha: float) -> str:
 def export_family(run_dir: str, workdir: str, name: str, p: Params) -> dict:
     """The export stage on one trained run: every mode, stripped; returns its rows."""
     settings = ExportSettings(
-        modes=MODES, options=tflite.ConvertOptions(strip_strings=True), calibration_steps=p.calibration_steps,
-        eval_limit=p.eval_limit, search_limit=p.search_limit, selective=False,
-        bench=BenchSettings(threads=(1,), runs=p.export_runs, warmup=p.warmup, keras=False), plot=False)
+        modes=MODES,
+        options=tflite.ConvertOptions(strip_strings=True),
+        calibration_steps=p.calibration_steps,
+        eval_limit=p.eval_limit,
+        search_limit=p.search_limit,
+        selective=False,
+        bench=BenchSettings(threads=(1,), runs=p.export_runs, warmup=p.warmup, keras=False),
+        plot=False,
+    )
     out = os.path.join(workdir, f"{name}-export{'-smoke' if p.smoke else ''}")
     record = export_run(run_dir, settings, out_dir=out, overwrite=True)
     rows = {r["mode"]: r for r in record.section["modes"]}
     for r in rows.values():
         with open(os.path.join(out, r["file"]), "rb") as f:
             r["content"] = f.read()
-    return {"rows": rows, "notes": record.section["notes"], "keras_test_accuracy": record.metrics["keras_test_accuracy"]}
+    return {
+        "rows": rows,
+        "notes": record.section["notes"],
+        "keras_test_accuracy": record.metrics["keras_test_accuracy"],
+    }
 
 
 def peer_family(run, p: Params) -> dict:
@@ -158,8 +217,12 @@ def peer_family(run, p: Params) -> dict:
         started = time.perf_counter()
         content = guide.convert(model, mode, x_train)
         accuracy = float(np.mean(guide.predict(content, x_test) == y_test))
-        out[mode] = {"content": content, "size_bytes": len(content), "accuracy": accuracy,
-                     "convert_seconds": round(time.perf_counter() - started, 1)}
+        out[mode] = {
+            "content": content,
+            "size_bytes": len(content),
+            "accuracy": accuracy,
+            "convert_seconds": round(time.perf_counter() - started, 1),
+        }
     return out
 
 
@@ -179,8 +242,12 @@ def main(argv=None) -> int:
             bar.update(1)
             bar.set_postfix_str(f"{name}: export (every mode, int8_auto search)")
             fam = export_family(run.path, workdir, name, p)
-            fam.update(run=run.path, model={"alpha": alpha, "params": run.record.model["params"]},
-                       data=run.record.data, train=run.record.train)
+            fam.update(
+                run=run.path,
+                model={"alpha": alpha, "params": run.record.model["params"]},
+                data=run.record.data,
+                train=run.record.train,
+            )
             families[name] = fam
             bar.update(1)
             bar.set_postfix_str(f"{name}: the guide's recipes")
@@ -190,7 +257,9 @@ def main(argv=None) -> int:
                 timed[f"{name}/tfopt/{mode}"] = row["content"]
             for mode, row in peers[name].items():
                 timed[f"{name}/guide/{mode}"] = row["content"]
-        per = interleaved_latency(timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar)
+        per = interleaved_latency(
+            timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar
+        )
     return publish(summarize(p, families, peers, per), gate, t_start, report, out, "B9")
 
 
@@ -201,20 +270,29 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
         base = f"{name}/tfopt/float32"
         rows = {}
         for mode, r in fam["rows"].items():
-            rows[mode] = {**{k: v for k, v in r.items() if k != "content"},
-                          "size_ratio_vs_float32": fam["rows"]["float32"]["size_bytes"] / r["size_bytes"],
-                          "accuracy_loss_vs_keras_pt": round(100 * (keras_acc - r["eval"]["accuracy"]), 3),
-                          "latency_interleaved": speedups(per, f"{name}/tfopt/{mode}", base, SETTINGS)}
+            rows[mode] = {
+                **{k: v for k, v in r.items() if k != "content"},
+                "size_ratio_vs_float32": fam["rows"]["float32"]["size_bytes"] / r["size_bytes"],
+                "accuracy_loss_vs_keras_pt": round(100 * (keras_acc - r["eval"]["accuracy"]), 3),
+                "latency_interleaved": speedups(per, f"{name}/tfopt/{mode}", base, SETTINGS),
+            }
         peer_rows = {}
         for mode, r in peers[name].items():
             peer_rows[mode] = {k: v for k, v in r.items() if k != "content"}
-            peer_rows[mode]["latency_interleaved"] = speedups(per, f"{name}/guide/{mode}", base, SETTINGS)
-            peer_rows[mode]["size_ratio_vs_float32"] = peers[name]["float32"]["size_bytes"] / r["size_bytes"]
+            peer_rows[mode]["latency_interleaved"] = speedups(
+                per, f"{name}/guide/{mode}", base, SETTINGS
+            )
+            peer_rows[mode]["size_ratio_vs_float32"] = (
+                peers[name]["float32"]["size_bytes"] / r["size_bytes"]
+            )
         # tfopt's mode vs the guide's same mode, per round (>1: tfopt slower)
         vs_peer = {}
         for mode in guide.MODES:
             if mode in rows:
-                ours, theirs = per[f"{name}/tfopt/{mode}"]["xnnpack/1t"], per[f"{name}/guide/{mode}"]["xnnpack/1t"]
+                ours, theirs = (
+                    per[f"{name}/tfopt/{mode}"]["xnnpack/1t"],
+                    per[f"{name}/guide/{mode}"]["xnnpack/1t"],
+                )
                 vs_peer[mode] = [a / b for a, b in zip(ours, theirs)]
         auto = rows["int8_auto"]
         lat = auto["latency_interleaved"]["xnnpack/1t"]
@@ -222,35 +300,70 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
         target = fam["model"]["alpha"] == 1.0  # the targets are set on width 1.0; 0.35 is reported
         kept = ", ".join(auto.get("float_nodes") or []) or "none"
         figures += [
-            figure(f"{name}: int8_auto speedup vs float32 (LiteRT XNNPACK, 1 thread, batch 1)", lat["speedup_rounds"],
-                   "x", target=TARGETS["int8_auto_speedup_1t"] if target else None, anchor=ANCHOR,
-                   peer=f"{guide.GUIDE}'s int8: {guide_int8['speedup_vs_float32']:.2f}x",
-                   detail=f"p50 {1e3 * lat['p50_ms']:.0f} us vs float32 "
-                          f"{1e3 * rows['float32']['latency_interleaved']['xnnpack/1t']['p50_ms']:.0f} us; kept in "
-                          f"float: {kept}; plain int8 "
-                          f"{rows['int8']['latency_interleaved']['xnnpack/1t']['speedup_vs_float32']:.2f}x"),
-            figure(f"{name}: int8_auto speedup vs float32 (2 threads)",
-                   auto["latency_interleaved"]["xnnpack/2t"]["speedup_rounds"], "x"),
-            figure(f"{name}: int8_auto size, float32 / int8_auto file bytes", [auto["size_ratio_vs_float32"]], "x",
-                   target=TARGETS["int8_auto_size_ratio"] if target else None,
-                   peer=f"{guide.GUIDE}'s int8: {peer_rows['int8']['size_ratio_vs_float32']:.2f}x",
-                   detail=f"{rows['float32']['size_bytes']:,} / {auto['size_bytes']:,} bytes (--strip-strings)"),
-            figure(f"{name}: int8_auto accuracy loss vs the Keras model", [auto["accuracy_loss_vs_keras_pt"]], "pt",
-                   target=TARGETS["int8_auto_accuracy_loss_pt"] if target else None,
-                   peer=f"{guide.GUIDE}'s int8: {100 * (keras_acc - peer_rows['int8']['accuracy']):.2f} pt",
-                   detail=f"Keras {100 * keras_acc:.2f}% vs int8_auto {100 * auto['eval']['accuracy']:.2f}% "
-                          f"(Fashion-MNIST test, n={auto['eval']['examples']})"),
-            figure(f"{name}: slowest PTQ mode vs the guide's same mode (p50 ratio, 1 thread; > 1 = tfopt slower)",
-                   [max(median(v) for v in vs_peer.values())], "x",
-                   target=TARGETS["slower_than_peer"] if target else None,
-                   detail="; ".join(f"{m} {median(v):.3f}" for m, v in vs_peer.items())),
+            figure(
+                f"{name}: int8_auto speedup vs float32 (LiteRT XNNPACK, 1 thread, batch 1)",
+                lat["speedup_rounds"],
+                "x",
+                target=TARGETS["int8_auto_speedup_1t"] if target else None,
+                anchor=ANCHOR,
+                peer=f"{guide.GUIDE}'s int8: {guide_int8['speedup_vs_float32']:.2f}x",
+                detail=f"p50 {1e3 * lat['p50_ms']:.0f} us vs float32 "
+                f"{1e3 * rows['float32']['latency_interleaved']['xnnpack/1t']['p50_ms']:.0f} us; kept in "
+                f"float: {kept}; plain int8 "
+                f"{rows['int8']['latency_interleaved']['xnnpack/1t']['speedup_vs_float32']:.2f}x",
+            ),
+            figure(
+                f"{name}: int8_auto speedup vs float32 (2 threads)",
+                auto["latency_interleaved"]["xnnpack/2t"]["speedup_rounds"],
+                "x",
+            ),
+            figure(
+                f"{name}: int8_auto size, float32 / int8_auto file bytes",
+                [auto["size_ratio_vs_float32"]],
+                "x",
+                target=TARGETS["int8_auto_size_ratio"] if target else None,
+                peer=f"{guide.GUIDE}'s int8: {peer_rows['int8']['size_ratio_vs_float32']:.2f}x",
+                detail=f"{rows['float32']['size_bytes']:,} / {auto['size_bytes']:,} bytes (--strip-strings)",
+            ),
+            figure(
+                f"{name}: int8_auto accuracy loss vs the Keras model",
+                [auto["accuracy_loss_vs_keras_pt"]],
+                "pt",
+                target=TARGETS["int8_auto_accuracy_loss_pt"] if target else None,
+                peer=f"{guide.GUIDE}'s int8: {100 * (keras_acc - peer_rows['int8']['accuracy']):.2f} pt",
+                detail=f"Keras {100 * keras_acc:.2f}% vs int8_auto {100 * auto['eval']['accuracy']:.2f}% "
+                f"(Fashion-MNIST test, n={auto['eval']['examples']})",
+            ),
+            figure(
+                f"{name}: slowest PTQ mode vs the guide's same mode (p50 ratio, 1 thread; > 1 = tfopt slower)",
+                [max(median(v) for v in vs_peer.values())],
+                "x",
+                target=TARGETS["slower_than_peer"] if target else None,
+                detail="; ".join(f"{m} {median(v):.3f}" for m, v in vs_peer.items()),
+            ),
         ]
-        out_families[name] = {"run": fam["run"], "model": fam["model"], "data": fam["data"], "train": fam["train"],
-                              "keras_test_accuracy": keras_acc, "notes": fam["notes"], "tfopt": rows,
-                              "guide": peer_rows, "tfopt_over_guide_p50_1t": vs_peer}
-    return result("B9", "a real edge architecture", COMMAND, figures, benchmark="B9 MobileNetV2 from an image folder",
-                  params=dataclasses.asdict(p), families=out_families, latency_rounds=per,
-                  peer={"guide": guide.GUIDE, "url": guide.URL})
+        out_families[name] = {
+            "run": fam["run"],
+            "model": fam["model"],
+            "data": fam["data"],
+            "train": fam["train"],
+            "keras_test_accuracy": keras_acc,
+            "notes": fam["notes"],
+            "tfopt": rows,
+            "guide": peer_rows,
+            "tfopt_over_guide_p50_1t": vs_peer,
+        }
+    return result(
+        "B9",
+        "a real edge architecture",
+        COMMAND,
+        figures,
+        benchmark="B9 MobileNetV2 from an image folder",
+        params=dataclasses.asdict(p),
+        families=out_families,
+        latency_rounds=per,
+        peer={"guide": guide.GUIDE, "url": guide.URL},
+    )
 
 
 def report(res: dict) -> str:
@@ -261,15 +374,36 @@ def report(res: dict) -> str:
             for mode, r in fam[arm].items():
                 lat = r["latency_interleaved"]
                 acc = r["eval"]["accuracy"] if arm == "tfopt" else r["accuracy"]
-                rows.append([f"{arm} {mode}", f"{r['size_bytes'] / 1024:.0f}", f"{r['size_ratio_vs_float32']:.2f}x",
-                             *[f"{lat[k]['p50_ms'] * 1e3:.0f} ({lat[k]['speedup_vs_float32']:.2f}x)" for k, _ in SETTINGS],
-                             f"{100 * acc:.2f}"])
-        parts.append(f"## B9: {name} ({fam['model']['params']:,} params) at {res['params']['image_size']}x"
-                     f"{res['params']['image_size']} RGB, trained from folder:; Keras test accuracy "
-                     f"{100 * fam['keras_test_accuracy']:.2f}%; p50 at batch 1, median of "
-                     f"{res['params']['repeats']} interleaved rounds x {res['params']['runs']} runs")
-        parts.append(markdown_table(["model", "size KiB", "smaller", *[f"p50 {k} us (speedup)" for k, _ in SETTINGS],
-                                    "test acc %"], rows))
+                rows.append(
+                    [
+                        f"{arm} {mode}",
+                        f"{r['size_bytes'] / 1024:.0f}",
+                        f"{r['size_ratio_vs_float32']:.2f}x",
+                        *[
+                            f"{lat[k]['p50_ms'] * 1e3:.0f} ({lat[k]['speedup_vs_float32']:.2f}x)"
+                            for k, _ in SETTINGS
+                        ],
+                        f"{100 * acc:.2f}",
+                    ]
+                )
+        parts.append(
+            f"## B9: {name} ({fam['model']['params']:,} params) at {res['params']['image_size']}x"
+            f"{res['params']['image_size']} RGB, trained from folder:; Keras test accuracy "
+            f"{100 * fam['keras_test_accuracy']:.2f}%; p50 at batch 1, median of "
+            f"{res['params']['repeats']} interleaved rounds x {res['params']['runs']} runs"
+        )
+        parts.append(
+            markdown_table(
+                [
+                    "model",
+                    "size KiB",
+                    "smaller",
+                    *[f"p50 {k} us (speedup)" for k, _ in SETTINGS],
+                    "test acc %",
+                ],
+                rows,
+            )
+        )
     parts.append(figures_table(res["figures"]))
     return "\n\n".join(parts)
 

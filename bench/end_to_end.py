@@ -11,6 +11,7 @@ p50 (XNNPACK, 1 thread); accuracy = the teacher's test accuracy - the chosen mod
 test split. The pipeline, its selection rule and every training setting are the published ones:
 nothing is tuned here. Writes ``bench/results/end_to_end.json`` with the CPU's lscpu flags.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,11 @@ from _common import environment_light, figure, lscpu_info, markdown_table, write
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(REPO, "pipelines", "mnist_edge.py")
-TARGETS = {"size": ">= 20x smaller", "latency": ">= 10x faster (1 thread)", "accuracy": "<= 0.5 pt lost"}
+TARGETS = {
+    "size": ">= 20x smaller",
+    "latency": ">= 10x faster (1 thread)",
+    "accuracy": "<= 0.5 pt lost",
+}
 ANCHOR = {"size": "tfmot combined (prune + cluster + QAT): ~10x"}
 
 
@@ -33,16 +38,32 @@ def figures(b8: dict) -> list[dict]:
     for row in b8["rows"]:
         key = row["name"].split(":")[0].split()[0]
         op, bound = row["target"].split()[:2]
-        out.append(figure(row["name"], [row["value"]], row["unit"], target=(op, float(bound.rstrip("x"))),
-                          anchor=ANCHOR.get(key), detail=row["detail"]))
+        out.append(
+            figure(
+                row["name"],
+                [row["value"]],
+                row["unit"],
+                target=(op, float(bound.rstrip("x"))),
+                anchor=ANCHOR.get(key),
+                detail=row["detail"],
+            )
+        )
     return out
 
 
 def _args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run", help="a finished mnist_edge pipeline run to read (default: run the pipeline)")
-    p.add_argument("--workdir", default="runs/bench-end_to_end", help="where the pipeline runs (default %(default)s)")
-    p.add_argument("--smoke", action="store_true", help="the pipeline's smoke variant (checks the script runs)")
+    p.add_argument(
+        "--run", help="a finished mnist_edge pipeline run to read (default: run the pipeline)"
+    )
+    p.add_argument(
+        "--workdir",
+        default="runs/bench-end_to_end",
+        help="where the pipeline runs (default %(default)s)",
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="the pipeline's smoke variant (checks the script runs)"
+    )
     p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "end_to_end.json"))
     return p.parse_args(argv)
 
@@ -57,23 +78,46 @@ def main(argv: list[str] | None = None) -> int:
         from tfopt.pipeline import load_pipeline, run_pipeline
 
         run_dir = args.workdir + ("-smoke" if args.smoke else "")
-        run_pipeline(load_pipeline(PIPELINE, variant), run_dir, variant=variant, file=PIPELINE, verbose=2)
+        run_pipeline(
+            load_pipeline(PIPELINE, variant), run_dir, variant=variant, file=PIPELINE, verbose=2
+        )
     from tfopt.report import build
 
     report = build(run_dir)
     b8, variants = report["b8"], {v["name"]: v for v in report["variants"]}
     teacher, chosen = variants.get(b8["teacher"]), variants.get(b8["chosen"] or "")
-    rows = [[r["name"], "-" if r["value"] is None else f"{r['value']:.2f} {r['unit']}", r["target"], r["status"],
-             r["detail"]] for r in b8["rows"]]
-    print(f"B8 end to end: {b8['teacher']} vs {b8['chosen']} (rule {report['selection']['rule']!r}), {run_dir}")
+    rows = [
+        [
+            r["name"],
+            "-" if r["value"] is None else f"{r['value']:.2f} {r['unit']}",
+            r["target"],
+            r["status"],
+            r["detail"],
+        ]
+        for r in b8["rows"]
+    ]
+    print(
+        f"B8 end to end: {b8['teacher']} vs {b8['chosen']} (rule {report['selection']['rule']!r}), {run_dir}"
+    )
     print(markdown_table(["figure", "measured", "target", "status", "detail"], rows))
     result = {
-        "id": "B8", "title": "end to end", "command": "PYTHONPATH=. python bench/end_to_end.py",
-        "figures": figures(b8), "benchmark": "B8 end to end", "variant": variant, "run_dir": os.path.abspath(run_dir),
-        "pipeline": report["pipeline"], "rule": report["selection"]["rule"],
-        "teacher": teacher, "chosen": chosen, "b8": b8, "stages": report["stages"],
-        "pipeline_wall_seconds": report.get("wall_seconds"), "environment": environment_light(),
-        "lscpu": lscpu_info(), "wall_seconds": round(time.perf_counter() - started, 1),
+        "id": "B8",
+        "title": "end to end",
+        "command": "PYTHONPATH=. python bench/end_to_end.py",
+        "figures": figures(b8),
+        "benchmark": "B8 end to end",
+        "variant": variant,
+        "run_dir": os.path.abspath(run_dir),
+        "pipeline": report["pipeline"],
+        "rule": report["selection"]["rule"],
+        "teacher": teacher,
+        "chosen": chosen,
+        "b8": b8,
+        "stages": report["stages"],
+        "pipeline_wall_seconds": report.get("wall_seconds"),
+        "environment": environment_light(),
+        "lscpu": lscpu_info(),
+        "wall_seconds": round(time.perf_counter() - started, 1),
         "params": {"smoke": args.smoke},
     }
     write_json_atomic(args.out, result)

@@ -37,6 +37,7 @@ Prints a markdown table and writes the result JSON (bench/_common.result, atomic
     PYTHONPATH=. python bench/ingestion.py [--repeats 3] [--out bench/results/ingestion.json]
     PYTHONPATH=. python bench/ingestion.py --smoke        # seconds, tiny data; used by a test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,15 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import (  # noqa: E402
-    CpuSample, QuietGate, figure, markdown_table, median, result, usable_cores, write_json_atomic)
+    CpuSample,
+    QuietGate,
+    figure,
+    markdown_table,
+    median,
+    result,
+    usable_cores,
+    write_json_atomic,
+)
 from bench.peers import tf_data_guide as guide  # noqa: E402
 from tfopt._keras import keras, tf  # noqa: E402
 from tfopt.config import DataConfig, default_data_dir, parse_normalize  # noqa: E402
@@ -106,14 +115,28 @@ class Params:
     smoke: bool = False
 
 
-SMOKE = dict(images=64, min_side=40, max_side=64, resize=40, crop=32, batch_size=16, repeats=1,
-             trials=1, cached_epochs=1, model_width=4, grid_calls=(1, 2), grid_cycle=(2,), grid_prefetch=(1,),
-             smoke=True)
+SMOKE = dict(
+    images=64,
+    min_side=40,
+    max_side=64,
+    resize=40,
+    crop=32,
+    batch_size=16,
+    repeats=1,
+    trials=1,
+    cached_epochs=1,
+    model_width=4,
+    grid_calls=(1, 2),
+    grid_cycle=(2,),
+    grid_prefetch=(1,),
+    smoke=True,
+)
 
 
 # --------------------------------------------------------------------------------------------
 # Synthetic JPEG shards
 # --------------------------------------------------------------------------------------------
+
 
 def _synth_image(rng: np.random.Generator, h: int, w: int, label: int) -> np.ndarray:
     """An image-like uint8 HxWx3 array: smooth gradients + waves, a few class-coloured
@@ -125,7 +148,11 @@ def _synth_image(rng: np.random.Generator, h: int, w: int, label: int) -> np.nda
     for c in range(3):
         a, b, phase = rng.uniform(-1.0, 1.0, 3)
         freq = rng.uniform(0.5, 3.0)
-        img[..., c] = 128 + 60 * (a * xx + b * yy) + 40 * np.sin(2 * np.pi * freq * (a * xx + b * yy) + 3 * phase)
+        img[..., c] = (
+            128
+            + 60 * (a * xx + b * yy)
+            + 40 * np.sin(2 * np.pi * freq * (a * xx + b * yy) + 3 * phase)
+        )
     angle = 2 * np.pi * label / NUM_CLASSES
     hue = 128 + 100 * np.cos(angle + np.array([0.0, 2.1, 4.2]))
     for k in range(int(rng.integers(2, 6))):
@@ -145,7 +172,9 @@ def _synth_image(rng: np.random.Generator, h: int, w: int, label: int) -> np.nda
 
 
 def _dataset_key(p: Params) -> str:
-    spec = dict(v=DATASET_VERSION, n=p.images, shards=p.shards, lo=p.min_side, hi=p.max_side, seed=p.seed)
+    spec = dict(
+        v=DATASET_VERSION, n=p.images, shards=p.shards, lo=p.min_side, hi=p.max_side, seed=p.seed
+    )
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     return f"b1-jpeg-n{p.images}-s{p.shards}-{p.min_side}to{p.max_side}-{digest}"
 
@@ -167,7 +196,9 @@ def _check_manifest(root: str) -> list[str] | None:
         if not os.path.isfile(path) or os.path.getsize(path) != shard["bytes"]:
             return None
         try:
-            if _count_records(path) != shard["records"]:  # a truncated TFRecord loses records silently
+            if (
+                _count_records(path) != shard["records"]
+            ):  # a truncated TFRecord loses records silently
                 return None
         except tf.errors.OpError:
             return None
@@ -187,21 +218,34 @@ def ensure_dataset(workdir: str, p: Params, log=print) -> tuple[list[str], dict]
         tmp = tempfile.mkdtemp(prefix=".tmp-b1-", dir=workdir)
         t0 = time.perf_counter()
         rng = np.random.default_rng(p.seed)
-        writers = [tf.io.TFRecordWriter(os.path.join(tmp, f"shard-{i:02d}-of-{p.shards:02d}.tfrecord"))
-                   for i in range(p.shards)]
+        writers = [
+            tf.io.TFRecordWriter(os.path.join(tmp, f"shard-{i:02d}-of-{p.shards:02d}.tfrecord"))
+            for i in range(p.shards)
+        ]
         counts = [0] * p.shards
         try:
-            for i in tqdm(range(p.images), desc="B1 make JPEG shards", unit="img", leave=False,
-                          disable=True if p.smoke else None):
+            for i in tqdm(
+                range(p.images),
+                desc="B1 make JPEG shards",
+                unit="img",
+                leave=False,
+                disable=True if p.smoke else None,
+            ):
                 h, w = (int(v) for v in rng.integers(p.min_side, p.max_side + 1, 2))
                 label = int(rng.integers(0, NUM_CLASSES))
-                jpeg = tf.io.encode_jpeg(_synth_image(rng, h, w, label), quality=int(rng.integers(80, 96))).numpy()
-                ex = tf.train.Example(features=tf.train.Features(feature={
-                    "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
-                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                    "height": tf.train.Feature(int64_list=tf.train.Int64List(value=[h])),
-                    "width": tf.train.Feature(int64_list=tf.train.Int64List(value=[w])),
-                }))
+                jpeg = tf.io.encode_jpeg(
+                    _synth_image(rng, h, w, label), quality=int(rng.integers(80, 96))
+                ).numpy()
+                ex = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                            "height": tf.train.Feature(int64_list=tf.train.Int64List(value=[h])),
+                            "width": tf.train.Feature(int64_list=tf.train.Int64List(value=[w])),
+                        }
+                    )
+                )
                 writers[i % p.shards].write(ex.SerializeToString())
                 counts[i % p.shards] += 1
         finally:
@@ -210,9 +254,20 @@ def ensure_dataset(workdir: str, p: Params, log=print) -> tuple[list[str], dict]
         shards = []
         for i in range(p.shards):
             name = f"shard-{i:02d}-of-{p.shards:02d}.tfrecord"
-            shards.append({"file": name, "records": counts[i], "bytes": os.path.getsize(os.path.join(tmp, name))})
-        manifest = {"version": DATASET_VERSION, "images": p.images, "sides": [p.min_side, p.max_side],
-                    "seed": p.seed, "shards": shards}
+            shards.append(
+                {
+                    "file": name,
+                    "records": counts[i],
+                    "bytes": os.path.getsize(os.path.join(tmp, name)),
+                }
+            )
+        manifest = {
+            "version": DATASET_VERSION,
+            "images": p.images,
+            "sides": [p.min_side, p.max_side],
+            "seed": p.seed,
+            "shards": shards,
+        }
         with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1)
         try:
@@ -221,22 +276,36 @@ def ensure_dataset(workdir: str, p: Params, log=print) -> tuple[list[str], dict]
             shutil.rmtree(tmp, ignore_errors=True)
         files = _check_manifest(root)
         if files is None:
-            raise RuntimeError(f"[B1] the dataset written to {root} does not pass its manifest check")
-        log(f"[B1] made {p.images} JPEGs in {p.shards} shards under {root} ({time.perf_counter() - t0:.1f} s)")
+            raise RuntimeError(
+                f"[B1] the dataset written to {root} does not pass its manifest check"
+            )
+        log(
+            f"[B1] made {p.images} JPEGs in {p.shards} shards under {root} ({time.perf_counter() - t0:.1f} s)"
+        )
     total = sum(os.path.getsize(f) for f in files)
-    return files, {"path": root, "shards": len(files), "images": p.images, "bytes": total,
-                   "mean_jpeg_bytes": round(total / p.images), "sides_px": [p.min_side, p.max_side]}
+    return files, {
+        "path": root,
+        "shards": len(files),
+        "images": p.images,
+        "bytes": total,
+        "mean_jpeg_bytes": round(total / p.images),
+        "sides_px": [p.min_side, p.max_side],
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # The three pipelines over the same files and the same parse function
 # --------------------------------------------------------------------------------------------
 
+
 def make_parse(p: Params):
     """serialized Example -> (uint8 [R, R, 3] decoded + resized, int32 label): deterministic, so the
     cached pipelines cache its output (uint8: a quarter of float32's memory)."""
     r = p.resize
-    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
 
     def parse(serialized):
         ex = tf.io.parse_single_example(serialized, spec)
@@ -251,8 +320,15 @@ def make_parse(p: Params):
 def tfopt_config(p: Params, **knobs) -> DataConfig:
     """The tfopt DataConfig: crop_flip + imagenet normalization, every knob AUTOTUNE unless given,
     memory cache unless given."""
-    base = DataConfig(dataset="b1-jpeg", seed=p.seed, cache="memory", global_batch_size=p.batch_size,
-                      augment="crop_flip", crop_size=p.crop, normalize=NORMALIZE)
+    base = DataConfig(
+        dataset="b1-jpeg",
+        seed=p.seed,
+        cache="memory",
+        global_batch_size=p.batch_size,
+        augment="crop_flip",
+        crop_size=p.crop,
+        normalize=NORMALIZE,
+    )
     return dataclasses.replace(base, **knobs)
 
 
@@ -299,6 +375,7 @@ def _spread(values) -> list[float]:
 # disturbed it (see QuietGate)
 # --------------------------------------------------------------------------------------------
 
+
 def _interleaved(sides: dict, trials: int, r: int):
     """Runs ``trials`` trials of every side, rotating the order; returns ({side: [trial results]},
     [per side: the lowest foreign load of its trials])."""
@@ -308,7 +385,7 @@ def _interleaved(sides: dict, trials: int, r: int):
     for t in range(trials):
         k = (r + t) % len(names)
         order = names[k:] + names[:k]
-        for name in (order if (r + t) % 2 == 0 else order[::-1]):
+        for name in order if (r + t) % 2 == 0 else order[::-1]:
             res, load = sides[name]()
             out[name].append(res)
             loads[name].append(load)
@@ -324,8 +401,14 @@ def phase_throughput(files, parse, p: Params, gate: QuietGate, bar) -> dict:
 
     def cached_trial(epoch):  # epoch(): the batches of the next epoch of one pipeline
         runs = [run_epoch(epoch()) for _ in range(1 + p.cached_epochs)]
-        return ({"epoch1_ips": runs[0][0], "cached_ips": median(v for v, _ in runs[1:]),
-                 "cached_epochs_ips": [v for v, _ in runs[1:]]}, max(f for _, f in runs))
+        return (
+            {
+                "epoch1_ips": runs[0][0],
+                "cached_ips": median(v for v, _ in runs[1:]),
+                "cached_epochs_ips": [v for v, _ in runs[1:]],
+            },
+            max(f for _, f in runs),
+        )
 
     def naive_trial():  # no cache: epoch 2 costs what epoch 1 does; it is the cached epochs' baseline
         ds = guide.naive(files, parse, **kw)
@@ -342,22 +425,31 @@ def phase_throughput(files, parse, p: Params, gate: QuietGate, bar) -> dict:
         # fresh pipelines: empty caches. The guide's dataset is one epoch, iterated once per epoch;
         # tfopt's is an endless stream of epochs, read one epoch at a time
         "guide": lambda: cached_trial((lambda ds: lambda: ds)(guide.optimized(files, parse, **kw))),
-        "tfopt": lambda: cached_trial(epochs_of(tfopt_dataset(files, parse, p, tfopt_config(p)), steps)),
+        "tfopt": lambda: cached_trial(
+            epochs_of(tfopt_dataset(files, parse, p, tfopt_config(p)), steps)
+        ),
     }
 
     def unit(r):
         got, loads = _interleaved(sides, p.trials, r)
         best = lambda side, key: max(t[key] for t in got[side])  # noqa: E731
-        rec = {"trials": got,
-               "naive_epoch1_ips": best("naive", "epoch1_ips"), "naive_epoch2_ips": best("naive", "epoch2_ips"),
-               "naive_options_off_epoch1_ips": best("naive_options_off", "epoch1_ips"),
-               "guide_epoch1_ips": best("guide", "epoch1_ips"), "guide_cached_ips": best("guide", "cached_ips"),
-               "tfopt_epoch1_ips": best("tfopt", "epoch1_ips"), "tfopt_cached_ips": best("tfopt", "cached_ips")}
+        rec = {
+            "trials": got,
+            "naive_epoch1_ips": best("naive", "epoch1_ips"),
+            "naive_epoch2_ips": best("naive", "epoch2_ips"),
+            "naive_options_off_epoch1_ips": best("naive_options_off", "epoch1_ips"),
+            "guide_epoch1_ips": best("guide", "epoch1_ips"),
+            "guide_cached_ips": best("guide", "cached_ips"),
+            "tfopt_epoch1_ips": best("tfopt", "epoch1_ips"),
+            "tfopt_cached_ips": best("tfopt", "cached_ips"),
+        }
         rec["epoch1_ratio"] = rec["tfopt_epoch1_ips"] / rec["naive_epoch1_ips"]
         rec["cached_ratio"] = rec["tfopt_cached_ips"] / rec["naive_epoch2_ips"]
         rec["epoch1_ratio_vs_guide"] = rec["tfopt_epoch1_ips"] / rec["guide_epoch1_ips"]
         rec["cached_ratio_vs_guide"] = rec["tfopt_cached_ips"] / rec["guide_cached_ips"]
-        rec["epoch1_ratio_vs_options_off"] = rec["tfopt_epoch1_ips"] / rec["naive_options_off_epoch1_ips"]
+        rec["epoch1_ratio_vs_options_off"] = (
+            rec["tfopt_epoch1_ips"] / rec["naive_options_off_epoch1_ips"]
+        )
         return rec, loads
 
     runs = []
@@ -378,8 +470,10 @@ def make_model(p: Params):
     x = keras.layers.GlobalAveragePooling2D()(x)
     out = keras.layers.Dense(NUM_CLASSES)(x)
     model = keras.Model(inp, out, name=f"b1_cnn_w{w}")
-    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -426,22 +520,33 @@ def phase_input_bound(files, parse, p: Params, gate: QuietGate, bar) -> dict:
     _fit(model, real, steps)
     _fit(model, peer, steps, finite=True)
     bar.update(1)
-    sides = {"ideal": lambda: _fit(model, ideal, steps, finite=True), "tfopt": lambda: _fit(model, real, steps),
-             "guide": lambda: _fit(model, peer, steps, finite=True)}
+    sides = {
+        "ideal": lambda: _fit(model, ideal, steps, finite=True),
+        "tfopt": lambda: _fit(model, real, steps),
+        "guide": lambda: _fit(model, peer, steps, finite=True),
+    }
 
     def unit(r):
         got, loads = _interleaved(sides, p.trials, r)
         rec = {f"{k}_step_ms_trials": v for k, v in got.items()}
         rec.update({f"{k}_step_ms": min(v) for k, v in got.items()})
         for side in ("tfopt", "guide"):
-            rec[f"{side}_input_bound_pct"] = 100.0 * (1.0 - rec["ideal_step_ms"] / rec[f"{side}_step_ms"])
+            rec[f"{side}_input_bound_pct"] = 100.0 * (
+                1.0 - rec["ideal_step_ms"] / rec[f"{side}_step_ms"]
+            )
         return rec, loads
 
     def cold_unit():  # epoch 1 of a fresh tfopt pipeline vs ideal
         t_real, f_real = _fit(model, tfopt_dataset(files, parse, p, tfopt_config(p)), steps)
         t_ideal, f_ideal = _fit(model, ideal, steps, finite=True)
-        return ({"real_epoch1_step_ms": t_real, "ideal_step_ms": t_ideal,
-                 "input_bound_pct": 100.0 * (1.0 - t_ideal / t_real)}, [f_real, f_ideal])
+        return (
+            {
+                "real_epoch1_step_ms": t_real,
+                "ideal_step_ms": t_ideal,
+                "input_bound_pct": 100.0 * (1.0 - t_ideal / t_real),
+            },
+            [f_real, f_ideal],
+        )
 
     runs, cold = [], []
     for r in range(p.repeats):
@@ -451,9 +556,11 @@ def phase_input_bound(files, parse, p: Params, gate: QuietGate, bar) -> dict:
     return {
         "model": model.name,
         "model_params": int(model.count_params()),
-        "model_desc": (f"Conv2D {p.model_width}/{2 * p.model_width}/{4 * p.model_width} filters, 3x3 stride 2, "
-                       f"ReLU -> GlobalAvgPool -> Dense {NUM_CLASSES}; SGD momentum; input "
-                       f"{p.crop}x{p.crop}x3, batch {p.batch_size}"),
+        "model_desc": (
+            f"Conv2D {p.model_width}/{2 * p.model_width}/{4 * p.model_width} filters, 3x3 stride 2, "
+            f"ReLU -> GlobalAvgPool -> Dense {NUM_CLASSES}; SGD momentum; input "
+            f"{p.crop}x{p.crop}x3, batch {p.batch_size}"
+        ),
         "steps_per_epoch": steps,
         "repeats": runs,
         "ideal_step_ms": median(x["ideal_step_ms"] for x in runs),
@@ -461,24 +568,35 @@ def phase_input_bound(files, parse, p: Params, gate: QuietGate, bar) -> dict:
         "guide_step_ms": median(x["guide_step_ms"] for x in runs),
         "input_bound_pct": median(x["tfopt_input_bound_pct"] for x in runs),
         "guide_input_bound_pct": median(x["guide_input_bound_pct"] for x in runs),
-        "epoch1": {"repeats": cold, "input_bound_pct": median(x["input_bound_pct"] for x in cold),
-                   "real_epoch1_step_ms": median(x["real_epoch1_step_ms"] for x in cold),
-                   "ideal_step_ms": median(x["ideal_step_ms"] for x in cold)},
+        "epoch1": {
+            "repeats": cold,
+            "input_bound_pct": median(x["input_bound_pct"] for x in cold),
+            "real_epoch1_step_ms": median(x["real_epoch1_step_ms"] for x in cold),
+            "ideal_step_ms": median(x["ideal_step_ms"] for x in cold),
+        },
     }
 
 
 def _knobs_name(k: dict) -> str:
     if not k:
         return "AUTOTUNE"
-    return (f"calls={k['num_parallel_calls']},cycle={k['interleave_cycle_length']},"
-            f"prefetch={k['prefetch_buffer']}")
+    return (
+        f"calls={k['num_parallel_calls']},cycle={k['interleave_cycle_length']},"
+        f"prefetch={k['prefetch_buffer']}"
+    )
 
 
 def grid_knobs(p: Params) -> list[dict]:
     """The hand grid: parallel calls x interleave cycle (= parallel reads) x prefetch buffer."""
-    return [dict(num_parallel_calls=calls, interleave_cycle_length=cyc, num_parallel_reads=cyc,
-                 prefetch_buffer=pf)
-            for calls, cyc, pf in itertools.product(p.grid_calls, p.grid_cycle, p.grid_prefetch)]
+    return [
+        dict(
+            num_parallel_calls=calls,
+            interleave_cycle_length=cyc,
+            num_parallel_reads=cyc,
+            prefetch_buffer=pf,
+        )
+        for calls, cyc, pf in itertools.product(p.grid_calls, p.grid_cycle, p.grid_prefetch)
+    ]
 
 
 def phase_autotune(files, parse, p: Params, gate: QuietGate, bar) -> dict:
@@ -493,8 +611,11 @@ def phase_autotune(files, parse, p: Params, gate: QuietGate, bar) -> dict:
     steps = p.images // p.batch_size
 
     def measure(knobs: dict):
-        return lambda: run_epoch(epochs_of(tfopt_dataset(files, parse, p, tfopt_config(p, cache="none", **knobs)),
-                                           steps)())
+        return lambda: run_epoch(
+            epochs_of(
+                tfopt_dataset(files, parse, p, tfopt_config(p, cache="none", **knobs)), steps
+            )()
+        )
 
     sweep: dict[str, list[float]] = {_knobs_name(k): [] for k in configs}
     for r in range(p.repeats):
@@ -509,8 +630,13 @@ def phase_autotune(files, parse, p: Params, gate: QuietGate, bar) -> dict:
     def unit(r):
         got, loads = _interleaved({"AUTOTUNE": measure({}), best: measure(best_knobs)}, p.trials, r)
         a, b = max(got["AUTOTUNE"]), max(got[best])
-        return {"autotune_ips": a, "best_hand_ips": b, "gap_pct": 100.0 * (1.0 - a / b),
-                "autotune_trials": got["AUTOTUNE"], "best_hand_trials": got[best]}, loads
+        return {
+            "autotune_ips": a,
+            "best_hand_ips": b,
+            "gap_pct": 100.0 * (1.0 - a / b),
+            "autotune_trials": got["AUTOTUNE"],
+            "best_hand_trials": got[best],
+        }, loads
 
     pairs = []
     for r in range(p.repeats):
@@ -518,9 +644,11 @@ def phase_autotune(files, parse, p: Params, gate: QuietGate, bar) -> dict:
         bar.update(1)
     return {
         "cache": "none",
-        "grid": {"num_parallel_calls": list(p.grid_calls),
-                 "interleave_cycle_length (= num_parallel_reads)": list(p.grid_cycle),
-                 "prefetch_buffer": list(p.grid_prefetch)},
+        "grid": {
+            "num_parallel_calls": list(p.grid_calls),
+            "interleave_cycle_length (= num_parallel_reads)": list(p.grid_cycle),
+            "prefetch_buffer": list(p.grid_prefetch),
+        },
         "sweep_ips": sweep,
         "sweep_best_ips": best_ips,
         "best_hand": best,
@@ -536,6 +664,7 @@ def phase_autotune(files, parse, p: Params, gate: QuietGate, bar) -> dict:
 # Report
 # --------------------------------------------------------------------------------------------
 
+
 def figures(res: dict) -> list[dict]:
     """The published figures, each from its per-repeat values (bench/_common.figure)."""
     th, ib, at = res["throughput"], res["input_bound"], res["autotune"]
@@ -545,37 +674,79 @@ def figures(res: dict) -> list[dict]:
         return [x[key] for x in rows]
 
     return [
-        figure("epoch 1 (cold) input throughput, tfopt / naive", vals(tr, "epoch1_ratio"), "x",
-               target=TARGETS["epoch1_ratio"], anchor=ANCHORS["epoch1_ratio"],
-               peer=f"tf.data guide pipeline: {th['guide_epoch1_ips']:,.0f} img/s "
-                    f"(tfopt / guide {th['epoch1_ratio_vs_guide']:.2f}x)",
-               detail=f"naive {th['naive_epoch1_ips']:,.0f} img/s, tfopt {th['tfopt_epoch1_ips']:,.0f} img/s"),
-        figure("cached epochs input throughput, tfopt / naive", vals(tr, "cached_ratio"), "x",
-               target=TARGETS["cached_ratio"], anchor=ANCHORS["cached_ratio"],
-               peer=f"tf.data guide pipeline: {th['guide_cached_ips']:,.0f} img/s "
-                    f"(tfopt / guide {th['cached_ratio_vs_guide']:.2f}x)",
-               detail=f"naive {th['naive_epoch2_ips']:,.0f} img/s, tfopt {th['tfopt_cached_ips']:,.0f} img/s"),
-        figure("input-bound fraction of a train step (cached epochs)", vals(ir, "tfopt_input_bound_pct"), "%",
-               target=TARGETS["input_bound_pct"], anchor=ANCHORS["input_bound_pct"], digits=1,
-               peer=f"tf.data guide pipeline: {ib['guide_input_bound_pct']:.1f}%",
-               detail=f"{ib['tfopt_step_ms']:.1f} ms/step real vs {ib['ideal_step_ms']:.1f} ms ideal"),
-        figure("AUTOTUNE gap vs best hand config (cache off)", vals(at["confirm"], "gap_pct"), "%",
-               target=TARGETS["autotune_gap_pct"], anchor=ANCHORS["autotune_gap_pct"], digits=1,
-               peer="the guide sets every knob to AUTOTUNE too",
-               detail=f"AUTOTUNE {at['autotune_ips']:,.0f} vs {at['best_hand']} {at['best_hand_ips']:,.0f} img/s"),
-        figure("(info) epoch 1, tfopt / tf.data guide pipeline", vals(tr, "epoch1_ratio_vs_guide"), "x",
-               detail=f"guide {th['guide_epoch1_ips']:,.0f} img/s"),
-        figure("(info) cached epochs, tfopt / tf.data guide pipeline", vals(tr, "cached_ratio_vs_guide"), "x",
-               detail=f"guide {th['guide_cached_ips']:,.0f} img/s"),
-        figure("(info) input-bound fraction, tf.data guide pipeline (cached epochs)",
-               vals(ir, "guide_input_bound_pct"), "%", digits=1,
-               detail=f"{ib['guide_step_ms']:.1f} ms/step vs {ib['ideal_step_ms']:.1f} ms ideal"),
-        figure("(info) epoch 1, tfopt / naive with tf.data's automatic rewrites off",
-               vals(tr, "epoch1_ratio_vs_options_off"), "x",
-               detail=f"naive, options off {th['naive_options_off_epoch1_ips']:,.0f} img/s"),
-        figure("(info) input-bound fraction, tfopt epoch 1 (cold cache)", vals(ib["epoch1"]["repeats"], "input_bound_pct"),
-               "%", digits=1, detail=f"{ib['epoch1']['real_epoch1_step_ms']:.1f} ms/step vs "
-                                     f"{ib['epoch1']['ideal_step_ms']:.1f} ms ideal"),
+        figure(
+            "epoch 1 (cold) input throughput, tfopt / naive",
+            vals(tr, "epoch1_ratio"),
+            "x",
+            target=TARGETS["epoch1_ratio"],
+            anchor=ANCHORS["epoch1_ratio"],
+            peer=f"tf.data guide pipeline: {th['guide_epoch1_ips']:,.0f} img/s "
+            f"(tfopt / guide {th['epoch1_ratio_vs_guide']:.2f}x)",
+            detail=f"naive {th['naive_epoch1_ips']:,.0f} img/s, tfopt {th['tfopt_epoch1_ips']:,.0f} img/s",
+        ),
+        figure(
+            "cached epochs input throughput, tfopt / naive",
+            vals(tr, "cached_ratio"),
+            "x",
+            target=TARGETS["cached_ratio"],
+            anchor=ANCHORS["cached_ratio"],
+            peer=f"tf.data guide pipeline: {th['guide_cached_ips']:,.0f} img/s "
+            f"(tfopt / guide {th['cached_ratio_vs_guide']:.2f}x)",
+            detail=f"naive {th['naive_epoch2_ips']:,.0f} img/s, tfopt {th['tfopt_cached_ips']:,.0f} img/s",
+        ),
+        figure(
+            "input-bound fraction of a train step (cached epochs)",
+            vals(ir, "tfopt_input_bound_pct"),
+            "%",
+            target=TARGETS["input_bound_pct"],
+            anchor=ANCHORS["input_bound_pct"],
+            digits=1,
+            peer=f"tf.data guide pipeline: {ib['guide_input_bound_pct']:.1f}%",
+            detail=f"{ib['tfopt_step_ms']:.1f} ms/step real vs {ib['ideal_step_ms']:.1f} ms ideal",
+        ),
+        figure(
+            "AUTOTUNE gap vs best hand config (cache off)",
+            vals(at["confirm"], "gap_pct"),
+            "%",
+            target=TARGETS["autotune_gap_pct"],
+            anchor=ANCHORS["autotune_gap_pct"],
+            digits=1,
+            peer="the guide sets every knob to AUTOTUNE too",
+            detail=f"AUTOTUNE {at['autotune_ips']:,.0f} vs {at['best_hand']} {at['best_hand_ips']:,.0f} img/s",
+        ),
+        figure(
+            "(info) epoch 1, tfopt / tf.data guide pipeline",
+            vals(tr, "epoch1_ratio_vs_guide"),
+            "x",
+            detail=f"guide {th['guide_epoch1_ips']:,.0f} img/s",
+        ),
+        figure(
+            "(info) cached epochs, tfopt / tf.data guide pipeline",
+            vals(tr, "cached_ratio_vs_guide"),
+            "x",
+            detail=f"guide {th['guide_cached_ips']:,.0f} img/s",
+        ),
+        figure(
+            "(info) input-bound fraction, tf.data guide pipeline (cached epochs)",
+            vals(ir, "guide_input_bound_pct"),
+            "%",
+            digits=1,
+            detail=f"{ib['guide_step_ms']:.1f} ms/step vs {ib['ideal_step_ms']:.1f} ms ideal",
+        ),
+        figure(
+            "(info) epoch 1, tfopt / naive with tf.data's automatic rewrites off",
+            vals(tr, "epoch1_ratio_vs_options_off"),
+            "x",
+            detail=f"naive, options off {th['naive_options_off_epoch1_ips']:,.0f} img/s",
+        ),
+        figure(
+            "(info) input-bound fraction, tfopt epoch 1 (cold cache)",
+            vals(ib["epoch1"]["repeats"], "input_bound_pct"),
+            "%",
+            digits=1,
+            detail=f"{ib['epoch1']['real_epoch1_step_ms']:.1f} ms/step vs "
+            f"{ib['epoch1']['ideal_step_ms']:.1f} ms ideal",
+        ),
     ]
 
 
@@ -585,12 +756,31 @@ def report(res: dict, p: Params) -> str:
     rows = []
     for f in res["figures"]:
         unit = f["unit"]
-        fmt = (lambda v: f"{v:.{f['digits']}f}{unit}")  # noqa: E731
+        fmt = lambda v: f"{v:.{f['digits']}f}{unit}"  # noqa: E731
         spread = f"{fmt(f['spread'][0])} to {fmt(f['spread'][1])}" if f["repeats"] > 1 else "-"
-        rows.append([f["name"], fmt(f["value"]) if f["value"] is not None else "-", spread, f["target"] or "-",
-                     f["status"], f["peer"] or "-", f["detail"] or ""])
-    table = markdown_table(["B1 ingestion", f"median of {p.repeats}", "range", "target", "status",
-                            "peer, same run", "detail"], rows)
+        rows.append(
+            [
+                f["name"],
+                fmt(f["value"]) if f["value"] is not None else "-",
+                spread,
+                f["target"] or "-",
+                f["status"],
+                f["peer"] or "-",
+                f["detail"] or "",
+            ]
+        )
+    table = markdown_table(
+        [
+            "B1 ingestion",
+            f"median of {p.repeats}",
+            "range",
+            "target",
+            "status",
+            "peer, same run",
+            "detail",
+        ],
+        rows,
+    )
     n_hand = len(at["sweep_best_ips"]) - 1
     k = p.trials
     notes = [
@@ -603,7 +793,8 @@ def report(res: dict, p: Params) -> str:
         "epochs after epoch 1; epoch 1 = empty tf.data cache (OS page cache warm for all); naive has no "
         "cache, its epoch 2 is the baseline for cached epochs.",
         "tfopt: tfopt.data.build with data.augment=crop_flip (library code: per-batch gather + flip + "
-        "normalize, " + ("XLA-compiled" if res["augment_xla"] else "plain TF ops (XLA unavailable)")
+        "normalize, "
+        + ("XLA-compiled" if res["augment_xla"] else "plain TF ops (XLA unavailable)")
         + ", after the cache and a full-split shuffle); naive and guide: bench/peers/tf_data_guide.py "
         "(tf.image.random_crop / random_flip_left_right per example; the guide does not shuffle). "
         f"tfopt's one-time tracing + XLA compilation of the augmentation ({res['augment_first_batch_seconds']:.2f} s, "
@@ -615,8 +806,11 @@ def report(res: dict, p: Params) -> str:
         "trials; positive = AUTOTUNE slower. Augment parallelism is AUTOTUNE in every config.",
         f"Physical limit: {res['environment']['usable_cores']} cores cap compute parallelism at "
         f"{res['environment']['usable_cores']}x; more only from overlapping waits, vectorizing and caching.",
-        (f"Shared machine: units re-run when other processes used > {100 * q['threshold']:.0f}% of the cores "
-         if q["enabled"] else "Shared machine: re-running disturbed units was off ")
+        (
+            f"Shared machine: units re-run when other processes used > {100 * q['threshold']:.0f}% of the cores "
+            if q["enabled"]
+            else "Shared machine: re-running disturbed units was off "
+        )
         + f"({q['reruns']} re-runs, {q['extra_seconds']:.0f} s spent waiting and re-running, "
         f"{q['kept_disturbed_units']} of {q['units']} units kept disturbed); foreign load in kept samples: "
         f"median {100 * q['kept_foreign_load_median']:.0f}%, max {100 * q['kept_foreign_load_max']:.0f}%.",
@@ -628,27 +822,48 @@ def report(res: dict, p: Params) -> str:
 
 # --------------------------------------------------------------------------------------------
 
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 3)")
-    ap.add_argument("--out", default=None, help="JSON output (default bench/results/ingestion.json)")
-    ap.add_argument("--workdir", default=None,
-                    help="where the JPEG shards are made and reused (default $TFOPT_DATA_DIR or "
-                         "~/.cache/tfopt, subdir bench)")
+    ap.add_argument(
+        "--out", default=None, help="JSON output (default bench/results/ingestion.json)"
+    )
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        help="where the JPEG shards are made and reused (default $TFOPT_DATA_DIR or "
+        "~/.cache/tfopt, subdir bench)",
+    )
     ap.add_argument("--images", type=int, default=None, help="number of images (default 2048)")
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--cached-epochs", type=int, default=None)
-    ap.add_argument("--trials", type=int, default=None,
-                    help="interleaved trials per side within a repeat, best kept (default 3)")
+    ap.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="interleaved trials per side within a repeat, best kept (default 3)",
+    )
     ap.add_argument("--model-width", type=int, default=None)
-    ap.add_argument("--quiet-threshold", type=float, default=0.15,
-                    help="re-run a unit when other processes used more than this share of the cores "
-                         "(default 0.15; 1 disables)")
-    ap.add_argument("--max-wait", type=float, default=90.0,
-                    help="seconds the whole run may spend waiting for other processes to quiet down "
-                         "and re-running disturbed units (default 90)")
-    ap.add_argument("--smoke", action="store_true", help="tiny data, 1 repeat: runs in seconds (for tests)")
+    ap.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.15,
+        help="re-run a unit when other processes used more than this share of the cores "
+        "(default 0.15; 1 disables)",
+    )
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=90.0,
+        help="seconds the whole run may spend waiting for other processes to quiet down "
+        "and re-running disturbed units (default 90)",
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny data, 1 repeat: runs in seconds (for tests)"
+    )
     args = ap.parse_args(argv)
     over = dict(SMOKE) if args.smoke else {}
     for name in ("repeats", "trials", "images", "batch_size", "cached_epochs", "model_width"):
@@ -659,8 +874,12 @@ def parse_args(argv=None):
         ap.error("--repeats, --trials and --cached-epochs must be >= 1")
     if p.images < p.batch_size * 2:
         ap.error("--images must be at least twice --batch-size")
-    gate = QuietGate(threshold=args.quiet_threshold, max_wait=0.0 if args.smoke else args.max_wait,
-                     retries=0 if args.smoke else 1, enabled=not args.smoke and args.quiet_threshold < 1)
+    gate = QuietGate(
+        threshold=args.quiet_threshold,
+        max_wait=0.0 if args.smoke else args.max_wait,
+        retries=0 if args.smoke else 1,
+        enabled=not args.smoke and args.quiet_threshold < 1,
+    )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = args.out or os.path.join(repo, "bench", "results", "ingestion.json")
     workdir = args.workdir or os.path.join(default_data_dir(), "bench")
@@ -671,17 +890,25 @@ def check_sides_agree(files, parse, p: Params) -> None:
     """Same output contract from every side (shape, dtype, value range), or the comparison is
     meaningless; this also traces (and compiles) every pipeline once before anything is timed."""
     kw = guide_kwargs(p)
-    batches = {"naive": next(iter(guide.naive(files, parse, **kw))),
-               "guide": next(iter(guide.optimized(files, parse, **kw))),
-               "tfopt": next(iter(tfopt_dataset(files, parse, p, tfopt_config(p))))}
+    batches = {
+        "naive": next(iter(guide.naive(files, parse, **kw))),
+        "guide": next(iter(guide.optimized(files, parse, **kw))),
+        "tfopt": next(iter(tfopt_dataset(files, parse, p, tfopt_config(p)))),
+    }
     ref = batches["naive"]
     for side, b in batches.items():
         for a, x in zip(ref, b):
             if a.dtype != x.dtype or a.shape != x.shape:
-                raise RuntimeError(f"[B1] naive and {side} batches differ: {a.dtype}{a.shape} vs {x.dtype}{x.shape}")
+                raise RuntimeError(
+                    f"[B1] naive and {side} batches differ: {a.dtype}{a.shape} vs {x.dtype}{x.shape}"
+                )
         lo, hi = float(tf.reduce_min(b[0])), float(tf.reduce_max(b[0]))
-        if not (-2.15 < lo < -0.5 and 0.5 < hi < 2.65):  # [0, 255] normalized with ImageNet mean/std
-            raise RuntimeError(f"[B1] {side} images span [{lo:.2f}, {hi:.2f}], not the normalized pixel range")
+        if not (
+            -2.15 < lo < -0.5 and 0.5 < hi < 2.65
+        ):  # [0, 255] normalized with ImageNet mean/std
+            raise RuntimeError(
+                f"[B1] {side} images span [{lo:.2f}, {hi:.2f}], not the normalized pixel range"
+            )
 
 
 def first_augment_seconds(p: Params) -> float:
@@ -705,10 +932,18 @@ def main(argv=None) -> int:
 
     n_configs = 1 + len(grid_knobs(p))
     total = p.repeats + (1 + p.repeats) + (p.repeats * n_configs + p.repeats)
-    res = {"benchmark": "B1 ingestion", "params": dataclasses.asdict(p), "augment_xla": xla_available(),
-           "augment_first_batch_seconds": round(compile_seconds, 3),
-           "peer": {"name": "tf.data guide", "module": "bench/peers/tf_data_guide.py", "source": guide.GUIDE},
-           "dataset": data_info}
+    res = {
+        "benchmark": "B1 ingestion",
+        "params": dataclasses.asdict(p),
+        "augment_xla": xla_available(),
+        "augment_first_batch_seconds": round(compile_seconds, 3),
+        "peer": {
+            "name": "tf.data guide",
+            "module": "bench/peers/tf_data_guide.py",
+            "source": guide.GUIDE,
+        },
+        "dataset": data_info,
+    }
     with tqdm(total=total, desc="B1", unit="unit", disable=None, file=sys.stderr) as bar:
         bar.set_postfix_str("throughput")
         res["throughput"] = phase_throughput(files, parse, p, gate, bar)
@@ -721,9 +956,15 @@ def main(argv=None) -> int:
     figs = figures(res)
     payload = result("B1", "ingestion", COMMAND + (" --smoke" if p.smoke else ""), figs, **res)
     keys = ("epoch1_ratio", "cached_ratio", "input_bound_pct", "autotune_gap_pct")
-    payload["targets"] = {k: {"op": f["op"], "value": f["bound"], "measured": f["value"],
-                              "pass": None if f["status"] == "n/a" else f["status"] == "pass"}
-                          for k, f in zip(keys, figs)}
+    payload["targets"] = {
+        k: {
+            "op": f["op"],
+            "value": f["bound"],
+            "measured": f["value"],
+            "pass": None if f["status"] == "n/a" else f["status"] == "pass",
+        }
+        for k, f in zip(keys, figs)
+    }
     payload["table_markdown"] = text = report(payload, p)
     write_json_atomic(out, payload)
     print(text)

@@ -35,6 +35,7 @@ reaches 95%: before that, numerics alone move it by more). The probe's own secon
 beside auto (they are not in the throughput). Writes ``bench/results/mixed_precision.json`` with
 every run's raw numbers and the CPU's flags.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,15 +50,27 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (CpuSample, QuietGate, figure, lscpu_info, markdown_table, median, result,  # noqa: E402
-                     write_json_atomic)
+from _common import (
+    CpuSample,
+    QuietGate,
+    figure,
+    lscpu_info,
+    markdown_table,
+    median,
+    result,  # noqa: E402
+    write_json_atomic,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONV_HEAVY = "wide_cnn"
 TFOPT_POLICIES = ("float32", "mixed_bfloat16", "auto")
 PEER_POLICIES = ("float32", "mixed_bfloat16")
 ACCURACY_POLICIES = ("float32", "mixed_bfloat16")
-TARGETS = {"bf16_speedup_amx": (">=", 2.0), "auto_vs_float32": (">=", 0.97), "accuracy_pt": ("<=", 0.2)}
+TARGETS = {
+    "bf16_speedup_amx": (">=", 2.0),
+    "auto_vs_float32": (">=", 0.97),
+    "accuracy_pt": ("<=", 0.2),
+}
 ANCHOR = "TF guide: >2x on recent Intel CPUs; AVX512_BF16 without AMX: ~1.5-1.9x on conv nets"
 # The 0.2 pt accuracy bar means something only for a trained model: two runs that differ in their
 # numerics alone drift apart by more than that while the accuracy still climbs (and at chance level
@@ -93,8 +106,10 @@ PLANS = {"cnn": Plan("cnn", 4096, 3), CONV_HEAVY: Plan(CONV_HEAVY, 4096, 3)}
 # test never read), float32 past 96% validation accuracy with some margin: cnn 4096 x 2 reached
 # 92.7%, 8192 x 2 96.7%; wide_cnn 8192 x 2 95.7%, 8192 x 3 96.7% (46 s), 16384 x 2 97.5% (49 s).
 # Each run's wall seconds are recorded in the result (``wall_seconds`` of every accuracy run).
-ACCURACY = {"cnn": AccuracyPlan("cnn", 8192, 2, 1e-3, 64, 3),
-            CONV_HEAVY: AccuracyPlan(CONV_HEAVY, 16384, 2, 1e-3, 64, 3)}
+ACCURACY = {
+    "cnn": AccuracyPlan("cnn", 8192, 2, 1e-3, 64, 3),
+    CONV_HEAVY: AccuracyPlan(CONV_HEAVY, 16384, 2, 1e-3, 64, 3),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +127,13 @@ class Params:
     def smoke_params(cls) -> "Params":
         """The fewest, tiniest runs that exercise every code path: throughput of the conv-heavy model
         (whose target depends on AMX), accuracy of the default one; one repeat, one seed."""
-        return cls(models=(Plan(CONV_HEAVY, 64, 2),), accuracy=(AccuracyPlan("cnn", 64, 1, 3e-3, 32, 1),),
-                   batch=32, repeats=1, smoke=True)
+        return cls(
+            models=(Plan(CONV_HEAVY, 64, 2),),
+            accuracy=(AccuracyPlan("cnn", 64, 1, 3e-3, 32, 1),),
+            batch=32,
+            repeats=1,
+            smoke=True,
+        )
 
 
 def step_ms(epoch_seconds: list[float], steps_per_epoch: int) -> float:
@@ -122,14 +142,21 @@ def step_ms(epoch_seconds: list[float], steps_per_epoch: int) -> float:
     return 1e3 * statistics.median(steady) / steps_per_epoch
 
 
-def _train(data: dict, model: str, policy: str, train: dict, out: str, callbacks=()) -> tuple[dict, float]:
+def _train(
+    data: dict, model: str, policy: str, train: dict, out: str, callbacks=()
+) -> tuple[dict, float]:
     """One ``tfopt.train.run`` on ``one_device`` (the library entry a user calls): its run.json and wall seconds."""
     from tfopt import config as C
     from tfopt.train import run as train_run
 
-    cfg = C.from_dict({"data": {"dataset": "mnist", **data}, "model": {"name": model},
-                       "runtime": {"strategy": "one_device", "precision": policy},
-                       "train": {**train, "output_dir": out, "verbose": 0, "tensorboard": False}})
+    cfg = C.from_dict(
+        {
+            "data": {"dataset": "mnist", **data},
+            "model": {"name": model},
+            "runtime": {"strategy": "one_device", "precision": policy},
+            "train": {**train, "output_dir": out, "verbose": 0, "tensorboard": False},
+        }
+    )
     started = time.perf_counter()
     try:
         record = train_run(cfg, callbacks=callbacks).to_dict()
@@ -140,28 +167,56 @@ def _train(data: dict, model: str, policy: str, train: dict, out: str, callbacks
 
 def tfopt_run(plan: Plan, policy: str, seed: int, p: Params, workdir: str) -> dict:
     """One throughput run of tfopt; returns its throughput, accuracy and (auto) probe from run.json."""
-    record, wall = _train({"limit": plan.limit, "global_batch_size": p.batch}, plan.name, policy,
-                          {"epochs": plan.epochs, "seed": seed},
-                          os.path.join(workdir, f"tfopt-{plan.name}-{policy}-{seed}"))
+    record, wall = _train(
+        {"limit": plan.limit, "global_batch_size": p.batch},
+        plan.name,
+        policy,
+        {"epochs": plan.epochs, "seed": seed},
+        os.path.join(workdir, f"tfopt-{plan.name}-{policy}-{seed}"),
+    )
     tr = record["train"]
-    return {"side": "tfopt", "model": plan.name, "policy": policy, "seed": seed,
-            "resolved": record["strategy"]["precision"], "epoch_seconds": tr["epoch_seconds"],
-            "steps_per_epoch": tr["steps_per_epoch"], "step_ms": step_ms(tr["epoch_seconds"], tr["steps_per_epoch"]),
-            "examples_per_sec": tr["examples_per_sec"], "test_accuracy": record["metrics"]["test_accuracy"],
-            "wall_seconds": wall, "probe": record["strategy"].get("precision_auto")}
+    return {
+        "side": "tfopt",
+        "model": plan.name,
+        "policy": policy,
+        "seed": seed,
+        "resolved": record["strategy"]["precision"],
+        "epoch_seconds": tr["epoch_seconds"],
+        "steps_per_epoch": tr["steps_per_epoch"],
+        "step_ms": step_ms(tr["epoch_seconds"], tr["steps_per_epoch"]),
+        "examples_per_sec": tr["examples_per_sec"],
+        "test_accuracy": record["metrics"]["test_accuracy"],
+        "wall_seconds": wall,
+        "probe": record["strategy"].get("precision_auto"),
+    }
 
 
-def peer_run(plan: Plan, policy: str, seed: int, p: Params, arrays: dict, shape: tuple, classes: int) -> dict:
+def peer_run(
+    plan: Plan, policy: str, seed: int, p: Params, arrays: dict, shape: tuple, classes: int
+) -> dict:
     """One throughput run of the guide's recipe."""
     from peers import mixed_precision_guide as guide
     from tfopt.models.registry import build_model
 
     started = time.perf_counter()
-    out = guide.train(policy, lambda s, n: build_model(plan.name, s, n), arrays, image_shape=shape, num_classes=classes,
-                      batch_size=p.batch, epochs=plan.epochs, seed=seed)
-    return {"side": "peer", "model": plan.name, "seed": seed, **out,
-            "step_ms": step_ms(out["epoch_seconds"], out["steps_per_epoch"]),
-            "wall_seconds": round(time.perf_counter() - started, 2)}
+    out = guide.train(
+        policy,
+        lambda s, n: build_model(plan.name, s, n),
+        arrays,
+        image_shape=shape,
+        num_classes=classes,
+        batch_size=p.batch,
+        epochs=plan.epochs,
+        seed=seed,
+    )
+    return {
+        "side": "peer",
+        "model": plan.name,
+        "seed": seed,
+        **out,
+        "step_ms": step_ms(out["epoch_seconds"], out["steps_per_epoch"]),
+        "wall_seconds": round(time.perf_counter() - started, 2),
+    }
 
 
 def accuracy_run(plan: AccuracyPlan, policy: str, seed: int, workdir: str) -> dict:
@@ -179,15 +234,28 @@ def accuracy_run(plan: AccuracyPlan, policy: str, seed: int, workdir: str) -> di
             self.sha256 = weights_digest(self.model)
 
     start = InitialWeights()
-    record, wall = _train({"limit": plan.limit, "global_batch_size": plan.batch, "seed": seed, "deterministic": True},
-                          plan.name, policy, {"epochs": plan.epochs, "seed": seed, "learning_rate": plan.learning_rate},
-                          os.path.join(workdir, f"accuracy-{plan.name}-{policy}-{seed}"), callbacks=[start])
-    return {"model": plan.name, "policy": policy, "seed": seed, "resolved": record["strategy"]["precision"],
-            "initial_weights_sha256": start.sha256, "weights_sha256": record["weights_sha256"],
-            "val_accuracy": [h["val_accuracy"] for h in record["history"]],
-            "test_accuracy": record["metrics"]["test_accuracy"], "test_images": record["data"]["splits"]["test"],
-            "steps_per_epoch": record["train"]["steps_per_epoch"], "epoch_seconds": record["train"]["epoch_seconds"],
-            "wall_seconds": wall}
+    record, wall = _train(
+        {"limit": plan.limit, "global_batch_size": plan.batch, "seed": seed, "deterministic": True},
+        plan.name,
+        policy,
+        {"epochs": plan.epochs, "seed": seed, "learning_rate": plan.learning_rate},
+        os.path.join(workdir, f"accuracy-{plan.name}-{policy}-{seed}"),
+        callbacks=[start],
+    )
+    return {
+        "model": plan.name,
+        "policy": policy,
+        "seed": seed,
+        "resolved": record["strategy"]["precision"],
+        "initial_weights_sha256": start.sha256,
+        "weights_sha256": record["weights_sha256"],
+        "val_accuracy": [h["val_accuracy"] for h in record["history"]],
+        "test_accuracy": record["metrics"]["test_accuracy"],
+        "test_images": record["data"]["splits"]["test"],
+        "steps_per_epoch": record["train"]["steps_per_epoch"],
+        "epoch_seconds": record["train"]["epoch_seconds"],
+        "wall_seconds": wall,
+    }
 
 
 def rotated(items: list, k: int) -> list:
@@ -219,15 +287,21 @@ def delta_pt(runs: list[dict]) -> float:
 def cpu_bf16(flags: list[str]) -> dict:
     """What the CPU offers for bfloat16 (the verdict of the 2x target depends on AMX)."""
     have = set(flags)
-    return {"avx512_bf16": "avx512_bf16" in have, "amx_bf16": "amx_bf16" in have,
-            "amx_tile": "amx_tile" in have, "avx512f": "avx512f" in have}
+    return {
+        "avx512_bf16": "avx512_bf16" in have,
+        "amx_bf16": "amx_bf16" in have,
+        "amx_tile": "amx_tile" in have,
+        "avx512f": "avx512f" in have,
+    }
 
 
 def figures(res: dict) -> list[dict]:
     """The published B2 figures: throughput ratios (one value per repeat), accuracy gaps (one per seed)."""
     out = []
     for plan in res["params"]["models"]:
-        out += _throughput_figures(plan["name"], res["per_model"][plan["name"]]["repeats"], res["cpu_bf16"]["amx_bf16"])
+        out += _throughput_figures(
+            plan["name"], res["per_model"][plan["name"]]["repeats"], res["cpu_bf16"]["amx_bf16"]
+        )
     for plan in res["params"]["accuracy"]:
         out.append(_accuracy_figure(plan, res["accuracy"][plan["name"]]["seeds"]))
     return out
@@ -237,17 +311,34 @@ def _throughput_figures(model: str, reps: list[dict], amx: bool) -> list[dict]:
     rs = [x["ratios"] for x in reps]
     peer_speed = median(r["peer_bf16_speedup"] for r in rs)
     target = TARGETS["bf16_speedup_amx"] if model == CONV_HEAVY else None
-    speed = dict(key=f"bf16_speedup_{model}", **figure(
-        f"bf16 / float32 training throughput, {model}", [r["tfopt_bf16_speedup"] for r in rs], "x", target=target,
-        peer=f"guide recipe: {peer_speed:.2f}x", anchor=ANCHOR, detail=_detail(reps, "float32", "mixed_bfloat16")))
+    speed = dict(
+        key=f"bf16_speedup_{model}",
+        **figure(
+            f"bf16 / float32 training throughput, {model}",
+            [r["tfopt_bf16_speedup"] for r in rs],
+            "x",
+            target=target,
+            peer=f"guide recipe: {peer_speed:.2f}x",
+            anchor=ANCHOR,
+            detail=_detail(reps, "float32", "mixed_bfloat16"),
+        ),
+    )
     if target is not None and not amx:
         speed["status"] = "n/a without AMX"
     chose = sorted({r["auto_chose"] for r in rs})
-    auto = dict(key=f"auto_vs_float32_{model}", **figure(
-        f"auto / float32 training throughput, {model}", [r["auto_vs_float32"] for r in rs], "x",
-        target=TARGETS["auto_vs_float32"], digits=3, peer=f"guide recipe's bf16 on this CPU: {peer_speed:.2f}x float32",
-        detail=f"auto chose {', '.join(chose)}; probe {median(r['auto_probe_seconds'] for r in rs):.1f} s "
-               "(not in the throughput); " + _detail(reps, "float32", "auto")))
+    auto = dict(
+        key=f"auto_vs_float32_{model}",
+        **figure(
+            f"auto / float32 training throughput, {model}",
+            [r["auto_vs_float32"] for r in rs],
+            "x",
+            target=TARGETS["auto_vs_float32"],
+            digits=3,
+            peer=f"guide recipe's bf16 on this CPU: {peer_speed:.2f}x float32",
+            detail=f"auto chose {', '.join(chose)}; probe {median(r['auto_probe_seconds'] for r in rs):.1f} s "
+            "(not in the throughput); " + _detail(reps, "float32", "auto"),
+        ),
+    )
     return [speed, auto]
 
 
@@ -256,15 +347,26 @@ def _accuracy_figure(plan: dict, seeds: list[dict]) -> dict:
     acc = {pol: [_policy_run(s, pol)["test_accuracy"] for s in seeds] for pol in ACCURACY_POLICIES}
     f32 = median(acc["float32"])
     images = _policy_run(seeds[0], "float32")["test_images"]
-    few = "" if len(seeds) >= MIN_SEEDS else f" (only {len(seeds)}: bf16 without bf16 hardware is too slow here for more)"
-    f = dict(key=f"accuracy_pt_{model}", **figure(
-        f"test accuracy gap |bf16 - float32|, {model}, same initial weights, data order and epochs",
-        [abs(s["delta_pt"]) for s in seeds], "pt", target=TARGETS["accuracy_pt"],
-        peer="guide recipe: not trained for accuracy (budget)",
-        detail=f"test accuracy float32 {_pct(acc['float32'])}, bf16 {_pct(acc['mixed_bfloat16'])} after "
-               f"{plan['epochs']} epochs of {plan['limit']} images (Adam {plan['learning_rate']:g} cosine, batch "
-               f"{plan['batch']}; chosen on validation); {images} test images (1 image = {100 / images:.2f} pt); "
-               f"{len(seeds)} seeds{few}, signed: " + ", ".join(f"{s['delta_pt']:+.2f}" for s in seeds)))
+    few = (
+        ""
+        if len(seeds) >= MIN_SEEDS
+        else f" (only {len(seeds)}: bf16 without bf16 hardware is too slow here for more)"
+    )
+    f = dict(
+        key=f"accuracy_pt_{model}",
+        **figure(
+            f"test accuracy gap |bf16 - float32|, {model}, same initial weights, data order and epochs",
+            [abs(s["delta_pt"]) for s in seeds],
+            "pt",
+            target=TARGETS["accuracy_pt"],
+            peer="guide recipe: not trained for accuracy (budget)",
+            detail=f"test accuracy float32 {_pct(acc['float32'])}, bf16 {_pct(acc['mixed_bfloat16'])} after "
+            f"{plan['epochs']} epochs of {plan['limit']} images (Adam {plan['learning_rate']:g} cosine, batch "
+            f"{plan['batch']}; chosen on validation); {images} test images (1 image = {100 / images:.2f} pt); "
+            f"{len(seeds)} seeds{few}, signed: "
+            + ", ".join(f"{s['delta_pt']:+.2f}" for s in seeds),
+        ),
+    )
     if f32 < TRAINED:
         f["status"] = f"n/a: float32 at {100 * f32:.0f}% (judged from {100 * TRAINED:.0f}%)"
     return f
@@ -286,6 +388,7 @@ def _run(rep: dict, side: str, policy: str) -> dict:
 def _detail(reps: list[dict], a: str, b: str) -> str:
     def ms(policy):
         return median(_run(x, "tfopt", policy)["step_ms"] for x in reps)
+
     return f"{ms(a):.1f} vs {ms(b):.1f} ms/step ({a} vs {b})"
 
 
@@ -295,34 +398,68 @@ def targets(res: dict) -> dict:
     for f in res["figures"]:
         if f["op"] is None or f["status"].startswith("n/a"):
             continue
-        out[f["key"]] = {"measured": f["value"], "op": f["op"], "value": f["bound"], "pass": None if f["value"] is None
-                         else f["status"] == "pass"}
+        out[f["key"]] = {
+            "measured": f["value"],
+            "op": f["op"],
+            "value": f["bound"],
+            "pass": None if f["value"] is None else f["status"] == "pass",
+        }
     return out
 
 
 def report(res: dict) -> str:
     """The printed table and notes."""
-    rows = [[f["name"], "-" if f["value"] is None else f"{f['value']:.{f['digits']}f} {f['unit']}",
-             "-" if not f["spread"] else f"{f['spread'][0]:.{f['digits']}f} to {f['spread'][1]:.{f['digits']}f}",
-             f["repeats"], f["target"] or "-", f["status"], f["peer"] or "-"] for f in res["figures"]]
+    rows = [
+        [
+            f["name"],
+            "-" if f["value"] is None else f"{f['value']:.{f['digits']}f} {f['unit']}",
+            "-"
+            if not f["spread"]
+            else f"{f['spread'][0]:.{f['digits']}f} to {f['spread'][1]:.{f['digits']}f}",
+            f["repeats"],
+            f["target"] or "-",
+            f["status"],
+            f["peer"] or "-",
+        ]
+        for f in res["figures"]
+    ]
     p = res["params"]
-    lines = [markdown_table(["B2 mixed precision", "median", "range", "repeats/seeds", "target", "status",
-                             "peer, same run"], rows)]
+    lines = [
+        markdown_table(
+            [
+                "B2 mixed precision",
+                "median",
+                "range",
+                "repeats/seeds",
+                "target",
+                "status",
+                "peer, same run",
+            ],
+            rows,
+        )
+    ]
     cpu = res["cpu_bf16"]
-    notes = [f"{res['lscpu']['model']}: avx512_bf16={cpu['avx512_bf16']}, amx_bf16={cpu['amx_bf16']}; "
-             f"{res['environment']['usable_cores']} usable cores, TF {res['environment'].get('tensorflow')}.",
-             "Throughput: MNIST slices (examples per split, epochs; the first epoch untimed): "
-             + ", ".join(f"{m['name']} {m['limit']}, {m['epochs']}" for m in p["models"])
-             + f"; batch {p['batch']}, one_device, seeds {p['seed']}..{p['seed'] + p['repeats'] - 1}; "
-             "runs interleaved, order rotating.",
-             "Accuracy (float32 vs bf16 from the same seed, initial weights and data order; test read once a run): "
-             + "; ".join(f"{a['name']} {a['limit']} images x {a['epochs']} epochs, {a['seeds']} seeds"
-                         for a in p["accuracy"]) + "."]
+    notes = [
+        f"{res['lscpu']['model']}: avx512_bf16={cpu['avx512_bf16']}, amx_bf16={cpu['amx_bf16']}; "
+        f"{res['environment']['usable_cores']} usable cores, TF {res['environment'].get('tensorflow')}.",
+        "Throughput: MNIST slices (examples per split, epochs; the first epoch untimed): "
+        + ", ".join(f"{m['name']} {m['limit']}, {m['epochs']}" for m in p["models"])
+        + f"; batch {p['batch']}, one_device, seeds {p['seed']}..{p['seed'] + p['repeats'] - 1}; "
+        "runs interleaved, order rotating.",
+        "Accuracy (float32 vs bf16 from the same seed, initial weights and data order; test read once a run): "
+        + "; ".join(
+            f"{a['name']} {a['limit']} images x {a['epochs']} epochs, {a['seeds']} seeds"
+            for a in p["accuracy"]
+        )
+        + ".",
+    ]
     if p["smoke"]:
         notes.insert(0, "SMOKE MODE: tiny data, one repeat; these figures mean nothing.")
     q = res["quiet_gate"]
-    notes.append(f"Shared machine: {q['reruns']} re-runs, {q['kept_disturbed_units']} of {q['units']} throughput "
-                 f"runs kept disturbed; foreign load median {100 * q['kept_foreign_load_median']:.0f}%.")
+    notes.append(
+        f"Shared machine: {q['reruns']} re-runs, {q['kept_disturbed_units']} of {q['units']} throughput "
+        f"runs kept disturbed; foreign load median {100 * q['kept_foreign_load_median']:.0f}%."
+    )
     return "\n".join(lines) + "\n\n" + "\n".join("- " + n for n in notes)
 
 
@@ -332,8 +469,12 @@ def throughput(p: Params, gate: QuietGate, workdir: str) -> dict:
     from tfopt._keras import keras
     from tfopt.config import DataConfig
 
-    arrays = {plan.limit: guide.load_arrays(DataConfig(dataset="mnist", limit=plan.limit, global_batch_size=p.batch))
-              for plan in p.models}
+    arrays = {
+        plan.limit: guide.load_arrays(
+            DataConfig(dataset="mnist", limit=plan.limit, global_batch_size=p.batch)
+        )
+        for plan in p.models
+    }
     sides = [("tfopt", pol) for pol in TFOPT_POLICIES] + [("peer", pol) for pol in PEER_POLICIES]
     per_model = {plan.name: {"repeats": []} for plan in p.models}
     for r in range(p.repeats):
@@ -341,20 +482,35 @@ def throughput(p: Params, gate: QuietGate, workdir: str) -> dict:
         for plan in p.models:
             runs = []
             for side, policy in rotated(sides, r):
+
                 def unit(side=side, policy=policy):
                     with CpuSample() as s:
-                        row = (tfopt_run(plan, policy, seed, p, workdir) if side == "tfopt"
-                               else peer_run(plan, policy, seed, p, *arrays[plan.limit]))
+                        row = (
+                            tfopt_run(plan, policy, seed, p, workdir)
+                            if side == "tfopt"
+                            else peer_run(plan, policy, seed, p, *arrays[plan.limit])
+                        )
                     row["foreign_load"] = s.foreign
                     return row, [s.foreign]
+
                 row = gate.run(unit)
-                assert keras.mixed_precision.global_policy().name == "float32", "a side leaked its policy"
+                assert keras.mixed_precision.global_policy().name == "float32", (
+                    "a side leaked its policy"
+                )
                 runs.append(row)
-                print(f"throughput {r + 1}/{p.repeats} {plan.name:9s} {side:5s} {policy:15s} -> "
-                      f"{row.get('resolved', policy):14s} {row['step_ms']:8.1f} ms/step  ({row['wall_seconds']:.0f} s)",
-                      flush=True)
-            per_model[plan.name]["repeats"].append({"seed": seed, "order": [f"{s}:{q}" for s, q in rotated(sides, r)],
-                                                    "runs": runs, "ratios": ratios(runs)})
+                print(
+                    f"throughput {r + 1}/{p.repeats} {plan.name:9s} {side:5s} {policy:15s} -> "
+                    f"{row.get('resolved', policy):14s} {row['step_ms']:8.1f} ms/step  ({row['wall_seconds']:.0f} s)",
+                    flush=True,
+                )
+            per_model[plan.name]["repeats"].append(
+                {
+                    "seed": seed,
+                    "order": [f"{s}:{q}" for s, q in rotated(sides, r)],
+                    "runs": runs,
+                    "ratios": ratios(runs),
+                }
+            )
     return per_model
 
 
@@ -373,11 +529,18 @@ def accuracy(p: Params, workdir: str) -> dict:
             runs = []
             for policy in order:
                 row = accuracy_run(plan, policy, seed, workdir)
-                assert keras.mixed_precision.global_policy().name == "float32", "a run leaked its policy"
+                assert keras.mixed_precision.global_policy().name == "float32", (
+                    "a run leaked its policy"
+                )
                 runs.append(row)
-                print(f"accuracy seed {seed} {plan.name:9s} {policy:15s} val {row['val_accuracy'][-1]:.4f}  "
-                      f"({row['wall_seconds']:.0f} s)", flush=True)
-            out[plan.name]["seeds"].append({"seed": seed, "order": order, "runs": runs, "delta_pt": delta_pt(runs)})
+                print(
+                    f"accuracy seed {seed} {plan.name:9s} {policy:15s} val {row['val_accuracy'][-1]:.4f}  "
+                    f"({row['wall_seconds']:.0f} s)",
+                    flush=True,
+                )
+            out[plan.name]["seeds"].append(
+                {"seed": seed, "order": order, "runs": runs, "delta_pt": delta_pt(runs)}
+            )
     return out
 
 
@@ -388,13 +551,21 @@ def run(p: Params, out: str, gate: QuietGate, workdir: str) -> dict:
     per_model = throughput(p, gate, workdir)
     throughput_seconds = time.perf_counter() - started
     acc = accuracy(p, workdir)
-    res = {"params": dataclasses.asdict(p), "cpu_bf16": cpu_bf16(cpu["flags"]), "per_model": per_model,
-           "accuracy": acc}
-    res = result("B2", "mixed precision", "PYTHONPATH=. python bench/mixed_precision.py", figures(res), **res)
+    res = {
+        "params": dataclasses.asdict(p),
+        "cpu_bf16": cpu_bf16(cpu["flags"]),
+        "per_model": per_model,
+        "accuracy": acc,
+    }
+    res = result(
+        "B2", "mixed precision", "PYTHONPATH=. python bench/mixed_precision.py", figures(res), **res
+    )
     res["targets"] = targets(res)
     res["quiet_gate"] = gate.summary()
-    res["wall_seconds"] = {"throughput": round(throughput_seconds, 1),
-                           "accuracy": round(time.perf_counter() - started - throughput_seconds, 1)}
+    res["wall_seconds"] = {
+        "throughput": round(throughput_seconds, 1),
+        "accuracy": round(time.perf_counter() - started - throughput_seconds, 1),
+    }
     write_json_atomic(out, res)
     return res
 
@@ -411,8 +582,10 @@ def refigure(path: str, out: str) -> dict:
             rep["ratios"] = ratios(rep["runs"])
     res["figures"] = figures(res)
     res["targets"] = targets(res)
-    res["figures_recomputed"] = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                                 "command": f"PYTHONPATH=. python bench/mixed_precision.py --figures-from {path}"}
+    res["figures_recomputed"] = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": f"PYTHONPATH=. python bench/mixed_precision.py --figures-from {path}",
+    }
     write_json_atomic(out, res)
     return res
 
@@ -420,19 +593,39 @@ def refigure(path: str, out: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Runs B2, prints its table and writes the JSON result."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny data, one repeat (checks the script runs)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny data, one repeat (checks the script runs)"
+    )
     ap.add_argument("--repeats", type=int, help="throughput repeats (default 3)")
-    ap.add_argument("--seeds", type=int, help="accuracy seeds of every model (default: cnn 3, "
-                    f"{CONV_HEAVY} {ACCURACY[CONV_HEAVY].seeds}; 0 = no accuracy runs)")
-    ap.add_argument("--limit", type=int, help="MNIST examples per split of the throughput runs, every model "
-                    f"(default: cnn 1024, {CONV_HEAVY} 768)")
-    ap.add_argument("--epochs", type=int, help=f"epochs per throughput run, the first untimed (default: cnn 3, "
-                    f"{CONV_HEAVY} 2)")
-    ap.add_argument("--models", help=f"comma-separated registered models (default cnn,{CONV_HEAVY}); the accuracy "
-                    f"runs only for those with a recipe chosen on validation ({', '.join(ACCURACY)})")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        help="accuracy seeds of every model (default: cnn 3, "
+        f"{CONV_HEAVY} {ACCURACY[CONV_HEAVY].seeds}; 0 = no accuracy runs)",
+    )
+    ap.add_argument(
+        "--limit",
+        type=int,
+        help="MNIST examples per split of the throughput runs, every model "
+        f"(default: cnn 1024, {CONV_HEAVY} 768)",
+    )
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        help=f"epochs per throughput run, the first untimed (default: cnn 3, {CONV_HEAVY} 2)",
+    )
+    ap.add_argument(
+        "--models",
+        help=f"comma-separated registered models (default cnn,{CONV_HEAVY}); the accuracy "
+        f"runs only for those with a recipe chosen on validation ({', '.join(ACCURACY)})",
+    )
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "mixed_precision.json"))
-    ap.add_argument("--figures-from", metavar="JSON", help="recompute the figures and verdicts of a finished "
-                    "result from its raw runs (after a change of the figures' code; trains nothing)")
+    ap.add_argument(
+        "--figures-from",
+        metavar="JSON",
+        help="recompute the figures and verdicts of a finished "
+        "result from its raw runs (after a change of the figures' code; trains nothing)",
+    )
     args = ap.parse_args(argv)
     if args.figures_from:
         print(report(refigure(args.figures_from, args.out)))
@@ -444,13 +637,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.models:
         names = [m for m in (x.strip() for x in args.models.split(",")) if m]
         plans = {m: plans.get(m, Plan(m, 1024, 3)) for m in names}
-        recipes = {m: recipes.get(m, ACCURACY.get(m)) for m in names if recipes.get(m, ACCURACY.get(m))}
-    plans = {m: dataclasses.replace(plan, limit=args.limit or plan.limit, epochs=args.epochs or plan.epochs)
-             for m, plan in plans.items()}
+        recipes = {
+            m: recipes.get(m, ACCURACY.get(m)) for m in names if recipes.get(m, ACCURACY.get(m))
+        }
+    plans = {
+        m: dataclasses.replace(
+            plan, limit=args.limit or plan.limit, epochs=args.epochs or plan.epochs
+        )
+        for m, plan in plans.items()
+    }
     if args.seeds is not None:
-        recipes = {m: dataclasses.replace(r, seeds=args.seeds) for m, r in recipes.items() if args.seeds > 0}
-    p = dataclasses.replace(p, models=tuple(plans.values()), accuracy=tuple(recipes.values()),
-                            repeats=args.repeats or p.repeats)
+        recipes = {
+            m: dataclasses.replace(r, seeds=args.seeds)
+            for m, r in recipes.items()
+            if args.seeds > 0
+        }
+    p = dataclasses.replace(
+        p,
+        models=tuple(plans.values()),
+        accuracy=tuple(recipes.values()),
+        repeats=args.repeats or p.repeats,
+    )
     if any(plan.epochs < 2 for plan in p.models):
         ap.error("--epochs must be >= 2: the first epoch traces and is not timed")
     gate = QuietGate(max_wait=0.0 if p.smoke else 90.0, enabled=not p.smoke)

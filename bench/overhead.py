@@ -40,6 +40,7 @@ Shared machine: a repeat disturbed by other processes (> ``--quiet-threshold`` o
     PYTHONPATH=. python bench/overhead.py --limit 0  # the whole 50k training split (~1 h on a slow 2-core VM)
     PYTHONPATH=. python bench/overhead.py --smoke    # tiny, one repeat (~1 min: 5 TensorFlow start-ups); a test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,19 +91,29 @@ class Params:
     # the full split (harsher to the side that has more of it).
     limit: int = 4096
     # (precision, strategy, sides): bf16 only where it matters most, to keep the run short.
-    cells: tuple = (("float32", "one_device", SIDES), ("float32", "mirrored", SIDES),
-                    ("mixed_bfloat16", "one_device", ("tfopt", "bare_tuned")))
+    cells: tuple = (
+        ("float32", "one_device", SIDES),
+        ("float32", "mirrored", SIDES),
+        ("mixed_bfloat16", "one_device", ("tfopt", "bare_tuned")),
+    )
     repeats: int = 3
     smoke: bool = False
 
 
-SMOKE = {"batch": 32, "epochs": 2, "limit": 512, "repeats": 1, "smoke": True,
-         "cells": (("float32", "one_device", SIDES), ("float32", "mirrored", ("tfopt", "bare_tuned")))}
+SMOKE = {
+    "batch": 32,
+    "epochs": 2,
+    "limit": 512,
+    "repeats": 1,
+    "smoke": True,
+    "cells": (("float32", "one_device", SIDES), ("float32", "mirrored", ("tfopt", "bare_tuned"))),
+}
 
 
 # ============================================================================================
 # The harness: one training process (``overhead.py _run --side S ... -- <tfopt.train flags>``)
 # ============================================================================================
+
 
 class _Done(Exception):
     """Raised by the clock when training ended: skips tfopt's test evaluation and model export."""
@@ -129,13 +140,16 @@ def _clock(keras, stop: bool, trace: bool = False):
             from tfopt.runtime.job import weights_digest
 
             spe = getattr(self.model, "_steps_per_execution", None)  # tf_keras: a variable
-            self.facts = {"initial_weights_sha256": weights_digest(self.model),
-                          "steps_per_execution": int(spe.numpy()) if spe is not None else None,
-                          "steps_per_epoch": int(self.params["steps"]), "epochs": int(self.params["epochs"]),
-                          "policy": keras.mixed_precision.global_policy().name,
-                          "distribute_strategy": type(self.model.distribute_strategy).__name__,
-                          "replicas": int(self.model.distribute_strategy.num_replicas_in_sync),
-                          "params": int(self.model.count_params())}
+            self.facts = {
+                "initial_weights_sha256": weights_digest(self.model),
+                "steps_per_execution": int(spe.numpy()) if spe is not None else None,
+                "steps_per_epoch": int(self.params["steps"]),
+                "epochs": int(self.params["epochs"]),
+                "policy": keras.mixed_precision.global_policy().name,
+                "distribute_strategy": type(self.model.distribute_strategy).__name__,
+                "replicas": int(self.model.distribute_strategy.num_replicas_in_sync),
+                "params": int(self.model.count_params()),
+            }
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = int(epoch)
@@ -165,12 +179,22 @@ def _clock(keras, stop: bool, trace: bool = False):
         def report(self) -> dict:
             t0 = self.epoch_begin[0]
             s = self.sample
-            return {**self.facts, "epoch_begin_s": [t - t0 for t in self.epoch_begin],
-                    "last_step_end_s": [t - t0 for t in self.last_step_end], "steps": self.last_step,
-                    "executions": self.executions, "train_end_s": self.train_end - t0,
-                    **({"trace_s": [[t - t0 for t in e] for e in self.trace]} if self.trace is not None else {}),
-                    "window": None if s is None else {"wall_s": s.wall, "own_cpu_s": s.own_cpu,
-                                                      "foreign_load": s.foreign}}
+            return {
+                **self.facts,
+                "epoch_begin_s": [t - t0 for t in self.epoch_begin],
+                "last_step_end_s": [t - t0 for t in self.last_step_end],
+                "steps": self.last_step,
+                "executions": self.executions,
+                "train_end_s": self.train_end - t0,
+                **(
+                    {"trace_s": [[t - t0 for t in e] for e in self.trace]}
+                    if self.trace is not None
+                    else {}
+                ),
+                "window": None
+                if s is None
+                else {"wall_s": s.wall, "own_cpu_s": s.own_cpu, "foreign_load": s.foreign},
+            }
 
     return Clock()
 
@@ -182,7 +206,9 @@ def harness(argv: list[str]) -> int:
     ap.add_argument("--side", choices=SIDES, required=True)
     ap.add_argument("--report", required=True)
     ap.add_argument("--steps-per-execution", type=int, default=0, help="bare_tuned: tfopt's choice")
-    ap.add_argument("--trace", action="store_true", help="keep every execution's end time (diagnosis)")
+    ap.add_argument(
+        "--trace", action="store_true", help="keep every execution's end time (diagnosis)"
+    )
     args = ap.parse_args(argv[:cut])
 
     # Both sides take their settings from the same `python -m tfopt.train` flags, parsed by tfopt.
@@ -190,7 +216,7 @@ def harness(argv: list[str]) -> int:
 
     parser = cli.ArgumentParser(prog="python -m tfopt.train")
     cli.add_config_args(parser)
-    targs = parser.parse_args(argv[cut + 1:])
+    targs = parser.parse_args(argv[cut + 1 :])
     cfg = cli.config_from_args(targs)
 
     started = time.perf_counter()
@@ -207,22 +233,41 @@ def harness(argv: list[str]) -> int:
         from bench.peers import bare_fit
         from tfopt._keras import keras
 
-        strategy = bare_fit.make_strategy(cfg.runtime.strategy, cfg.runtime.cpu_replicas)  # before any TF work
+        strategy = bare_fit.make_strategy(
+            cfg.runtime.strategy, cfg.runtime.cpu_replicas
+        )  # before any TF work
         arrays, shape, classes = bare_fit.load_arrays(cfg.data)
         steps = len(arrays["train"][0]) // cfg.data.global_batch_size
         model = bare_fit.build(
-            strategy, precision=cfg.runtime.precision, model_name=cfg.model.name, image_shape=shape,
-            num_classes=classes, dropout=cfg.model.dropout, seed=cfg.train.seed,
-            learning_rate=cfg.train.learning_rate, total_steps=cfg.train.epochs * steps,
-            steps_per_execution=args.steps_per_execution if args.side == "bare_tuned" else None)
+            strategy,
+            precision=cfg.runtime.precision,
+            model_name=cfg.model.name,
+            image_shape=shape,
+            num_classes=classes,
+            dropout=cfg.model.dropout,
+            seed=cfg.train.seed,
+            learning_rate=cfg.train.learning_rate,
+            total_steps=cfg.train.epochs * steps,
+            steps_per_execution=args.steps_per_execution if args.side == "bare_tuned" else None,
+        )
         clock = _clock(keras, stop=False, trace=args.trace)
-        bare_fit.fit(model, arrays, batch_size=cfg.data.global_batch_size, epochs=cfg.train.epochs,
-                     callbacks=[clock])
+        bare_fit.fit(
+            model,
+            arrays,
+            batch_size=cfg.data.global_batch_size,
+            epochs=cfg.train.epochs,
+            callbacks=[clock],
+        )
     if clock.train_end is None:
         raise RuntimeError("training did not finish")
-    report = {"side": args.side, "strategy": cfg.runtime.strategy, "precision": cfg.runtime.precision,
-              "global_batch_size": cfg.data.global_batch_size, "process_s": time.perf_counter() - started,
-              **clock.report()}
+    report = {
+        "side": args.side,
+        "strategy": cfg.runtime.strategy,
+        "precision": cfg.runtime.precision,
+        "global_batch_size": cfg.data.global_batch_size,
+        "process_s": time.perf_counter() - started,
+        **clock.report(),
+    }
     with open(args.report + ".tmp", "w", encoding="utf-8") as f:
         json.dump(report, f)
     os.replace(args.report + ".tmp", args.report)
@@ -232,6 +277,7 @@ def harness(argv: list[str]) -> int:
 # ============================================================================================
 # Numbers (pure functions of a process report; the test recomputes them independently)
 # ============================================================================================
+
 
 def step_ms(r: dict) -> float:
     """Per-step time after the warm-up epoch: each later epoch from its begin to its last step, summed,
@@ -260,10 +306,25 @@ def pct(a: float, b: float) -> float:
 # The orchestrator
 # ============================================================================================
 
+
 def train_flags(p: Params, strategy: str, precision: str, out: str) -> list[str]:
     """The ``python -m tfopt.train`` flags of one cell (every other setting is tfopt's default)."""
-    flags = ["--strategy", strategy, "--precision", precision, "--model", p.model, "--dataset", "mnist",
-             "--batch-size", str(p.batch), "--epochs", str(p.epochs), "-o", out]
+    flags = [
+        "--strategy",
+        strategy,
+        "--precision",
+        precision,
+        "--model",
+        p.model,
+        "--dataset",
+        "mnist",
+        "--batch-size",
+        str(p.batch),
+        "--epochs",
+        str(p.epochs),
+        "-o",
+        out,
+    ]
     return flags + (["--limit", str(p.limit)] if p.limit else [])
 
 
@@ -295,23 +356,40 @@ class Runner:
         own = ["--side", side, "--report", report]
         if side == "bare_tuned":
             own += ["--steps-per-execution", str(self.spe[(strategy, precision)])]
-        cmd = [sys.executable, SCRIPT, "_run", *own, "--", *train_flags(self.p, strategy, precision,
-                                                                       os.path.join(wd, "run"))]
+        cmd = [
+            sys.executable,
+            SCRIPT,
+            "_run",
+            *own,
+            "--",
+            *train_flags(self.p, strategy, precision, os.path.join(wd, "run")),
+        ]
         with open(log, "w") as f:
             try:
-                code = subprocess.run(cmd, env=self.env, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, timeout=self.timeout).returncode
+                code = subprocess.run(
+                    cmd,
+                    env=self.env,
+                    cwd=REPO,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    timeout=self.timeout,
+                ).returncode
             except subprocess.TimeoutExpired:
                 code = f"a timeout ({self.timeout:.0f} s)"
         if code != 0 or not os.path.isfile(report):
-            raise RuntimeError(f"[B7] {side} ({strategy}, {precision}) failed with {code}; its log ({log}) ends "
-                               f"with:\n{_tail(log)}")
+            raise RuntimeError(
+                f"[B7] {side} ({strategy}, {precision}) failed with {code}; its log ({log}) ends "
+                f"with:\n{_tail(log)}"
+            )
         with open(report, encoding="utf-8") as f:
             out = json.load(f)
         shutil.rmtree(wd, ignore_errors=True)
         if side == "tfopt":
             self.spe.setdefault((strategy, precision), out["steps_per_execution"])
-        out.update(step_ms=step_ms(out), cycle_ms=cycle_ms(out), examples_per_sec=examples_per_sec(out))
+        out.update(
+            step_ms=step_ms(out), cycle_ms=cycle_ms(out), examples_per_sec=examples_per_sec(out)
+        )
         return out
 
 
@@ -326,7 +404,8 @@ def measure(p: Params, runner: Runner, gate: QuietGate, bar) -> list[dict]:
     """Every cell, ``p.repeats`` times, sides interleaved; one record per cell and repeat."""
     out = []
     for r in range(p.repeats):
-        for prec, strat, sides in (p.cells if r % 2 == 0 else p.cells[::-1]):
+        for prec, strat, sides in p.cells if r % 2 == 0 else p.cells[::-1]:
+
             def unit(r=r, prec=prec, strat=strat, sides=tuple(sides)):
                 rec = {"repeat": r, "precision": prec, "strategy": strat, "order": order(sides, r)}
                 for side in rec["order"]:
@@ -340,7 +419,10 @@ def measure(p: Params, runner: Runner, gate: QuietGate, bar) -> list[dict]:
 
 
 def _cells(runs: list[dict], prec: str, strat: str) -> list[dict]:
-    return sorted((x for x in runs if x["precision"] == prec and x["strategy"] == strat), key=lambda x: x["repeat"])
+    return sorted(
+        (x for x in runs if x["precision"] == prec and x["strategy"] == strat),
+        key=lambda x: x["repeat"],
+    )
 
 
 def figures(runs: list[dict], p: Params) -> list[dict]:
@@ -352,76 +434,143 @@ def figures(runs: list[dict], p: Params) -> list[dict]:
         eps = {s: median(x[s]["examples_per_sec"] for x in cell) for s in sides}
         t, bt = ms["tfopt"], ms["bare_tuned"]
         spe = cell[0]["bare_tuned"]["steps_per_execution"]
-        out.append(figure(
-            f"tfopt vs tuned bare fit, per-step time, {strat}, {prec} (% slower)",
-            [pct(a, b) for a, b in zip(t, bt)], "%", target=("<=", TARGET_PCT),
-            peer=f"bare fit, steps_per_execution {spe}: {eps['bare_tuned']:,.0f} ex/s",
-            detail=f"tfopt {median(t):.2f} vs {median(bt):.2f} ms/step ({eps['tfopt']:,.0f} ex/s)"))
+        out.append(
+            figure(
+                f"tfopt vs tuned bare fit, per-step time, {strat}, {prec} (% slower)",
+                [pct(a, b) for a, b in zip(t, bt)],
+                "%",
+                target=("<=", TARGET_PCT),
+                peer=f"bare fit, steps_per_execution {spe}: {eps['bare_tuned']:,.0f} ex/s",
+                detail=f"tfopt {median(t):.2f} vs {median(bt):.2f} ms/step ({eps['tfopt']:,.0f} ex/s)",
+            )
+        )
         if "bare_default" in sides:
             bd = ms["bare_default"]
-            out.append(figure(
-                f"(info) tfopt vs bare fit with Keras defaults, per-step time, {strat}, {prec} (% slower)",
-                [pct(a, b) for a, b in zip(t, bd)], "%", peer=f"bare fit, defaults: {eps['bare_default']:,.0f} ex/s",
-                detail=f"tfopt {median(t):.2f} vs {median(bd):.2f} ms/step"))
+            out.append(
+                figure(
+                    f"(info) tfopt vs bare fit with Keras defaults, per-step time, {strat}, {prec} (% slower)",
+                    [pct(a, b) for a, b in zip(t, bd)],
+                    "%",
+                    peer=f"bare fit, defaults: {eps['bare_default']:,.0f} ex/s",
+                    detail=f"tfopt {median(t):.2f} vs {median(bd):.2f} ms/step",
+                )
+            )
         ct, cb = ([x[s]["cycle_ms"] for x in cell] for s in ("tfopt", "bare_tuned"))
-        out.append(figure(
-            f"(info) tfopt vs tuned bare fit, epoch cycle incl. validation and epoch-end work, {strat}, {prec} "
-            "(% slower)", [pct(a, b) for a, b in zip(ct, cb)], "%",
-            detail=f"tfopt {median(ct):.2f} vs {median(cb):.2f} ms/step"))
+        out.append(
+            figure(
+                f"(info) tfopt vs tuned bare fit, epoch cycle incl. validation and epoch-end work, {strat}, {prec} "
+                "(% slower)",
+                [pct(a, b) for a, b in zip(ct, cb)],
+                "%",
+                detail=f"tfopt {median(ct):.2f} vs {median(cb):.2f} ms/step",
+            )
+        )
     for prec in dict.fromkeys(c[0] for c in p.cells):
         one, mir = _cells(runs, prec, "one_device"), _cells(runs, prec, "mirrored")
         if one and mir:
-            ratios = [b["tfopt"]["examples_per_sec"] / a["tfopt"]["examples_per_sec"] for a, b in zip(one, mir)]
-            out.append(figure(
-                f"(info) tfopt mirrored (2 logical CPU devices) / one_device throughput, {prec}", ratios, "x",
-                detail=f"{median(x['tfopt']['examples_per_sec'] for x in mir):,.0f} vs "
-                       f"{median(x['tfopt']['examples_per_sec'] for x in one):,.0f} ex/s", digits=3))
+            ratios = [
+                b["tfopt"]["examples_per_sec"] / a["tfopt"]["examples_per_sec"]
+                for a, b in zip(one, mir)
+            ]
+            out.append(
+                figure(
+                    f"(info) tfopt mirrored (2 logical CPU devices) / one_device throughput, {prec}",
+                    ratios,
+                    "x",
+                    detail=f"{median(x['tfopt']['examples_per_sec'] for x in mir):,.0f} vs "
+                    f"{median(x['tfopt']['examples_per_sec'] for x in one):,.0f} ex/s",
+                    digits=3,
+                )
+            )
     return out
 
 
 def report_text(res: dict, p: Params) -> str:
     rows = []
     for f in res["figures"]:
-        spread = f"{f['spread'][0]:.{f['digits']}f} to {f['spread'][1]:.{f['digits']}f}" if f["spread"] else "-"
+        spread = (
+            f"{f['spread'][0]:.{f['digits']}f} to {f['spread'][1]:.{f['digits']}f}"
+            if f["spread"]
+            else "-"
+        )
         value = "-" if f["value"] is None else f"{f['value']:.{f['digits']}f}{f['unit']}"
-        rows.append([f["name"], value, spread, f["target"] or "-", f["status"],
-                     "; ".join(x for x in (f["peer"], f["detail"]) if x)])
-    table = markdown_table(["B7 framework overhead", f"median of {p.repeats}", "range", "target", "status",
-                            "detail"], rows)
+        rows.append(
+            [
+                f["name"],
+                value,
+                spread,
+                f["target"] or "-",
+                f["status"],
+                "; ".join(x for x in (f["peer"], f["detail"]) if x),
+            ]
+        )
+    table = markdown_table(
+        ["B7 framework overhead", f"median of {p.repeats}", "range", "target", "status", "detail"],
+        rows,
+    )
     env, q = res["environment"], res["quiet_gate"]
     notes = []
     if p.smoke:
         notes.append("SMOKE MODE: tiny data, one repeat; these figures mean nothing.")
-    notes.append(f"{env['processor']}, {env['usable_cores']} usable cores, TF {env.get('tensorflow')}; "
-                 f"`{p.model}`, MNIST ({p.limit or '50,000'} train images), global batch {p.batch}, "
-                 f"{p.epochs} epochs (the first is warm-up); sides interleaved, each in its own process.")
-    notes.append(f"Shared machine: {q['reruns']} re-runs, {q['kept_disturbed_units']} of {q['units']} repeats kept "
-                 f"disturbed; foreign load in kept windows: median {100 * q['kept_foreign_load_median']:.0f}%.")
+    notes.append(
+        f"{env['processor']}, {env['usable_cores']} usable cores, TF {env.get('tensorflow')}; "
+        f"`{p.model}`, MNIST ({p.limit or '50,000'} train images), global batch {p.batch}, "
+        f"{p.epochs} epochs (the first is warm-up); sides interleaved, each in its own process."
+    )
+    notes.append(
+        f"Shared machine: {q['reruns']} re-runs, {q['kept_disturbed_units']} of {q['units']} repeats kept "
+        f"disturbed; foreign load in kept windows: median {100 * q['kept_foreign_load_median']:.0f}%."
+    )
     return table + "\n\n" + "\n".join("- " + n for n in notes)
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=None, help="repeats per cell (default 3)")
-    ap.add_argument("--epochs", type=int, default=None, help="epochs per run, the first is warm-up (default 3)")
-    ap.add_argument("--limit", type=int, default=None,
-                    help="records per split (default 4096: 32 steps per epoch; 0 = the whole 50k training split)")
-    ap.add_argument("--strategies", default=None, help=f"comma-separated subset of {','.join(STRATEGIES)}")
-    ap.add_argument("--precisions", default=None, help=f"comma-separated subset of {','.join(PRECISIONS)}")
+    ap.add_argument(
+        "--epochs", type=int, default=None, help="epochs per run, the first is warm-up (default 3)"
+    )
+    ap.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="records per split (default 4096: 32 steps per epoch; 0 = the whole 50k training split)",
+    )
+    ap.add_argument(
+        "--strategies", default=None, help=f"comma-separated subset of {','.join(STRATEGIES)}"
+    )
+    ap.add_argument(
+        "--precisions", default=None, help=f"comma-separated subset of {','.join(PRECISIONS)}"
+    )
     ap.add_argument("--out", default=None, help="JSON output (default bench/results/overhead.json)")
-    ap.add_argument("--workdir", default=None, help="scratch directory for the runs (default: a temp dir)")
+    ap.add_argument(
+        "--workdir", default=None, help="scratch directory for the runs (default: a temp dir)"
+    )
     ap.add_argument("--timeout", type=float, default=None, help="seconds any one process may take")
-    ap.add_argument("--quiet-threshold", type=float, default=0.15,
-                    help="re-run a repeat when other processes used more than this share of the cores "
-                         "(default 0.15; 1 disables)")
-    ap.add_argument("--max-wait", type=float, default=120.0,
-                    help="seconds the whole run may spend waiting for quiet and re-running (default 120)")
-    ap.add_argument("--smoke", action="store_true", help="tiny data, one repeat, float32 only (for tests)")
+    ap.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.15,
+        help="re-run a repeat when other processes used more than this share of the cores "
+        "(default 0.15; 1 disables)",
+    )
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=120.0,
+        help="seconds the whole run may spend waiting for quiet and re-running (default 120)",
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny data, one repeat, float32 only (for tests)"
+    )
     args = ap.parse_args(argv)
     over: dict = dict(SMOKE) if args.smoke else {}
     cells = over.get("cells", Params.cells)
-    for index, (name, choices) in enumerate((("precisions", PRECISIONS), ("strategies", STRATEGIES))):
+    for index, (name, choices) in enumerate(
+        (("precisions", PRECISIONS), ("strategies", STRATEGIES))
+    ):
         value = getattr(args, name)
         if value is not None:
             picked = tuple(x.strip() for x in value.split(",") if x.strip())
@@ -434,10 +583,16 @@ def parse_args(argv=None):
             over[name] = getattr(args, name)
     p = Params(**over)
     if p.repeats < 1 or p.epochs < 2 or p.limit < 0 or not p.cells:
-        ap.error("--repeats must be >= 1, --epochs >= 2 (the first epoch is warm-up), --limit >= 0, and "
-                 "--precisions/--strategies must leave a measured cell")
-    gate = QuietGate(threshold=args.quiet_threshold, max_wait=0.0 if args.smoke else args.max_wait,
-                     retries=0 if args.smoke else 1, enabled=not args.smoke and args.quiet_threshold < 1)
+        ap.error(
+            "--repeats must be >= 1, --epochs >= 2 (the first epoch is warm-up), --limit >= 0, and "
+            "--precisions/--strategies must leave a measured cell"
+        )
+    gate = QuietGate(
+        threshold=args.quiet_threshold,
+        max_wait=0.0 if args.smoke else args.max_wait,
+        retries=0 if args.smoke else 1,
+        enabled=not args.smoke and args.quiet_threshold < 1,
+    )
     return p, gate, args
 
 
@@ -460,9 +615,18 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     command = "PYTHONPATH=. python bench/overhead.py" + (" --smoke" if p.smoke else "")
-    res = result("B7", "framework overhead", command, figures(runs, p), benchmark="B7 framework overhead",
-                 params=dataclasses.asdict(p), sides=SIDES, runs=runs, quiet_gate=gate.summary(),
-                 wall_seconds=round(time.perf_counter() - t_start, 1))
+    res = result(
+        "B7",
+        "framework overhead",
+        command,
+        figures(runs, p),
+        benchmark="B7 framework overhead",
+        params=dataclasses.asdict(p),
+        sides=SIDES,
+        runs=runs,
+        quiet_gate=gate.summary(),
+        wall_seconds=round(time.perf_counter() - t_start, 1),
+    )
     res["environment"]["tfopt"] = tfopt_version
     text = report_text(res, p)
     res["table_markdown"] = text

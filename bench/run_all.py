@@ -12,6 +12,7 @@ figure's table and the cause of each miss (``bench/causes.py``). README.md gets 
 summary between the ``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers; nothing else in it
 changes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,10 @@ def select(only: str | None) -> list[Bench]:
     wanted = [s.strip().upper() for s in only.split(",") if s.strip()]
     unknown = [w for w in wanted if w not in by_id]
     if unknown or not wanted:
-        raise SystemExit(f"run_all: unknown benchmark {', '.join(unknown) or only!r}; "
-                         f"choose from {', '.join(by_id)} (--only B2,B7)")
+        raise SystemExit(
+            f"run_all: unknown benchmark {', '.join(unknown) or only!r}; "
+            f"choose from {', '.join(by_id)} (--only B2,B7)"
+        )
     return [by_id[w] for w in wanted]
 
 
@@ -109,8 +112,10 @@ def _machine(res: dict) -> str:
     have = [f for f in KEY_FLAGS if f in flags]
     date = str(env.get("date_utc", "?"))[:10]
     cores = env.get("usable_cores", "?")
-    return (f"{date}, {cpu.get('model') or env.get('processor', '?')}, {cores} cores, "
-            f"flags {' '.join(have) or 'none of ' + '/'.join(KEY_FLAGS)}, TF {env.get('tensorflow', '?')}")
+    return (
+        f"{date}, {cpu.get('model') or env.get('processor', '?')}, {cores} cores, "
+        f"flags {' '.join(have) or 'none of ' + '/'.join(KEY_FLAGS)}, TF {env.get('tensorflow', '?')}"
+    )
 
 
 def _load(bench: Bench) -> dict | None:
@@ -129,14 +134,22 @@ def section(bench: Bench) -> str:
     res = _load(bench)
     if res is None:
         return f"{head}: not run yet (no `bench/results/{os.path.basename(bench.result)}`)."
-    rows = ["| figure | measured | range (repeats) | target | status | peer, same run | anchor |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| figure | measured | range (repeats) | target | status | peer, same run | anchor |",
+        "|---|---|---|---|---|---|---|",
+    ]
     misses = []
     for f in res["figures"]:
         measured, spread = _measured(f)
         status = f["status"] if f["status"] != "MISS" else "**MISS**"
-        rows.append("| " + " | ".join(_cell(c) for c in (
-            f["name"], measured, spread, f["target"], status, f["peer"], f["anchor"])) + " |")
+        rows.append(
+            "| "
+            + " | ".join(
+                _cell(c)
+                for c in (f["name"], measured, spread, f["target"], status, f["peer"], f["anchor"])
+            )
+            + " |"
+        )
         if f["status"] == "MISS":
             misses.append(f"- {f['name']}: {cause(bench.id, f['name']) or UNKNOWN}")
     block = f"{head} on {_machine(res)}\n\n" + "\n".join(rows)
@@ -210,7 +223,7 @@ def update_readme(path: str, text: str) -> bool:
     start, end = readme.find(START), readme.find(END)
     if start < 0 or end < start:
         raise SystemExit(f"run_all: {path} lacks the {START} ... {END} markers")
-    new = readme[:start + len(START)] + "\n" + text + "\n" + readme[end:]
+    new = readme[: start + len(START)] + "\n" + text + "\n" + readme[end:]
     if new == readme:
         return False
     from tfopt.fileio import write_text
@@ -224,7 +237,9 @@ def run(bench: Bench, extra: list[str]) -> int:
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"== {bench.id} {bench.title}: {bench.command} {' '.join(extra)}".rstrip(), flush=True)
     t0 = time.perf_counter()
-    code = subprocess.call([sys.executable, os.path.join(HERE, bench.script), *extra], cwd=REPO, env=env)
+    code = subprocess.call(
+        [sys.executable, os.path.join(HERE, bench.script), *extra], cwd=REPO, env=env
+    )
     print(f"== {bench.id} exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
     return code
 
@@ -233,10 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the selected benchmarks one after another, then rewrites docs/benchmarks.md and the README summary."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", help="comma-separated ids, e.g. B2,B7 (default: all)")
-    p.add_argument("--table-only", action="store_true", help="do not run anything; rebuild the tables")
+    p.add_argument(
+        "--table-only", action="store_true", help="do not run anything; rebuild the tables"
+    )
     p.add_argument("--readme", default=os.path.join(REPO, "README.md"))
     p.add_argument("--page", default=os.path.join(REPO, "docs", "benchmarks.md"))
-    p.add_argument("--print", action="store_true", help="print the page instead of writing the files")
+    p.add_argument(
+        "--print", action="store_true", help="print the page instead of writing the files"
+    )
     args, extra = p.parse_known_args(argv)
     benches = select(args.only)
     failed = []
@@ -245,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(page())
     else:
-        for path, changed in ((args.page, write_page(args.page, page())),
-                              (args.readme, update_readme(args.readme, summary()))):
+        for path, changed in (
+            (args.page, write_page(args.page, page())),
+            (args.readme, update_readme(args.readme, summary())),
+        ):
             print(f"{path}: {'rewritten' if changed else 'already current'}")
     if failed:
         print(f"run_all: failed: {', '.join(failed)}", file=sys.stderr)

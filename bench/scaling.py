@@ -51,6 +51,7 @@ budget (``--quiet-threshold``, ``--max-wait``). Prints a markdown table and writ
     PYTHONPATH=. python bench/scaling.py          # 15-25 min on 2 cores -> bench/results/scaling.json
     PYTHONPATH=. python bench/scaling.py --smoke  # tiny, one repeat (~1 min: 7 TensorFlow start-ups); a test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -130,15 +131,29 @@ class Params:
 
 # smoke: backups every 34 steps, so that tfopt's steps per execution (17, the largest divisor <= 32)
 # gives executions with and without a backup, as at the default 50 (25)
-SMOKE = {"batch": 16, "limit": 512, "warmup_steps": 8, "steps": 16, "steps_per_execution": 4,
-         "allreduce_warmup": 1, "allreduce_iters": 7, "bandwidth_mb": 64, "bandwidth_copies": 2,
-         "backup_every": 34, "backup_batch": 16, "backup_warmup_steps": 34, "backup_steps": 34, "repeats": 1,
-         "smoke": True}
+SMOKE = {
+    "batch": 16,
+    "limit": 512,
+    "warmup_steps": 8,
+    "steps": 16,
+    "steps_per_execution": 4,
+    "allreduce_warmup": 1,
+    "allreduce_iters": 7,
+    "bandwidth_mb": 64,
+    "bandwidth_copies": 2,
+    "backup_every": 34,
+    "backup_batch": 16,
+    "backup_warmup_steps": 34,
+    "backup_steps": 34,
+    "repeats": 1,
+    "smoke": True,
+}
 
 
 # ============================================================================================
 # Harnesses: the processes the benchmark starts (``scaling.py _train ...``, ``_allreduce``)
 # ============================================================================================
+
 
 class _WindowDone(Exception):
     """Raised by the step clock after the timed window: the process has measured what it should."""
@@ -152,7 +167,11 @@ def _task() -> tuple[str, int, int]:
     conf = json.loads(raw)
     task = conf.get("task", {})
     n = sum(len(conf.get("cluster", {}).get(role, [])) for role in ("chief", "worker"))
-    return f"{task.get('type', 'worker')}-{int(task.get('index', 0))}", int(task.get("index", 0)), max(n, 1)
+    return (
+        f"{task.get('type', 'worker')}-{int(task.get('index', 0))}",
+        int(task.get("index", 0)),
+        max(n, 1),
+    )
 
 
 def _pin(cores: str, intra: int, inter: int) -> int | None:
@@ -163,7 +182,9 @@ def _pin(cores: str, intra: int, inter: int) -> int | None:
     TF_NUM_INTEROP_THREADS, which TensorFlow reads when its context starts.
     """
     if "tensorflow" in sys.modules:
-        raise RuntimeError("pin before importing TensorFlow: its thread pools are sized at start-up")
+        raise RuntimeError(
+            "pin before importing TensorFlow: its thread pools are sized at start-up"
+        )
     core = None
     if cores not in ("", "none"):
         choices = [int(c) for c in cores.split(",")]
@@ -192,19 +213,34 @@ def _cpu_now() -> dict:
     """A point in time: monotonic clock, this process's CPU seconds, the machine's busy CPU seconds."""
     stat = _proc_stat()
     t = os.times()
-    return {"mono": time.monotonic(), "own": t.user + t.system,
-            "busy": stat[0] / _CLK_TCK if stat else float("nan"), "ncpu": stat[1] if stat else usable_cores()}
+    return {
+        "mono": time.monotonic(),
+        "own": t.user + t.system,
+        "busy": stat[0] / _CLK_TCK if stat else float("nan"),
+        "ncpu": stat[1] if stat else usable_cores(),
+    }
 
 
 def _window(start: dict, end: dict) -> dict:
-    return {"start_mono": start["mono"], "seconds": end["mono"] - start["mono"],
-            "own_cpu_s": end["own"] - start["own"], "busy_cpu_s": end["busy"] - start["busy"], "ncpu": end["ncpu"]}
+    return {
+        "start_mono": start["mono"],
+        "seconds": end["mono"] - start["mono"],
+        "own_cpu_s": end["own"] - start["own"],
+        "busy_cpu_s": end["busy"] - start["busy"],
+        "ncpu": end["ncpu"],
+    }
 
 
 def _process_facts(core) -> dict:
-    return {"core": core, "affinity": sorted(os.sched_getaffinity(0)), "pid": os.getpid(),
-            "env": {k: os.environ.get(k) for k in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
-                                                    "OMP_NUM_THREADS")}}
+    return {
+        "core": core,
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "pid": os.getpid(),
+        "env": {
+            k: os.environ.get(k)
+            for k in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
+        },
+    }
 
 
 def _write_report(report_dir: str, name: str, payload: dict) -> None:
@@ -228,7 +264,7 @@ def _barrier(directory: str, name: str, parties: int, timeout: float) -> float:
 def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         cut = argv.index("--")
-        return argv[:cut], argv[cut + 1:]
+        return argv[:cut], argv[cut + 1 :]
     return argv, []
 
 
@@ -241,7 +277,9 @@ def harness_train(argv: list[str]) -> int:
     ap.add_argument("--inter", type=int, default=0)
     ap.add_argument("--warmup", type=int, required=True, help="untimed steps before the window")
     ap.add_argument("--report-dir", required=True)
-    ap.add_argument("--barrier", type=int, default=0, help="processes that start their windows together")
+    ap.add_argument(
+        "--barrier", type=int, default=0, help="processes that start their windows together"
+    )
     ap.add_argument("--barrier-timeout", type=float, default=300.0)
     args = ap.parse_args(own)
     core = _pin(args.cores, args.intra, args.inter)
@@ -285,12 +323,16 @@ def harness_train(argv: list[str]) -> int:
             steps = int(self.params["steps"])
             step = self.epoch * steps + int(batch) + 1
             if self.first_step is None:
-                self.first_step = step  # > steps_per_execution would mean a resumed run: refused below
+                self.first_step = (
+                    step  # > steps_per_execution would mean a resumed run: refused below
+                )
             if self.start is None:
                 if step < args.warmup:
                     return
                 if args.barrier > 1:
-                    self.barrier_wait = _barrier(args.report_dir, name, args.barrier, args.barrier_timeout)
+                    self.barrier_wait = _barrier(
+                        args.report_dir, name, args.barrier, args.barrier_timeout
+                    )
                 self.start = _cpu_now()
                 self.marks.append((step, self.start["mono"]))
                 return
@@ -307,24 +349,35 @@ def harness_train(argv: list[str]) -> int:
     except _WindowDone:
         status_ = "stopped after the timed window"
     if clock.result is None or len(clock.marks) < 2:
-        raise RuntimeError(f"no timed window: warm-up {args.warmup} >= the run's steps, or the run ended early")
+        raise RuntimeError(
+            f"no timed window: warm-up {args.warmup} >= the run's steps, or the run ended early"
+        )
     s0, t0 = clock.marks[0]
     s1, t1 = clock.marks[-1]
     # one row per execution (steps_per_execution steps, one tf.function call) in the window
     execs = [(a[0], b[0], round(b[1] - a[1], 6)) for a, b in zip(clock.marks, clock.marks[1:])]
     backups = _backups_written(cfg.train.output_dir)
     report = {
-        "task": name, **_process_facts(core), "status": status_,
+        "task": name,
+        **_process_facts(core),
+        "status": status_,
         "threads": _threads_by_name(),
-        "tf_threading": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
-                         "inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
-        "strategy": cfg.runtime.strategy, "global_batch_size": cfg.data.global_batch_size,
-        "backup_every": cfg.train.backup_every, "first_step": clock.first_step,
+        "tf_threading": {
+            "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        },
+        "strategy": cfg.runtime.strategy,
+        "global_batch_size": cfg.data.global_batch_size,
+        "backup_every": cfg.train.backup_every,
+        "first_step": clock.first_step,
         "compiled_steps_per_execution": clock.spe,
-        "window_steps": [s0, s1], "step_ms": 1e3 * (t1 - t0) / (s1 - s0),
+        "window_steps": [s0, s1],
+        "step_ms": 1e3 * (t1 - t0) / (s1 - s0),
         "executions": execs,  # [first step (exclusive), last step, seconds]
         "steps_per_execution": sorted({e - b for b, e, _ in execs}),
-        "barrier_wait_s": clock.barrier_wait, "window": clock.result, "backup_steps_kept": backups,
+        "barrier_wait_s": clock.barrier_wait,
+        "window": clock.result,
+        "backup_steps_kept": backups,
     }
     _write_report(args.report_dir, name, report)
     return 0
@@ -340,7 +393,7 @@ def _backups_written(output_dir: str) -> list[int]:
         if os.path.isdir(directory):
             for f in os.listdir(directory):
                 if f.startswith("ckpt-") and f.endswith(".index"):
-                    found.append(int(f[len("ckpt-"):-len(".index")]))
+                    found.append(int(f[len("ckpt-") : -len(".index")]))
     return sorted(found)
 
 
@@ -361,8 +414,9 @@ def _send_n(conn: socket.socket, n: int, buf: bytes) -> None:
         n -= k
 
 
-def loopback_bandwidth(directory: str, index: int, nbytes: int, copies: int, tag: str,
-                       timeout: float = 120.0) -> dict:
+def loopback_bandwidth(
+    directory: str, index: int, nbytes: int, copies: int, tag: str, timeout: float = 120.0
+) -> dict:
     """Loopback TCP between task 0 (sender) and task 1 (receiver), both in their pinned processes.
 
     ``uni``: task 0 sends ``nbytes`` and waits for a 1-byte ack (bytes/s, one per copy).
@@ -447,8 +501,12 @@ def harness_allreduce(argv: list[str]) -> int:
     from tfopt.runtime.tf_config import parse_tf_config
 
     cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
-    strategy = connect(RunConfig(runtime=RuntimeConfig(strategy="multi_worker_mirrored",
-                                                       collective=args.collective)), cluster)
+    strategy = connect(
+        RunConfig(
+            runtime=RuntimeConfig(strategy="multi_worker_mirrored", collective=args.collective)
+        ),
+        cluster,
+    )
     n_workers = strategy.num_replicas_in_sync
 
     def make(n_floats: int):
@@ -457,8 +515,12 @@ def harness_allreduce(argv: list[str]) -> int:
             def replica_fn(v):
                 v = tf.identity(v)  # placed on the replica's device, as a gradient is
                 r = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, v)
-                return r[:1]  # only the first element comes back: the fetch does not time a 64 MB copy
+                return r[
+                    :1
+                ]  # only the first element comes back: the fetch does not time a 64 MB copy
+
             return strategy.run(replica_fn, args=(x,))
+
         return allreduce
 
     def call(fn, x) -> float:
@@ -476,7 +538,7 @@ def harness_allreduce(argv: list[str]) -> int:
     times: dict[int, list[float]] = {mb: [] for mb in sizes}
     start = _cpu_now()
     for it in range(args.iters):
-        for mb in (sizes if it % 2 == 0 else sizes[::-1]):
+        for mb in sizes if it % 2 == 0 else sizes[::-1]:
             call(sync, one)  # both workers leave this within a one-way latency of each other
             t0 = time.perf_counter()
             got = call(fns[mb], inputs[mb])
@@ -485,10 +547,17 @@ def harness_allreduce(argv: list[str]) -> int:
     window = _window(start, _cpu_now())
     bw_after = loopback_bandwidth(args.report_dir, index, nbytes, args.copies, "after")
     report = {
-        "task": name, **_process_facts(core), "threads": _threads_by_name(), "workers": n_workers,
-        "collective": args.collective, "strategy_class": type(strategy).__name__, "correct_sums": bool(correct),
-        "sizes_mb": sizes, "allreduce_ms": {str(mb): [round(t, 4) for t in v] for mb, v in times.items()},
-        "bandwidth": {"bytes": nbytes, "before": bw_before, "after": bw_after}, "window": window,
+        "task": name,
+        **_process_facts(core),
+        "threads": _threads_by_name(),
+        "workers": n_workers,
+        "collective": args.collective,
+        "strategy_class": type(strategy).__name__,
+        "correct_sums": bool(correct),
+        "sizes_mb": sizes,
+        "allreduce_ms": {str(mb): [round(t, 4) for t in v] for mb, v in times.items()},
+        "bandwidth": {"bytes": nbytes, "before": bw_before, "after": bw_after},
+        "window": window,
     }
     _write_report(args.report_dir, name, report)
     return 0
@@ -497,6 +566,7 @@ def harness_allreduce(argv: list[str]) -> int:
 # ============================================================================================
 # The orchestrator
 # ============================================================================================
+
 
 class Ctx:
     """Where and how the orchestrator starts processes."""
@@ -550,11 +620,22 @@ def _run_procs(cmds: list[list[str]], ctx: Ctx, workdir: str) -> None:
             with open(logs[-1], "w") as f:
                 f.write("$ " + " ".join(cmd) + "\n")
                 f.flush()
-                procs.append(subprocess.Popen(cmd, env=ctx.env, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=ctx.env,
+                        cwd=REPO,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + ctx.timeout + 20  # a launcher's own --timeout fires first
         failed = None
-        while failed is None and any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        while (
+            failed is None and any(p.poll() is None for p in procs) and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
             failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
         failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), failed)
@@ -566,8 +647,10 @@ def _run_procs(cmds: list[list[str]], ctx: Ctx, workdir: str) -> None:
     finally:
         _stop(procs)
     if failed is not None:
-        raise RuntimeError(f"[B3] a benchmark process {what}; its log ({logs[failed]}) ends with:\n"
-                           f"{_tail(logs[failed])}")
+        raise RuntimeError(
+            f"[B3] a benchmark process {what}; its log ({logs[failed]}) ends with:\n"
+            f"{_tail(logs[failed])}"
+        )
 
 
 def _reports(workdir: str) -> list[dict]:
@@ -584,15 +667,53 @@ def _harness(role: str, *opts) -> list[str]:
 
 
 def _launch(ctx: Ctx, workers: int, command: list[str]) -> list[str]:
-    return [sys.executable, "-m", "tfopt.launch", "--workers", str(workers), "--timeout", str(int(ctx.timeout)),
-            "--grace", "5", "--isolate" if ctx.isolate else "--no-isolate", "--", *command]
+    return [
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        "--workers",
+        str(workers),
+        "--timeout",
+        str(int(ctx.timeout)),
+        "--grace",
+        "5",
+        "--isolate" if ctx.isolate else "--no-isolate",
+        "--",
+        *command,
+    ]
 
 
-def _train_flags(p: Params, strategy: str, batch: int, total_steps: int, out: str, backup_every: int = 0,
-                 spe: int = 0, model: str | None = None) -> list[str]:
-    flags = ["--strategy", strategy, "--model", model or p.model, "--dataset", "mnist", "--batch-size", str(batch),
-             "--limit", str(p.limit), "--epochs", "1", "--steps-per-epoch", str(total_steps), "--quiet",
-             "--set", "train.tensorboard=false", "-o", out]
+def _train_flags(
+    p: Params,
+    strategy: str,
+    batch: int,
+    total_steps: int,
+    out: str,
+    backup_every: int = 0,
+    spe: int = 0,
+    model: str | None = None,
+) -> list[str]:
+    flags = [
+        "--strategy",
+        strategy,
+        "--model",
+        model or p.model,
+        "--dataset",
+        "mnist",
+        "--batch-size",
+        str(batch),
+        "--limit",
+        str(p.limit),
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        str(total_steps),
+        "--quiet",
+        "--set",
+        "train.tensorboard=false",
+        "-o",
+        out,
+    ]
     if backup_every:
         flags += ["--backup-every", str(backup_every)]
     if spe:
@@ -616,9 +737,18 @@ def foreign_load(reports: list[dict]) -> float:
         for j, q in enumerate(reports):
             v = q["window"]
             if j != i and v["seconds"] > 0:
-                overlap = max(0.0, min(s1, v["start_mono"] + v["seconds"]) - max(s0, v["start_mono"]))
+                overlap = max(
+                    0.0, min(s1, v["start_mono"] + v["seconds"]) - max(s0, v["start_mono"])
+                )
                 siblings += v["own_cpu_s"] * overlap / v["seconds"]
-        loads.append(min(1.0, max(0.0, (w["busy_cpu_s"] - w["own_cpu_s"] - siblings) / (w["seconds"] * w["ncpu"]))))
+        loads.append(
+            min(
+                1.0,
+                max(
+                    0.0, (w["busy_cpu_s"] - w["own_cpu_s"] - siblings) / (w["seconds"] * w["ncpu"])
+                ),
+            )
+        )
     return max(loads) if loads else float("nan")
 
 
@@ -631,9 +761,27 @@ def _window_overlap(reports: list[dict]) -> float:
 
 def _slim(r: dict) -> dict:
     """A process report for the JSON (the window's raw counters kept: foreign load is recomputable)."""
-    keep = ("task", "core", "affinity", "env", "threads", "tf_threading", "strategy", "global_batch_size",
-            "backup_every", "first_step", "compiled_steps_per_execution", "window_steps", "step_ms",
-            "steps_per_execution", "executions", "barrier_wait_s", "window", "backup_steps_kept", "status")
+    keep = (
+        "task",
+        "core",
+        "affinity",
+        "env",
+        "threads",
+        "tf_threading",
+        "strategy",
+        "global_batch_size",
+        "backup_every",
+        "first_step",
+        "compiled_steps_per_execution",
+        "window_steps",
+        "step_ms",
+        "steps_per_execution",
+        "executions",
+        "barrier_wait_s",
+        "window",
+        "backup_steps_kept",
+        "status",
+    )
     return {k: r[k] for k in keep if k in r}
 
 
@@ -643,7 +791,9 @@ def _check_reports(reports: list[dict], expected: int, what: str) -> None:
     for r in reports:
         spe = r.get("compiled_steps_per_execution") or max(r["steps_per_execution"] or [1])
         if r["first_step"] > spe:  # a run that resumed from an old backup would skip steps
-            raise RuntimeError(f"[B3] {what}: {r['task']} started at step {r['first_step']}: it resumed a run")
+            raise RuntimeError(
+                f"[B3] {what}: {r['task']} started at step {r['first_step']}: it resumed a run"
+            )
 
 
 # -- phase 1: scaling ---------------------------------------------------------------------------
@@ -660,23 +810,82 @@ def run_side(side: str, ctx: Ctx) -> dict:
     p = ctx.p
     total = p.warmup_steps + p.steps
     wd = ctx.fresh(f"scaling-{side}")
-    pin = ["--intra", p.intra_threads, "--inter", p.inter_threads, "--warmup", p.warmup_steps, "--report-dir", wd]
+    pin = [
+        "--intra",
+        p.intra_threads,
+        "--inter",
+        p.inter_threads,
+        "--warmup",
+        p.warmup_steps,
+        "--report-dir",
+        wd,
+    ]
     c0, c1 = ctx.cores[0], ctx.cores[1]
     if side == "a":
-        cmds = [_harness("_train", "--cores", c0, *pin, "--",
-                         *_train_flags(p, "one_device", p.batch, total, os.path.join(wd, "run"),
-                                       spe=p.steps_per_execution))]
+        cmds = [
+            _harness(
+                "_train",
+                "--cores",
+                c0,
+                *pin,
+                "--",
+                *_train_flags(
+                    p,
+                    "one_device",
+                    p.batch,
+                    total,
+                    os.path.join(wd, "run"),
+                    spe=p.steps_per_execution,
+                ),
+            )
+        ]
         n, combine = 1, "sum"
     elif side == "b":
-        cmds = [_launch(ctx, 2, _harness("_train", "--cores", f"{c0},{c1}", *pin, "--",
-                                          *_train_flags(p, "multi_worker_mirrored", 2 * p.batch, total,
-                                                        os.path.join(wd, "run"), spe=p.steps_per_execution)))]
+        cmds = [
+            _launch(
+                ctx,
+                2,
+                _harness(
+                    "_train",
+                    "--cores",
+                    f"{c0},{c1}",
+                    *pin,
+                    "--",
+                    *_train_flags(
+                        p,
+                        "multi_worker_mirrored",
+                        2 * p.batch,
+                        total,
+                        os.path.join(wd, "run"),
+                        spe=p.steps_per_execution,
+                    ),
+                ),
+            )
+        ]
         n, combine = 2, "sync"
     else:
-        cmds = [_harness("_train", "--cores", core, *pin, "--barrier", 2, "--barrier-timeout", ctx.timeout / 2, "--",
-                         *_train_flags(p, "one_device", p.batch, total, os.path.join(wd, f"run{k}"),
-                                       spe=p.steps_per_execution))
-                for k, core in enumerate((c0, c1))]
+        cmds = [
+            _harness(
+                "_train",
+                "--cores",
+                core,
+                *pin,
+                "--barrier",
+                2,
+                "--barrier-timeout",
+                ctx.timeout / 2,
+                "--",
+                *_train_flags(
+                    p,
+                    "one_device",
+                    p.batch,
+                    total,
+                    os.path.join(wd, f"run{k}"),
+                    spe=p.steps_per_execution,
+                ),
+            )
+            for k, core in enumerate((c0, c1))
+        ]
         n, combine = 2, "sum"
     t0 = time.perf_counter()
     _run_procs(cmds, ctx, wd)
@@ -685,11 +894,19 @@ def run_side(side: str, ctx: Ctx) -> dict:
     _check_reports(reports, n, f"side {side}")
     pinned = sorted(tuple(r["affinity"]) for r in reports)
     if pinned != sorted((c,) for c in ctx.cores[:n]):
-        raise RuntimeError(f"[B3] side {side}: processes ran on cores {pinned}, expected one each of {ctx.cores[:n]}")
+        raise RuntimeError(
+            f"[B3] side {side}: processes ran on cores {pinned}, expected one each of {ctx.cores[:n]}"
+        )
     step_ms = [r["step_ms"] for r in reports]
-    out = {"step_ms": step_ms, "batch_per_process": p.batch, "combine": combine,
-           "examples_per_sec": side_throughput(step_ms, p.batch, combine),
-           "foreign_load": foreign_load(reports), "wall_s": round(wall, 1), "processes": [_slim(r) for r in reports]}
+    out = {
+        "step_ms": step_ms,
+        "batch_per_process": p.batch,
+        "combine": combine,
+        "examples_per_sec": side_throughput(step_ms, p.batch, combine),
+        "foreign_load": foreign_load(reports),
+        "wall_s": round(wall, 1),
+        "processes": [_slim(r) for r in reports],
+    }
     if n > 1:
         out["window_overlap"] = _window_overlap(reports)
     shutil.rmtree(wd, ignore_errors=True)
@@ -728,9 +945,15 @@ def phase_scaling(ctx: Ctx, gate: QuietGate, bar) -> dict:
         runs.append(gate.run(lambda r=r: unit(r)))
         bar.update(1)
     return {
-        "model": p.model, "dataset": "mnist", "per_process_batch": p.batch, "warmup_steps": p.warmup_steps,
-        "timed_steps": p.steps, "steps_per_execution": p.steps_per_execution or "auto", "cores": ctx.cores[:2],
-        "sides": SIDES, "repeats": runs,
+        "model": p.model,
+        "dataset": "mnist",
+        "per_process_batch": p.batch,
+        "warmup_steps": p.warmup_steps,
+        "timed_steps": p.steps,
+        "steps_per_execution": p.steps_per_execution or "auto",
+        "cores": ctx.cores[:2],
+        "sides": SIDES,
+        "repeats": runs,
         **{f"{s}_examples_per_sec": median(x[s]["examples_per_sec"] for x in runs) for s in "abc"},
         "efficiency": median(x["efficiency"] for x in runs),
         "efficiency_range": _spread(x["efficiency"] for x in runs),
@@ -740,6 +963,7 @@ def phase_scaling(ctx: Ctx, gate: QuietGate, bar) -> dict:
 
 
 # -- phase 2: all-reduce -----------------------------------------------------------------------
+
 
 def ring_model_ms(size_bytes: float, workers: int, bandwidth_Bps: float) -> float:
     """Lower bound of a ring all-reduce: 2(N-1)/N x size / bandwidth, in ms."""
@@ -753,11 +977,33 @@ def phase_allreduce(ctx: Ctx, gate: QuietGate, bar) -> dict:
     def unit(r: int):
         bar.set_postfix_str(f"all-reduce {r + 1}/{p.repeats}")
         wd = ctx.fresh("allreduce")
-        cmd = _launch(ctx, 2, _harness(
-            "_allreduce", "--cores", f"{ctx.cores[0]},{ctx.cores[1]}", "--intra", p.intra_threads,
-            "--inter", p.inter_threads, "--report-dir", wd, "--sizes-mb", ",".join(map(str, sizes)),
-            "--warmup", p.allreduce_warmup, "--iters", p.allreduce_iters, "--collective", p.collective,
-            "--bandwidth-mb", p.bandwidth_mb, "--copies", p.bandwidth_copies))
+        cmd = _launch(
+            ctx,
+            2,
+            _harness(
+                "_allreduce",
+                "--cores",
+                f"{ctx.cores[0]},{ctx.cores[1]}",
+                "--intra",
+                p.intra_threads,
+                "--inter",
+                p.inter_threads,
+                "--report-dir",
+                wd,
+                "--sizes-mb",
+                ",".join(map(str, sizes)),
+                "--warmup",
+                p.allreduce_warmup,
+                "--iters",
+                p.allreduce_iters,
+                "--collective",
+                p.collective,
+                "--bandwidth-mb",
+                p.bandwidth_mb,
+                "--copies",
+                p.bandwidth_copies,
+            ),
+        )
         t0 = time.perf_counter()
         _run_procs([cmd], ctx, wd)
         wall = time.perf_counter() - t0
@@ -772,19 +1018,44 @@ def phase_allreduce(ctx: Ctx, gate: QuietGate, bar) -> dict:
         duplex = bw["before"]["duplex_Bps"] + bw["after"]["duplex_Bps"]
         bandwidth = median(uni)
         workers = reports[0]["workers"]
-        rec = {"bandwidth_uni_Bps": uni, "bandwidth_duplex_Bps": duplex, "bandwidth_Bps": bandwidth,
-               "bandwidth_duplex_median_Bps": median(duplex), "workers": workers, "sizes": {},
-               "foreign_load": foreign_load(reports), "wall_s": round(wall, 1),
-               "processes": [{k: r[k] for k in ("task", "core", "affinity", "env", "threads", "collective",
-                                                 "strategy_class", "window")} for r in reports]}
+        rec = {
+            "bandwidth_uni_Bps": uni,
+            "bandwidth_duplex_Bps": duplex,
+            "bandwidth_Bps": bandwidth,
+            "bandwidth_duplex_median_Bps": median(duplex),
+            "workers": workers,
+            "sizes": {},
+            "foreign_load": foreign_load(reports),
+            "wall_s": round(wall, 1),
+            "processes": [
+                {
+                    k: r[k]
+                    for k in (
+                        "task",
+                        "core",
+                        "affinity",
+                        "env",
+                        "threads",
+                        "collective",
+                        "strategy_class",
+                        "window",
+                    )
+                }
+                for r in reports
+            ],
+        }
         for mb in sizes:
             per_worker = [median(r["allreduce_ms"][str(mb)]) for r in reports]
             ms = max(per_worker)
             model = ring_model_ms(mb * MB, workers, bandwidth)
             rec["sizes"][str(mb)] = {
-                "ms": ms, "ms_per_worker": per_worker, "ms_all": [r["allreduce_ms"][str(mb)] for r in reports],
-                "model_ms": model, "ratio_to_model": ms / model,
-                "bus_bandwidth_Bps": 2 * (workers - 1) / workers * mb * MB / (ms / 1e3)}
+                "ms": ms,
+                "ms_per_worker": per_worker,
+                "ms_all": [r["allreduce_ms"][str(mb)] for r in reports],
+                "model_ms": model,
+                "ratio_to_model": ms / model,
+                "bus_bandwidth_Bps": 2 * (workers - 1) / workers * mb * MB / (ms / 1e3),
+            }
         shutil.rmtree(wd, ignore_errors=True)
         return rec, [rec["foreign_load"]]
 
@@ -795,28 +1066,55 @@ def phase_allreduce(ctx: Ctx, gate: QuietGate, bar) -> dict:
     summary = {}
     for mb in sizes:
         k = str(mb)
-        summary[k] = {f: median(x["sizes"][k][f] for x in runs)
-                      for f in ("ms", "model_ms", "ratio_to_model", "bus_bandwidth_Bps")}
+        summary[k] = {
+            f: median(x["sizes"][k][f] for x in runs)
+            for f in ("ms", "model_ms", "ratio_to_model", "bus_bandwidth_Bps")
+        }
         summary[k]["ratio_to_model_range"] = _spread(x["sizes"][k]["ratio_to_model"] for x in runs)
     return {
-        "sizes_mb": sizes, "dtype": "float32", "warmup_calls": p.allreduce_warmup, "timed_calls": p.allreduce_iters,
-        "collective": p.collective, "bandwidth_copy_bytes": p.bandwidth_mb * MB, "cores": ctx.cores[:2],
-        "repeats": runs, "bandwidth_Bps": median(x["bandwidth_Bps"] for x in runs),
-        "bandwidth_duplex_Bps": median(x["bandwidth_duplex_median_Bps"] for x in runs), "sizes": summary,
+        "sizes_mb": sizes,
+        "dtype": "float32",
+        "warmup_calls": p.allreduce_warmup,
+        "timed_calls": p.allreduce_iters,
+        "collective": p.collective,
+        "bandwidth_copy_bytes": p.bandwidth_mb * MB,
+        "cores": ctx.cores[:2],
+        "repeats": runs,
+        "bandwidth_Bps": median(x["bandwidth_Bps"] for x in runs),
+        "bandwidth_duplex_Bps": median(x["bandwidth_duplex_median_Bps"] for x in runs),
+        "sizes": summary,
     }
 
 
 # -- phase 3: backup overhead -----------------------------------------------------------------
 
+
 def run_backup_side(with_backups: bool, ctx: Ctx) -> dict:
     p = ctx.p
     wd = ctx.fresh("backup-on" if with_backups else "backup-off")
-    pin = (["--cores", ctx.cores[0], "--intra", p.intra_threads, "--inter", p.inter_threads]
-           if p.backup_pinned else [])
-    cmd = _harness("_train", *pin, "--warmup", p.backup_warmup_steps, "--report-dir", wd, "--",
-                   *_train_flags(p, "one_device", p.backup_batch, p.backup_warmup_steps + p.backup_steps,
-                                 os.path.join(wd, "run"), backup_every=p.backup_every if with_backups else 0,
-                                 model=p.backup_model))
+    pin = (
+        ["--cores", ctx.cores[0], "--intra", p.intra_threads, "--inter", p.inter_threads]
+        if p.backup_pinned
+        else []
+    )
+    cmd = _harness(
+        "_train",
+        *pin,
+        "--warmup",
+        p.backup_warmup_steps,
+        "--report-dir",
+        wd,
+        "--",
+        *_train_flags(
+            p,
+            "one_device",
+            p.backup_batch,
+            p.backup_warmup_steps + p.backup_steps,
+            os.path.join(wd, "run"),
+            backup_every=p.backup_every if with_backups else 0,
+            model=p.backup_model,
+        ),
+    )
     t0 = time.perf_counter()
     _run_procs([cmd], ctx, wd)
     wall = time.perf_counter() - t0
@@ -824,10 +1122,16 @@ def run_backup_side(with_backups: bool, ctx: Ctx) -> dict:
     _check_reports(reports, 1, "backup " + ("on" if with_backups else "off"))
     r = reports[0]
     shutil.rmtree(wd, ignore_errors=True)
-    return {"step_ms": r["step_ms"], "backup_every": p.backup_every if with_backups else 0,
-            "steps_per_execution": r["steps_per_execution"], "window_steps": r["window_steps"],
-            "backup_steps_kept": r["backup_steps_kept"], "foreign_load": foreign_load(reports),
-            "wall_s": round(wall, 1), "process": _slim(r)}
+    return {
+        "step_ms": r["step_ms"],
+        "backup_every": p.backup_every if with_backups else 0,
+        "steps_per_execution": r["steps_per_execution"],
+        "window_steps": r["window_steps"],
+        "backup_steps_kept": r["backup_steps_kept"],
+        "foreign_load": foreign_load(reports),
+        "wall_s": round(wall, 1),
+        "process": _slim(r),
+    }
 
 
 def backup_cost_within(executions: list, every: int) -> dict | None:
@@ -849,8 +1153,13 @@ def backup_cost_within(executions: list, every: int) -> dict | None:
         return None
     cost = median(with_) - median(without)
     step = median(without) / n
-    return {"steps_per_execution": n, "executions_with": len(with_), "executions_without": len(without),
-            "per_backup_ms": 1e3 * cost, "pct": 100.0 * cost / (every * step)}
+    return {
+        "steps_per_execution": n,
+        "executions_with": len(with_),
+        "executions_without": len(without),
+        "per_backup_ms": 1e3 * cost,
+        "pct": 100.0 * cost / (every * step),
+    }
 
 
 def phase_backup(ctx: Ctx, gate: QuietGate, bar) -> dict:
@@ -871,19 +1180,27 @@ def phase_backup(ctx: Ctx, gate: QuietGate, bar) -> dict:
         runs.append(gate.run(lambda r=r: unit(r)))
         bar.update(1)
     return {
-        "strategy": "one_device", "model": p.backup_model, "global_batch_size": p.backup_batch,
-        "backup_every": p.backup_every, "warmup_steps": p.backup_warmup_steps, "timed_steps": p.backup_steps,
-        "pinned": p.backup_pinned, "repeats": runs,
+        "strategy": "one_device",
+        "model": p.backup_model,
+        "global_batch_size": p.backup_batch,
+        "backup_every": p.backup_every,
+        "warmup_steps": p.backup_warmup_steps,
+        "timed_steps": p.backup_steps,
+        "pinned": p.backup_pinned,
+        "repeats": runs,
         "off_step_ms": median(x["off"]["step_ms"] for x in runs),
         "on_step_ms": median(x["on"]["step_ms"] for x in runs),
         "overhead_pct": median(x["overhead_pct"] for x in runs),
         "overhead_pct_range": _spread(x["overhead_pct"] for x in runs),
-        "within_run_per_backup_ms": median(x["within_run"]["per_backup_ms"] for x in runs if x["within_run"]),
+        "within_run_per_backup_ms": median(
+            x["within_run"]["per_backup_ms"] for x in runs if x["within_run"]
+        ),
         "within_run_pct": median(x["within_run"]["pct"] for x in runs if x["within_run"]),
     }
 
 
 # -- report ----------------------------------------------------------------------------------------
+
 
 def figures(res: dict) -> list[dict]:
     """The published B3 figures (``bench/_common.figure``), one value per repeat."""
@@ -891,24 +1208,54 @@ def figures(res: dict) -> list[dict]:
     out = []
     if sc:
         runs = sc["repeats"]
-        out.append(figure("efficiency: 2 MWMS workers / 2 independent processes (the control)",
-                          [x["efficiency"] for x in runs], "x", target=TARGETS["efficiency"], digits=3,
-                          anchor="Horovod: ~0.90",
-                          detail=f"{sc['b_examples_per_sec']:.0f} vs {sc['c_examples_per_sec']:.0f} ex/s"))
-        out.append(figure("(info) weak scaling: 2 MWMS workers / (2 x 1 pinned process)",
-                          [x["weak_scaling"] for x in runs], "x", digits=3))
+        out.append(
+            figure(
+                "efficiency: 2 MWMS workers / 2 independent processes (the control)",
+                [x["efficiency"] for x in runs],
+                "x",
+                target=TARGETS["efficiency"],
+                digits=3,
+                anchor="Horovod: ~0.90",
+                detail=f"{sc['b_examples_per_sec']:.0f} vs {sc['c_examples_per_sec']:.0f} ex/s",
+            )
+        )
+        out.append(
+            figure(
+                "(info) weak scaling: 2 MWMS workers / (2 x 1 pinned process)",
+                [x["weak_scaling"] for x in runs],
+                "x",
+                digits=3,
+            )
+        )
     if ar:
         for mb in ar["sizes_mb"]:
-            out.append(figure(f"(info) all-reduce {mb} MB, measured / ring model 2(N-1)/N x size / bandwidth",
-                              [x["sizes"][str(mb)]["ratio_to_model"] for x in ar["repeats"]], "x", digits=1,
-                              anchor="ring all-reduce: >= 1x the model",
-                              detail=f"{ar['sizes'][str(mb)]['ms']:.2f} ms vs {ar['sizes'][str(mb)]['model_ms']:.2f} ms"))
+            out.append(
+                figure(
+                    f"(info) all-reduce {mb} MB, measured / ring model 2(N-1)/N x size / bandwidth",
+                    [x["sizes"][str(mb)]["ratio_to_model"] for x in ar["repeats"]],
+                    "x",
+                    digits=1,
+                    anchor="ring all-reduce: >= 1x the model",
+                    detail=f"{ar['sizes'][str(mb)]['ms']:.2f} ms vs {ar['sizes'][str(mb)]['model_ms']:.2f} ms",
+                )
+            )
     if bk:
-        out.append(figure(f"backup overhead per step, --backup-every {bk['backup_every']} vs none",
-                          [x["overhead_pct"] for x in bk["repeats"]], "%", target=TARGETS["backup_overhead_pct"],
-                          detail=f"{bk['on_step_ms']:.1f} vs {bk['off_step_ms']:.1f} ms/step"))
-        out.append(figure("(info) the same inside the backup run: executions with vs without a backup",
-                          [x["within_run"]["pct"] for x in bk["repeats"] if x["within_run"]], "%"))
+        out.append(
+            figure(
+                f"backup overhead per step, --backup-every {bk['backup_every']} vs none",
+                [x["overhead_pct"] for x in bk["repeats"]],
+                "%",
+                target=TARGETS["backup_overhead_pct"],
+                detail=f"{bk['on_step_ms']:.1f} vs {bk['off_step_ms']:.1f} ms/step",
+            )
+        )
+        out.append(
+            figure(
+                "(info) the same inside the backup run: executions with vs without a backup",
+                [x["within_run"]["pct"] for x in bk["repeats"] if x["within_run"]],
+                "%",
+            )
+        )
     return out
 
 
@@ -928,35 +1275,85 @@ def report(res: dict, p: Params) -> str:
 
     rows = []
     if sc:
-        rows.append(["efficiency: 2 MWMS workers / 2 independent processes (control)", f"{sc['efficiency']:.3f}",
-                     ">= 0.90", status(res["targets"]["efficiency"]["pass"]),
-                     f"b {sc['b_examples_per_sec']:.0f} ex/s vs c {sc['c_examples_per_sec']:.0f} ex/s"
-                     + rng(sc["efficiency_range"], "{:.3f}")])
-        rows.append(["(info) weak scaling: 2 MWMS workers / (2 x 1 pinned process)", f"{sc['weak_scaling']:.3f}",
-                     "-", "-", f"a {sc['a_examples_per_sec']:.0f} ex/s" + rng(sc["weak_scaling_range"], "{:.3f}")])
+        rows.append(
+            [
+                "efficiency: 2 MWMS workers / 2 independent processes (control)",
+                f"{sc['efficiency']:.3f}",
+                ">= 0.90",
+                status(res["targets"]["efficiency"]["pass"]),
+                f"b {sc['b_examples_per_sec']:.0f} ex/s vs c {sc['c_examples_per_sec']:.0f} ex/s"
+                + rng(sc["efficiency_range"], "{:.3f}"),
+            ]
+        )
+        rows.append(
+            [
+                "(info) weak scaling: 2 MWMS workers / (2 x 1 pinned process)",
+                f"{sc['weak_scaling']:.3f}",
+                "-",
+                "-",
+                f"a {sc['a_examples_per_sec']:.0f} ex/s" + rng(sc["weak_scaling_range"], "{:.3f}"),
+            ]
+        )
     if bk:
-        rows.append([f"backup overhead per step, --backup-every {bk['backup_every']}", f"{bk['overhead_pct']:.2f}%",
-                     "<= 3%", status(res["targets"]["backup_overhead_pct"]["pass"]),
-                     f"{bk['on_step_ms']:.1f} vs {bk['off_step_ms']:.1f} ms/step"
-                     + rng(bk["overhead_pct_range"], "{:.2f}%")])
-        rows.append(["(info) the same from inside the backup run: executions with vs without a backup",
-                     f"{bk['within_run_pct']:.2f}%", "-", "-",
-                     f"{bk['within_run_per_backup_ms']:.0f} ms per backup, one every {bk['backup_every']} steps"])
+        rows.append(
+            [
+                f"backup overhead per step, --backup-every {bk['backup_every']}",
+                f"{bk['overhead_pct']:.2f}%",
+                "<= 3%",
+                status(res["targets"]["backup_overhead_pct"]["pass"]),
+                f"{bk['on_step_ms']:.1f} vs {bk['off_step_ms']:.1f} ms/step"
+                + rng(bk["overhead_pct_range"], "{:.2f}%"),
+            ]
+        )
+        rows.append(
+            [
+                "(info) the same from inside the backup run: executions with vs without a backup",
+                f"{bk['within_run_pct']:.2f}%",
+                "-",
+                "-",
+                f"{bk['within_run_per_backup_ms']:.0f} ms per backup, one every {bk['backup_every']} steps",
+            ]
+        )
     parts = []
     if rows:
-        parts.append(markdown_table(["B3 multi-worker scaling", f"median of {R}", "target", "status", "detail"], rows))
+        parts.append(
+            markdown_table(
+                ["B3 multi-worker scaling", f"median of {R}", "target", "status", "detail"], rows
+            )
+        )
     if ar:
-        arows = [[f"{mb} MB", f"{ar['sizes'][str(mb)]['ms']:.2f}", f"{ar['sizes'][str(mb)]['model_ms']:.2f}",
-                  f"{ar['sizes'][str(mb)]['ratio_to_model']:.2f}x",
-                  f"{ar['sizes'][str(mb)]['bus_bandwidth_Bps'] / 1e9:.2f}"] for mb in ar["sizes_mb"]]
-        parts.append(markdown_table(
-            ["all-reduce, 2 workers, float32", "measured ms", "ring model ms", "measured / model", "bus GB/s"], arows))
+        arows = [
+            [
+                f"{mb} MB",
+                f"{ar['sizes'][str(mb)]['ms']:.2f}",
+                f"{ar['sizes'][str(mb)]['model_ms']:.2f}",
+                f"{ar['sizes'][str(mb)]['ratio_to_model']:.2f}x",
+                f"{ar['sizes'][str(mb)]['bus_bandwidth_Bps'] / 1e9:.2f}",
+            ]
+            for mb in ar["sizes_mb"]
+        ]
+        parts.append(
+            markdown_table(
+                [
+                    "all-reduce, 2 workers, float32",
+                    "measured ms",
+                    "ring model ms",
+                    "measured / model",
+                    "bus GB/s",
+                ],
+                arows,
+            )
+        )
     notes = []
     if p.smoke:
-        notes.append("SMOKE MODE: tiny batches and step counts, one repeat; these figures mean nothing.")
+        notes.append(
+            "SMOKE MODE: tiny batches and step counts, one repeat; these figures mean nothing."
+        )
     env = res["environment"]
-    notes.append(f"{env['processor']}, {env['usable_cores']} usable cores (cores {res['cores'][:2]} used), "
-                 f"TF {env.get('tensorflow')}; medians over {R} repeats, sides interleaved.")
+    notes.append(
+        f"{env['processor']}, {env['usable_cores']} usable cores (cores {res['cores'][:2]} used), "
+        f"TF {env.get('tensorflow')}; medians over {R} repeats, sides interleaved."
+    )
     if sc:
         notes.append(
             f"Scaling: `{p.model}` on MNIST, B = {p.batch} per process, {p.warmup_steps} warm-up + {p.steps} timed "
@@ -964,14 +1361,16 @@ def report(res: dict, p: Params) -> str:
             "global step of the slower worker; a, c: sum of the processes). Processes pinned with "
             f"sched_setaffinity before TensorFlow starts, TF_NUM_INTRAOP_THREADS={p.intra_threads}, "
             f"TF_NUM_INTEROP_THREADS={p.inter_threads}; c's windows overlapped "
-            f"{100 * median(x['c'].get('window_overlap', float('nan')) for x in sc['repeats']):.0f}% (median).")
+            f"{100 * median(x['c'].get('window_overlap', float('nan')) for x in sc['repeats']):.0f}% (median)."
+        )
     if ar:
         notes.append(
             f"All-reduce: median of {p.allreduce_iters} timed calls after {p.allreduce_warmup} warm-up per size "
             f"(collective={p.collective}); model = 2(N-1)/N x size / loopback TCP bandwidth "
             f"{ar['bandwidth_Bps'] / 1e9:.2f} GB/s (one direction; {ar['bandwidth_duplex_Bps'] / 1e9:.2f} GB/s per "
             f"direction when both send at once), measured between the same two pinned processes with "
-            f"{p.bandwidth_mb} MB copies.")
+            f"{p.bandwidth_mb} MB copies."
+        )
     if bk:
         spe_on = sorted({n for x in bk["repeats"] for n in x["on"]["steps_per_execution"]})
         spe_off = sorted({n for x in bk["repeats"] for n in x["off"]["steps_per_execution"]})
@@ -979,56 +1378,111 @@ def report(res: dict, p: Params) -> str:
             f"Backups: one_device, `{p.backup_model}`, batch {p.backup_batch}, "
             f"{'pinned to 1 core' if p.backup_pinned else 'unpinned (default threads)'}, {p.backup_warmup_steps} "
             f"warm-up + {p.backup_steps} timed in-epoch steps; steps per execution (tfopt's choice) "
-            f"{spe_on} with backups, {spe_off} without.")
+            f"{spe_on} with backups, {spe_off} without."
+        )
     q = res["quiet_gate"]
-    notes.append((f"Shared machine: repeats re-run when other processes used > {100 * q['threshold']:.0f}% of the "
-                  "cores " if q["enabled"] else "Shared machine: re-running disturbed repeats was off ")
-                 + f"({q['reruns']} re-runs, {q['extra_seconds']:.0f} s waiting and re-running, "
-                 f"{q['kept_disturbed_units']} of {q['units']} repeats kept disturbed); foreign load in kept "
-                 f"samples: median {100 * q['kept_foreign_load_median']:.0f}%, "
-                 f"max {100 * q['kept_foreign_load_max']:.0f}%.")
-    notes.append("Physical limit: 2 cores cap compute parallelism at 2x; each worker's all-reduce (its gRPC and "
-                 "collective threads) runs on the worker's one core, between its compute.")
+    notes.append(
+        (
+            f"Shared machine: repeats re-run when other processes used > {100 * q['threshold']:.0f}% of the "
+            "cores "
+            if q["enabled"]
+            else "Shared machine: re-running disturbed repeats was off "
+        )
+        + f"({q['reruns']} re-runs, {q['extra_seconds']:.0f} s waiting and re-running, "
+        f"{q['kept_disturbed_units']} of {q['units']} repeats kept disturbed); foreign load in kept "
+        f"samples: median {100 * q['kept_foreign_load_median']:.0f}%, "
+        f"max {100 * q['kept_foreign_load_max']:.0f}%."
+    )
+    notes.append(
+        "Physical limit: 2 cores cap compute parallelism at 2x; each worker's all-reduce (its gRPC and "
+        "collective threads) runs on the worker's one core, between its compute."
+    )
     return "\n\n".join(parts) + "\n\n" + "\n".join("- " + n for n in notes)
 
 
 # ----------------------------------------------------------------------------------------------
 
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 3)")
     ap.add_argument("--out", default=None, help="JSON output (default bench/results/scaling.json)")
-    ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
-    ap.add_argument("--cores", default=None, help="the two cores to pin to (default: the first two usable)")
-    ap.add_argument("--model", default=None, help="the registered model of the scaling phase (default wide_cnn)")
+    ap.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}"
+    )
+    ap.add_argument(
+        "--cores", default=None, help="the two cores to pin to (default: the first two usable)"
+    )
+    ap.add_argument(
+        "--model", default=None, help="the registered model of the scaling phase (default wide_cnn)"
+    )
     ap.add_argument("--batch", type=int, default=None, help="per-process batch B (default 64)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per process (default 256)")
     ap.add_argument("--warmup-steps", type=int, default=None)
     ap.add_argument("--allreduce-iters", type=int, default=None)
     ap.add_argument("--backup-steps", type=int, default=None)
     ap.add_argument("--backup-batch", type=int, default=None)
-    ap.add_argument("--intra-threads", type=int, default=None,
-                    help="TF_NUM_INTRAOP_THREADS of the pinned processes (default 1; 0 = TensorFlow's default)")
-    ap.add_argument("--inter-threads", type=int, default=None,
-                    help="TF_NUM_INTEROP_THREADS of the pinned processes (default 1; 0 = TensorFlow's default)")
-    ap.add_argument("--backup-pinned", action="store_true", help="pin the backup runs to one core, like side a")
-    ap.add_argument("--isolate", choices=("auto", "on", "off"), default="auto",
-                    help="run the TensorFlow servers in a private network namespace (tfopt.launch --isolate); "
-                         "auto: when this user can")
-    ap.add_argument("--workdir", default=None, help="scratch directory for run directories (default: a temp dir)")
+    ap.add_argument(
+        "--intra-threads",
+        type=int,
+        default=None,
+        help="TF_NUM_INTRAOP_THREADS of the pinned processes (default 1; 0 = TensorFlow's default)",
+    )
+    ap.add_argument(
+        "--inter-threads",
+        type=int,
+        default=None,
+        help="TF_NUM_INTEROP_THREADS of the pinned processes (default 1; 0 = TensorFlow's default)",
+    )
+    ap.add_argument(
+        "--backup-pinned", action="store_true", help="pin the backup runs to one core, like side a"
+    )
+    ap.add_argument(
+        "--isolate",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run the TensorFlow servers in a private network namespace (tfopt.launch --isolate); "
+        "auto: when this user can",
+    )
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        help="scratch directory for run directories (default: a temp dir)",
+    )
     ap.add_argument("--timeout", type=float, default=None, help="seconds any one process may take")
-    ap.add_argument("--quiet-threshold", type=float, default=0.15,
-                    help="re-run a repeat when other processes used more than this share of the cores "
-                         "(default 0.15; 1 disables)")
-    ap.add_argument("--max-wait", type=float, default=120.0,
-                    help="seconds the whole run may spend waiting for quiet and re-running (default 120)")
-    ap.add_argument("--smoke", action="store_true",
-                    help="tiny, 1 repeat: about a minute, mostly TensorFlow start-ups (for tests)")
+    ap.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.15,
+        help="re-run a repeat when other processes used more than this share of the cores "
+        "(default 0.15; 1 disables)",
+    )
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=120.0,
+        help="seconds the whole run may spend waiting for quiet and re-running (default 120)",
+    )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny, 1 repeat: about a minute, mostly TensorFlow start-ups (for tests)",
+    )
     args = ap.parse_args(argv)
     over = dict(SMOKE) if args.smoke else {}
-    for name in ("model", "repeats", "batch", "steps", "warmup_steps", "backup_steps", "backup_batch", "intra_threads",
-                 "inter_threads"):
+    for name in (
+        "model",
+        "repeats",
+        "batch",
+        "steps",
+        "warmup_steps",
+        "backup_steps",
+        "backup_batch",
+        "intra_threads",
+        "inter_threads",
+    ):
         if getattr(args, name) is not None:
             over[name] = getattr(args, name)
     if args.allreduce_iters is not None:
@@ -1040,13 +1494,19 @@ def parse_args(argv=None):
     if not phases or any(x not in PHASES for x in phases):
         ap.error(f"--phases takes a comma-separated subset of {','.join(PHASES)}")
     if p.repeats < 1 or p.steps < 1 or p.backup_steps < p.backup_every or p.allreduce_iters < 1:
-        ap.error("--repeats, --steps, --allreduce-iters must be >= 1 and --backup-steps >= the backup interval")
+        ap.error(
+            "--repeats, --steps, --allreduce-iters must be >= 1 and --backup-steps >= the backup interval"
+        )
     usable = sorted(os.sched_getaffinity(0))
     cores = [int(c) for c in args.cores.split(",")] if args.cores else usable[:2]
     if len(cores) < 2 or len(set(cores)) < 2 or any(c not in usable for c in cores):
         ap.error(f"B3 needs two distinct usable cores (usable: {usable}); give --cores A,B")
-    gate = QuietGate(threshold=args.quiet_threshold, max_wait=0.0 if args.smoke else args.max_wait,
-                     retries=0 if args.smoke else 1, enabled=not args.smoke and args.quiet_threshold < 1)
+    gate = QuietGate(
+        threshold=args.quiet_threshold,
+        max_wait=0.0 if args.smoke else args.max_wait,
+        retries=0 if args.smoke else 1,
+        enabled=not args.smoke and args.quiet_threshold < 1,
+    )
     out = args.out or os.path.join(REPO, "bench", "results", "scaling.json")
     return p, phases, cores, gate, out, args
 
@@ -1079,12 +1539,25 @@ def main(argv=None) -> int:
     root = tempfile.mkdtemp(prefix="b3-", dir=args.workdir)
     timeout = args.timeout or (240.0 if p.smoke else 900.0)
     ctx = Ctx(p, cores, isolate, root, timeout)
-    res: dict = {"id": "B3", "title": "multi-worker scaling", "command": "PYTHONPATH=. python bench/scaling.py",
-                 "benchmark": "B3 multi-worker scaling", "params": dataclasses.asdict(p), "phases": phases,
-                 "cores": cores, "isolated_network": isolate, "environment": {**environment_light(), "tfopt": tfopt_version},
-                 "lscpu": lscpu_info(), "scaling": None, "allreduce": None, "backup": None}
+    res: dict = {
+        "id": "B3",
+        "title": "multi-worker scaling",
+        "command": "PYTHONPATH=. python bench/scaling.py",
+        "benchmark": "B3 multi-worker scaling",
+        "params": dataclasses.asdict(p),
+        "phases": phases,
+        "cores": cores,
+        "isolated_network": isolate,
+        "environment": {**environment_light(), "tfopt": tfopt_version},
+        "lscpu": lscpu_info(),
+        "scaling": None,
+        "allreduce": None,
+        "backup": None,
+    }
     try:
-        with tqdm(total=p.repeats * len(phases), desc="B3", unit="repeat", disable=None, file=sys.stderr) as bar:
+        with tqdm(
+            total=p.repeats * len(phases), desc="B3", unit="repeat", disable=None, file=sys.stderr
+        ) as bar:
             if "scaling" in phases:
                 res["scaling"] = phase_scaling(ctx, gate, bar)
             if "allreduce" in phases:
@@ -1095,10 +1568,14 @@ def main(argv=None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     res["quiet_gate"] = gate.summary()
     res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    measured = {"efficiency": res["scaling"]["efficiency"] if res["scaling"] else None,
-                "backup_overhead_pct": res["backup"]["overhead_pct"] if res["backup"] else None}
-    res["targets"] = {k: {"op": op, "value": v, "measured": measured[k], "pass": _check(k, measured[k])}
-                      for k, (op, v) in TARGETS.items()}
+    measured = {
+        "efficiency": res["scaling"]["efficiency"] if res["scaling"] else None,
+        "backup_overhead_pct": res["backup"]["overhead_pct"] if res["backup"] else None,
+    }
+    res["targets"] = {
+        k: {"op": op, "value": v, "measured": measured[k], "pass": _check(k, measured[k])}
+        for k, (op, v) in TARGETS.items()
+    }
     res["figures"] = figures(res)
     text = report(res, p)
     res["table_markdown"] = text

@@ -18,6 +18,7 @@ Figures (the first epoch is warm-up: tracing, caches filling):
     PYTHONPATH=. python bench/soak.py                       # ~5 min on 2 cores -> bench/results/soak.json
     PYTHONPATH=. python bench/soak.py --epochs 12 --steps-per-epoch 25 --out /tmp/soak.json   # the CI smoke
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,15 @@ def sample(backup_dir: str) -> dict:
         rss_kib = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
     with open("/proc/self/status") as f:
         threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-    disk = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(backup_dir) for n in names)
-    return {"rss_kib": rss_kib, "open_files": len(os.listdir("/proc/self/fd")), "threads": threads,
-            "backup_bytes": disk}
+    disk = sum(
+        os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(backup_dir) for n in names
+    )
+    return {
+        "rss_kib": rss_kib,
+        "open_files": len(os.listdir("/proc/self/fd")),
+        "threads": threads,
+        "backup_bytes": disk,
+    }
 
 
 def slope(values: list[float]) -> float:
@@ -50,7 +57,9 @@ def slope(values: list[float]) -> float:
     if n < 2:
         return 0.0
     mx, my = (n - 1) / 2, sum(values) / n
-    return sum((i - mx) * (v - my) for i, v in enumerate(values)) / sum((i - mx) ** 2 for i in range(n))
+    return sum((i - mx) * (v - my) for i, v in enumerate(values)) / sum(
+        (i - mx) ** 2 for i in range(n)
+    )
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -58,12 +67,15 @@ def summarize(rows: list[dict]) -> dict:
     later = rows[1:]
     half = max(1, len(later) // 2)
     first_half = max(r["backup_bytes"] for r in later[:half])
-    return {"rss_kib_per_epoch": round(slope([r["rss_kib"] for r in later]), 1),
-            "open_files_growth": max(r["open_files"] for r in later) - later[0]["open_files"],
-            "threads_growth": max(r["threads"] for r in later) - later[0]["threads"],
-            "backup_bytes_max": max(r["backup_bytes"] for r in later),
-            "backup_growth_ratio": round(max(r["backup_bytes"] for r in later[half:]) / first_half, 3)
-            if first_half else None}
+    return {
+        "rss_kib_per_epoch": round(slope([r["rss_kib"] for r in later]), 1),
+        "open_files_growth": max(r["open_files"] for r in later) - later[0]["open_files"],
+        "threads_growth": max(r["threads"] for r in later) - later[0]["threads"],
+        "backup_bytes_max": max(r["backup_bytes"] for r in later),
+        "backup_growth_ratio": round(max(r["backup_bytes"] for r in later[half:]) / first_half, 3)
+        if first_half
+        else None,
+    }
 
 
 def run(epochs: int, steps_per_epoch: int, backup_every: int, work: str) -> list[dict]:
@@ -78,18 +90,40 @@ def run(epochs: int, steps_per_epoch: int, backup_every: int, work: str) -> list
 
     class Probe(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            rows.append({"epoch": epoch + 1, "seconds": round(time.perf_counter() - started, 2),
-                         **sample(os.path.join(out + ".partial", "backup"))})
+            rows.append(
+                {
+                    "epoch": epoch + 1,
+                    "seconds": round(time.perf_counter() - started, 2),
+                    **sample(os.path.join(out + ".partial", "backup")),
+                }
+            )
             if (epoch + 1) % max(1, epochs // 10) == 0:
                 r = rows[-1]
-                print(f"[soak] epoch {epoch + 1}/{epochs}: {r['rss_kib'] / 1024:.0f} MiB resident, "
-                      f"{r['open_files']} files, {r['threads']} threads, {r['backup_bytes'] / 1024:.0f} KiB backups",
-                      flush=True)
+                print(
+                    f"[soak] epoch {epoch + 1}/{epochs}: {r['rss_kib'] / 1024:.0f} MiB resident, "
+                    f"{r['open_files']} files, {r['threads']} threads, {r['backup_bytes'] / 1024:.0f} KiB backups",
+                    flush=True,
+                )
 
-    cfg = C.from_dict({"data": {"dataset": "digits", "global_batch_size": 32, "data_dir": os.path.join(work, "data")},
-                       "model": {"name": "small_cnn"}, "runtime": {"strategy": "one_device"},
-                       "train": {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "backup_every": backup_every,
-                                 "output_dir": out, "verbose": 0, "tensorboard": True}})
+    cfg = C.from_dict(
+        {
+            "data": {
+                "dataset": "digits",
+                "global_batch_size": 32,
+                "data_dir": os.path.join(work, "data"),
+            },
+            "model": {"name": "small_cnn"},
+            "runtime": {"strategy": "one_device"},
+            "train": {
+                "epochs": epochs,
+                "steps_per_epoch": steps_per_epoch,
+                "backup_every": backup_every,
+                "output_dir": out,
+                "verbose": 0,
+                "tensorboard": True,
+            },
+        }
+    )
     train(cfg, callbacks=[Probe()])
     return rows
 
@@ -102,29 +136,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=OUT)
     args = p.parse_args(argv)
     if args.epochs < 3:
-        p.error(f"--epochs {args.epochs} must be >= 3 (the first is warm-up; growth needs two more)")
+        p.error(
+            f"--epochs {args.epochs} must be >= 3 (the first is warm-up; growth needs two more)"
+        )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfopt-soak-") as work:
         rows = run(args.epochs, args.steps_per_epoch, args.backup_every, work)
     stats = summarize(rows)
     figures = [
-        _common.figure("resident memory growth per epoch after the first", [stats["rss_kib_per_epoch"]], "KiB",
-                       target=("<", 1024), digits=1,
-                       detail=f"{rows[1]['rss_kib'] / 1024:.0f} -> {rows[-1]['rss_kib'] / 1024:.0f} MiB over "
-                              f"{len(rows) - 1} epochs"),
-        _common.figure("open files: growth after the first epoch", [stats["open_files_growth"]], "files",
-                       target=("<=", 0), digits=0),
-        _common.figure("threads: growth after the first epoch", [stats["threads_growth"]], "threads",
-                       target=("<=", 0), digits=0),
-        _common.figure("backup disk: largest in the 2nd half / largest in the 1st", [stats["backup_growth_ratio"]],
-                       "x", target=("<=", 1.1), digits=2,
-                       detail=f"at most {stats['backup_bytes_max'] / 1024:.0f} KiB under backup/"),
+        _common.figure(
+            "resident memory growth per epoch after the first",
+            [stats["rss_kib_per_epoch"]],
+            "KiB",
+            target=("<", 1024),
+            digits=1,
+            detail=f"{rows[1]['rss_kib'] / 1024:.0f} -> {rows[-1]['rss_kib'] / 1024:.0f} MiB over "
+            f"{len(rows) - 1} epochs",
+        ),
+        _common.figure(
+            "open files: growth after the first epoch",
+            [stats["open_files_growth"]],
+            "files",
+            target=("<=", 0),
+            digits=0,
+        ),
+        _common.figure(
+            "threads: growth after the first epoch",
+            [stats["threads_growth"]],
+            "threads",
+            target=("<=", 0),
+            digits=0,
+        ),
+        _common.figure(
+            "backup disk: largest in the 2nd half / largest in the 1st",
+            [stats["backup_growth_ratio"]],
+            "x",
+            target=("<=", 1.1),
+            digits=2,
+            detail=f"at most {stats['backup_bytes_max'] / 1024:.0f} KiB under backup/",
+        ),
     ]
     steps = args.epochs * args.steps_per_epoch
-    res = _common.result("S1", "soak", "PYTHONPATH=. python bench/soak.py", figures,
-                         parameters={"epochs": args.epochs, "steps_per_epoch": args.steps_per_epoch,
-                                     "steps": steps, "backup_every": args.backup_every},
-                         statistics=stats, epochs=rows)
+    res = _common.result(
+        "S1",
+        "soak",
+        "PYTHONPATH=. python bench/soak.py",
+        figures,
+        parameters={
+            "epochs": args.epochs,
+            "steps_per_epoch": args.steps_per_epoch,
+            "steps": steps,
+            "backup_every": args.backup_every,
+        },
+        statistics=stats,
+        epochs=rows,
+    )
     res["wall_seconds"] = round(time.perf_counter() - started, 1)
     res["table_markdown"] = _common.figures_table(figures)
     _common.write_json_atomic(args.out, res)

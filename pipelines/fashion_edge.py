@@ -6,18 +6,34 @@ the edge model may lose more accuracy before it is rejected.
     python -m tfopt.pipeline pipelines/fashion_edge.py
     python -m tfopt.pipeline pipelines/fashion_edge.py --variant smoke
 """
+
 from tfopt.pipeline import from_dict
 
 VARIANTS = ("default", "smoke")
 
 DEFAULT = {
     "name": "fashion_edge",
-    "data": {"dataset": "fashion_mnist", "global_batch_size": 128, "cache": "memory", "augment": "none"},
+    "data": {
+        "dataset": "fashion_mnist",
+        "global_batch_size": 128,
+        "cache": "memory",
+        "augment": "none",
+    },
     "runtime": {"strategy": "mirrored", "cpu_replicas": 2},
     "teacher": {"model": "cnn", "epochs": 6, "learning_rate": 1e-3},
-    "student": {"model": "small_cnn", "epochs": 8, "learning_rate": 2e-3, "temperature": 4.0, "alpha": 0.9},
+    "student": {
+        "model": "small_cnn",
+        "epochs": 8,
+        "learning_rate": 2e-3,
+        "temperature": 4.0,
+        "alpha": 0.9,
+    },
     "compress": {"techniques": ["pqat"], "sparsity": 0.5, "epochs": 1, "learning_rate": 5e-4},
-    "export": {"modes": ["float32", "dynamic", "float16", "int8", "int16x8"], "runs": 200, "threads": [1, 2]},
+    "export": {
+        "modes": ["float32", "dynamic", "float16", "int8", "int16x8"],
+        "runs": 200,
+        "threads": [1, 2],
+    },
     "select": "acc_drop<=1.5,min:p50_us",
 }
 
@@ -29,8 +45,14 @@ SMOKE = {
     "teacher": {"epochs": 1},
     "student": {"epochs": 2},
     "compress": {"epochs": 1},
-    "export": {"modes": ["float32", "int8"], "eval_limit": 256, "runs": 20, "warmup": 3, "threads": [1],
-               "calibration_steps": 4},
+    "export": {
+        "modes": ["float32", "int8"],
+        "eval_limit": 256,
+        "runs": 20,
+        "warmup": 3,
+        "threads": [1],
+        "calibration_steps": 4,
+    },
     "probe": {"steps": 8},
     "select": "acc_drop<=100,min:p50_us",
 }

@@ -9,6 +9,7 @@ test split and timed with LiteRT -> the report, with the edge model chosen by ``
     python -m tfopt.pipeline pipelines/mnist_edge.py                    # the README's figures
     python -m tfopt.pipeline pipelines/mnist_edge.py --variant smoke    # the chain on a small slice
 """
+
 from tfopt.pipeline import from_dict
 
 VARIANTS = ("default", "smoke")
@@ -18,10 +19,25 @@ DEFAULT = {
     "data": {"dataset": "mnist", "global_batch_size": 128, "cache": "memory"},
     "runtime": {"strategy": "mirrored", "cpu_replicas": 2},
     "teacher": {"model": "cnn", "epochs": 3, "learning_rate": 1e-3},
-    "student": {"model": "small_cnn", "epochs": 5, "learning_rate": 2e-3, "temperature": 4.0, "alpha": 0.9},
-    "compress": {"techniques": ["pqat", "channel_prune", "low_rank"], "sparsity": 0.5, "flops": 0.5, "epochs": 1,
-                 "learning_rate": 5e-4},
-    "export": {"modes": ["float32", "dynamic", "float16", "int8", "int16x8"], "runs": 200, "threads": [1, 2]},
+    "student": {
+        "model": "small_cnn",
+        "epochs": 5,
+        "learning_rate": 2e-3,
+        "temperature": 4.0,
+        "alpha": 0.9,
+    },
+    "compress": {
+        "techniques": ["pqat", "channel_prune", "low_rank"],
+        "sparsity": 0.5,
+        "flops": 0.5,
+        "epochs": 1,
+        "learning_rate": 5e-4,
+    },
+    "export": {
+        "modes": ["float32", "dynamic", "float16", "int8", "int16x8"],
+        "runs": 200,
+        "threads": [1, 2],
+    },
     "select": "acc_drop<=0.5,min:p50_us",
 }
 
@@ -33,10 +49,19 @@ SMOKE = {
     "runtime": {"strategy": "one_device"},
     "teacher": {"epochs": 1},
     "student": {"epochs": 2},
-    "compress": {"techniques": ["pqat"], "epochs": 1},  # the structured candidates: tests/test_pipeline.py
+    "compress": {
+        "techniques": ["pqat"],
+        "epochs": 1,
+    },  # the structured candidates: tests/test_pipeline.py
     "probe": {"steps": 8},
-    "export": {"modes": ["float32", "dynamic", "int8"], "eval_limit": 256, "runs": 20, "warmup": 3, "threads": [1],
-               "calibration_steps": 4},
+    "export": {
+        "modes": ["float32", "dynamic", "int8"],
+        "eval_limit": 256,
+        "runs": 20,
+        "warmup": 3,
+        "threads": [1],
+        "calibration_steps": 4,
+    },
     "select": "acc_drop<=100,min:p50_us",
 }
 

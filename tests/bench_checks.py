@@ -1,4 +1,5 @@
 """What a benchmark's JSON must get right whatever its figures: each verdict follows from its number."""
+
 import operator
 
 OPS = {">=": operator.ge, "<=": operator.le}
@@ -34,10 +35,27 @@ def run_smoke(script: str, tmp_path) -> tuple:
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / script.replace(".py", ".json")
-    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, os.path.join(repo, "bench", script), "--smoke", "--workdir",
-                           str(tmp_path / "work"), "--out", str(out)], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=900)
+    env = dict(
+        os.environ,
+        PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(repo, "bench", script),
+            "--smoke",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc, json.loads(out.read_text())
 
@@ -47,9 +65,13 @@ def check_figures(res: dict) -> None:
     import os
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    )
     from _common import figure
 
     for f in res["figures"]:
-        again = figure(f["name"], f["values"], f["unit"], target=(f["op"], f["bound"]) if f["op"] else None)
+        again = figure(
+            f["name"], f["values"], f["unit"], target=(f["op"], f["bound"]) if f["op"] else None
+        )
         assert (again["value"], again["status"]) == (f["value"], f["status"]), f["name"]

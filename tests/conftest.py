@@ -1,5 +1,6 @@
 """Test set-up: tf_keras, a data directory of the tests' own, and the one CPU split into 2 logical
 devices before TF touches it."""
+
 import atexit
 import os
 import shutil
@@ -9,7 +10,9 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Every session materializes its datasets in a directory of its own (never the user's cache);
 # downloads already in the user's cache are read from there (read-only), others fetched again.
-_USER_DATA = os.environ.get("TFOPT_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tfopt")
+_USER_DATA = os.environ.get("TFOPT_DATA_DIR") or os.path.join(
+    os.path.expanduser("~"), ".cache", "tfopt"
+)
 os.environ.setdefault("TFOPT_DOWNLOAD_CACHE", os.path.join(_USER_DATA, "downloads"))
 os.environ["TFOPT_DATA_DIR"] = tempfile.mkdtemp(prefix="tfopt-test-data-")
 atexit.register(shutil.rmtree, os.environ["TFOPT_DATA_DIR"], True)
@@ -22,12 +25,20 @@ import pytest  # noqa: E402
 
 # The longest test files start first (setup.cfg runs the files on 2 pytest-xdist workers in
 # collection order): a long file started last would keep one worker busy after the other is done.
-LONGEST_FIRST = ("test_readme.py", "test_readme_pipelines.py", "test_notebooks.py", "test_pipeline.py",
-                 "test_optimize_matrix.py", "test_fault_tolerance.py", "test_bench_tflite_ptq.py")
+LONGEST_FIRST = (
+    "test_readme.py",
+    "test_readme_pipelines.py",
+    "test_notebooks.py",
+    "test_pipeline.py",
+    "test_optimize_matrix.py",
+    "test_fault_tolerance.py",
+    "test_bench_tflite_ptq.py",
+)
 
 
 def pytest_collection_modifyitems(items):
     """Puts the files of ``LONGEST_FIRST`` first, in that order; the others keep theirs."""
+
     def rank(item):
         name = os.path.basename(str(item.path))
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
@@ -72,11 +83,13 @@ def _train_mnist(out: str) -> str:
     from tfopt import config as C
     from tfopt.train import run as train
 
-    cfg = C.from_dict({
-        "data": {"dataset": "mnist", "limit": 10000, "global_batch_size": 64, "num_shards": 4},
-        "runtime": {"strategy": "one_device"},
-        "train": {"epochs": 2, "output_dir": str(out), "verbose": 0, "tensorboard": False},
-    })
+    cfg = C.from_dict(
+        {
+            "data": {"dataset": "mnist", "limit": 10000, "global_batch_size": 64, "num_shards": 4},
+            "runtime": {"strategy": "one_device"},
+            "train": {"epochs": 2, "output_dir": str(out), "verbose": 0, "tensorboard": False},
+        }
+    )
     train(cfg)
     return str(out)
 
@@ -85,9 +98,25 @@ def _pipeline(*args, **kw):
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "tfopt.pipeline", "pipelines/mnist_edge.py", "--variant", "smoke",
-                             "--set", "train.backup_every=4", "--quiet", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=os.path.dirname(os.path.dirname(__file__)), **kw)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tfopt.pipeline",
+            "pipelines/mnist_edge.py",
+            "--variant",
+            "smoke",
+            "--set",
+            "train.backup_every=4",
+            "--quiet",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+        **kw,
+    )
 
 
 @pytest.fixture(scope="session")

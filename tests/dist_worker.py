@@ -8,6 +8,7 @@ all-reduce and a 2-step tf_keras fit, then prints ``RESULT <task> replicas=<n> s
 a ClusterCoordinator and runs a 2-step tf_keras fit from a DatasetCreator, then prints
 ``RESULT chief ...``.
 """
+
 import os
 import sys
 
@@ -59,9 +60,15 @@ def main(strategy_name: str, startup_timeout: float) -> None:
     coordinator.join()
 
     def dataset_fn(input_context):
-        return tf.data.Dataset.from_tensor_slices((tf.ones((16, 3)), tf.ones((16, 1)))).repeat().batch(4)
+        return (
+            tf.data.Dataset.from_tensor_slices((tf.ones((16, 3)), tf.ones((16, 1))))
+            .repeat()
+            .batch(4)
+        )
 
-    model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=2, verbose=0)
+    model.fit(
+        keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=2, verbose=0
+    )
     print(f"RESULT {task} counter={float(counter.numpy()):g}", flush=True)
 
 

@@ -1,4 +1,5 @@
 """A quantization-sensitive run shared by the export tests."""
+
 from tfopt._keras import keras
 from tfopt.export.evaluate import load_split
 from tfopt.fileio import write_json
@@ -19,7 +20,9 @@ def sensitive_run(cfg, tmp_path, epochs: int = 1):
         assert load_split(cfg.data, split)[0][:, 0, 0, :].max() == 0.0
     keras.utils.set_random_seed(0)
     inputs = keras.Input((28, 28, 1), name="image")
-    h = keras.layers.Dense(64, activation="relu", name="fc0")(keras.layers.Flatten(name="flatten")(inputs))
+    h = keras.layers.Dense(64, activation="relu", name="fc0")(
+        keras.layers.Flatten(name="flatten")(inputs)
+    )
     mlp = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
     mlp.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
     mlp.fit(x, y, epochs=epochs, batch_size=64, verbose=0)

@@ -1,4 +1,5 @@
 """Image folders for the tests, written from real data (scikit-learn's 8x8 digits) or from known values."""
+
 import os
 
 import numpy as np
@@ -22,9 +23,19 @@ def _bmp(x: np.ndarray) -> bytes:
     for r in rgb[::-1]:  # bottom-up rows, BGR
         line = r[:, ::-1].astype(np.uint8).tobytes()
         pixels += line + b"\0" * (row - len(line))
-    header = b"BM" + (54 + len(pixels)).to_bytes(4, "little") + b"\0\0\0\0" + (54).to_bytes(4, "little")
-    info = ((40).to_bytes(4, "little") + w.to_bytes(4, "little") + h.to_bytes(4, "little") + (1).to_bytes(2, "little")
-            + (24).to_bytes(2, "little") + b"\0" * 4 + len(pixels).to_bytes(4, "little") + b"\0" * 16)
+    header = (
+        b"BM" + (54 + len(pixels)).to_bytes(4, "little") + b"\0\0\0\0" + (54).to_bytes(4, "little")
+    )
+    info = (
+        (40).to_bytes(4, "little")
+        + w.to_bytes(4, "little")
+        + h.to_bytes(4, "little")
+        + (1).to_bytes(2, "little")
+        + (24).to_bytes(2, "little")
+        + b"\0" * 4
+        + len(pixels).to_bytes(4, "little")
+        + b"\0" * 16
+    )
     return header + info + bytes(pixels)
 
 
@@ -32,7 +43,9 @@ def _gif(x: np.ndarray) -> bytes:
     """A one-frame GIF of a gray image (an uncompressed LZW stream, a 256-entry gray palette)."""
     gray = x[..., 0] if x.shape[2] == 1 else x.mean(axis=2).astype(np.uint8)
     h, w = gray.shape
-    out = bytearray(b"GIF89a" + w.to_bytes(2, "little") + h.to_bytes(2, "little") + bytes([0xF7, 0, 0]))
+    out = bytearray(
+        b"GIF89a" + w.to_bytes(2, "little") + h.to_bytes(2, "little") + bytes([0xF7, 0, 0])
+    )
     out += bytes(v for g in range(256) for v in (g, g, g))
     out += b"," + b"\0\0\0\0" + w.to_bytes(2, "little") + h.to_bytes(2, "little") + b"\0"
     # LZW with 8-bit codes: emit a clear code before the table would grow past 9-bit codes.
@@ -54,7 +67,7 @@ def _gif(x: np.ndarray) -> bytes:
         data.append(bits & 0xFF)
     out.append(8)
     for i in range(0, len(data), 255):
-        chunk = data[i:i + 255]
+        chunk = data[i : i + 255]
         out += bytes([len(chunk)]) + chunk
     return bytes(out + b"\0;")
 
@@ -66,7 +79,9 @@ def write_image(path: str, image: np.ndarray) -> None:
         f.write(ENCODERS[path.rsplit(".", 1)[1]](image))
 
 
-def digits_folder(root: str, per_class: int = 40, classes: int = 10, scale: int = 4, rgb: bool = True) -> str:
+def digits_folder(
+    root: str, per_class: int = 40, classes: int = 10, scale: int = 4, rgb: bool = True
+) -> str:
     """Real handwritten digits as class folders ``root/digit_K/``: each 8x8 digit enlarged ``scale`` times
     (32x32 by default), as PNG, RGB when ``rgb``; the first ``per_class`` images of each class."""
     from sklearn.datasets import load_digits
@@ -76,14 +91,20 @@ def digits_folder(root: str, per_class: int = 40, classes: int = 10, scale: int 
     for image, label in zip(digits.images, digits.target):
         if label >= classes or seen[label] >= per_class:
             continue
-        x = np.rint(np.kron(image, np.ones((scale, scale))) * (255 / 16)).astype(np.uint8)[..., None]
-        write_image(os.path.join(root, f"digit_{label}", f"{seen[label]:04d}.png"),
-                    np.repeat(x, 3, axis=2) if rgb else x)
+        x = np.rint(np.kron(image, np.ones((scale, scale))) * (255 / 16)).astype(np.uint8)[
+            ..., None
+        ]
+        write_image(
+            os.path.join(root, f"digit_{label}", f"{seen[label]:04d}.png"),
+            np.repeat(x, 3, axis=2) if rgb else x,
+        )
         seen[label] += 1
     return root
 
 
-def constant_folder(root: str, counts: dict, sizes=((12, 16), (20, 10)), formats=("png", "jpg", "bmp", "gif")):
+def constant_folder(
+    root: str, counts: dict, sizes=((12, 16), (20, 10)), formats=("png", "jpg", "bmp", "gif")
+):
     """Class folders of flat images whose value encodes the class: ``value(label, i) = 40 * label + 2 * (i % 8)``.
 
     Image ``i`` of a class has size ``sizes[i % len(sizes)]`` and format ``formats[i % len(formats)]``;
@@ -99,6 +120,8 @@ def constant_folder(root: str, counts: dict, sizes=((12, 16), (20, 10)), formats
                 fmt = formats[i % len(formats)]
                 value = 40 * label + 2 * (i % 8)
                 path = os.path.join(root, *([split] if split else []), name, f"{i:03d}.{fmt}")
-                write_image(path, np.full((h, w, 3 if fmt in ("jpg", "bmp") else 1), value, np.uint8))
+                write_image(
+                    path, np.full((h, w, 3 if fmt in ("jpg", "bmp") else 1), value, np.uint8)
+                )
                 values[path] = value
     return values

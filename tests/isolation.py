@@ -4,6 +4,7 @@ TensorFlow gRPC servers listen unauthenticated on all interfaces even when TF_CO
 127.0.0.1, so a test cluster runs under ``unshare -n`` (with its loopback brought up) where
 the kernel allows it (root on Linux), else on loopback as it is.
 """
+
 import os
 import shutil
 import subprocess
@@ -13,7 +14,11 @@ def _isolation_prefix() -> list[str]:
     if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")):
         return []
     probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"], capture_output=True)
-    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] if probe.returncode == 0 else []
+    return (
+        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+        if probe.returncode == 0
+        else []
+    )
 
 
 #: Prepend to a command that starts TensorFlow servers.

@@ -8,6 +8,7 @@ and mirrored can share a process; the precision policy is set per job) through t
 as ``python -m tfopt.optimize`` (its flag parser, one ``run_optimize`` job per group); one JSON
 row per cell is written.
 """
+
 import os
 import sys
 import time
@@ -32,8 +33,20 @@ def main(run_dir: str, out_dir: str, report: str, cells: str, *flags: str) -> No
     for cell in cells.split(","):
         pair, _, techs = cell.partition("=")
         strategy, precision = pair.split("/")
-        argv = ["--from", run_dir, "--technique", techs.replace("+", ",") or TECHNIQUES, "--strategy", strategy,
-                "--precision", precision, "--quiet", "--no-saved-model", "--no-tensorboard", *flags]
+        argv = [
+            "--from",
+            run_dir,
+            "--technique",
+            techs.replace("+", ",") or TECHNIQUES,
+            "--strategy",
+            strategy,
+            "--precision",
+            precision,
+            "--quiet",
+            "--no-saved-model",
+            "--no-tensorboard",
+            *flags,
+        ]
         args = build_parser().parse_args(argv)
         cfg = resolve_config(args, run.config)
         names = args.technique.split(",")
@@ -42,7 +55,9 @@ def main(run_dir: str, out_dir: str, report: str, cells: str, *flags: str) -> No
         started = time.process_time()
         for res in run_optimize(run_dir, cfg, settings, outs, keep_going=True):
             rows.append({"strategy": strategy, "precision": precision, **_row(res)})
-        print(f"cells {strategy} {precision}: {time.process_time() - started:.1f} s CPU", flush=True)
+        print(
+            f"cells {strategy} {precision}: {time.process_time() - started:.1f} s CPU", flush=True
+        )
     write_json(report, rows)
 
 
@@ -51,9 +66,15 @@ def _row(res) -> dict:
     rec = res.record.to_dict() if res.record else None
     if rec:
         opt = rec["optimize"]
-        out.update(test_accuracy=rec["metrics"]["test_accuracy"], source_accuracy=opt["source"]["test_accuracy"],
-                   sparsity=opt["sparsity"], clusters=opt["clusters"], notes=opt["precision_notes"],
-                   checks={k: v["ok"] for k, v in opt["checks"].items()}, replicas=rec["strategy"]["num_replicas"])
+        out.update(
+            test_accuracy=rec["metrics"]["test_accuracy"],
+            source_accuracy=opt["source"]["test_accuracy"],
+            sparsity=opt["sparsity"],
+            clusters=opt["clusters"],
+            notes=opt["precision_notes"],
+            checks={k: v["ok"] for k, v in opt["checks"].items()},
+            replicas=rec["strategy"]["num_replicas"],
+        )
     return out
 
 

@@ -5,6 +5,7 @@ The chief schedules closures that each take one batch from the per-worker traini
 stream (the defect: one input pipeline traced on the chief, run identically on every worker)
 return the same batches; workers with their own shards never do. Prints one JSON line.
 """
+
 import json
 import os
 import sys
@@ -18,14 +19,19 @@ from tfopt.runtime.job import Job  # noqa: E402
 
 
 def main(closures: int) -> None:
-    cfg = C.from_dict({"data": {"dataset": "digits", "global_batch_size": 32, "num_shards": 4},
-                       "runtime": {"strategy": "parameter_server"}})
+    cfg = C.from_dict(
+        {
+            "data": {"dataset": "digits", "global_batch_size": 32, "num_shards": 4},
+            "runtime": {"strategy": "parameter_server"},
+        }
+    )
     with Job(cfg, "train", out_dir=False) as job:  # workers and ps serve inside
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(job.strategy)
         fn = pipeline.dataset_fn(cfg.data, "train", training=True, info=job.info)
         with job.strategy.scope():  # as Keras fit builds it under ParameterServerStrategy
             per_worker = coordinator.create_per_worker_dataset(
-                lambda: job.strategy.distribute_datasets_from_function(fn))
+                lambda: job.strategy.distribute_datasets_from_function(fn)
+            )
         iterator = iter(per_worker)
 
         # One number per example: a fixed random projection of its pixels, plus its label.
@@ -39,8 +45,13 @@ def main(closures: int) -> None:
         results = [coordinator.schedule(fingerprints, args=(iterator,)) for _ in range(closures)]
         coordinator.join()
         batches = [sorted(round(float(v), 4) for v in r.fetch()) for r in results]
-        print("ps_batches " + json.dumps({"batches": batches, "train_records": job.info.splits["train"].num_records}),
-              flush=True)
+        print(
+            "ps_batches "
+            + json.dumps(
+                {"batches": batches, "train_records": job.info.splits["train"].num_records}
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

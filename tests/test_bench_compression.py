@@ -4,6 +4,7 @@ Not a performance test: it checks that the script runs, that the selection used 
 split only and follows its rule, that every figure is recomputable from the recorded byte
 counts and accuracies, and that each verdict follows from its number; never what the ratios are.
 """
+
 import json
 import operator
 import os
@@ -15,8 +16,15 @@ import pytest
 from optimize_fixtures import tiny_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FINAL = ("control_float", "pruned_int8", "clustered_int8", "clustered_linear_int8", "pcqat_int8", "peer_pruning",
-         "peer_clustering")
+FINAL = (
+    "control_float",
+    "pruned_int8",
+    "clustered_int8",
+    "clustered_linear_int8",
+    "pcqat_int8",
+    "peer_pruning",
+    "peer_clustering",
+)
 OPS = {">=": operator.ge, "<=": operator.le}
 
 
@@ -33,17 +41,42 @@ def expected_choice(candidates: list[dict], bar: float) -> int:
 @pytest.mark.slow
 def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
     out = tmp_path / "compression.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "compression.py"), "--smoke", "--from",
-         tiny_run_dir(tmp_path_factory), "--workdir", str(tmp_path / "work"), "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            os.path.join(REPO, "bench", "compression.py"),
+            "--smoke",
+            "--from",
+            tiny_run_dir(tmp_path_factory),
+            "--workdir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "Selection (validation split)" in proc.stdout and "accuracy loss vs the float control" in proc.stdout
+    assert (
+        "Selection (validation split)" in proc.stdout
+        and "accuracy loss vs the float control" in proc.stdout
+    )
 
     res = json.loads(out.read_text())
     assert res["id"] == "B4" and res["lscpu"]["flags"] and res["environment"]["tensorflow"]
-    assert res["params"]["smoke"] is True and res["params"]["repeats"] == 1 and len(res["repeats"]) == 1
+    assert (
+        res["params"]["smoke"] is True
+        and res["params"]["repeats"] == 1
+        and len(res["repeats"]) == 1
+    )
     base, repeats = res["base"], res["repeats"]
     fgz, facc = base["float"]["gzip_bytes"], base["float"]["test_accuracy"]
     # int8 weights are ~4x smaller than float32: physics, not tuning
@@ -54,7 +87,9 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
     assert sel["split"] == "validation" and len(sel["candidates"]) >= 2
     for c in sel["candidates"]:
         assert not any("test" in key for key in c), c
-        assert 0.0 < c["val_accuracy"] <= 1.0 and c["ratio"] == pytest.approx(fgz / c["gzip_bytes"], rel=1e-3)
+        assert 0.0 < c["val_accuracy"] <= 1.0 and c["ratio"] == pytest.approx(
+            fgz / c["gzip_bytes"], rel=1e-3
+        )
     assert sel["chosen"] == expected_choice(sel["candidates"], 12.0)
     assert sel["recipe"] == sel["candidates"][sel["chosen"]]["recipe"]
     assert repeats[0]["recipe"] == sel["recipe"]["name"]
@@ -68,7 +103,9 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
         # 80% zeros compress better than none; the control is a float model of the float's size
         assert r["pruned_int8"]["gzip_bytes"] < base["int8"]["gzip_bytes"]
         assert r["control_float"]["bytes"] == pytest.approx(base["float"]["bytes"], rel=0.01)
-        assert r["peer_pruning"]["sparsity"] == pytest.approx(0.8, abs=0.01)  # the tutorial's final sparsity
+        assert r["peer_pruning"]["sparsity"] == pytest.approx(
+            0.8, abs=0.01
+        )  # the tutorial's final sparsity
         assert r["peer_clustering"]["unique_max"] <= 16
 
     # Every figure follows from the recorded numbers.
@@ -76,16 +113,26 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
     ratio, loss = figs["pruned 80% + int8 PTQ/x"], figs["pruned 80% + int8 PTQ/pt"]
     assert ratio["values"] == pytest.approx([fgz / r["pruned_int8"]["gzip_bytes"] for r in repeats])
     assert loss["values"] == pytest.approx(
-        [100 * (r["control_float"]["test_accuracy"] - r["pruned_int8"]["test_accuracy"]) for r in repeats], abs=1e-3)
+        [
+            100 * (r["control_float"]["test_accuracy"] - r["pruned_int8"]["test_accuracy"])
+            for r in repeats
+        ],
+        abs=1e-3,
+    )
     linear = figs["(info) clustered 16 with --centroid-init linear (the tutorial's) + int8 PTQ/x"]
-    assert linear["values"] == pytest.approx([fgz / r["clustered_linear_int8"]["gzip_bytes"] for r in repeats])
+    assert linear["values"] == pytest.approx(
+        [fgz / r["clustered_linear_int8"]["gzip_bytes"] for r in repeats]
+    )
     info = figs["(info) pruned 80% + int8 PTQ/pt"]
-    assert info["values"] == pytest.approx([100 * (facc - r["pruned_int8"]["test_accuracy"]) for r in repeats],
-                                           abs=1e-3)
+    assert info["values"] == pytest.approx(
+        [100 * (facc - r["pruned_int8"]["test_accuracy"]) for r in repeats], abs=1e-3
+    )
     assert figs["clustered 16 + int8 PTQ/x"]["values"] == pytest.approx(
-        [fgz / r["clustered_int8"]["gzip_bytes"] for r in repeats])
+        [fgz / r["clustered_int8"]["gzip_bytes"] for r in repeats]
+    )
     assert figs["pruned 80% + clustered 16 + PCQAT int8/x"]["values"] == pytest.approx(
-        [fgz / r["pcqat_int8"]["gzip_bytes"] for r in repeats])
+        [fgz / r["pcqat_int8"]["gzip_bytes"] for r in repeats]
+    )
     peer = fgz / repeats[0]["peer_pruning"]["gzip_bytes"]
     assert f"tfmot pruning tutorial {peer:.2f}x" in ratio["peer"] and ratio["anchor"]
     assert (ratio["op"], ratio["bound"], loss["op"], loss["bound"]) == (">=", 12.0, "<=", 0.3)
@@ -109,7 +156,9 @@ def test_largest_buffer_entropy_counts_the_biggest_kernels_bytes():
         model = keras.Sequential([keras.layers.Dense(64, input_shape=(256,))])
         model.layers[0].set_weights([kernel.astype(np.float32), np.zeros(64, np.float32)])
         converter = tf.lite.TFLiteConverter.from_keras_model(model)
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic range: int8 kernel, +-127 per channel
+        converter.optimizations = [
+            tf.lite.Optimize.DEFAULT
+        ]  # dynamic range: int8 kernel, +-127 per channel
         return converter.convert()
 
     signs = np.where(np.arange(256 * 64).reshape(256, 64) % 2 == 0, 0.5, -0.5)

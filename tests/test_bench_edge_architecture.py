@@ -3,6 +3,7 @@
 Not a performance test: it checks the script runs through the folder source, the export stage
 and the guide's recipes, prints its table and writes JSON whose figures follow from its numbers.
 """
+
 import statistics
 
 import pytest
@@ -15,7 +16,11 @@ def test_edge_architecture_benchmark_smoke(tmp_path):
     assert "## B9: mobilenetv2_0.35" in proc.stdout and "### Figures" in proc.stdout
     assert res["id"] == "B9" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
     fam = res["families"]["mobilenetv2_0.35"]
-    assert fam["data"]["input"]["normalize"] == "0.5/0.5" and fam["data"]["image_shape"] == [32, 32, 3]
+    assert fam["data"]["input"]["normalize"] == "0.5/0.5" and fam["data"]["image_shape"] == [
+        32,
+        32,
+        3,
+    ]
     assert len(fam["data"]["class_names"]) == 10  # Fashion-MNIST's names, through the folder
     assert list(fam["tfopt"]) == ["float32", "dynamic", "float16", "int8", "int8_auto", "int16x8"]
     assert list(fam["guide"]) == ["float32", "dynamic", "float16", "int8", "int16x8"]

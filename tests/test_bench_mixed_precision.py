@@ -7,6 +7,7 @@ here from the raw epoch times and accuracies the JSON also holds, and that each 
 from its number: as measured, and again after the raw numbers are edited so that float32 counts as
 trained and the CPU as having AMX (the verdicts this CPU and a smoke run cannot reach).
 """
+
 import json
 import os
 import statistics
@@ -18,7 +19,13 @@ from bench_checks import check_verdicts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "bench", "mixed_precision.py")
-SIDES = ["tfopt:float32", "tfopt:mixed_bfloat16", "tfopt:auto", "peer:float32", "peer:mixed_bfloat16"]
+SIDES = [
+    "tfopt:float32",
+    "tfopt:mixed_bfloat16",
+    "tfopt:auto",
+    "peer:float32",
+    "peer:mixed_bfloat16",
+]
 POLICIES = ["float32", "mixed_bfloat16"]
 
 
@@ -28,8 +35,14 @@ def _step_ms(row):
 
 
 def _figures_from(src, dst, env):
-    subprocess.run([sys.executable, SCRIPT, "--figures-from", str(src), "--out", str(dst)], cwd=REPO, env=env,
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, SCRIPT, "--figures-from", str(src), "--out", str(dst)],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return json.loads(dst.read_text())
 
 
@@ -40,37 +53,58 @@ def _check_throughput(res, flags, figs):
         reps = res["per_model"][model]["repeats"]
         assert len(reps) == p["repeats"]
         for r, rep in enumerate(reps):
-            assert rep["seed"] == p["seed"] + r and rep["order"] == SIDES[r % 5:] + SIDES[:r % 5]
+            assert rep["seed"] == p["seed"] + r and rep["order"] == SIDES[r % 5 :] + SIDES[: r % 5]
             runs = {f"{x['side']}:{x['policy']}": x for x in rep["runs"]}
             assert sorted(runs) == sorted(SIDES)
             for row in runs.values():
                 assert row["seed"] == rep["seed"] and row["model"] == model
                 assert len(row["epoch_seconds"]) == plan["epochs"]
-                assert row["steps_per_epoch"] == -(-plan["limit"] // p["batch"])  # the same slice on both sides
+                assert row["steps_per_epoch"] == -(
+                    -plan["limit"] // p["batch"]
+                )  # the same slice on both sides
                 assert row["step_ms"] == pytest.approx(_step_ms(row))
             for policy in POLICIES:
                 assert runs[f"tfopt:{policy}"]["resolved"] == policy
-                assert runs[f"peer:{policy}"]["output_dtype"] == "float32"  # the guide's float32 softmax
-                row = runs[f"tfopt:{policy}"]  # run.json's throughput is the same epoch times' figure
-                assert row["examples_per_sec"] == pytest.approx(1e3 * p["batch"] / row["step_ms"], abs=0.051)
+                assert (
+                    runs[f"peer:{policy}"]["output_dtype"] == "float32"
+                )  # the guide's float32 softmax
+                row = runs[
+                    f"tfopt:{policy}"
+                ]  # run.json's throughput is the same epoch times' figure
+                assert row["examples_per_sec"] == pytest.approx(
+                    1e3 * p["batch"] / row["step_ms"], abs=0.051
+                )
             auto = runs["tfopt:auto"]
             assert auto["probe"]["policy"] == auto["resolved"] in POLICIES
             assert set(auto["probe"]["examples_per_sec"]) == set(POLICIES)
             ms = {k: v["step_ms"] for k, v in runs.items()}
             x = rep["ratios"]
-            assert x["tfopt_bf16_speedup"] == pytest.approx(ms["tfopt:float32"] / ms["tfopt:mixed_bfloat16"])
-            assert x["peer_bf16_speedup"] == pytest.approx(ms["peer:float32"] / ms["peer:mixed_bfloat16"])
+            assert x["tfopt_bf16_speedup"] == pytest.approx(
+                ms["tfopt:float32"] / ms["tfopt:mixed_bfloat16"]
+            )
+            assert x["peer_bf16_speedup"] == pytest.approx(
+                ms["peer:float32"] / ms["peer:mixed_bfloat16"]
+            )
             assert x["auto_vs_float32"] == pytest.approx(ms["tfopt:float32"] / ms["tfopt:auto"])
-            assert x["auto_chose"] == auto["resolved"] and x["auto_probe_seconds"] == auto["probe"]["seconds"]
+            assert (
+                x["auto_chose"] == auto["resolved"]
+                and x["auto_probe_seconds"] == auto["probe"]["seconds"]
+            )
         # each figure is the median of its repeats' ratios; its verdict follows from it
         speed, auto_f = figs[f"bf16_speedup_{model}"], figs[f"auto_vs_float32_{model}"]
-        assert speed["values"] == pytest.approx([rep["ratios"]["tfopt_bf16_speedup"] for rep in reps])
+        assert speed["values"] == pytest.approx(
+            [rep["ratios"]["tfopt_bf16_speedup"] for rep in reps]
+        )
         assert auto_f["values"] == pytest.approx([rep["ratios"]["auto_vs_float32"] for rep in reps])
         for f in (speed, auto_f):
             assert f["value"] == pytest.approx(statistics.median(f["values"]))
         assert auto_f["status"] == ("pass" if auto_f["value"] >= 0.97 else "MISS")
         if model == "wide_cnn":  # the 2x target is judged only on a CPU with AMX
-            expected = ("pass" if speed["value"] >= 2 else "MISS") if "amx_bf16" in flags else "n/a without AMX"
+            expected = (
+                ("pass" if speed["value"] >= 2 else "MISS")
+                if "amx_bf16" in flags
+                else "n/a without AMX"
+            )
             assert speed["status"] == expected and speed["target"] == ">= 2x"
             assert (f"bf16_speedup_{model}" in res["targets"]) == ("amx_bf16" in flags)
         else:
@@ -85,12 +119,22 @@ def _check_accuracy(res, figs):
         seeds = res["accuracy"][model]["seeds"]
         assert len(seeds) == plan["seeds"]
         for i, entry in enumerate(seeds):
-            assert entry["seed"] == p["seed"] + i and entry["order"] == POLICIES[i % 2:] + POLICIES[:i % 2]
+            assert (
+                entry["seed"] == p["seed"] + i
+                and entry["order"] == POLICIES[i % 2 :] + POLICIES[: i % 2]
+            )
             runs = {x["policy"]: x for x in entry["runs"]}
             assert list(runs) == entry["order"]
             for policy, row in runs.items():
-                assert row["resolved"] == policy and row["seed"] == entry["seed"] and row["model"] == model
-                assert len(row["val_accuracy"]) == plan["epochs"] and 0.0 <= row["test_accuracy"] <= 1.0
+                assert (
+                    row["resolved"] == policy
+                    and row["seed"] == entry["seed"]
+                    and row["model"] == model
+                )
+                assert (
+                    len(row["val_accuracy"]) == plan["epochs"]
+                    and 0.0 <= row["test_accuracy"] <= 1.0
+                )
                 assert row["test_images"] == plan["limit"]
                 assert row["steps_per_epoch"] == plan["limit"] // plan["batch"]
             # the same seed: the same initial weights under both policies; training moves them apart
@@ -98,12 +142,18 @@ def _check_accuracy(res, figs):
             assert len(f32["initial_weights_sha256"]) == 64
             assert f32["initial_weights_sha256"] == bf16["initial_weights_sha256"]
             assert f32["weights_sha256"] != f32["initial_weights_sha256"]
-            assert entry["delta_pt"] == pytest.approx(100 * (bf16["test_accuracy"] - f32["test_accuracy"]))
+            assert entry["delta_pt"] == pytest.approx(
+                100 * (bf16["test_accuracy"] - f32["test_accuracy"])
+            )
         f = figs[f"accuracy_pt_{model}"]
         assert f["values"] == pytest.approx([abs(e["delta_pt"]) for e in seeds])
-        assert f["value"] == pytest.approx(statistics.median(f["values"])) and f["target"] == "<= 0.2 pt"
-        f32_acc = statistics.median(next(x["test_accuracy"] for x in e["runs"] if x["policy"] == "float32")
-                                    for e in seeds)
+        assert (
+            f["value"] == pytest.approx(statistics.median(f["values"]))
+            and f["target"] == "<= 0.2 pt"
+        )
+        f32_acc = statistics.median(
+            next(x["test_accuracy"] for x in e["runs"] if x["policy"] == "float32") for e in seeds
+        )
         if f32_acc >= 0.95:  # the 0.2 pt bar is judged for a trained model only
             assert f["status"] == ("pass" if f["value"] <= 0.2 else "MISS")
         else:
@@ -114,15 +164,27 @@ def _check_accuracy(res, figs):
 @pytest.mark.slow
 def test_mixed_precision_benchmark_smoke(tmp_path):
     out = tmp_path / "mixed_precision.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--out", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--smoke", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| B2 mixed precision" in proc.stdout and "precision auto: float32" in proc.stderr
     res = json.loads(out.read_text())
     p = res["params"]
     assert p["smoke"] is True and res["id"] == "B2"
-    assert [m["name"] for m in p["models"]] == ["wide_cnn"] and [m["name"] for m in p["accuracy"]] == ["cnn"]
+    assert [m["name"] for m in p["models"]] == ["wide_cnn"] and [
+        m["name"] for m in p["accuracy"]
+    ] == ["cnn"]
     flags = set(res["lscpu"]["flags"])
     assert flags and res["cpu_bf16"]["amx_bf16"] == ("amx_bf16" in flags)
     assert res["cpu_bf16"]["avx512_bf16"] == ("avx512_bf16" in flags)
@@ -156,5 +218,6 @@ def test_mixed_precision_benchmark_smoke(tmp_path):
         _check_accuracy(redo, figs)
         check_verdicts(redo["targets"])
         assert set(redo["targets"]) == {"auto_vs_float32_wide_cnn", "accuracy_pt_cnn"} | (
-            {"bf16_speedup_wide_cnn"} if amx else set())
+            {"bf16_speedup_wide_cnn"} if amx else set()
+        )
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]

@@ -6,6 +6,7 @@ steps_per_execution, both strategies, the same initial weights and steps on ever
 each published figure is recomputed here, independently, from the raw timestamps the JSON holds,
 with a verdict that follows from its number.
 """
+
 import json
 import math
 import os
@@ -49,11 +50,29 @@ def _check_figure(fig, values):
 @pytest.mark.slow
 def test_overhead_benchmark_smoke(tmp_path):
     out = tmp_path / "overhead.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
     env.pop("TF_CONFIG", None)
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "overhead.py"), "--smoke",
-                           "--workdir", str(tmp_path / "new"), "--out", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "bench", "overhead.py"),
+            "--smoke",
+            "--workdir",
+            str(tmp_path / "new"),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| B7 framework overhead" in proc.stdout
 
@@ -70,27 +89,40 @@ def check_result(res):
     assert {strat for _, strat in cells} == {"one_device", "mirrored"}
     runs = res["runs"]
     assert sorted((x["precision"], x["strategy"], x["repeat"]) for x in runs) == sorted(
-        (prec, strat, r) for prec, strat in cells for r in range(p["repeats"]))
+        (prec, strat, r) for prec, strat in cells for r in range(p["repeats"])
+    )
 
     # -- every side trained as described --------------------------------------------------------
-    steps_per_epoch = p["limit"] // p["batch"]  # the first `limit` training records; no partial batch
+    steps_per_epoch = (
+        p["limit"] // p["batch"]
+    )  # the first `limit` training records; no partial batch
     for run in runs:
         names = cells[run["precision"], run["strategy"]]
         assert names[:2] == ("tfopt", "bare_tuned") and set(names) <= set(SIDES)
         assert sorted(run["order"]) == sorted(names) and not (set(SIDES) - set(names)) & set(run)
         sides = [run[s] for s in names]
         for side, r in zip(names, sides):
-            assert r["side"] == side and r["strategy"] == run["strategy"] and r["precision"] == run["precision"]
+            assert (
+                r["side"] == side
+                and r["strategy"] == run["strategy"]
+                and r["precision"] == run["precision"]
+            )
             assert r["policy"] == run["precision"]
             assert r["replicas"] == (2 if run["strategy"] == "mirrored" else 1)
-            assert r["distribute_strategy"] == ("MirroredStrategy" if run["strategy"] == "mirrored"
-                                                else "OneDeviceStrategy")
+            assert r["distribute_strategy"] == (
+                "MirroredStrategy" if run["strategy"] == "mirrored" else "OneDeviceStrategy"
+            )
             assert r["global_batch_size"] == p["batch"] and r["epochs"] == p["epochs"]
             # equal training: every epoch ran all its steps, each side the same number
             assert r["steps_per_epoch"] == steps_per_epoch
             assert r["steps"] == [steps_per_epoch] * p["epochs"]
-            assert r["executions"] == [math.ceil(steps_per_epoch / r["steps_per_execution"])] * p["epochs"]
-            times = [t for pair in zip(r["epoch_begin_s"], r["last_step_end_s"]) for t in pair] + [r["train_end_s"]]
+            assert (
+                r["executions"]
+                == [math.ceil(steps_per_epoch / r["steps_per_execution"])] * p["epochs"]
+            )
+            times = [t for pair in zip(r["epoch_begin_s"], r["last_step_end_s"]) for t in pair] + [
+                r["train_end_s"]
+            ]
             assert times == sorted(times) and times[0] == 0.0
             assert 0 <= r["window"]["foreign_load"] <= 1 or math.isnan(r["window"]["foreign_load"])
         tfopt, tuned = sides[:2]
@@ -100,41 +132,72 @@ def check_result(res):
         # the same model from the same initial weights on every side
         assert len({r["params"] for r in sides}) == 1
         assert len({r["initial_weights_sha256"] for r in sides}) == 1
-        for r in sides:  # the stored per-step figures are the timestamps' (recomputed independently)
+        for (
+            r
+        ) in sides:  # the stored per-step figures are the timestamps' (recomputed independently)
             assert r["step_ms"] == pytest.approx(_step_ms(r), rel=1e-9)
             assert r["cycle_ms"] == pytest.approx(_cycle_ms(r), rel=1e-9)
             assert r["cycle_ms"] > r["step_ms"] > 0  # the cycle adds validation at least
-            assert r["examples_per_sec"] == pytest.approx(p["batch"] * 1000.0 / r["step_ms"], rel=1e-9)
+            assert r["examples_per_sec"] == pytest.approx(
+                p["batch"] * 1000.0 / r["step_ms"], rel=1e-9
+            )
 
     # -- every figure follows from the raw numbers ------------------------------------------------
     figs = {f["name"]: f for f in res["figures"]}
     expected = 0
     for (prec, strat), names in cells.items():
-        cell = sorted((x for x in runs if x["precision"] == prec and x["strategy"] == strat), key=lambda x: x["repeat"])
+        cell = sorted(
+            (x for x in runs if x["precision"] == prec and x["strategy"] == strat),
+            key=lambda x: x["repeat"],
+        )
         tuned = figs[f"tfopt vs tuned bare fit, per-step time, {strat}, {prec} (% slower)"]
-        _check_figure(tuned, [_slower_pct(_step_ms(x["tfopt"]), _step_ms(x["bare_tuned"])) for x in cell])
+        _check_figure(
+            tuned, [_slower_pct(_step_ms(x["tfopt"]), _step_ms(x["bare_tuned"])) for x in cell]
+        )
         assert tuned["op"] == "<=" and tuned["bound"] == 2.0 and tuned["unit"] == "%"
         bare_rate = statistics.median(x["bare_tuned"]["examples_per_sec"] for x in cell)
         assert tuned["peer"].endswith(f"{bare_rate:,.0f} ex/s")
         name = f"(info) tfopt vs bare fit with Keras defaults, per-step time, {strat}, {prec} (% slower)"
         if "bare_default" in names:
-            _check_figure(figs[name], [_slower_pct(_step_ms(x["tfopt"]), _step_ms(x["bare_default"])) for x in cell])
+            _check_figure(
+                figs[name],
+                [_slower_pct(_step_ms(x["tfopt"]), _step_ms(x["bare_default"])) for x in cell],
+            )
             expected += 1
         else:
             assert name not in figs
-        cycle = [f for n, f in figs.items() if n.startswith("(info) tfopt vs tuned bare fit, epoch cycle")
-                 and n.endswith(f"{strat}, {prec} (% slower)")]
+        cycle = [
+            f
+            for n, f in figs.items()
+            if n.startswith("(info) tfopt vs tuned bare fit, epoch cycle")
+            and n.endswith(f"{strat}, {prec} (% slower)")
+        ]
         assert len(cycle) == 1
-        _check_figure(cycle[0], [_slower_pct(_cycle_ms(x["tfopt"]), _cycle_ms(x["bare_tuned"])) for x in cell])
+        _check_figure(
+            cycle[0], [_slower_pct(_cycle_ms(x["tfopt"]), _cycle_ms(x["bare_tuned"])) for x in cell]
+        )
         expected += 2
-    for prec in {prec for prec, strat in cells if (prec, "one_device") in cells and (prec, "mirrored") in cells}:
-        one = sorted((x for x in runs if x["precision"] == prec and x["strategy"] == "one_device"),
-                     key=lambda x: x["repeat"])
-        mirrored = sorted((x for x in runs if x["precision"] == prec and x["strategy"] == "mirrored"),
-                          key=lambda x: x["repeat"])
+    for prec in {
+        prec
+        for prec, strat in cells
+        if (prec, "one_device") in cells and (prec, "mirrored") in cells
+    }:
+        one = sorted(
+            (x for x in runs if x["precision"] == prec and x["strategy"] == "one_device"),
+            key=lambda x: x["repeat"],
+        )
+        mirrored = sorted(
+            (x for x in runs if x["precision"] == prec and x["strategy"] == "mirrored"),
+            key=lambda x: x["repeat"],
+        )
         fig = figs[f"(info) tfopt mirrored (2 logical CPU devices) / one_device throughput, {prec}"]
         # throughput ratio: examples per second of mirrored over one_device (same global batch)
-        _check_figure(fig, [m["tfopt"]["examples_per_sec"] / o["tfopt"]["examples_per_sec"]
-                            for o, m in zip(one, mirrored)])
+        _check_figure(
+            fig,
+            [
+                m["tfopt"]["examples_per_sec"] / o["tfopt"]["examples_per_sec"]
+                for o, m in zip(one, mirrored)
+            ],
+        )
         expected += 1
     assert len(figs) == expected

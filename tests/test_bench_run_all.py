@@ -1,4 +1,5 @@
 """bench/run_all.py: docs/benchmarks.md and the README's summary come from the committed result files."""
+
 import json
 import os
 import sys
@@ -13,7 +14,9 @@ from _common import figure  # noqa: E402
 
 
 def test_figure_takes_the_median_and_judges_it():
-    f = figure("epoch 1, tfopt / naive", [1.7, 1.95, 1.82, None, float("nan")], "x", target=(">=", 1.8))
+    f = figure(
+        "epoch 1, tfopt / naive", [1.7, 1.95, 1.82, None, float("nan")], "x", target=(">=", 1.8)
+    )
     assert f["value"] == pytest.approx(1.82) and f["spread"] == [1.7, 1.95] and f["repeats"] == 3
     assert (f["target"], f["status"]) == (">= 1.8x", "pass")
     assert figure("loss", [0.4, 0.5, 0.6], "pt", target=("<=", 0.3))["status"] == "MISS"
@@ -33,8 +36,9 @@ def test_every_committed_result_renders_and_its_verdicts_follow_from_its_numbers
         assert res["id"] == bench.id and res["figures"], bench.result
         assert res["lscpu"]["flags"], bench.result  # the CPU's flags travel with every figure
         for f in res["figures"]:
-            again = figure(f["name"], f["values"], f["unit"],
-                           target=(f["op"], f["bound"]) if f["op"] else None)
+            again = figure(
+                f["name"], f["values"], f["unit"], target=(f["op"], f["bound"]) if f["op"] else None
+            )
             assert again["value"] == f["value"], (bench.id, f["name"])
             if f["status"].startswith("n/a:") or f["status"].startswith("n/a without"):
                 continue  # the benchmark declined to judge and says why (e.g. no AMX on this CPU)
@@ -56,12 +60,19 @@ def test_the_page_and_the_readme_summary_are_what_the_results_give():
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
         text = fh.read()
     start, end = text.index(run_all.START) + len(run_all.START), text.index(run_all.END)
-    assert text[start:end].strip() == run_all.summary().strip(), "run: PYTHONPATH=. python bench/run_all.py --table-only"
+    assert text[start:end].strip() == run_all.summary().strip(), (
+        "run: PYTHONPATH=. python bench/run_all.py --table-only"
+    )
 
 
 def test_a_miss_without_a_recorded_cause_says_so(tmp_path, monkeypatch):
     bench = run_all.Bench("B99", "nothing.py", "a made-up benchmark")
-    res = {"figures": [figure("speed", [1.0], "x", target=(">=", 2.0)), figure("size", [3.0], "x", target=(">=", 2.0))]}
+    res = {
+        "figures": [
+            figure("speed", [1.0], "x", target=(">=", 2.0)),
+            figure("size", [3.0], "x", target=(">=", 2.0)),
+        ]
+    }
     monkeypatch.setattr(run_all.Bench, "result", property(lambda self: str(tmp_path / "r.json")))
     (tmp_path / "r.json").write_text(json.dumps(res))
     block = run_all.section(bench)

@@ -6,6 +6,7 @@ figure is in the JSON, and that each published ratio is recomputed here from the
 JSON also holds, so a broken benchmark (a ratio of the wrong numbers, a side that did not run,
 times that do not grow with the tensor size) fails.
 """
+
 import json
 import os
 import subprocess
@@ -30,13 +31,33 @@ def test_scaling_benchmark_smoke(tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("B3 pins its processes to two distinct cores")
     out = tmp_path / "scaling.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
     env.pop("TF_CONFIG", None)
     # The whole benchmark in a private network namespace where the kernel allows (it starts TF servers).
     proc = subprocess.run(
-        [*ISOLATED, sys.executable, os.path.join(REPO, "bench", "scaling.py"), "--smoke", "--isolate", "off",
-         "--workdir", str(tmp_path / "new"), "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=400, check=False)
+        [
+            *ISOLATED,
+            sys.executable,
+            os.path.join(REPO, "bench", "scaling.py"),
+            "--smoke",
+            "--isolate",
+            "off",
+            "--workdir",
+            str(tmp_path / "new"),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| B3 multi-worker scaling" in proc.stdout and "| all-reduce, 2 workers" in proc.stdout
 
@@ -67,20 +88,29 @@ def test_scaling_benchmark_smoke(tmp_path):
                 assert pr["global_batch_size"] == global_batch
                 assert pr["env"]["TF_NUM_INTRAOP_THREADS"] == str(p["intra_threads"])
                 s0, s1 = pr["window_steps"]
-                assert s0 >= p["warmup_steps"] and s1 == p["warmup_steps"] + p["steps"]  # equal training
+                assert (
+                    s0 >= p["warmup_steps"] and s1 == p["warmup_steps"] + p["steps"]
+                )  # equal training
                 # the per-step time is the timed window over its steps
-                assert pr["step_ms"] == pytest.approx(1e3 * pr["window"]["seconds"] / (s1 - s0), rel=0.02)
+                assert pr["step_ms"] == pytest.approx(
+                    1e3 * pr["window"]["seconds"] / (s1 - s0), rel=0.02
+                )
             assert side["step_ms"] == [pr["step_ms"] for pr in side["processes"]]
             assert side["examples_per_sec"] > 0
         # throughput from first principles: B examples per step per process; b's workers in lockstep
         assert a["examples_per_sec"] == pytest.approx(1e3 * p["batch"] / a["step_ms"][0])
-        assert c["examples_per_sec"] == pytest.approx(sum(1e3 * p["batch"] / ms for ms in c["step_ms"]))
+        assert c["examples_per_sec"] == pytest.approx(
+            sum(1e3 * p["batch"] / ms for ms in c["step_ms"])
+        )
         assert b["examples_per_sec"] == pytest.approx(1e3 * 2 * p["batch"] / max(b["step_ms"]))
         for side in (a, b, c):
             assert side["examples_per_sec"] == pytest.approx(
-                side_throughput(side["step_ms"], side["batch_per_process"], side["combine"]))
+                side_throughput(side["step_ms"], side["batch_per_process"], side["combine"])
+            )
         assert rep["efficiency"] == pytest.approx(b["examples_per_sec"] / c["examples_per_sec"])
-        assert rep["weak_scaling"] == pytest.approx(b["examples_per_sec"] / (2 * a["examples_per_sec"]))
+        assert rep["weak_scaling"] == pytest.approx(
+            b["examples_per_sec"] / (2 * a["examples_per_sec"])
+        )
         assert 0 < rep["efficiency"] < 5 and 0 < c["window_overlap"] <= 1
     assert sc["efficiency"] == pytest.approx(_median(r["efficiency"] for r in sc["repeats"]))
     assert sc["weak_scaling"] == pytest.approx(_median(r["weak_scaling"] for r in sc["repeats"]))
@@ -99,14 +129,18 @@ def test_scaling_benchmark_smoke(tmp_path):
         assert all(t > 0 for t in times) and times == sorted(times) and times[-1] > times[0], times
         for mb in ar["sizes_mb"]:
             row = rep["sizes"][str(mb)]
-            assert len(row["ms_all"]) == 2 and all(len(v) == p["allreduce_iters"] for v in row["ms_all"])
+            assert len(row["ms_all"]) == 2 and all(
+                len(v) == p["allreduce_iters"] for v in row["ms_all"]
+            )
             assert row["ms"] == pytest.approx(max(_median(v) for v in row["ms_all"]))
             model_ms = 1e3 * 2 * (2 - 1) / 2 * mb * 2**20 / bw
             assert row["model_ms"] == pytest.approx(model_ms)
             assert row["ratio_to_model"] == pytest.approx(row["ms"] / model_ms)
             assert row["bus_bandwidth_Bps"] == pytest.approx(mb * 2**20 / (row["ms"] / 1e3))
     for mb in ar["sizes_mb"]:
-        assert ar["sizes"][str(mb)]["ms"] == pytest.approx(_median(r["sizes"][str(mb)]["ms"] for r in ar["repeats"]))
+        assert ar["sizes"][str(mb)]["ms"] == pytest.approx(
+            _median(r["sizes"][str(mb)]["ms"] for r in ar["repeats"])
+        )
 
     # -- backups: written mid-epoch at the interval on one side only; overhead from the step times --
     bk = res["backup"]
@@ -116,7 +150,9 @@ def test_scaling_benchmark_smoke(tmp_path):
         assert off["backup_steps_kept"] == [] and off["backup_every"] == 0
         kept = on["backup_steps_kept"]
         s0, s1 = on["window_steps"]
-        assert kept and all(k % every == 0 for k in kept) and max(kept) < s1  # mid-epoch, not epoch-end
+        assert (
+            kept and all(k % every == 0 for k in kept) and max(kept) < s1
+        )  # mid-epoch, not epoch-end
         assert all(every % n == 0 for n in on["steps_per_execution"])  # steps land on the backups
         assert on["process"]["backup_every"] == every
         assert rep["overhead_pct"] == pytest.approx(100 * (on["step_ms"] / off["step_ms"] - 1))
@@ -124,14 +160,18 @@ def test_scaling_benchmark_smoke(tmp_path):
         # within the backup run: the executions that start where a backup was written vs the others
         ex = on["process"]["executions"]
         assert ex[0][0] == s0 and ex[-1][1] == s1
-        assert on["step_ms"] == pytest.approx(1e3 * sum(sec for _, _, sec in ex) / (s1 - s0), rel=0.02)
+        assert on["step_ms"] == pytest.approx(
+            1e3 * sum(sec for _, _, sec in ex) / (s1 - s0), rel=0.02
+        )
         n = on["steps_per_execution"][0]
         with_ = [sec for b, e, sec in ex if b % every == 0 and e - b == n]
         without = [sec for b, e, sec in ex if b % every and e - b == n]
         assert with_ and without  # smoke's interval leaves executions of both kinds
         w = rep["within_run"]
         assert w["per_backup_ms"] == pytest.approx(1e3 * (_median(with_) - _median(without)))
-        assert w["pct"] == pytest.approx(100 * (_median(with_) - _median(without)) / (every * _median(without) / n))
+        assert w["pct"] == pytest.approx(
+            100 * (_median(with_) - _median(without)) / (every * _median(without) / n)
+        )
     assert bk["overhead_pct"] == pytest.approx(_median(r["overhead_pct"] for r in bk["repeats"]))
 
     # -- verdicts ------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
 """S1, the soak: a real training run with backups and validation; nothing it holds may grow."""
+
 import json
 import os
 import subprocess
@@ -14,21 +15,54 @@ def test_slope_and_summary_against_hand_computed_values():
     from bench.soak import slope, summarize
 
     assert slope([1, 3, 5, 7]) == pytest.approx(2.0) and slope([4]) == 0.0
-    rows = [{"rss_kib": 900, "open_files": 12, "threads": 30, "backup_bytes": 10},  # warm-up, ignored
-            *({"rss_kib": 100 + 10 * i, "open_files": 9 + (i == 3), "threads": 27, "backup_bytes": 100 + 50 * (i > 2)}
-              for i in range(6))]
+    rows = [
+        {"rss_kib": 900, "open_files": 12, "threads": 30, "backup_bytes": 10},  # warm-up, ignored
+        *(
+            {
+                "rss_kib": 100 + 10 * i,
+                "open_files": 9 + (i == 3),
+                "threads": 27,
+                "backup_bytes": 100 + 50 * (i > 2),
+            }
+            for i in range(6)
+        ),
+    ]
     stats = summarize(rows)
-    assert stats == {"rss_kib_per_epoch": 10.0, "open_files_growth": 1, "threads_growth": 0,
-                     "backup_bytes_max": 150, "backup_growth_ratio": 1.5}
+    assert stats == {
+        "rss_kib_per_epoch": 10.0,
+        "open_files_growth": 1,
+        "threads_growth": 0,
+        "backup_bytes_max": 150,
+        "backup_growth_ratio": 1.5,
+    }
 
 
 @pytest.mark.slow
 def test_a_short_soak_holds_memory_files_threads_and_disk(tmp_path):
     out = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, "bench/soak.py", "--epochs", "30", "--steps-per-epoch", "40",
-                           "--backup-every", "15", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/soak.py",
+            "--epochs",
+            "30",
+            "--steps-per-epoch",
+            "40",
+            "--backup-every",
+            "15",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=600,
+    )
     res = json.loads(out.read_text())
-    assert [f["status"] for f in res["figures"]] == ["pass"] * 4, (res["figures"], proc.stdout[-3000:])
+    assert [f["status"] for f in res["figures"]] == ["pass"] * 4, (
+        res["figures"],
+        proc.stdout[-3000:],
+    )
     assert proc.returncode == 0 and res["parameters"]["steps"] == 1200 and len(res["epochs"]) == 30
     assert res["statistics"]["backup_bytes_max"] > 0  # backups were written (and rotated)

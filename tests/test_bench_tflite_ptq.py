@@ -3,6 +3,7 @@
 Not a performance test: it checks the script runs, prints its tables and writes well-formed JSON
 whose published figures follow from the raw numbers in it.
 """
+
 import os
 import statistics
 
@@ -16,7 +17,11 @@ MODES = ["float32", "dynamic", "float16", "int8", "int8_auto", "int16x8"]
 @pytest.mark.slow
 def test_tflite_ptq_benchmark_smoke(tmp_path):
     proc, res = run_smoke("tflite_ptq.py", tmp_path)
-    assert "## B5 TFLite PTQ: cnn" in proc.stdout and "### Figures" in proc.stdout and "per-op timings" in proc.stdout
+    assert (
+        "## B5 TFLite PTQ: cnn" in proc.stdout
+        and "### Figures" in proc.stdout
+        and "per-op timings" in proc.stdout
+    )
     check_result(res)
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
 
@@ -24,7 +29,10 @@ def test_tflite_ptq_benchmark_smoke(tmp_path):
 def check_result(res: dict) -> None:
     """The JSON's structure, and every published figure recomputed from the raw numbers beside it."""
     assert res["id"] == "B5" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
-    assert set(res["families"]) == {"cnn", "mobilenet_tiny"} and set(res["peers"]) == {"ptq_tutorial", "qat_example"}
+    assert set(res["families"]) == {"cnn", "mobilenet_tiny"} and set(res["peers"]) == {
+        "ptq_tutorial",
+        "qat_example",
+    }
     for name, fam in res["families"].items():
         rows = fam["models"]
         assert list(rows) == MODES + ["qat-int8"], name
@@ -32,28 +40,40 @@ def check_result(res: dict) -> None:
         for mode, row in rows.items():
             assert row["size_bytes"] > 0 and 0 < row["eval"]["agreement"] <= 1, (name, mode)
             # Sizes: float32 bytes / this model's bytes; the loss: Keras accuracy - this model's, in points.
-            assert row["size_ratio_vs_float32"] == pytest.approx(f32["size_bytes"] / row["size_bytes"])
+            assert row["size_ratio_vs_float32"] == pytest.approx(
+                f32["size_bytes"] / row["size_bytes"]
+            )
             assert row["accuracy_loss_vs_keras_pt"] == pytest.approx(
-                100 * (fam["keras_test_accuracy"] - row["eval"]["accuracy"]), abs=1e-3)
+                100 * (fam["keras_test_accuracy"] - row["eval"]["accuracy"]), abs=1e-3
+            )
             for key in ("xnnpack/1t", "xnnpack/2t"):
                 lat = row["latency_interleaved"][key]
                 base = res["latency_rounds"][f"{name}/float32"][key]
                 assert lat["rounds"] == res["latency_rounds"][f"{name}/{mode}"][key]
-                assert lat["speedup_rounds"] == pytest.approx([f / v for f, v in zip(base, lat["rounds"])])
-        assert fam["plain_sizes"]["int8"] > rows["int8"]["size_bytes"]  # --strip-strings saved bytes
+                assert lat["speedup_rounds"] == pytest.approx(
+                    [f / v for f, v in zip(base, lat["rounds"])]
+                )
+        assert (
+            fam["plain_sizes"]["int8"] > rows["int8"]["size_bytes"]
+        )  # --strip-strings saved bytes
         auto = rows["int8_auto"]["auto"]
         assert auto["slow"] == [t["node"] for t in auto["ops"] if t["slower_in_int8"]]
         assert rows["int8_auto"]["float_nodes"] == auto["candidates"][auto["chosen"]]["float_nodes"]
         for q in fam["qat"]:
-            assert q["loss_pt"] == pytest.approx(100 * (q["control_keras_accuracy"] - q["qat_tflite_accuracy"]),
-                                                 abs=1e-3)
+            assert q["loss_pt"] == pytest.approx(
+                100 * (q["control_keras_accuracy"] - q["qat_tflite_accuracy"]), abs=1e-3
+            )
         check_verdicts(res["targets"][name])
         t = res["targets"][name]
-        assert t["int8_auto_speedup_1t"]["measured"] == rows["int8_auto"]["latency_interleaved"]["xnnpack/1t"][
-            "speedup_vs_float32"]
+        assert (
+            t["int8_auto_speedup_1t"]["measured"]
+            == rows["int8_auto"]["latency_interleaved"]["xnnpack/1t"]["speedup_vs_float32"]
+        )
         assert t["int8_auto_size_ratio"]["measured"] == rows["int8_auto"]["size_ratio_vs_float32"]
     for peer in res["peers"].values():
-        assert peer["int8_size_ratio"] == pytest.approx(peer["float32"]["size_bytes"] / peer["int8"]["size_bytes"])
+        assert peer["int8_size_ratio"] == pytest.approx(
+            peer["float32"]["size_bytes"] / peer["int8"]["size_bytes"]
+        )
     # Every published figure: its value is the median of its values, its verdict follows from it.
     names = [f["name"] for f in res["figures"]]
     assert "cnn: int8_auto speedup vs float32 (LiteRT XNNPACK, 1 thread, batch 1)" in names
@@ -63,6 +83,11 @@ def check_result(res: dict) -> None:
         if f["op"]:
             passed = f["value"] >= f["bound"] if f["op"] == ">=" else f["value"] <= f["bound"]
             assert f["status"] == ("pass" if passed else "MISS"), f
-    speed = next(f for f in res["figures"] if f["name"].startswith("mobilenet_tiny: int8_auto speedup vs float32 (L"))
-    assert speed["values"] == res["families"]["mobilenet_tiny"]["models"]["int8_auto"]["latency_interleaved"][
-        "xnnpack/1t"]["speedup_rounds"] and speed["peer"].startswith("TF \"Post-training")
+    speed = next(
+        f
+        for f in res["figures"]
+        if f["name"].startswith("mobilenet_tiny: int8_auto speedup vs float32 (L")
+    )
+    assert speed["values"] == res["families"]["mobilenet_tiny"]["models"]["int8_auto"][
+        "latency_interleaved"
+    ]["xnnpack/1t"]["speedup_rounds"] and speed["peer"].startswith('TF "Post-training')

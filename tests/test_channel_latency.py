@@ -1,4 +1,5 @@
 """Channel pruning to a measured LiteRT latency: the NetAdapt-style table and the plan it drives."""
+
 import numpy as np
 import pytest
 
@@ -15,12 +16,18 @@ L = keras.layers
 
 def test_table_interpolates_bilinearly_between_grid_points():
     t = np.array([[10.0, 30.0], [20.0, 60.0]])  # rows: cin 8, 16; columns: cout 4, 12
-    table = latency.Table(100.0, {"a": (16, 12), "b": (5, 5)},
-                          {"a": ([8, 16], [4, 12], t), "b": ([5], [5], np.array([[7.0]]))}, threads=1)
+    table = latency.Table(
+        100.0,
+        {"a": (16, 12), "b": (5, 5)},
+        {"a": ([8, 16], [4, 12], t), "b": ([5], [5], np.array([[7.0]]))},
+        threads=1,
+    )
     # independent: bilinear weights at cin 12 (half way), cout 6 (a quarter of the way)
     expected = 0.5 * (0.75 * 10 + 0.25 * 30) + 0.5 * (0.75 * 20 + 0.25 * 60)
     assert table.layer_us("a", 12, 6) == pytest.approx(expected)
-    assert table.layer_us("a", 4, 2) == 10.0 and table.layer_us("a", 32, 40) == 60.0  # held at the edges
+    assert (
+        table.layer_us("a", 4, 2) == 10.0 and table.layer_us("a", 32, 40) == 60.0
+    )  # held at the edges
     assert table.predict({"a": (16, 12), "b": (5, 5)}) == 100.0
     assert table.predict({"a": (8, 4), "b": (5, 5)}) == pytest.approx(100.0 - 60.0 + 10.0)
 
@@ -44,13 +51,21 @@ def test_plan_takes_the_smallest_share_whose_predicted_latency_meets_the_target(
     assert lat["before_us"] == pytest.approx(base, abs=0.01) and lat["predicted_us"] <= target
     # independently: predict each share's widths from the same costs, by brute force
     ch = decided.channels
-    table_of = lambda removed: base + sum(  # noqa: E731
-        (cp._macs(model.get_layer(n), *io) - cp._macs(model.get_layer(n), *now)) / 1000
-        for (n, io), now in zip(cp._counts(decided.model, ch, removed).items(),
-                                cp._counts(decided.model, ch, set()).values()))
+    table_of = lambda removed: (
+        base
+        + sum(  # noqa: E731
+            (cp._macs(model.get_layer(n), *io) - cp._macs(model.get_layer(n), *now)) / 1000
+            for (n, io), now in zip(
+                cp._counts(decided.model, ch, removed).items(),
+                cp._counts(decided.model, ch, set()).values(),
+            )
+        )
+    )
     assert lat["predicted_us"] == pytest.approx(table_of(decided.removed), abs=0.01)
     fewer = cp.plan(model, cp.ChannelSpec(ratio=max(decided.share - 0.01, 0.0), round_to=4))
-    assert table_of(fewer.removed) > target or fewer.removed == decided.removed  # no smaller share meets it
+    assert (
+        table_of(fewer.removed) > target or fewer.removed == decided.removed
+    )  # no smaller share meets it
 
 
 def test_a_latency_target_below_the_floor_is_a_one_line_error_naming_it():
@@ -60,8 +75,12 @@ def test_a_latency_target_below_the_floor_is_a_one_line_error_naming_it():
     text = str(e.value)
     assert "\n" not in text and "out of reach" in text
     floor = float(text.rsplit(">= ", 1)[1])
-    assert cp.plan(model, cp.ChannelSpec(latency_us=floor, round_to=8), measure=_macs_measure).latency[
-        "predicted_us"] <= floor
+    assert (
+        cp.plan(model, cp.ChannelSpec(latency_us=floor, round_to=8), measure=_macs_measure).latency[
+            "predicted_us"
+        ]
+        <= floor
+    )
     with pytest.raises(OptimizeError, match="one target"):
         cp.ChannelSpec(latency_us=100.0, ratio=0.3).validate()
 
@@ -75,7 +94,9 @@ def test_layers_alike_but_for_their_names_are_timed_once_and_each_entry_is_its_l
     todo = [latency.Entry("a", 8, 8), latency.Entry("b", 8, 8), latency.Entry("c", 8, 64)]
     times = latency.time_signatures(model, todo, passes=1, runs=10)
     assert times[1] == times[2]  # one measurement for two alike layers
-    assert times[3] > 3 * times[1]  # 8x the multiply-adds: not the alike layers' time (mis-mapped entries)
+    assert (
+        times[3] > 3 * times[1]
+    )  # 8x the multiply-adds: not the alike layers' time (mis-mapped entries)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ and the beta and moving mean of the batch norms and the bias of the depthwise co
 flows through), so the original computes exactly what a correct surgery must; the pruned model
 is built from the unzeroed weights minus those channels.
 """
+
 import numpy as np
 import pytest
 
@@ -65,9 +66,15 @@ def _exact(model, spec, x, atol=1e-5):
     assert plan.removed, "nothing was removed"
     zeroed = _zeroed(model, plan)
     want, got = zeroed(x, training=False), pruned(x, training=False)
-    for a, b in zip(want if isinstance(want, list) else [want], got if isinstance(got, list) else [got]):
-        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=atol * max(1.0, float(np.abs(a).max())), rtol=1e-4)
-    assert cp.check_widths(pruned, spec, plan.to_dict())["ok"]  # widths and multiply-adds read back = the plan's
+    for a, b in zip(
+        want if isinstance(want, list) else [want], got if isinstance(got, list) else [got]
+    ):
+        np.testing.assert_allclose(
+            b.numpy(), a.numpy(), atol=atol * max(1.0, float(np.abs(a).max())), rtol=1e-4
+        )
+    assert cp.check_widths(pruned, spec, plan.to_dict())[
+        "ok"
+    ]  # widths and multiply-adds read back = the plan's
     assert sum(model_macs(pruned).values()) == plan.macs_after < plan.macs_before
     return plan, pruned
 
@@ -119,7 +126,9 @@ def _concat_and_se():
     return keras.Model(inputs, L.Dense(3, name="out")(x), name="concat_se")
 
 
-@pytest.mark.parametrize("build, shape", [(_chain, (10, 10, 3)), (_residual, (8, 8, 4)), (_concat_and_se, (8, 8, 4))])
+@pytest.mark.parametrize(
+    "build, shape", [(_chain, (10, 10, 3)), (_residual, (8, 8, 4)), (_concat_and_se, (8, 8, 4))]
+)
 @pytest.mark.parametrize("ranking", ["global", "uniform"])
 def test_removing_zeroed_channels_changes_no_output(build, shape, ranking):
     model = _randomize(build())
@@ -131,7 +140,11 @@ def test_tied_channels_go_together():
     plan, pruned = _exact(_randomize(_residual()), cp.ChannelSpec(ratio=0.5), _image(8, 8, 4))
     assert plan.widths["stem"] == plan.widths["a"] == plan.widths["b"] == (12, 6)
     plan, pruned = _exact(_randomize(_concat_and_se()), cp.ChannelSpec(ratio=0.5), _image(8, 8, 4))
-    assert plan.widths["body"][1] == plan.widths["se_expand"][1] == pruned.get_layer("se_reshape").target_shape[-1]
+    assert (
+        plan.widths["body"][1]
+        == plan.widths["se_expand"][1]
+        == pruned.get_layer("se_reshape").target_shape[-1]
+    )
     assert pruned.get_layer("out").kernel.shape[0] == 64 * plan.widths["body"][1]
 
 
@@ -148,8 +161,10 @@ def test_a_target_below_the_floor_is_a_one_line_error():
     with pytest.raises(OptimizeError) as err:
         cp.plan(_randomize(_residual()), cp.ChannelSpec(flops=0.001, round_to=4))
     message = str(err.value)
-    assert message.startswith("channel-pruning FLOPs target 0.001 of the model is out of reach: every group at its "
-                              "minimum width (4) leaves ")
+    assert message.startswith(
+        "channel-pruning FLOPs target 0.001 of the model is out of reach: every group at its "
+        "minimum width (4) leaves "
+    )
     assert "give flops >= " in message and "\n" not in message
 
 
@@ -164,9 +179,15 @@ def test_a_layer_the_tracer_cannot_follow_is_kept_whole_and_named():
     x = L.Dense(6, name="hidden")(x)
     model = _randomize(keras.Model(inputs, L.Dense(2, name="out")(x)))
     plan, _ = _exact(model, cp.ChannelSpec(ratio=0.5), _image(6, 6, 3))
-    assert plan.pinned["ln"] == "LayerNormalization is not traced" and plan.pinned["grouped"] == "grouped convolution"
+    assert (
+        plan.pinned["ln"] == "LayerNormalization is not traced"
+        and plan.pinned["grouped"] == "grouped convolution"
+    )
     assert plan.pinned["dw2"] == "depth multiplier above 1"
-    assert plan.widths["before"] == (8, 8) and plan.widths["after"] == (8, 8)  # after feeds the grouped conv
+    assert plan.widths["before"] == (8, 8) and plan.widths["after"] == (
+        8,
+        8,
+    )  # after feeds the grouped conv
     assert plan.widths["hidden"] == (6, 3) and "grouped" not in plan.widths
     with pytest.raises(OptimizeError, match="has no channel that can be pruned"):
         cp.plan(model, cp.ChannelSpec(ratio=0.5, selection=Selection(names=("before",))))
@@ -193,8 +214,12 @@ def test_importance_orders_the_channels():
 def test_taylor_importance_is_the_hand_computed_first_order_term():
     """(sum over the kernel slice of weight x gradient)^2, averaged over batches, against numpy's gradient."""
     x = inputs = keras.Input((4,))
-    model = _randomize(keras.Model(inputs, L.Dense(3, use_bias=False, name="out")(
-        L.Dense(5, use_bias=False, name="h")(x))), 5)
+    model = _randomize(
+        keras.Model(
+            inputs, L.Dense(3, use_bias=False, name="out")(L.Dense(5, use_bias=False, name="h")(x))
+        ),
+        5,
+    )
     rng = np.random.default_rng(6)
     batches = [(rng.normal(size=(8, 4)).astype("float32"), rng.integers(0, 3, 8)) for _ in range(2)]
     w1, w2 = model.get_layer("h").kernel.numpy(), model.get_layer("out").kernel.numpy()
@@ -211,16 +236,24 @@ def test_taylor_importance_is_the_hand_computed_first_order_term():
     np.testing.assert_allclose(got, want / want.mean(), rtol=1e-4)
     plan = cp.plan(model, cp.ChannelSpec(ratio=0.4, importance="taylor"), batches)
     ids = plan.channels.producers["h"]
-    assert {j for j, i in enumerate(ids) if plan.channels.find(i) in plan.removed} == set(np.argsort(want)[:2])
+    assert {j for j, i in enumerate(ids) if plan.channels.find(i) in plan.removed} == set(
+        np.argsort(want)[:2]
+    )
     with pytest.raises(OptimizeError, match="taylor importance got no batch"):
         cp.plan(model, cp.ChannelSpec(ratio=0.4, importance="taylor"))
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(importance="taylor2"), "importance='taylor2' / ranking='global' is not valid"),
-    (dict(flops=0), "flops=0 must be in (0, 1] and ratio=0.0 in [0, 1)"),
-    (dict(round_to=0), "round_to=0, iterations=1, taylor_batches=8 and latency_threads=1 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(importance="taylor2"), "importance='taylor2' / ranking='global' is not valid"),
+        (dict(flops=0), "flops=0 must be in (0, 1] and ratio=0.0 in [0, 1)"),
+        (
+            dict(round_to=0),
+            "round_to=0, iterations=1, taylor_batches=8 and latency_threads=1 must be >= 1",
+        ),
+    ],
+)
 def test_bad_specs_are_named(bad, message):
     with pytest.raises(OptimizeError) as err:
         cp.ChannelSpec(**bad).validate()
@@ -233,13 +266,16 @@ def test_keras_applications_prune_exactly_fine_tune_and_convert_to_int8(name):
     from tfopt._keras import tf
     from tfopt.export.tflite import convert
 
-    model = getattr(keras.applications, name)(input_shape=(32, 32, 3), weights=None, classes=10,
-                                              classifier_activation=None)
+    model = getattr(keras.applications, name)(
+        input_shape=(32, 32, 3), weights=None, classes=10, classifier_activation=None
+    )
     model = _randomize(model, 2)
     x = _image(32, 32, 3)
     plan, pruned = _exact(model, cp.ChannelSpec(flops=0.5, round_to=8), x, atol=1e-4)
     assert plan.macs_after <= 0.5 * plan.macs_before
-    pruned.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pruned.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     pruned.fit(x, np.array([1, 2]), epochs=1, steps_per_epoch=2, verbose=0)  # a plain model trains
     content = convert(pruned, "int8", calibration=[x[:1], x[1:]]).content
     interpreter = tf.lite.Interpreter(model_content=content)

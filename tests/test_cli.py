@@ -11,7 +11,10 @@ def test_console_script_dispatch(capsys):
     for command in ("train", "distill", "optimize", "export", "pipeline", "report", "launch"):
         assert f"  {command} " in out, out  # every command with its one-line purpose
     assert main(["deploy"]) == 2
-    assert "unknown command 'deploy'; choose one of train, distill, optimize, export, pipeline, report, launch" in capsys.readouterr().err
+    assert (
+        "unknown command 'deploy'; choose one of train, distill, optimize, export, pipeline, report, launch"
+        in capsys.readouterr().err
+    )
     assert main(["trian"]) == 2
     assert "unknown command 'trian'; did you mean 'train'? choose one of" in capsys.readouterr().err
     from tfopt._version import __version__
@@ -20,7 +23,11 @@ def test_console_script_dispatch(capsys):
 
 
 def test_console_script_runs_a_subcommand():
-    proc = subprocess.run([sys.executable, "-m", "tfopt", "train", "--print-config", "--epochs", "4"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfopt", "train", "--print-config", "--epochs", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert '"epochs": 4' in proc.stdout

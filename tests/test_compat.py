@@ -2,6 +2,7 @@
 upstream changes what the entry relies on (a private name goes, a public one comes, a defect is
 fixed). Tiny models only: each test takes seconds.
 """
+
 import ast
 import glob
 import inspect
@@ -43,17 +44,23 @@ def _still_broken(run, errors, match: str, fixed: str) -> None:
     try:
         run()
     except errors as e:
-        assert re.search(match, str(e)), f"the known upstream defect now fails differently (re-check {fixed!r}): {e}"
+        assert re.search(match, str(e)), (
+            f"the known upstream defect now fails differently (re-check {fixed!r}): {e}"
+        )
         return
     pytest.fail(fixed)
 
 
 # -- bookkeeping ---------------------------------------------------------------------------------
 
+
 def test_every_entry_has_a_test():
     module = sys.modules[__name__]
-    sources = "".join(inspect.getsource(fn) for name, fn in vars(module).items()
-                      if name.startswith("test_") and name != "test_every_entry_has_a_test")
+    sources = "".join(
+        inspect.getsource(fn)
+        for name, fn in vars(module).items()
+        if name.startswith("test_") and name != "test_every_entry_has_a_test"
+    )
     missing = [name for name in _compat.__all__ if name not in sources]
     assert not missing, f"tfopt._compat entries without a test in tests/test_compat.py: {missing}"
 
@@ -62,36 +69,45 @@ def test_targets_are_the_installed_versions():
     # A new upstream version may fix a defect or drop a private name: re-check every entry then.
     for package, target in _compat.TARGETS.items():
         installed = version(package)
-        assert installed.split(".")[:len(target.split("."))] == target.split("."), (
+        assert installed.split(".")[: len(target.split("."))] == target.split("."), (
             f"{package} {installed} is installed but tfopt._compat targets {target}: run tests/test_compat.py, "
-            "remove the workarounds it reports fixed, then update tfopt._compat.TARGETS")
+            "remove the workarounds it reports fixed, then update tfopt._compat.TARGETS"
+        )
 
 
 def test_importing_compat_does_not_load_tfmot():
     # Export must not load tfmot for a float model: tfmot is imported inside functions only.
     tree = ast.parse(inspect.getsource(_compat))
-    eager = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
-             and "tensorflow_model_optimization" in ast.unparse(node)]
+    eager = [
+        ast.unparse(node)
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        and "tensorflow_model_optimization" in ast.unparse(node)
+    ]
     assert not eager, f"tfopt._compat imports tfmot at module level: {eager}"
 
 
 # -- private APIs ----------------------------------------------------------------------------------
+
 
 def test_tfmot_wrapper_classes_are_still_private():
     public = {"PruneLowMagnitude": _s, "ClusterWeights": _c, "QuantizeLayer": _q}
     for name, module in public.items():
         assert not hasattr(module, name), (
             f"{TFMOT} exports {module.__name__}.{name}: use the public name in tfopt._compat "
-            "(PRUNE_WRAPPERS / CLUSTER_WRAPPERS / QUANTIZE_LAYERS)")
+            "(PRUNE_WRAPPERS / CLUSTER_WRAPPERS / QUANTIZE_LAYERS)"
+        )
     model = _dense()
     pruned = _s.prune_low_magnitude(model, pruning_schedule=_s.ConstantSparsity(0.5, 0))
     assert isinstance(pruned.get_layer("prune_low_magnitude_h"), _compat.PRUNE_WRAPPERS)
-    clustered = _c.cluster_weights(_dense(), number_of_clusters=2,
-                                   cluster_centroids_init=_c.CentroidInitialization.LINEAR)
+    clustered = _c.cluster_weights(
+        _dense(), number_of_clusters=2, cluster_centroids_init=_c.CentroidInitialization.LINEAR
+    )
     assert isinstance(clustered.get_layer("cluster_h"), _compat.CLUSTER_WRAPPERS)
     qat = _q.quantize_model(_dense())
     assert any(isinstance(layer, _compat.QUANTIZE_LAYERS) for layer in qat.layers), (
-        f"{TFMOT}: quantize_model no longer adds a QuantizeLayer; update tfopt._compat.QUANTIZE_LAYERS")
+        f"{TFMOT}: quantize_model no longer adds a QuantizeLayer; update tfopt._compat.QUANTIZE_LAYERS"
+    )
 
 
 class _Scale(keras.layers.Layer):
@@ -106,13 +122,22 @@ class _Scale(keras.layers.Layer):
 def test_tfmot_registries_are_still_private():
     for module, name in ((_s, "PruneRegistry"), (_c, "ClusteringRegistry")):
         assert not hasattr(module, name), (
-            f"{TFMOT} exports {module.__name__}.{name}: use it in tfopt._compat's registry functions")
-    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
-    from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
+            f"{TFMOT} exports {module.__name__}.{name}: use it in tfopt._compat's registry functions"
+        )
+    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import (
+        ClusteringRegistry,
+    )
+    from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import (
+        PruneRegistry,
+    )
 
-    for registry, fn in ((PruneRegistry, "prunable_weight_names"), (ClusteringRegistry, "clusterable_weight_names")):
+    for registry, fn in (
+        (PruneRegistry, "prunable_weight_names"),
+        (ClusteringRegistry, "clusterable_weight_names"),
+    ):
         assert hasattr(registry, "_weight_names"), (
-            f"{TFMOT} dropped {registry.__name__}._weight_names: update tfopt._compat.{fn}")
+            f"{TFMOT} dropped {registry.__name__}._weight_names: update tfopt._compat.{fn}"
+        )
 
     dense, conv, custom = keras.layers.Dense(4), keras.layers.Conv2D(2, 3), _Scale()
     dense.build((None, 8)), conv.build((None, 6, 6, 1)), custom.build((None, 8))
@@ -122,11 +147,21 @@ def test_tfmot_registries_are_still_private():
     mha(tf.zeros((1, 3, 8)), tf.zeros((1, 3, 8)))
     assert _compat.prune_registry_supports(dense) and _compat.prune_registry_supports(conv)
     assert not _compat.prune_registry_supports(custom)
-    assert _compat.prunable_weight_names(dense) == ["kernel"] and _compat.prunable_weight_names(custom) == []
-    assert _compat.prunable_weight_names(lstm), "an LSTM has prunable kernels"  # PruneRegistry raises KeyError
+    assert (
+        _compat.prunable_weight_names(dense) == ["kernel"]
+        and _compat.prunable_weight_names(custom) == []
+    )
+    assert _compat.prunable_weight_names(lstm), (
+        "an LSTM has prunable kernels"
+    )  # PruneRegistry raises KeyError
     assert _compat.cluster_registry_supports(conv) and not _compat.cluster_registry_supports(custom)
-    assert _compat.clusterable_weight_names(conv) == ["kernel"] and _compat.clusterable_weight_names(custom) == []
-    assert _compat.clusterable_weight_names(lstm) and _compat.clusterable_weight_names(mha)  # KeyError upstream
+    assert (
+        _compat.clusterable_weight_names(conv) == ["kernel"]
+        and _compat.clusterable_weight_names(custom) == []
+    )
+    assert _compat.clusterable_weight_names(lstm) and _compat.clusterable_weight_names(
+        mha
+    )  # KeyError upstream
 
 
 class _Subclassed(keras.Model):
@@ -140,25 +175,32 @@ class _Subclassed(keras.Model):
 
 def test_keras_graph_network_and_keras_history_are_still_private():
     assert not hasattr(keras.models, "Functional"), (
-        f"{TF} exports keras.models.Functional: use isinstance in tfopt._compat.is_graph_network")
+        f"{TF} exports keras.models.Functional: use isinstance in tfopt._compat.is_graph_network"
+    )
     model = _dense()
     sequential = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     subclassed = _Subclassed()
     subclassed(tf.zeros((1, 8)))
     assert _compat.is_graph_network(model) and _compat.is_graph_network(sequential), (
-        f"{TF} changed Model._is_graph_network: update tfopt._compat.is_graph_network")
+        f"{TF} changed Model._is_graph_network: update tfopt._compat.is_graph_network"
+    )
     assert not _compat.is_graph_network(subclassed)
     assert [_compat.producing_layer(t).name for t in model.outputs] == ["out"], (
-        f"{TF} changed KerasTensor._keras_history: update tfopt._compat.producing_layer")
+        f"{TF} changed KerasTensor._keras_history: update tfopt._compat.producing_layer"
+    )
     out = model.get_layer("out")
-    other = keras.Model(other_input := keras.Input(out.input_shape[1:]), out(other_input))  # a second call
-    assert _compat.model_node_indices(model, out) == [0] and _compat.model_node_indices(other, out) == [1], (
-        f"{TF} changed Functional._network_nodes: update tfopt._compat.model_node_indices")
+    other = keras.Model(
+        other_input := keras.Input(out.input_shape[1:]), out(other_input)
+    )  # a second call
+    assert _compat.model_node_indices(model, out) == [0] and _compat.model_node_indices(
+        other, out
+    ) == [1], f"{TF} changed Functional._network_nodes: update tfopt._compat.model_node_indices"
 
 
 def test_freezing_variables_has_no_public_api():
     assert not hasattr(tf.graph_util, "convert_variables_to_constants_v2"), (
-        f"{TF} exports tf.graph_util.convert_variables_to_constants_v2: import it publicly in tfopt._compat")
+        f"{TF} exports tf.graph_util.convert_variables_to_constants_v2: import it publicly in tfopt._compat"
+    )
     var = tf.Variable(2.0)
     fn = tf.function(lambda x: x * var).get_concrete_function(tf.TensorSpec([1], tf.float32))
     frozen = _compat.convert_variables_to_constants_v2(fn)
@@ -168,8 +210,11 @@ def test_freezing_variables_has_no_public_api():
 
 def test_converter_error_is_still_private():
     assert not [n for n in dir(tf.lite) if n.endswith("Error")], (
-        f"{TF} exports a converter error from tf.lite: import it publicly in tfopt._compat.ConverterError")
-    fn = tf.function(lambda x: tf.linalg.det(x)).get_concrete_function(tf.TensorSpec([2, 2], tf.float32))
+        f"{TF} exports a converter error from tf.lite: import it publicly in tfopt._compat.ConverterError"
+    )
+    fn = tf.function(lambda x: tf.linalg.det(x)).get_concrete_function(
+        tf.TensorSpec([2, 2], tf.float32)
+    )
     with pytest.raises(_compat.ConverterError):  # no builtin kernel for the determinant
         tf.lite.TFLiteConverter.from_concrete_functions([fn], fn).convert()
 
@@ -179,14 +224,18 @@ def test_litert_ops_details_is_still_private():
 
     assert not hasattr(Interpreter, "get_ops_details"), (
         f"ai-edge-litert {version('ai-edge-litert')} has a public Interpreter.get_ops_details: use it in "
-        "tfopt._compat.interpreter_ops_details")
-    fn = tf.function(lambda x: tf.nn.relu(x) + 1.0).get_concrete_function(tf.TensorSpec([1, 4], tf.float32))
+        "tfopt._compat.interpreter_ops_details"
+    )
+    fn = tf.function(lambda x: tf.nn.relu(x) + 1.0).get_concrete_function(
+        tf.TensorSpec([1, 4], tf.float32)
+    )
     content = tf.lite.TFLiteConverter.from_concrete_functions([fn], fn).convert()
     interpreter = Interpreter(model_content=content)
     interpreter.allocate_tensors()
     ops = _compat.interpreter_ops_details(interpreter)
     assert ops and {"op_name", "index", "inputs", "outputs"} <= set(ops[0]), (
-        "LiteRT changed Interpreter._get_ops_details: update tfopt._compat.interpreter_ops_details")
+        "LiteRT changed Interpreter._get_ops_details: update tfopt._compat.interpreter_ops_details"
+    )
 
 
 def test_litert_signature_invoke_is_still_private():
@@ -200,36 +249,52 @@ def test_litert_signature_invoke_is_still_private():
 
     spec = tf.TensorSpec([1, 4], tf.float32, name="x")
     fns = [tf.function(f).get_concrete_function(spec) for f in (double, triple)]
-    interpreter = Interpreter(model_content=tf.lite.TFLiteConverter.from_concrete_functions(fns, tf.Module()).convert())
+    interpreter = Interpreter(
+        model_content=tf.lite.TFLiteConverter.from_concrete_functions(fns, tf.Module()).convert()
+    )
     runner = interpreter.get_signature_runner("triple")
     assert not hasattr(runner, "invoke"), (
-        "LiteRT's SignatureRunner has a public invoke(): use it in tfopt._compat.signature_invoker")
+        "LiteRT's SignatureRunner has a public invoke(): use it in tfopt._compat.signature_invoker"
+    )
     runner(x=np.ones((1, 4), np.float32))
-    runner._interpreter_wrapper.SetTensor(runner._inputs["x"], np.full((1, 4), 2.0, np.float32),
-                                          runner._subgraph_index)
+    runner._interpreter_wrapper.SetTensor(
+        runner._inputs["x"], np.full((1, 4), 2.0, np.float32), runner._subgraph_index
+    )
     _compat.signature_invoker(runner)()  # the bare invoke of that one subgraph
     out = runner._interpreter_wrapper.GetTensor(dict(runner._outputs)["y"], runner._subgraph_index)
-    assert out.tolist() == [[6.0] * 4], "LiteRT changed SignatureRunner: update tfopt._compat.signature_invoker"
+    assert out.tolist() == [[6.0] * 4], (
+        "LiteRT changed SignatureRunner: update tfopt._compat.signature_invoker"
+    )
 
 
 def test_tflite_model_editing_is_still_private():
     import ai_edge_litert
     from ai_edge_litert.interpreter import Interpreter
 
-    public = [n for n in dir(ai_edge_litert) + dir(tf.lite) + dir(tf.lite.experimental)
-              if re.search(r"strip|flatbuffer|read_model", n, re.I)]
-    assert not public, (f"LiteRT / tf.lite now export {public}: use them in tfopt._compat.read_tflite_model / "
-                        "write_tflite_model")
-    fn = tf.function(lambda x: tf.nn.relu(x) * 2.0).get_concrete_function(tf.TensorSpec([1, 4], tf.float32))
+    public = [
+        n
+        for n in dir(ai_edge_litert) + dir(tf.lite) + dir(tf.lite.experimental)
+        if re.search(r"strip|flatbuffer|read_model", n, re.I)
+    ]
+    assert not public, (
+        f"LiteRT / tf.lite now export {public}: use them in tfopt._compat.read_tflite_model / "
+        "write_tflite_model"
+    )
+    fn = tf.function(lambda x: tf.nn.relu(x) * 2.0).get_concrete_function(
+        tf.TensorSpec([1, 4], tf.float32)
+    )
     content = tf.lite.TFLiteConverter.from_concrete_functions([fn], fn).convert()
     model = _compat.read_tflite_model(content)
     names = [t.name for t in model.subgraphs[0].tensors]
     assert all(isinstance(n, bytes) for n in names) and any(names), (
-        "LiteRT changed flatbuffer_utils' object model: update tfopt._compat.read_tflite_model")
+        "LiteRT changed flatbuffer_utils' object model: update tfopt._compat.read_tflite_model"
+    )
     for t in model.subgraphs[0].tensors:
         t.name = None
     again = _compat.write_tflite_model(model)
-    assert again[4:8] == b"TFL3" and len(again) < len(content), "update tfopt._compat.write_tflite_model"
+    assert again[4:8] == b"TFL3" and len(again) < len(content), (
+        "update tfopt._compat.write_tflite_model"
+    )
     x = np.array([[-1.0, 0.5, 2.0, -3.0]], np.float32)
     outs = []
     for blob in (content, again):
@@ -243,6 +308,7 @@ def test_tflite_model_editing_is_still_private():
 
 
 # -- QAT models and the .keras format --------------------------------------------------------------
+
 
 def _qat_model():
     model = _q.quantize_model(_dense())
@@ -263,9 +329,13 @@ def test_qat_model_still_does_not_reload_from_keras_format(tmp_path):
         if not np.allclose(reloaded.predict(x, verbose=0), expected):
             raise ValueError("reloaded with different outputs")
 
-    _still_broken(reload_identical, ValueError, "expected .* variables|different outputs",
-                  f"upstream fixed QAT models reloading from .keras in {TFMOT} "
-                  "(model-optimization#1123): remove tfopt._compat.fix_for_keras_format")
+    _still_broken(
+        reload_identical,
+        ValueError,
+        "expected .* variables|different outputs",
+        f"upstream fixed QAT models reloading from .keras in {TFMOT} "
+        "(model-optimization#1123): remove tfopt._compat.fix_for_keras_format",
+    )
 
 
 def test_quantize_layer_still_builds_twice_on_reload():
@@ -277,7 +347,8 @@ def test_quantize_layer_still_builds_twice_on_reload():
     clone(tf.zeros((1, 8)))
     assert len(clone.weights) > len(layer.weights), (
         f"upstream fixed QuantizeLayer building twice in {TFMOT}: remove the QuantizeLayer branch of "
-        "tfopt._compat.fix_for_keras_format")
+        "tfopt._compat.fix_for_keras_format"
+    )
 
 
 def test_quantize_wrapper_still_lists_weights_twice():
@@ -286,7 +357,8 @@ def test_quantize_wrapper_still_lists_weights_twice():
     ids = [id(w) for w in wrapper._trainable_weights]
     assert len(ids) > len(set(ids)), (
         f"upstream fixed QuantizeWrapperV2 listing the quantized kernel twice in {TFMOT}: remove the "
-        "QuantizeWrapper branch of tfopt._compat.fix_for_keras_format")
+        "QuantizeWrapper branch of tfopt._compat.fix_for_keras_format"
+    )
 
 
 def test_fix_for_keras_format_reloads_identically(tmp_path):
@@ -303,6 +375,7 @@ def test_fix_for_keras_format_reloads_identically(tmp_path):
 
 # -- ClusteringSummaries step counting ------------------------------------------------------------
 
+
 def _summary_steps(log_dir: str) -> list[int]:
     steps = set()
     for path in glob.glob(os.path.join(log_dir, "**", "events.out*"), recursive=True):
@@ -315,40 +388,61 @@ def _summary_steps(log_dir: str) -> list[int]:
 
 def _fit_clustered(callback, steps_per_execution: int, batch_hooks: bool) -> None:
     """2 epochs of 4 steps; ``batch_hooks``: another callback makes Keras call batch hooks (e.g. a progress bar)."""
-    model = _c.cluster_weights(_dense(), number_of_clusters=2, cluster_centroids_init=_c.CentroidInitialization.LINEAR)
-    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  steps_per_execution=steps_per_execution)
+    model = _c.cluster_weights(
+        _dense(), number_of_clusters=2, cluster_centroids_init=_c.CentroidInitialization.LINEAR
+    )
+    model.compile(
+        "sgd",
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution,
+    )
     x, y = _data(16)
-    callbacks = [callback] + ([keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, l: None)]
-                              if batch_hooks else [])
+    callbacks = [callback] + (
+        [keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, l: None)]
+        if batch_hooks
+        else []
+    )
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=callbacks)
 
 
 def test_clustering_summaries_still_assert_under_steps_per_execution(tmp_path):
-    _still_broken(lambda: _fit_clustered(_c.ClusteringSummaries(log_dir=str(tmp_path)), 2, batch_hooks=True),
-                  AssertionError, "Continuous batch count",
-                  f"upstream fixed ClusteringSummaries under steps_per_execution > 1 in {TFMOT}: "
-                  "remove tfopt._compat.StepCountingClusteringSummaries if the next test fails too")
+    _still_broken(
+        lambda: _fit_clustered(_c.ClusteringSummaries(log_dir=str(tmp_path)), 2, batch_hooks=True),
+        AssertionError,
+        "Continuous batch count",
+        f"upstream fixed ClusteringSummaries under steps_per_execution > 1 in {TFMOT}: "
+        "remove tfopt._compat.StepCountingClusteringSummaries if the next test fails too",
+    )
 
 
 def test_clustering_summaries_still_write_every_epoch_at_step_0(tmp_path):
     _fit_clustered(_c.ClusteringSummaries(log_dir=str(tmp_path)), 1, batch_hooks=False)
     assert _summary_steps(str(tmp_path)) == [0], (
         f"upstream fixed ClusteringSummaries' step count without batch hooks in {TFMOT}: remove "
-        "tfopt._compat.StepCountingClusteringSummaries if the previous test fails too")
+        "tfopt._compat.StepCountingClusteringSummaries if the previous test fails too"
+    )
 
 
 @pytest.mark.parametrize("steps_per_execution,batch_hooks", [(2, True), (2, False), (1, True)])
-def test_step_counting_clustering_summaries_write_at_the_right_steps(tmp_path, steps_per_execution, batch_hooks):
-    _fit_clustered(_compat.StepCountingClusteringSummaries(str(tmp_path)), steps_per_execution, batch_hooks)
+def test_step_counting_clustering_summaries_write_at_the_right_steps(
+    tmp_path, steps_per_execution, batch_hooks
+):
+    _fit_clustered(
+        _compat.StepCountingClusteringSummaries(str(tmp_path)), steps_per_execution, batch_hooks
+    )
     assert _summary_steps(str(tmp_path)) == [4, 8]  # the end of each epoch of 4 steps
 
 
 # -- mixed precision -------------------------------------------------------------------------------
 
+
 def test_float32_global_policy_restores_the_policy_and_tfmot_layer_dtype():
     assert _compat.tfmot_layer_dtype("float32") is None
-    assert _compat.tfmot_layer_dtype("mixed_bfloat16") == _compat.tfmot_layer_dtype("mixed_float16") == "float32"
+    assert (
+        _compat.tfmot_layer_dtype("mixed_bfloat16")
+        == _compat.tfmot_layer_dtype("mixed_float16")
+        == "float32"
+    )
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -372,15 +466,25 @@ def test_pruning_still_fails_in_a_mixed_dtype_under_mirrored_strategy():
         with strategy.scope():
             model = _dense(policy)
             schedule = _s.ConstantSparsity(0.5, begin_step=0, frequency=1)
-            wrapped = keras.models.clone_model(model, clone_function=lambda layer: _s.prune_low_magnitude(
-                layer, pruning_schedule=schedule, dtype=policy) if layer.name == "h" else layer)
+            wrapped = keras.models.clone_model(
+                model,
+                clone_function=lambda layer: (
+                    _s.prune_low_magnitude(layer, pruning_schedule=schedule, dtype=policy)
+                    if layer.name == "h"
+                    else layer
+                ),
+            )
             wrapped.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         x, y = _data(16)
         wrapped.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[_s.UpdatePruningStep()])
 
-    _still_broken(fit, ValueError, "Tensor conversion requested dtype float32",
-                  f"upstream fixed pruning in a mixed dtype under MirroredStrategy in {TFMOT} "
-                  "(model-optimization#409): pruning no longer needs tfopt._compat.tfmot_layer_dtype")
+    _still_broken(
+        fit,
+        ValueError,
+        "Tensor conversion requested dtype float32",
+        f"upstream fixed pruning in a mixed dtype under MirroredStrategy in {TFMOT} "
+        "(model-optimization#409): pruning no longer needs tfopt._compat.tfmot_layer_dtype",
+    )
 
 
 def test_clustering_still_fails_in_a_mixed_dtype():
@@ -390,15 +494,20 @@ def test_clustering_still_fails_in_a_mixed_dtype():
     working = []
     for name, init in INITS.items():
         try:
-            _c.cluster_weights(_dense(policy, units=16), number_of_clusters=4, cluster_centroids_init=init,
-                               dtype=policy)
+            _c.cluster_weights(
+                _dense(policy, units=16),
+                number_of_clusters=4,
+                cluster_centroids_init=init,
+                dtype=policy,
+            )
         except tf.errors.InvalidArgumentError as e:
             assert "bfloat16" in str(e), f"clustering in bfloat16 now fails differently: {e}"
         else:
             working.append(name)
     assert not working, (
         f"upstream fixed clustering in a mixed dtype in {TFMOT} for centroid init {working}: clustering "
-        "needs tfopt._compat.tfmot_layer_dtype only for the others (none left: drop it for clustering)")
+        "needs tfopt._compat.tfmot_layer_dtype only for the others (none left: drop it for clustering)"
+    )
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
@@ -413,14 +522,21 @@ def test_qat_still_fails_under_a_mixed_global_policy(policy):
         finally:
             keras.mixed_precision.set_global_policy(previous)
 
-    _still_broken(quantize, (TypeError, ValueError, tf.errors.InvalidArgumentError), ".",
-                  f"upstream fixed QAT under {policy} in {TFMOT} (model-optimization#367): remove "
-                  "tfopt._compat.float32_global_policy")
+    _still_broken(
+        quantize,
+        (TypeError, ValueError, tf.errors.InvalidArgumentError),
+        ".",
+        f"upstream fixed QAT under {policy} in {TFMOT} (model-optimization#367): remove "
+        "tfopt._compat.float32_global_policy",
+    )
     dtype = tf.bfloat16 if policy == "mixed_bfloat16" else tf.float16
-    _still_broken(lambda: tf.quantization.fake_quant_with_min_max_vars(tf.ones((2, 2), dtype), -6.0, 6.0),
-                  tf.errors.InvalidArgumentError, "FakeQuantWithMinMaxVars",
-                  f"{TF} has {dtype.name} fake-quantization kernels (tensorflow#51857): QAT may no longer need "
-                  "tfopt._compat.float32_global_policy")
+    _still_broken(
+        lambda: tf.quantization.fake_quant_with_min_max_vars(tf.ones((2, 2), dtype), -6.0, 6.0),
+        tf.errors.InvalidArgumentError,
+        "FakeQuantWithMinMaxVars",
+        f"{TF} has {dtype.name} fake-quantization kernels (tensorflow#51857): QAT may no longer need "
+        "tfopt._compat.float32_global_policy",
+    )
 
 
 def test_fit_resumes_at_starts_mid_epoch_and_fit_still_has_no_public_way():
@@ -429,11 +545,23 @@ def test_fit_resumes_at_starts_mid_epoch_and_fit_still_has_no_public_way():
     model.compile(optimizer="sgd", loss="mse")
     data = tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()
     seen = []
-    record = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: seen.append(batch),
-                                            on_epoch_begin=lambda epoch, logs: seen.append(f"e{epoch}"))
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: seen.append(batch),
+        on_epoch_begin=lambda epoch, logs: seen.append(f"e{epoch}"),
+    )
     with _compat.fit_resumes_at(model, 1, 3):
         model.fit(data, epochs=3, steps_per_epoch=5, verbose=0, callbacks=[record])
-    assert seen == ["e1", 3, 4, "e2", 0, 1, 2, 3, 4]  # epoch 1 from its step 3 on, then epoch 2 whole
+    assert seen == [
+        "e1",
+        3,
+        4,
+        "e2",
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]  # epoch 1 from its step 3 on, then epoch 2 whole
     assert int(model.optimizer.iterations) == 7 and model._training_state is None
 
 
@@ -446,8 +574,12 @@ def _compiled(distiller: bool):
         model = Distiller(model, [keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])])
         model.compile(optimizer="adam", steps_per_execution=2)
     else:
-        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=2)
+        model.compile(
+            optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            steps_per_execution=2,
+        )
     return model
 
 
@@ -461,16 +593,25 @@ def _traces(prebuilt: bool, distiller: bool = False) -> tuple[int, int, np.ndarr
     trained.fit(x, y, batch_size=4, epochs=1, verbose=0)
     evaluated.evaluate(x, y, batch_size=4, verbose=0)
     weights = (trained.student if distiller else trained).get_weights()[0]
-    return (trained.train_function.experimental_get_tracing_count(),
-            evaluated.test_function.experimental_get_tracing_count(), weights)
+    return (
+        trained.train_function.experimental_get_tracing_count(),
+        evaluated.test_function.experimental_get_tracing_count(),
+        weights,
+    )
 
 
 def test_build_step_state_leaves_a_model_whose_variables_do_not_exist_yet_to_keras():
     model = _Subclassed()  # its Dense is built at the first call
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     _compat.build_step_state(model)
-    assert [v.name for v in model.optimizer.variables] == ["iteration:0"]  # no slots: not built on no variables
-    model.fit(np.ones((8, 3), "float32"), np.zeros(8), batch_size=4, verbose=0)  # Keras builds it in the step
+    assert [v.name for v in model.optimizer.variables] == [
+        "iteration:0"
+    ]  # no slots: not built on no variables
+    model.fit(
+        np.ones((8, 3), "float32"), np.zeros(8), batch_size=4, verbose=0
+    )  # Keras builds it in the step
     assert len(model.optimizer.variables) > 1
 
 
@@ -478,9 +619,13 @@ def test_build_step_state_leaves_a_model_whose_variables_do_not_exist_yet_to_ker
 def test_build_step_state_traces_each_step_once_where_keras_traces_it_twice(distiller):
     *keras_traces, keras_weights = _traces(prebuilt=False, distiller=distiller)
     *ours, our_weights = _traces(prebuilt=True, distiller=distiller)
-    assert keras_traces == [2, 2], "tf_keras no longer traces a first step twice: remove build_step_state"
+    assert keras_traces == [2, 2], (
+        "tf_keras no longer traces a first step twice: remove build_step_state"
+    )
     assert ours == [1, 1]
-    np.testing.assert_array_equal(our_weights, keras_weights)  # the same training, slots made earlier
+    np.testing.assert_array_equal(
+        our_weights, keras_weights
+    )  # the same training, slots made earlier
 
 
 def test_random_generators_hold_dropout_state_the_model_checkpoint_lacks(tmp_path):
@@ -494,7 +639,11 @@ def test_random_generators_hold_dropout_state_the_model_checkpoint_lacks(tmp_pat
         tf.train.Checkpoint(model=model, rng=generators[0]).write(str(tmp_path / "with"))
         plain = tf.train.Checkpoint(model=model).write(str(tmp_path / "plain"))
         # Still untracked by the model: its own checkpoint has no generator state.
-        assert not [n for n, _ in tf.train.list_variables(plain) if "generator" in n.lower() or "state" in n.lower()]
+        assert not [
+            n
+            for n, _ in tf.train.list_variables(plain)
+            if "generator" in n.lower() or "state" in n.lower()
+        ]
         expected = model(x, training=True).numpy()
         model(x, training=True)  # advance the state
         tf.train.Checkpoint(model=model, rng=generators[0]).read(str(tmp_path / "with"))
@@ -513,6 +662,7 @@ def test_accept_remote_logs_is_what_lets_batch_hooks_run_under_parameter_servers
     _compat.accept_remote_logs(hook)
     assert hook._supports_tf_logs is True
     import tf_keras.src.callbacks as callbacks_module
+
     source = inspect.getsource(callbacks_module.CallbackList._disallow_batch_hooks_in_ps_strategy)
     assert '"_supports_tf_logs"' in source  # the exemption the refusal still checks
 
@@ -520,26 +670,36 @@ def test_accept_remote_logs_is_what_lets_batch_hooks_run_under_parameter_servers
 def test_a_keras_model_saved_once_converts_byte_for_byte_as_from_keras_model_does(tmp_path):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6, 6, 1))
-    outputs = keras.layers.Dense(3)(keras.layers.Flatten()(keras.layers.Conv2D(2, 3, activation="relu")(inputs)))
+    outputs = keras.layers.Dense(3)(
+        keras.layers.Flatten()(keras.layers.Conv2D(2, 3, activation="relu")(inputs))
+    )
     model = keras.Model(inputs, outputs)
-    tf.saved_model.save(model, str(tmp_path), options=tf.saved_model.SaveOptions(save_debug_info=True))
+    tf.saved_model.save(
+        model, str(tmp_path), options=tf.saved_model.SaveOptions(save_debug_info=True)
+    )
     data = [np.random.default_rng(i).random((2, 6, 6, 1), dtype=np.float32) for i in range(2)]
     for optimize in (False, True):
-        ours, public = _compat.saved_model_converter(str(tmp_path)), tf.lite.TFLiteConverter.from_keras_model(model)
+        ours, public = (
+            _compat.saved_model_converter(str(tmp_path)),
+            tf.lite.TFLiteConverter.from_keras_model(model),
+        )
         for c in (ours, public):
             if optimize:
                 c.optimizations = [tf.lite.Optimize.DEFAULT]
                 c.representative_dataset = lambda: ([x] for x in data)
         assert ours.convert() == public.convert(), (
             f"{TF} converts a Keras model differently from its SavedModel: fix or remove "
-            "tfopt._compat.saved_model_converter (and tfopt.export.tflite.saved_models)")
+            "tfopt._compat.saved_model_converter (and tfopt.export.tflite.saved_models)"
+        )
 
 
 def test_keras_saved_model_metadata_decodes_every_node_of_a_tf_keras_savedmodel(tmp_path):
     import json
 
     inp = keras.Input((4,))
-    keras.Model(inp, keras.layers.Dense(2, name="fc")(inp), name="m").save(str(tmp_path / "sm"), save_format="tf")
+    keras.Model(inp, keras.layers.Dense(2, name="fc")(inp), name="m").save(
+        str(tmp_path / "sm"), save_format="tf"
+    )
     nodes = _compat.keras_saved_model_metadata(str(tmp_path / "sm"))
     parsed = {path: json.loads(meta) for path, meta in nodes if meta}
     assert parsed["root"]["class_name"] == "Functional" and parsed["root"]["name"] == "m"

@@ -29,26 +29,38 @@ def test_shipped_pipeline_config_loads():
     assert cfg.runtime.strategy == "mirrored" and cfg.model.name == "cnn"
 
 
-@pytest.mark.parametrize("raw, needle", [
-    ({"data": {"batch": 3}}, "valid keys in 'data': dataset"),
-    ({"dat": {}}, "valid sections: data, model, runtime, train"),
-    ({"runtime": {"strategy": "tpu"}}, "'tpu' is not valid; choose one of one_device, mirrored"),
-    ({"runtime": {"precision": "fp8"}}, "choose one of float32, mixed_float16, mixed_bfloat16"),
-    ({"data": {"global_batch_size": "many"}}, "data.global_batch_size='many' is not an int"),
-    ({"data": {"global_batch_size": 0}}, "must be >= 1"),
-    ({"data": {"num_parallel_calls": 0}}, "-1 for AUTOTUNE"),
-    ({"data": {"deterministic": "maybe"}}, "not a boolean"),
-    ({"train": {"epochs": 2.5}}, "not a whole number"),
-    ({"model": {"dropout": 1.5}}, "model.dropout=1.5"),
-    ({"data": "mnist"}, "must be a mapping"),
-    ({"train": {"learning_rate": "nan"}}, "train.learning_rate='nan' is not a finite number"),
-    ({"train": {"learning_rate": float("inf")}}, "train.learning_rate=inf is not a finite number"),
-    ({"runtime": {"startup_timeout": "nan"}}, "runtime.startup_timeout='nan' is not a finite number"),
-    ({"runtime": {"startup_timeout": 0}}, "runtime.startup_timeout=0.0 must be > 0 seconds"),
-    ({"data": {"seed": -1}}, "data.seed=-1 must be in [0, 2**32)"),
-    ({"train": {"seed": 2 ** 40}}, "train.seed=1099511627776 must be in [0, 2**32)"),
-    ({"train": {"epochs": "1e999"}}, "train.epochs='1e999' is not an int"),
-])
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({"data": {"batch": 3}}, "valid keys in 'data': dataset"),
+        ({"dat": {}}, "valid sections: data, model, runtime, train"),
+        (
+            {"runtime": {"strategy": "tpu"}},
+            "'tpu' is not valid; choose one of one_device, mirrored",
+        ),
+        ({"runtime": {"precision": "fp8"}}, "choose one of float32, mixed_float16, mixed_bfloat16"),
+        ({"data": {"global_batch_size": "many"}}, "data.global_batch_size='many' is not an int"),
+        ({"data": {"global_batch_size": 0}}, "must be >= 1"),
+        ({"data": {"num_parallel_calls": 0}}, "-1 for AUTOTUNE"),
+        ({"data": {"deterministic": "maybe"}}, "not a boolean"),
+        ({"train": {"epochs": 2.5}}, "not a whole number"),
+        ({"model": {"dropout": 1.5}}, "model.dropout=1.5"),
+        ({"data": "mnist"}, "must be a mapping"),
+        ({"train": {"learning_rate": "nan"}}, "train.learning_rate='nan' is not a finite number"),
+        (
+            {"train": {"learning_rate": float("inf")}},
+            "train.learning_rate=inf is not a finite number",
+        ),
+        (
+            {"runtime": {"startup_timeout": "nan"}},
+            "runtime.startup_timeout='nan' is not a finite number",
+        ),
+        ({"runtime": {"startup_timeout": 0}}, "runtime.startup_timeout=0.0 must be > 0 seconds"),
+        ({"data": {"seed": -1}}, "data.seed=-1 must be in [0, 2**32)"),
+        ({"train": {"seed": 2**40}}, "train.seed=1099511627776 must be in [0, 2**32)"),
+        ({"train": {"epochs": "1e999"}}, "train.epochs='1e999' is not an int"),
+    ],
+)
 def test_bad_values_name_value_and_choices(raw, needle):
     with pytest.raises(ConfigError) as e:
         C.from_dict(raw)
@@ -70,7 +82,9 @@ def test_file_errors(tmp_path):
 
 
 def test_overrides_win_and_are_typed():
-    cfg = C.apply_overrides(C.RunConfig(), ["data.cache=none", "train.epochs=7", "data.deterministic=true"])
+    cfg = C.apply_overrides(
+        C.RunConfig(), ["data.cache=none", "train.epochs=7", "data.deterministic=true"]
+    )
     assert cfg.data.cache == "none" and cfg.train.epochs == 7 and cfg.data.deterministic is True
     with pytest.raises(ConfigError, match="section.key=value"):
         C.apply_overrides(C.RunConfig(), ["epochs=3"])

@@ -1,4 +1,5 @@
 """The tf.data pipeline: parsing, determinism, sharding across pipelines, distribution."""
+
 import collections
 import dataclasses
 import hashlib
@@ -22,14 +23,19 @@ def data_root(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def mnist(data_root):
-    cfg = DataConfig(dataset="mnist", data_dir=data_root, limit=1000, global_batch_size=32,
-                     shuffle_buffer=500)
+    cfg = DataConfig(
+        dataset="mnist", data_dir=data_root, limit=1000, global_batch_size=32, shuffle_buffer=500
+    )
     return cfg, prepare(cfg)
 
 
 def contexts(n=2):
-    return [tf.distribute.InputContext(num_input_pipelines=n, input_pipeline_id=i, num_replicas_in_sync=n)
-            for i in range(n)]
+    return [
+        tf.distribute.InputContext(
+            num_input_pipelines=n, input_pipeline_id=i, num_replicas_in_sync=n
+        )
+        for i in range(n)
+    ]
 
 
 def fingerprints(ds):
@@ -66,8 +72,12 @@ def test_parse_encoded_images(tmp_path, encoding):
         with tf.io.TFRecordWriter(str(tmp_path / f"{name}.tfrecord")) as w:
             for img, lab in zip(images[sl], digits.target[sl]):
                 w.write(encode_example(encode(img).numpy(), lab))
-    cfg = DataConfig(dataset=f"tfrecord:{tmp_path}/*.tfrecord", data_dir=str(tmp_path / "data"),
-                     feature_spec=f"image={encoding}:8x8x1,label=int64,classes=10", global_batch_size=8)
+    cfg = DataConfig(
+        dataset=f"tfrecord:{tmp_path}/*.tfrecord",
+        data_dir=str(tmp_path / "data"),
+        feature_spec=f"image={encoding}:8x8x1,label=int64,classes=10",
+        global_batch_size=8,
+    )
     ds = make_dataset(cfg, "train", training=False)
     got_images, got_labels = zip(*[(x.numpy(), y.numpy()) for x, y in ds])
     got_images, got_labels = np.concatenate(got_images), np.concatenate(got_labels)
@@ -81,7 +91,10 @@ def test_training_batches_are_deterministic(mnist):
     cfg, info = mnist
     cfg = dataclasses.replace(cfg, deterministic=True, augment="shift")
     per_epoch = 1000 // 32
-    first = [(x.numpy(), y.numpy()) for x, y in make_dataset(cfg, "train", training=True, info=info).take(per_epoch)]
+    first = [
+        (x.numpy(), y.numpy())
+        for x, y in make_dataset(cfg, "train", training=True, info=info).take(per_epoch)
+    ]
     again_stream = iter(make_dataset(cfg, "train", training=True, info=info))
     again = [(x.numpy(), y.numpy()) for x, y in (next(again_stream) for _ in range(per_epoch))]
     assert all(x.shape == (32, 28, 28, 1) for x, _ in first)
@@ -95,15 +108,25 @@ def test_training_batches_are_deterministic(mnist):
 @pytest.fixture(scope="session")
 def digits8(data_root):
     """1,000 real digits in 8 train shards of 125; a shuffle buffer far smaller than a shard."""
-    cfg = DataConfig(dataset="digits", data_dir=data_root, limit=1000, num_shards=8, global_batch_size=40,
-                     shuffle_buffer=50, deterministic=True)
+    cfg = DataConfig(
+        dataset="digits",
+        data_dir=data_root,
+        limit=1000,
+        num_shards=8,
+        global_batch_size=40,
+        shuffle_buffer=50,
+        deterministic=True,
+    )
     return cfg, prepare(cfg)
 
 
 def record_ids(batches):
     """Fingerprints of the records of some batches, in the order they come."""
-    return [hashlib.sha1(x.tobytes() + bytes([y])).hexdigest()
-            for images, labels in batches for x, y in zip(images.numpy(), labels.numpy())]
+    return [
+        hashlib.sha1(x.tobytes() + bytes([y])).hexdigest()
+        for images, labels in batches
+        for x, y in zip(images.numpy(), labels.numpy())
+    ]
 
 
 def training_epochs(cfg, info, epochs):
@@ -126,13 +149,20 @@ def test_memory_cache_reshuffles_every_epoch(digits8):
     assert abs(np.corrcoef(np.arange(1000), [position[r] for r in first])[0, 1]) < 0.2
     # ... and no file comes early or late as a whole: the records of every shard are spread over
     # the epoch (mean position near the middle; a file-by-file order puts them at 1/16, 3/16, ...).
-    shard_of = {r: i for i, f in enumerate(info.splits["train"].files)
-                for r in record_ids(build([f], parse_fn(info, "train"), cfg, training=False, batch_size=125))}
+    shard_of = {
+        r: i
+        for i, f in enumerate(info.splits["train"].files)
+        for r in record_ids(
+            build([f], parse_fn(info, "train"), cfg, training=False, batch_size=125)
+        )
+    }
     for epoch in (first, second):
         spots = collections.defaultdict(list)
         for i, r in enumerate(epoch):
             spots[shard_of[r]].append(i / len(epoch))
-        assert len(spots) == 8 and all(abs(np.mean(s) - 0.5) < 0.15 for s in spots.values()), spots.keys()
+        assert len(spots) == 8 and all(abs(np.mean(s) - 0.5) < 0.15 for s in spots.values()), (
+            spots.keys()
+        )
     # Seeded: another build with the same seed gives the same sequence of epoch orders.
     assert training_epochs(cfg, info, 2) == [first, second]
     assert training_epochs(dataclasses.replace(cfg, seed=cfg.seed + 1), info, 1)[0] != first
@@ -144,17 +174,24 @@ def test_memory_cache_serves_later_epochs(digits8, tmp_path):
     for f in info.splits["train"].files:  # copies we can delete once the cache holds them
         files.append(str(tmp_path / os.path.basename(f)))
         shutil.copy(f, files[-1])
-    stream = iter(build(files, parse_fn(info, "train"), cfg, training=True, batch_size=40))  # counts the records
+    stream = iter(
+        build(files, parse_fn(info, "train"), cfg, training=True, batch_size=40)
+    )  # counts the records
     first = record_ids(next(stream) for _ in range(25))
     for f in files:
         os.remove(f)
-    second = record_ids(next(stream) for _ in range(25))  # the next pass: from the cache, the files are gone
+    second = record_ids(
+        next(stream) for _ in range(25)
+    )  # the next pass: from the cache, the files are gone
     assert len(first) == 1000 and sorted(first) == sorted(second) and first != second
 
 
 def test_eval_keeps_order_and_every_record(mnist):
     cfg, info = mnist
-    runs = [[y.numpy() for _, y in make_dataset(cfg, "test", training=False, info=info)] for _ in range(2)]
+    runs = [
+        [y.numpy() for _, y in make_dataset(cfg, "test", training=False, info=info)]
+        for _ in range(2)
+    ]
     assert [len(b) for b in runs[0]][-1] == 1000 % 32  # no dropped remainder
     np.testing.assert_array_equal(np.concatenate(runs[0]), np.concatenate(runs[1]))
 
@@ -162,14 +199,26 @@ def test_eval_keeps_order_and_every_record(mnist):
 @pytest.mark.parametrize("num_shards, mode", [(8, "file"), (1, "record")])
 @pytest.mark.parametrize("training", [False, True])
 def test_two_pipelines_cover_every_record_once(data_root, num_shards, mode, training):
-    cfg = DataConfig(dataset="mnist", data_dir=data_root, limit=1000, num_shards=num_shards,
-                     global_batch_size=2, shuffle_buffer=100)
+    cfg = DataConfig(
+        dataset="mnist",
+        data_dir=data_root,
+        limit=1000,
+        num_shards=num_shards,
+        global_batch_size=2,
+        shuffle_buffer=100,
+    )
     info = prepare(cfg)
     assert len(info.splits["validation"].files) == num_shards
     whole = fingerprints(make_dataset(cfg, "validation", training=False, info=info))
     # Training: the first pass of each pipeline's stream (equal shares here: 500 steps of 1 record).
-    parts = [fingerprints(make_dataset(cfg, "validation", training=training, input_context=c, info=info)
-                          .take(500 if training else -1)) for c in contexts(2)]
+    parts = [
+        fingerprints(
+            make_dataset(cfg, "validation", training=training, input_context=c, info=info).take(
+                500 if training else -1
+            )
+        )
+        for c in contexts(2)
+    ]
     assert len(whole) == 1000
     assert sorted(parts[0] + parts[1]) == whole  # together: every record, exactly once
     assert abs(len(parts[0]) - len(parts[1])) <= 250  # and shared out, not all on one side
@@ -177,7 +226,9 @@ def test_two_pipelines_cover_every_record_once(data_root, num_shards, mode, trai
 
 def test_per_replica_batch_size(mnist):
     cfg, info = mnist
-    x, _ = next(iter(make_dataset(cfg, "train", training=True, input_context=contexts(2)[0], info=info)))
+    x, _ = next(
+        iter(make_dataset(cfg, "train", training=True, input_context=contexts(2)[0], info=info))
+    )
     assert x.shape[0] == 16  # global 32 over 2 replicas
     bad = dataclasses.replace(cfg, global_batch_size=33)
     with pytest.raises(ConfigError, match="global_batch_size=33"):
@@ -192,7 +243,9 @@ def test_options(mnist):
     ds = make_dataset(cfg, "train", training=True, input_context=contexts(2)[1], info=info)
     opts = ds.options()
     assert opts.autotune.ram_budget == 64 * 1024 * 1024 and opts.deterministic is False
-    assert opts.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
+    assert (
+        opts.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
+    )
     assert make_dataset(cfg, "test", training=False, info=info).options().deterministic is True
 
 
@@ -206,8 +259,12 @@ def test_shift_augment_translates_by_at_most_two_pixels():
     padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)))
     seen = set()
     for k in range(16):
-        matches = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
-                   if np.array_equal(shifted[k], padded[k, 2 - dy:14 - dy, 2 - dx:14 - dx])]
+        matches = [
+            (dy, dx)
+            for dy in range(-2, 3)
+            for dx in range(-2, 3)
+            if np.array_equal(shifted[k], padded[k, 2 - dy : 14 - dy, 2 - dx : 14 - dx])
+        ]
         assert matches, f"image {k} is not a shift of at most 2 px"
         seen.add(matches[0])
     assert len(seen) > 1  # per-image offsets, not one for the whole batch
@@ -217,13 +274,22 @@ def test_custom_augment_and_file_cache(mnist, tmp_path):
     cfg, info = mnist
     cfg = dataclasses.replace(cfg, cache="file")
     cache = str(tmp_path / "cache" / "train")
-    ds = build(info.splits["train"].files, parse_fn(info, "train"), cfg, training=True, batch_size=50,
-               augment=lambda x, y: (1.0 - x, y), cache_path=cache)
+    ds = build(
+        info.splits["train"].files,
+        parse_fn(info, "train"),
+        cfg,
+        training=True,
+        batch_size=50,
+        augment=lambda x, y: (1.0 - x, y),
+        cache_path=cache,
+    )
     stream = iter(ds)
     for _ in range(2):  # the second pass reads the file cache
         batches = [next(stream)[0] for _ in range(20)]
         assert len(batches) == 20
-        assert float(tf.reduce_max(batches[0])) == 1.0 and float(tf.reduce_mean(batches[0])) > 0.5  # inverted
+        assert (
+            float(tf.reduce_max(batches[0])) == 1.0 and float(tf.reduce_mean(batches[0])) > 0.5
+        )  # inverted
     assert any(name.startswith("train") for name in os.listdir(tmp_path / "cache"))
 
 
@@ -243,18 +309,34 @@ def test_distribute_over_two_replicas(mnist):
     assert len(per_replica) == 2 and all(p.shape == (16, 28, 28, 1) for p in per_replica)
 
 
-@pytest.mark.parametrize("cache, augment, pipelines", [("memory", "shift", 1), ("none", "none", 1),
-                                                       ("file", "none", 1), ("memory", "shift", 2),
-                                                       ("memory", "crop_flip", 2)])
-def test_stream_resumed_at_a_step_equals_the_uninterrupted_tail(digits8, tmp_path, cache, augment, pipelines):
+@pytest.mark.parametrize(
+    "cache, augment, pipelines",
+    [
+        ("memory", "shift", 1),
+        ("none", "none", 1),
+        ("file", "none", 1),
+        ("memory", "shift", 2),
+        ("memory", "crop_flip", 2),
+    ],
+)
+def test_stream_resumed_at_a_step_equals_the_uninterrupted_tail(
+    digits8, tmp_path, cache, augment, pipelines
+):
     cfg, info = digits8
-    cfg = dataclasses.replace(cfg, cache=cache, augment=augment, data_dir=str(tmp_path),
-                              crop_padding=2 if augment == "crop_flip" else 0)
+    cfg = dataclasses.replace(
+        cfg,
+        cache=cache,
+        augment=augment,
+        data_dir=str(tmp_path),
+        crop_padding=2 if augment == "crop_flip" else 0,
+    )
     ctx = contexts(pipelines)[-1] if pipelines > 1 else None
     per_pass = 1000 // pipelines // (40 // pipelines)
 
     def stream(start, n):
-        ds = make_dataset(cfg, "train", training=True, input_context=ctx, info=info, start_step=start)
+        ds = make_dataset(
+            cfg, "train", training=True, input_context=ctx, info=info, start_step=start
+        )
         return [(x.numpy(), y.numpy()) for x, y in ds.take(n)]
 
     whole = stream(0, 2 * per_pass + 5)  # more than two passes
@@ -263,23 +345,32 @@ def test_stream_resumed_at_a_step_equals_the_uninterrupted_tail(digits8, tmp_pat
         for (x1, y1), (x2, y2) in zip(whole[start:], tail, strict=True):
             np.testing.assert_array_equal(y1, y2)
             np.testing.assert_array_equal(x1, x2)
-    passes = [sorted(y for _, ys in whole[i * per_pass:(i + 1) * per_pass] for y in ys) for i in range(2)]
+    passes = [
+        sorted(y for _, ys in whole[i * per_pass : (i + 1) * per_pass] for y in ys)
+        for i in range(2)
+    ]
     assert passes[0] == passes[1]  # every pass: the same records ...
-    assert not np.array_equal(np.concatenate([y for _, y in whole[:per_pass]]),
-                              np.concatenate([y for _, y in whole[per_pass:2 * per_pass]]))  # ... in a new order
+    assert not np.array_equal(
+        np.concatenate([y for _, y in whole[:per_pass]]),
+        np.concatenate([y for _, y in whole[per_pass : 2 * per_pass]]),
+    )  # ... in a new order
 
 
 @pytest.mark.parametrize("global_seed", [0, 7])
 def test_stream_order_ignores_the_global_seed(digits8, global_seed):
     cfg, info = digits8
-    tf.random.set_seed(global_seed)  # 0 once broke TensorFlow's seed logic with per-pass (tensor) seeds
+    tf.random.set_seed(
+        global_seed
+    )  # 0 once broke TensorFlow's seed logic with per-pass (tensor) seeds
     try:
         got = [y.numpy() for _, y in make_dataset(cfg, "train", training=True, info=info).take(30)]
     finally:
         tf.random.set_seed(None)
     tf.random.set_seed(123)
     try:
-        again = [y.numpy() for _, y in make_dataset(cfg, "train", training=True, info=info).take(30)]
+        again = [
+            y.numpy() for _, y in make_dataset(cfg, "train", training=True, info=info).take(30)
+        ]
     finally:
         tf.random.set_seed(None)
     np.testing.assert_array_equal(np.concatenate(got), np.concatenate(again))
@@ -289,7 +380,9 @@ def test_batches_per_pass_is_the_smallest_share():
     from tfopt.data.pipeline import batches_per_pass
 
     assert batches_per_pass([100], 1, False, 32) == 3
-    assert batches_per_pass([50, 30, 20], 2, True, 10) == 3  # files 0 and 2 hold 70, file 1 holds 30
+    assert (
+        batches_per_pass([50, 30, 20], 2, True, 10) == 3
+    )  # files 0 and 2 hold 70, file 1 holds 30
     assert batches_per_pass([5, 5], 2, False, 2) == 2  # records 0,2,4 | 1,3 of each file: 6 and 4
     with pytest.raises(DataError, match="fewer than one step of 64"):
         batches_per_pass([100], 2, False, 64)

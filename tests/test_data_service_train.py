@@ -1,4 +1,5 @@
 """Training through the in-process tf.data service matches training without it."""
+
 import pytest
 
 from tfopt import config as C
@@ -10,12 +11,20 @@ TOLERANCE = 0.08
 
 
 def _cfg(out, **data):
-    return C.from_dict({
-        "data": {"dataset": "mnist", "limit": 512, "global_batch_size": 32, "num_shards": 4, **data},
-        "model": {"name": "mlp"},
-        "runtime": {"strategy": "one_device"},
-        "train": {"epochs": 2, "output_dir": str(out), "verbose": 0, "tensorboard": False},
-    })
+    return C.from_dict(
+        {
+            "data": {
+                "dataset": "mnist",
+                "limit": 512,
+                "global_batch_size": 32,
+                "num_shards": 4,
+                **data,
+            },
+            "model": {"name": "mlp"},
+            "runtime": {"strategy": "one_device"},
+            "train": {"epochs": 2, "output_dir": str(out), "verbose": 0, "tensorboard": False},
+        }
+    )
 
 
 @pytest.mark.slow
@@ -26,7 +35,9 @@ def test_training_through_service_matches(tmp_path, mode):
     before = len(service.jobs())
     served = train(_cfg(tmp_path / "served", service="local", service_mode=mode)).to_dict()
     sent = service.jobs()[before:]
-    assert any("-train-" in name for name in sent), f"the training input did not go through the service: {sent}"
+    assert any("-train-" in name for name in sent), (
+        f"the training input did not go through the service: {sent}"
+    )
     acc, ref = served["metrics"]["test_accuracy"], plain["metrics"]["test_accuracy"]
     print(f"\n{mode}: test accuracy through the service {acc:.4f}, without {ref:.4f}")
     assert abs(acc - ref) <= TOLERANCE, f"through the service {acc:.4f} vs without {ref:.4f}"

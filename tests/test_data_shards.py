@@ -1,4 +1,5 @@
 """Shards and manifests: corruption is caught and named, builds are atomic and happen once."""
+
 import collections
 import dataclasses
 import json
@@ -28,7 +29,12 @@ def test_layout_and_manifest(digits):
     directory = os.path.join(cfg.data_dir, "digits", "shards4-limit200")
     assert sorted(os.listdir(directory)) == sorted(
         ["manifest.json", "verified.json"]
-        + [f"{s}-{i:05d}-of-00004.tfrecord" for s in ("train", "validation", "test") for i in range(4)])
+        + [
+            f"{s}-{i:05d}-of-00004.tfrecord"
+            for s in ("train", "validation", "test")
+            for i in range(4)
+        ]
+    )
     with open(os.path.join(directory, "manifest.json")) as f:
         manifest = json.load(f)
     assert manifest["image_shape"] == [8, 8, 1] and manifest["num_classes"] == 10
@@ -51,7 +57,9 @@ def test_truncated_shard_is_named(digits):
     with pytest.raises(DataError) as err:
         prepare(cfg)
     message = str(err.value)
-    assert shard in message and "truncated" in message and "delete" in message and "\n" not in message
+    assert (
+        shard in message and "truncated" in message and "delete" in message and "\n" not in message
+    )
 
 
 def test_corrupted_shard_is_named(digits):
@@ -217,13 +225,23 @@ def test_dir_without_manifest_is_refused(tmp_path):
 @pytest.mark.slow  # two fresh TensorFlow imports: about 12 s on 2 cores
 def test_two_processes_prepare_the_same_dataset(tmp_path):
     # Two workers of a multi-worker job on one machine: one builds, the other waits and reuses.
-    code = ("import sys; from tfopt.config import DataConfig; from tfopt.data import prepare; "
-            "info = prepare(DataConfig(dataset='digits', data_dir=sys.argv[1], limit=100)); "
-            "print(info.splits['train'].num_records)")
+    code = (
+        "import sys; from tfopt.config import DataConfig; from tfopt.data import prepare; "
+        "info = prepare(DataConfig(dataset='digits', data_dir=sys.argv[1], limit=100)); "
+        "print(info.splits['train'].num_records)"
+    )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     assert [o[0].strip() for o in outs] == ["100", "100"]

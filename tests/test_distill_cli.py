@@ -1,4 +1,5 @@
 """``python -m tfopt.distill``: new run directories from trained teachers, under every strategy, with pruning."""
+
 import hashlib
 import json
 import os
@@ -14,8 +15,19 @@ from tfopt.distill.cli import main
 from tfopt.models.io import load_model
 from tfopt.train import run as train
 
-COMMON = ["--limit", "3000", "--batch-size", "64", "--epochs", "1", "--quiet", "--set", "data.num_shards=4",
-          "--set", "train.tensorboard=false"]
+COMMON = [
+    "--limit",
+    "3000",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "1",
+    "--quiet",
+    "--set",
+    "data.num_shards=4",
+    "--set",
+    "train.tensorboard=false",
+]
 
 
 def _tree_digest(path):
@@ -36,8 +48,24 @@ def _run_json(path):
 def reference(tmp_path_factory, mnist_run):
     """The one_device distillation every other strategy is compared with (same data, steps, settings)."""
     out = tmp_path_factory.mktemp("distill_reference") / "run"
-    assert main(["--teacher", mnist_run, "--student", "tiny_cnn", "--strategy", "one_device", "--lr", "0.003",
-                 "-o", str(out), *COMMON]) == 0
+    assert (
+        main(
+            [
+                "--teacher",
+                mnist_run,
+                "--student",
+                "tiny_cnn",
+                "--strategy",
+                "one_device",
+                "--lr",
+                "0.003",
+                "-o",
+                str(out),
+                *COMMON,
+            ]
+        )
+        == 0
+    )
     return _run_json(out)["metrics"]["test_accuracy"]
 
 
@@ -50,12 +78,17 @@ def _check_common(out, teacher_dir, strategy, replicas, reference=None, toleranc
         assert run["metrics"]["test_accuracy"] >= reference - tolerance, (run["metrics"], reference)
     # The teacher loaded and left exactly as trained: same digest as its own run recorded.
     assert run["distill"]["teachers"][0]["weights_sha256"] == teacher["weights_sha256"]
-    assert run["distill"]["teachers"][0]["test_accuracy"] > 0.9 and run["model"]["name"] == "tiny_cnn"
+    assert (
+        run["distill"]["teachers"][0]["test_accuracy"] > 0.9 and run["model"]["name"] == "tiny_cnn"
+    )
     assert run["model"]["teacher_to_student_params"] > 10
-    assert {"loss", "distillation_loss", "student_loss", "accuracy", "val_accuracy"} <= set(run["history"][0])
+    assert {"loss", "distillation_loss", "student_loss", "accuracy", "val_accuracy"} <= set(
+        run["history"][0]
+    )
     gap = run["distill"]["gap"]
     assert gap["teacher_minus_student_pt"] == pytest.approx(
-        100 * (gap["teacher_test_accuracy"] - gap["student_test_accuracy"]), abs=1e-3)
+        100 * (gap["teacher_test_accuracy"] - gap["student_test_accuracy"]), abs=1e-3
+    )
     for name in ("model.keras", "saved_model", "metrics.csv", "metrics.json"):
         assert os.path.exists(os.path.join(out, name)), name
     assert not [f for f in os.listdir(out) if f.startswith(".tmp")]
@@ -65,16 +98,39 @@ def _check_common(out, teacher_dir, strategy, replicas, reference=None, toleranc
 
 
 @pytest.mark.slow
-def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(tmp_path, mnist_run, reference):
+def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(
+    tmp_path, mnist_run, reference
+):
     before = _tree_digest(mnist_run)
     out = tmp_path / "distilled"
-    assert main(["--teacher", mnist_run, "--student", "tiny_cnn", "--strategy", "mirrored", "--lr", "0.003",
-                 "-o", str(out), *COMMON]) == 0
-    run = _check_common(out, mnist_run, "mirrored", 2, reference, tolerance=0.01)  # equal step by step
+    assert (
+        main(
+            [
+                "--teacher",
+                mnist_run,
+                "--student",
+                "tiny_cnn",
+                "--strategy",
+                "mirrored",
+                "--lr",
+                "0.003",
+                "-o",
+                str(out),
+                *COMMON,
+            ]
+        )
+        == 0
+    )
+    run = _check_common(
+        out, mnist_run, "mirrored", 2, reference, tolerance=0.01
+    )  # equal step by step
     from tfopt.distill.options import DistillOptions
 
     settings = run["distill"]["settings"]
-    assert (settings["temperature"], settings["alpha"]) == (DistillOptions.temperature, DistillOptions.alpha)
+    assert (settings["temperature"], settings["alpha"]) == (
+        DistillOptions.temperature,
+        DistillOptions.alpha,
+    )
     assert run["distill"]["teachers"][0]["weight"] == 1.0 and "compression" not in run["distill"]
     assert _tree_digest(mnist_run) == before
 
@@ -83,19 +139,61 @@ def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(tmp_p
 def test_two_teachers_weighted_by_accuracy_with_pruning(tmp_path, mnist_run):
     # A second, weaker teacher: the same tiny student architecture trained 10 steps on labels alone.
     weak = tmp_path / "weak"
-    train(C.from_dict({"data": {"dataset": "mnist", "limit": 3000, "global_batch_size": 64, "num_shards": 4},
-                       "model": {"name": "tiny_cnn"}, "runtime": {"strategy": "one_device"},
-                       "train": {"epochs": 1, "steps_per_epoch": 10, "output_dir": str(weak), "verbose": 0,
-                                 "tensorboard": False}}))
+    train(
+        C.from_dict(
+            {
+                "data": {
+                    "dataset": "mnist",
+                    "limit": 3000,
+                    "global_batch_size": 64,
+                    "num_shards": 4,
+                },
+                "model": {"name": "tiny_cnn"},
+                "runtime": {"strategy": "one_device"},
+                "train": {
+                    "epochs": 1,
+                    "steps_per_epoch": 10,
+                    "output_dir": str(weak),
+                    "verbose": 0,
+                    "tensorboard": False,
+                },
+            }
+        )
+    )
     out = tmp_path / "pruned"
-    assert main(["--teacher", mnist_run, "--teacher", str(weak), "--teacher-weights", "accuracy",
-                 "--technique", "prune", "--sparsity", "0.75", "--baseline", str(weak), "--lr", "0.003",
-                 "--strategy", "one_device", "-o", str(out), *COMMON]) == 0
+    assert (
+        main(
+            [
+                "--teacher",
+                mnist_run,
+                "--teacher",
+                str(weak),
+                "--teacher-weights",
+                "accuracy",
+                "--technique",
+                "prune",
+                "--sparsity",
+                "0.75",
+                "--baseline",
+                str(weak),
+                "--lr",
+                "0.003",
+                "--strategy",
+                "one_device",
+                "-o",
+                str(out),
+                *COMMON,
+            ]
+        )
+        == 0
+    )
     run = _check_common(out, mnist_run, "one_device", 1)
     # Taught by a good teacher, the student beats the weak teacher (the same architecture, trained alone).
     assert run["distill"]["gap"]["gap_closed"] > 0, run["distill"]["gap"]
     strong_t, weak_t = run["distill"]["teachers"]
-    assert strong_t["val_accuracy"] > weak_t["val_accuracy"] and strong_t["weight"] > weak_t["weight"]
+    assert (
+        strong_t["val_accuracy"] > weak_t["val_accuracy"] and strong_t["weight"] > weak_t["weight"]
+    )
     assert strong_t["weight"] + weak_t["weight"] == pytest.approx(1.0)
     assert run["distill"]["gap"]["baseline_test_accuracy"] == pytest.approx(weak_t["test_accuracy"])
     assert run["distill"]["gap"]["gap_closed"] is not None
@@ -107,60 +205,143 @@ def test_two_teachers_weighted_by_accuracy_with_pruning(tmp_path, mnist_run):
 
 
 def _launch(tmp_path, mnist_run, strategy, *launch_args, extra=()):
-    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "240", "--",
-           sys.executable, "-m", "tfopt.distill", "--teacher", mnist_run, "--student", "tiny_cnn",
-           "--strategy", strategy, "--lr", "0.003", "-o", str(tmp_path / "run"), *COMMON, *extra]
+    cmd = [
+        *ISOLATED,
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        *launch_args,
+        "--timeout",
+        "240",
+        "--",
+        sys.executable,
+        "-m",
+        "tfopt.distill",
+        "--teacher",
+        mnist_run,
+        "--student",
+        "tiny_cnn",
+        "--strategy",
+        strategy,
+        "--lr",
+        "0.003",
+        "-o",
+        str(tmp_path / "run"),
+        *COMMON,
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def _done(out):
-    return [json.loads(line.split("tfopt.distill: done ", 1)[1]) for line in out.splitlines()
-            if "tfopt.distill: done " in line]
+    return [
+        json.loads(line.split("tfopt.distill: done ", 1)[1])
+        for line in out.splitlines()
+        if "tfopt.distill: done " in line
+    ]
 
 
 @pytest.mark.slow
 def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run, reference):
-    proc = _launch(tmp_path, mnist_run, "multi_worker_mirrored", "--workers", "2", extra=["--technique", "qat"])
+    proc = _launch(
+        tmp_path, mnist_run, "multi_worker_mirrored", "--workers", "2", extra=["--technique", "qat"]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     done = _done(proc.stdout + proc.stderr)
     assert sorted(d["task"] for d in done) == ["worker:0", "worker:1"]
     assert done[0]["weights_sha256"] == done[1]["weights_sha256"]
     run = _check_common(tmp_path / "run", mnist_run, "multi_worker_mirrored", 2, reference)
-    assert run["strategy"]["num_workers"] == 2 and run["weights_sha256"] == done[0]["weights_sha256"]
-    assert run["distill"]["compression"]["technique"] == "qat" and run["distill"]["compression"]["layers"]
+    assert (
+        run["strategy"]["num_workers"] == 2 and run["weights_sha256"] == done[0]["weights_sha256"]
+    )
+    assert (
+        run["distill"]["compression"]["technique"] == "qat"
+        and run["distill"]["compression"]["layers"]
+    )
     from tfopt.optimize.quantize import is_qat_model, load_quantized_model
 
-    assert is_qat_model(load_quantized_model(str(tmp_path / "run" / "model.keras")))  # ready for int8 export
+    assert is_qat_model(
+        load_quantized_model(str(tmp_path / "run" / "model.keras"))
+    )  # ready for int8 export
 
 
 @pytest.mark.slow
 def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run, reference):
-    proc = _launch(tmp_path, mnist_run, "parameter_server", "--chief", "--workers", "2", "--ps", "1",
-                   extra=["--technique", "prune", "--sparsity", "0.5", "--epochs", "2"])
+    proc = _launch(
+        tmp_path,
+        mnist_run,
+        "parameter_server",
+        "--chief",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        extra=["--technique", "prune", "--sparsity", "0.5", "--epochs", "2"],
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # Asynchronous workers overlap their steps and learn less per step (see test_train); over 46 steps
     # single runs spread widely, so the cluster gets twice the reference's steps to match it.
-    run = _check_common(tmp_path / "run", mnist_run, "parameter_server", 1, reference, tolerance=0.1 * reference)
+    run = _check_common(
+        tmp_path / "run", mnist_run, "parameter_server", 1, reference, tolerance=0.1 * reference
+    )
     assert run["strategy"]["class"] == "ParameterServerStrategyV2"
     assert run["distill"]["compression"]["measured"]["overall"] == pytest.approx(0.5, abs=0.01)
 
 
-@pytest.mark.parametrize("args, needle", [
-    ([], "no --teacher given"),
-    (["--teacher", "/nonexistent/run"], "'/nonexistent/run' is not a tfopt run directory"),
-    (["--teacher", "{run}", "--student", "resnet9000"], "unknown model 'resnet9000'; choose one of"),
-    (["--teacher", "{run}", "--alpha", "2"], "--alpha 2.0 must be in [0, 1]"),
-    (["--teacher", "{run}", "--temperature", "0"], "--temperature 0.0 must be > 0"),
-    (["--teacher", "{run}", "-o", "{run}"], "is an input run; a stage writes a NEW run directory"),
-    (["--teacher", "{run}", "--feature", "pool0"], "is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER"),
-    (["--teacher", "{run}", "--teacher-weights", "1,2"], "must be equal, accuracy or 1 comma-separated"),
-    (["--teacher", "{run}", "--technique", "quantize"], "choose one of none, prune, qat, cluster"),
-    (["--teacher", "{run}", "--technique", "cluster", "--clusters", "1"], "--clusters 1 must be in [2, 256]"),
-    (["--teacher", "{run}", "--technique", "prune", "--sparsity", "1"], "--sparsity 1.0 must be in (0, 1)"),
-    (["--teacher", "{run}", "--student", "mlp", "--model", "cnn"], "disagree; give only --student"),
-    (["--teacher", "{run}", "--strategy", "one_device", "--dataset", "digits", "--limit", "100"],
-     "but 'digits' has (8, 8, 1) -> 10; pass the --dataset the teacher was trained on"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ([], "no --teacher given"),
+        (["--teacher", "/nonexistent/run"], "'/nonexistent/run' is not a tfopt run directory"),
+        (
+            ["--teacher", "{run}", "--student", "resnet9000"],
+            "unknown model 'resnet9000'; choose one of",
+        ),
+        (["--teacher", "{run}", "--alpha", "2"], "--alpha 2.0 must be in [0, 1]"),
+        (["--teacher", "{run}", "--temperature", "0"], "--temperature 0.0 must be > 0"),
+        (
+            ["--teacher", "{run}", "-o", "{run}"],
+            "is an input run; a stage writes a NEW run directory",
+        ),
+        (
+            ["--teacher", "{run}", "--feature", "pool0"],
+            "is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER",
+        ),
+        (
+            ["--teacher", "{run}", "--teacher-weights", "1,2"],
+            "must be equal, accuracy or 1 comma-separated",
+        ),
+        (
+            ["--teacher", "{run}", "--technique", "quantize"],
+            "choose one of none, prune, qat, cluster",
+        ),
+        (
+            ["--teacher", "{run}", "--technique", "cluster", "--clusters", "1"],
+            "--clusters 1 must be in [2, 256]",
+        ),
+        (
+            ["--teacher", "{run}", "--technique", "prune", "--sparsity", "1"],
+            "--sparsity 1.0 must be in (0, 1)",
+        ),
+        (
+            ["--teacher", "{run}", "--student", "mlp", "--model", "cnn"],
+            "disagree; give only --student",
+        ),
+        (
+            [
+                "--teacher",
+                "{run}",
+                "--strategy",
+                "one_device",
+                "--dataset",
+                "digits",
+                "--limit",
+                "100",
+            ],
+            "but 'digits' has (8, 8, 1) -> 10; pass the --dataset the teacher was trained on",
+        ),
+    ],
+)
 def test_bad_input_one_line_exit_2(tmp_path, mnist_run, capsys, args, needle):
     out = tmp_path / "out"
     argv = [a.replace("{run}", mnist_run) for a in args]
@@ -181,22 +362,45 @@ def test_defaults_are_the_chosen_recipe_and_user_settings_win(tmp_path, capsys):
     from tfopt.distill.cli import RECIPE
     from tfopt.distill.options import DistillOptions
 
-    chosen = json.load(open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench", "results",
-                                         "distill_defaults.json")))["selection"]["chosen"]["distill"]
+    chosen = json.load(
+        open(
+            os.path.join(
+                os.path.dirname(os.path.dirname(__file__)),
+                "bench",
+                "results",
+                "distill_defaults.json",
+            )
+        )
+    )["selection"]["chosen"]["distill"]
     out = _printed(capsys, [])
     # The defaults are the configuration the committed selection experiment chose on validation.
-    assert out["distill"]["temperature"] == DistillOptions.temperature == float(chosen["temperature"])
+    assert (
+        out["distill"]["temperature"] == DistillOptions.temperature == float(chosen["temperature"])
+    )
     assert out["distill"]["alpha"] == DistillOptions.alpha == float(chosen["alpha"])
-    assert out["config"]["train"]["learning_rate"] == RECIPE[("train", "learning_rate")] == float(chosen["lr"])
-    assert out["config"]["data"]["augment"] == RECIPE[("data", "augment")] == chosen["set:data.augment"]
+    assert (
+        out["config"]["train"]["learning_rate"]
+        == RECIPE[("train", "learning_rate")]
+        == float(chosen["lr"])
+    )
+    assert (
+        out["config"]["data"]["augment"]
+        == RECIPE[("data", "augment")]
+        == chosen["set:data.augment"]
+    )
     assert out["config"]["model"]["name"] == "tiny_cnn" and out["config"]["train"]["seed"] == 42
     # A flag, --set and a --config file each win over the recipe; a file that does not set a key keeps it.
     assert RECIPE[("data", "augment")] != "none" and RECIPE[("train", "learning_rate")] != 0.0123
     out = _printed(capsys, ["--lr", "0.0123", "--set", "data.augment=none", "--seed", "7"])
-    assert out["config"]["train"]["learning_rate"] == 0.0123 and out["config"]["data"]["augment"] == "none"
+    assert (
+        out["config"]["train"]["learning_rate"] == 0.0123
+        and out["config"]["data"]["augment"] == "none"
+    )
     assert out["config"]["train"]["seed"] == 7 and out["config"]["data"]["seed"] == 7
-    for text, lr in (("train:\n  learning_rate: 0.0456\n", 0.0456),
-                     ("train:\n  epochs: 5\n", RECIPE[("train", "learning_rate")])):
+    for text, lr in (
+        ("train:\n  learning_rate: 0.0456\n", 0.0456),
+        ("train:\n  epochs: 5\n", RECIPE[("train", "learning_rate")]),
+    ):
         path = tmp_path / "cfg.yaml"
         path.write_text(text)
         out = _printed(capsys, ["--config", str(path)])

@@ -15,6 +15,7 @@ regression to defaults that do not pay fails here. At the same recipe (``tfopt.t
 defaults' learning rate and shifts) the teacher's share on this slice was +2.2, +0.7, -0.7 pt:
 too noisy at CI size to assert, see bench/results/distill_defaults.json for the full-size check.
 """
+
 import json
 import os
 
@@ -23,10 +24,23 @@ import pytest
 from tfopt.distill.cli import main as distill
 from tfopt.train.cli import main as train
 
-COMMON = ["--limit", "5000", "--epochs", "2", "--strategy", "one_device", "--quiet", "--set", "data.num_shards=4",
-          "--set", "train.tensorboard=false"]
+COMMON = [
+    "--limit",
+    "5000",
+    "--epochs",
+    "2",
+    "--strategy",
+    "one_device",
+    "--quiet",
+    "--set",
+    "data.num_shards=4",
+    "--set",
+    "train.tensorboard=false",
+]
 SEEDS = (42, 43)
-MARGIN_PT = 5.0  # per seed: distill defaults - tfopt.train defaults (validation accuracy, pt); see above
+MARGIN_PT = (
+    5.0  # per seed: distill defaults - tfopt.train defaults (validation accuracy, pt); see above
+)
 
 
 def _val(out) -> float:
@@ -37,16 +51,46 @@ def _val(out) -> float:
 def distilled(tmp_path, teacher: str, seed: int, flags=()) -> float:
     """Validation accuracy of the student from ``python -m tfopt.distill`` (defaults plus ``flags``)."""
     out = tmp_path / f"distill-{seed}-{len(flags)}"
-    assert distill(["--teacher", teacher, "--student", "tiny_cnn", "--seed", str(seed), *flags, *COMMON,
-                    "-o", str(out)]) == 0
+    assert (
+        distill(
+            [
+                "--teacher",
+                teacher,
+                "--student",
+                "tiny_cnn",
+                "--seed",
+                str(seed),
+                *flags,
+                *COMMON,
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return _val(out)
 
 
 def trained(tmp_path, seed: int, flags=()) -> float:
     """Validation accuracy of the student from ``python -m tfopt.train --model tiny_cnn`` (plus ``flags``)."""
     out = tmp_path / f"train-{seed}-{len(flags)}"
-    assert train(["--model", "tiny_cnn", "--set", f"train.seed={seed}", "--set", f"data.seed={seed}", *flags,
-                  *COMMON, "-o", str(out)]) == 0
+    assert (
+        train(
+            [
+                "--model",
+                "tiny_cnn",
+                "--set",
+                f"train.seed={seed}",
+                "--set",
+                f"data.seed={seed}",
+                *flags,
+                *COMMON,
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return _val(out)
 
 

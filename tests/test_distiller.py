@@ -1,4 +1,5 @@
 """The Distiller: its loss against numpy, equivalences that pin it down, frozen teachers, strategies, tfmot."""
+
 import numpy as np
 import pytest
 
@@ -6,8 +7,13 @@ from tfopt import config as C
 from tfopt._keras import keras, tf
 from tfopt.data import pipeline, sources
 from tfopt.errors import ConfigError, ModelError
-from tfopt.models.distiller import (Distiller, FeaturePair, accuracy_weights, distillation_terms,
-                                    teacher_log_probs)
+from tfopt.models.distiller import (
+    Distiller,
+    FeaturePair,
+    accuracy_weights,
+    distillation_terms,
+    teacher_log_probs,
+)
 from tfopt.models.io import load_model
 from tfopt.models.registry import build_model
 from tfopt.runs import load_run
@@ -17,6 +23,7 @@ SCCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 # -- numpy reference ---------------------------------------------------------------------------
+
 
 def _log_softmax(z):
     z = z - z.max(-1, keepdims=True)
@@ -37,6 +44,7 @@ def _np_loss(labels, student, teachers, weights, T, alpha, combine="probs"):
 
 
 # -- fixtures ----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def mnist():
@@ -63,6 +71,7 @@ def _dense(seed, name):
 
 # -- the loss ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("combine", ["probs", "logits"])
 @pytest.mark.parametrize("n_teachers, weights", [(1, [1.0]), (2, [0.7, 0.3]), (3, [1.0, 2.0, 1.0])])
 def test_loss_equals_numpy_hand_computation(combine, n_teachers, weights):
@@ -70,8 +79,14 @@ def test_loss_equals_numpy_hand_computation(combine, n_teachers, weights):
     labels = rng.integers(0, 10, size=16)
     student = rng.normal(0, 3, size=(16, 10)).astype(np.float32)
     teachers = [rng.normal(0, 5, size=(16, 10)).astype(np.float32) for _ in range(n_teachers)]
-    d = Distiller(_dense(1, "s"), [_dense(i + 2, f"t{i}") for i in range(n_teachers)], temperature=3.0,
-                  alpha=0.8, teacher_weights=weights, combine=combine)
+    d = Distiller(
+        _dense(1, "s"),
+        [_dense(i + 2, f"t{i}") for i in range(n_teachers)],
+        temperature=3.0,
+        alpha=0.8,
+        teacher_weights=weights,
+        combine=combine,
+    )
     terms = d.loss_terms(labels, student, teachers)
     total, dist, ce = _np_loss(labels, student, teachers, weights, 3.0, 0.8, combine)
     np.testing.assert_allclose(terms["total"].numpy(), total, rtol=1e-5, atol=1e-5)
@@ -87,7 +102,10 @@ def test_loss_terms_edge_cases():
     np.testing.assert_allclose(terms["kl"].numpy(), [0.0, 0.0], atol=1e-6)
     logp = teacher_log_probs([z, -z], [1.0, 0.0], 2.0)  # a zero-weight teacher drops out exactly
     np.testing.assert_array_equal(logp.numpy(), tf.nn.log_softmax(z / 2.0).numpy())
-    assert accuracy_weights([0.99, 0.98], 10)[0] > 0.52 and accuracy_weights([0.99, 0.1], 10)[1] < 1e-12
+    assert (
+        accuracy_weights([0.99, 0.98], 10)[0] > 0.52
+        and accuracy_weights([0.99, 0.1], 10)[1] < 1e-12
+    )
     with pytest.raises(ConfigError, match="at or below chance"):
         accuracy_weights([0.1, 0.05], 10)
 
@@ -96,7 +114,9 @@ def test_fit_reports_the_numpy_loss_averaged_over_the_global_batch(mnist, mnist_
     teacher = load_model(load_run(mnist_run).model_path)
     student = _student()
     x, y = mnist[0][:192], mnist[1][:192]
-    expected, dist, ce = _np_loss(y, student.predict(x, verbose=0), [teacher.predict(x, verbose=0)], [1.0], 4.0, 0.9)
+    expected, dist, ce = _np_loss(
+        y, student.predict(x, verbose=0), [teacher.predict(x, verbose=0)], [1.0], 4.0, 0.9
+    )
     d = Distiller(student, teacher, temperature=4.0, alpha=0.9)
     d.compile(keras.optimizers.SGD(0.0))  # no update: the epoch mean is over fixed logits
     hist = d.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), epochs=1, verbose=0).history
@@ -106,6 +126,7 @@ def test_fit_reports_the_numpy_loss_averaged_over_the_global_batch(mnist, mnist_
 
 
 # -- equivalences ------------------------------------------------------------------------------
+
 
 def test_alpha_zero_equals_plain_training(mnist, mnist_run):
     teacher = load_model(load_run(mnist_run).model_path)
@@ -129,7 +150,9 @@ def test_a_zero_weight_teacher_changes_nothing(mnist, mnist_run):
         student = _student(4)
         d = Distiller(student, teachers, teacher_weights=weights)
         d.compile(keras.optimizers.Adam(1e-3))
-        runs.append((d.fit(_data(mnist, 128), epochs=1, verbose=0).history["loss"], student.get_weights()))
+        runs.append(
+            (d.fit(_data(mnist, 128), epochs=1, verbose=0).history["loss"], student.get_weights())
+        )
     np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-6)
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
@@ -159,6 +182,7 @@ def test_mirrored_two_replicas_equals_one_device(mnist, mnist_run):
 
 # -- frozen teachers ---------------------------------------------------------------------------
 
+
 def test_teachers_stay_frozen_and_a_change_is_caught(mnist, mnist_run):
     teacher = load_model(load_run(mnist_run).model_path)
     before = [w.copy() for w in teacher.get_weights()]  # includes batch-norm moving statistics
@@ -167,7 +191,10 @@ def test_teachers_stay_frozen_and_a_change_is_caught(mnist, mnist_run):
     d.fit(_data(mnist, 128), epochs=1, verbose=0)
     for a, b in zip(before, teacher.get_weights()):
         np.testing.assert_array_equal(a, b)
-    assert not teacher.trainable and d.teacher_digests() == Distiller(_student(), teacher).teacher_digests()
+    assert (
+        not teacher.trainable
+        and d.teacher_digests() == Distiller(_student(), teacher).teacher_digests()
+    )
 
     class Tamper(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -178,6 +205,7 @@ def test_teachers_stay_frozen_and_a_change_is_caught(mnist, mnist_run):
 
 
 # -- student-only evaluation, prediction and saving ---------------------------------------------
+
 
 def test_evaluate_predict_and_save_use_the_student_alone(mnist, mnist_run, tmp_path):
     teacher = load_model(load_run(mnist_run).model_path)
@@ -190,15 +218,20 @@ def test_evaluate_predict_and_save_use_the_student_alone(mnist, mnist_run, tmp_p
     student.compile(loss=SCCE, metrics=["accuracy"])
     want = student.evaluate(x, y, batch_size=100, return_dict=True, verbose=0)
     assert set(got) == {"loss", "accuracy"}
-    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5) and got["accuracy"] == want["accuracy"]
+    assert (
+        got["loss"] == pytest.approx(want["loss"], rel=1e-5) and got["accuracy"] == want["accuracy"]
+    )
     np.testing.assert_allclose(d.predict(x, verbose=0), student.predict(x, verbose=0), rtol=1e-6)
     d.save(str(tmp_path / "student.keras"))
     loaded = load_model(str(tmp_path / "student.keras"))
     assert loaded.name == "tiny_cnn" and loaded.count_params() == student.count_params()
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), student.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), student.predict(x, verbose=0), rtol=1e-5, atol=1e-6
+    )
 
 
 # -- several teachers, feature distillation ----------------------------------------------------
+
 
 def test_multi_teacher_weights_from_validation_accuracy(mnist, mnist_run):
     strong = load_model(load_run(mnist_run).model_path)
@@ -222,14 +255,20 @@ def test_feature_distillation_with_a_learned_projection(mnist, mnist_run):
     teacher = load_model(load_run(mnist_run).model_path)
     student = _student(11, "mobilenet_tiny")
     # pool0 (14x14x32) <- stem_relu (14x14x16): a learned 1x1 projection; block0_pw_relu is 32 wide already.
-    d = Distiller(student, teacher, features=[("pool0", "stem_relu"), FeaturePair("pool0", "block0_pw_relu")],
-                  feature_weight=2.0)
+    d = Distiller(
+        student,
+        teacher,
+        features=[("pool0", "stem_relu"), FeaturePair("pool0", "block0_pw_relu")],
+        feature_weight=2.0,
+    )
     assert [p.name for p in d.projections] == ["feature_projection0"]
     assert d.projections[0].kernel.shape == (1, 1, 16, 32)
     d.compile(keras.optimizers.Adam(3e-3))
     hist = d.fit(_data(mnist, 512, 64), epochs=2, verbose=0).history
     assert hist["feature_loss"][1] < hist["feature_loss"][0]
-    assert len(d.trainable_weights) == len(student.trainable_weights) + 2  # + projection kernel and bias
+    assert (
+        len(d.trainable_weights) == len(student.trainable_weights) + 2
+    )  # + projection kernel and bias
     plain = d.plain_student()
     assert plain.count_params() == build_model("mobilenet_tiny", (28, 28, 1), 10).count_params()
     with pytest.raises(ModelError, match="spatial sizes differ"):
@@ -239,6 +278,7 @@ def test_feature_distillation_with_a_learned_projection(mnist, mnist_run):
 
 
 # -- a tfmot-wrapped student -------------------------------------------------------------------
+
 
 def _save_compressed(distiller, out):
     from tfopt.models.io import save_model
@@ -256,27 +296,39 @@ def test_prune_wrapped_student_distils_then_strips_and_saves(mnist, mnist_run, t
     wrapped = tfmot.sparsity.keras.prune_low_magnitude(_student(12), pruning_schedule=schedule)
     d = Distiller(wrapped, teacher)
     d.compile(keras.optimizers.Adam(1e-3))
-    d.fit(_data(mnist, 256), epochs=1, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
-    _save_compressed(d, tmp_path / "out")  # compression-specific stripping and saving: tfopt.optimize
+    d.fit(
+        _data(mnist, 256), epochs=1, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()]
+    )
+    _save_compressed(
+        d, tmp_path / "out"
+    )  # compression-specific stripping and saving: tfopt.optimize
     loaded = load_model(str(tmp_path / "out"))  # safe mode: a leftover tfmot class would be refused
     assert not [l for l in loaded.layers if "tensorflow_model_optimization" in type(l).__module__]
     assert [l.name for l in loaded.layers] == [l.name for l in _student().layers]
     for name in ("conv0", "logits"):
-        assert np.mean(loaded.get_layer(name).kernel.numpy() == 0) == pytest.approx(0.75, abs=0.01), name
+        assert np.mean(loaded.get_layer(name).kernel.numpy() == 0) == pytest.approx(
+            0.75, abs=0.01
+        ), name
     x = mnist[0][:200]
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), wrapped.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), wrapped.predict(x, verbose=0), rtol=1e-5, atol=1e-5
+    )
     assert (tmp_path / "out" / "saved_model").is_dir()
 
 
 # -- argument checks ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, error, needle", [
-    ({"temperature": 0.0}, ConfigError, "temperature=0.0 must be > 0"),
-    ({"alpha": 1.5}, ConfigError, "alpha=1.5 must be in [0, 1]"),
-    ({"combine": "mean"}, ConfigError, "choose one of probs, logits"),
-    ({"teacher_weights": [1.0, 1.0]}, ConfigError, "must be 1 non-negative numbers"),
-    ({"features": [("a", "b", 3)]}, ConfigError, "names teacher 3"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, error, needle",
+    [
+        ({"temperature": 0.0}, ConfigError, "temperature=0.0 must be > 0"),
+        ({"alpha": 1.5}, ConfigError, "alpha=1.5 must be in [0, 1]"),
+        ({"combine": "mean"}, ConfigError, "choose one of probs, logits"),
+        ({"teacher_weights": [1.0, 1.0]}, ConfigError, "must be 1 non-negative numbers"),
+        ({"features": [("a", "b", 3)]}, ConfigError, "names teacher 3"),
+    ],
+)
 def test_bad_arguments_say_what_to_do(kwargs, error, needle):
     with pytest.raises(error) as e:
         Distiller(_dense(0, "s"), _dense(1, "t"), **kwargs)
@@ -298,12 +350,16 @@ def test_cluster_wrapped_student_distils_then_strips(mnist, mnist_run, tmp_path)
 
     teacher = load_model(load_run(mnist_run).model_path)
     clustered = tfmot.clustering.keras.cluster_weights(
-        _student(13), number_of_clusters=8,
-        cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.KMEANS_PLUS_PLUS)
+        _student(13),
+        number_of_clusters=8,
+        cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.KMEANS_PLUS_PLUS,
+    )
     d = Distiller(clustered, teacher)
     d.compile(keras.optimizers.Adam(1e-3))
     d.fit(_data(mnist, 256), epochs=1, verbose=0)
-    _save_compressed(d, tmp_path / "out")  # compression-specific stripping and saving: tfopt.optimize
+    _save_compressed(
+        d, tmp_path / "out"
+    )  # compression-specific stripping and saving: tfopt.optimize
     loaded = load_model(str(tmp_path / "out"))
     assert [l.name for l in loaded.layers] == [l.name for l in _student().layers]
     for name in ("conv0", "logits"):
@@ -321,10 +377,16 @@ def test_qat_wrapped_student_distils_saves_reloads_and_converts_to_int8(mnist, m
     d = Distiller(qat, teacher)
     d.compile(keras.optimizers.Adam(1e-3))
     d.fit(_data(mnist, 512), epochs=1, verbose=0)
-    _save_compressed(d, tmp_path / "out")  # compression-specific stripping and saving: tfopt.optimize
-    loaded = load_quantized_model(str(tmp_path / "out" / "model.keras"))  # the reload tfmot 0.8.1 alone fails
+    _save_compressed(
+        d, tmp_path / "out"
+    )  # compression-specific stripping and saving: tfopt.optimize
+    loaded = load_quantized_model(
+        str(tmp_path / "out" / "model.keras")
+    )  # the reload tfmot 0.8.1 alone fails
     x = mnist[0][:200]
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), qat.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), qat.predict(x, verbose=0), rtol=1e-5, atol=1e-5
+    )
     converted = convert(loaded, "int8")  # QAT: int8 from the learned ranges, no calibration data
     assert converted.qat
     lite = TFLiteModel(converted.content)

@@ -1,4 +1,5 @@
 """Every relative link of the README and the guides leads somewhere: the file exists, the heading too."""
+
 import glob
 import os
 import re
@@ -12,8 +13,10 @@ def anchors(path: str) -> set[str]:
     """The anchors GitHub gives the headings of a markdown file (code blocks left out)."""
     with open(path, encoding="utf-8") as f:
         text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
-            for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#{1,6} (.+)$", text, re.M)
+    }
 
 
 def broken_links(path: str) -> list[str]:
@@ -42,6 +45,11 @@ def test_every_relative_link_resolves():
 
 def test_a_broken_link_is_found(tmp_path):
     (tmp_path / "a.md").write_text("# Top: part\n\n## Two words\n")
-    (tmp_path / "b.md").write_text("[ok](a.md#top-part) [ok](a.md#two-words) [ok](#local) [web](https://x.y/z)\n"
-                                   "[bad](a.md#nowhere) [gone](c.md)\n\n## Local\n```\n[in code](d.md)\n```\n")
-    assert broken_links(str(tmp_path / "b.md")) == ["a.md#nowhere (no such heading)", "c.md (no such file)"]
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md#top-part) [ok](a.md#two-words) [ok](#local) [web](https://x.y/z)\n"
+        "[bad](a.md#nowhere) [gone](c.md)\n\n## Local\n```\n[in code](d.md)\n```\n"
+    )
+    assert broken_links(str(tmp_path / "b.md")) == [
+        "a.md#nowhere (no such heading)",
+        "c.md (no such file)",
+    ]

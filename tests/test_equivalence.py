@@ -7,6 +7,7 @@
   read different shards, so the batches hold other examples; the final weights' max |dw| is
   reported and bounded by twice what another data order alone gives one process.
 """
+
 import os
 import subprocess
 import sys
@@ -19,8 +20,10 @@ from tfopt import config as C
 from tfopt._keras import keras
 
 # mlp: no batch norm (per-replica statistics would differ by design) and no dropout (per-replica RNG).
-COMMON = {"data": {"dataset": "digits", "global_batch_size": 64, "num_shards": 2, "deterministic": True},
-          "model": {"name": "mlp", "dropout": 0.0}}
+COMMON = {
+    "data": {"dataset": "digits", "global_batch_size": 64, "num_shards": 2, "deterministic": True},
+    "model": {"name": "mlp", "dropout": 0.0},
+}
 
 
 class StepLosses(keras.callbacks.Callback):
@@ -35,9 +38,20 @@ class StepLosses(keras.callbacks.Callback):
 def _train(tmp_path, strategy, name, data_seed=42):
     from tfopt.train import run
 
-    cfg = C.from_dict({**COMMON, "data": {**COMMON["data"], "seed": data_seed}, "runtime": {"strategy": strategy},
-                       "train": {"epochs": 2, "steps_per_execution": 1, "output_dir": str(tmp_path / name),
-                                 "verbose": 0, "tensorboard": False}})
+    cfg = C.from_dict(
+        {
+            **COMMON,
+            "data": {**COMMON["data"], "seed": data_seed},
+            "runtime": {"strategy": strategy},
+            "train": {
+                "epochs": 2,
+                "steps_per_execution": 1,
+                "output_dir": str(tmp_path / name),
+                "verbose": 0,
+                "tensorboard": False,
+            },
+        }
+    )
     losses = StepLosses()
     record = run(cfg, callbacks=[losses])
     return losses.losses, record
@@ -54,7 +68,10 @@ def one_device(tmp_path_factory):
 def test_mirrored_matches_one_device_step_by_step(tmp_path, one_device):
     od, od_rec, _ = one_device
     mirrored, m_rec = _train(tmp_path, "mirrored", "m")
-    assert m_rec.strategy["num_replicas"] == 2 and len(od) == len(mirrored) == 2 * od_rec.train["steps_per_epoch"]
+    assert (
+        m_rec.strategy["num_replicas"] == 2
+        and len(od) == len(mirrored) == 2 * od_rec.train["steps_per_epoch"]
+    )
     np.testing.assert_allclose(mirrored, od, rtol=1e-4)
     assert od[-1] < 0.8 * od[0]  # it trained
 
@@ -67,15 +84,48 @@ def _weights(run_dir):
 
 @pytest.mark.slow
 def test_two_worker_mwms_stays_close_to_one_process(tmp_path, one_device):
-    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", "--workers", "2", "--timeout", "240", "--",
-           sys.executable, "-m", "tfopt.train", "--strategy", "multi_worker_mirrored", "--dataset", "digits",
-           "--model", "mlp", "--set", "model.dropout=0", "--batch-size", "64", "--epochs", "2",
-           "--steps-per-execution", "1", "--set", "data.num_shards=2", "--quiet", "-o", str(tmp_path / "mwms")]
+    cmd = [
+        *ISOLATED,
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        "--workers",
+        "2",
+        "--timeout",
+        "240",
+        "--",
+        sys.executable,
+        "-m",
+        "tfopt.train",
+        "--strategy",
+        "multi_worker_mirrored",
+        "--dataset",
+        "digits",
+        "--model",
+        "mlp",
+        "--set",
+        "model.dropout=0",
+        "--batch-size",
+        "64",
+        "--epochs",
+        "2",
+        "--steps-per-execution",
+        "1",
+        "--set",
+        "data.num_shards=2",
+        "--quiet",
+        "-o",
+        str(tmp_path / "mwms"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _train(tmp_path, "one_device", "od_other_order", data_seed=7)
-    od, mwms, other = (_weights(p) for p in (one_device[2], tmp_path / "mwms", tmp_path / "od_other_order"))
+    od, mwms, other = (
+        _weights(p) for p in (one_device[2], tmp_path / "mwms", tmp_path / "od_other_order")
+    )
     dw = max(float(np.max(np.abs(a - b))) for a, b in zip(od, mwms))
     natural = max(float(np.max(np.abs(a - b))) for a, b in zip(od, other))
-    print(f"2-worker MWMS vs one process: max |dw| = {dw:.4g}; another data order alone: {natural:.4g}")
+    print(
+        f"2-worker MWMS vs one process: max |dw| = {dw:.4g}; another data order alone: {natural:.4g}"
+    )
     assert dw <= 2 * natural

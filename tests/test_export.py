@@ -1,5 +1,6 @@
 """TFLite export on a real MNIST model: every mode converts and evaluates, int8 I/O quantization,
 the fidelity gate with selective quantization, the benchmark, and one-line errors for bad input."""
+
 import json
 import os
 import subprocess
@@ -75,11 +76,13 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
     # Every file carries its labels and input contract, and still runs as the bare flatbuffer does.
     int8 = out / rows["int8"]["file"]
     packed = metadata.read(str(int8))
-    assert "labels.txt" not in packed and not (out / "labels.txt").exists()  # MNIST's classes have no names
+    assert (
+        "labels.txt" not in packed and not (out / "labels.txt").exists()
+    )  # MNIST's classes have no names
     assert json.loads(packed["input.json"]) == json.loads((out / "input.json").read_text())
     assert zipfile.ZipFile(int8).testzip() is None  # the standard library reads it as a zip
     x = load_split(load_run(mnist_run).config.data, "test", 8)[0]
-    bare = int8.read_bytes()[:rows["int8"]["size_bytes"]]
+    bare = int8.read_bytes()[: rows["int8"]["size_bytes"]]
     np.testing.assert_array_equal(TFLiteModel(str(int8)).predict(x), TFLiteModel(bare).predict(x))
     assert rows["float32"]["kernels"]["delegated_ops"] == rows["float32"]["kernels"]["total_ops"]
     # int8 weights are 4x smaller than float32, float16 2x (plus a little graph overhead)
@@ -94,38 +97,65 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
     assert (out / "export.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in os.listdir(out) if p.startswith(".tmp")]
     assert "export" not in os.listdir(mnist_run)  # -o given: the input run is untouched
-    keras_fig = record["keras"]  # the float Keras model itself: the baseline every .tflite is compared with
+    keras_fig = record[
+        "keras"
+    ]  # the float Keras model itself: the baseline every .tflite is compared with
     assert keras_fig["params"] == 220522 and keras_fig["flops"] == on_disk["model"]["flops"]
-    assert keras_fig["weights_bytes"] == 4 * 220522  # float32; count_params() includes BN moving statistics
+    assert (
+        keras_fig["weights_bytes"] == 4 * 220522
+    )  # float32; count_params() includes BN moving statistics
     assert keras_fig["file_bytes"] == os.path.getsize(os.path.join(mnist_run, "model.keras"))
     assert list(keras_fig["latency"]) == ["1t", "2t"]
     for key, threads in (("1t", 1), ("2t", 2)):
         lat = keras_fig["latency"][key]
-        assert lat["threads"] == threads and lat["inter_op_threads"] == 1 and lat["runs"] == FAST_BENCH.runs
+        assert (
+            lat["threads"] == threads
+            and lat["inter_op_threads"] == 1
+            and lat["runs"] == FAST_BENCH.runs
+        )
         assert 0 < lat["p50_ms"] <= lat["p95_ms"]
     assert record["settings"]["bench"]["keras"] is True
     header = record["table"].splitlines()[0]
-    for column in ("mode", "size", "gzip", "p50 xnnpack/1t", "p95 xnnpack/2t", "accuracy", "Δ vs Keras", "agreement"):
+    for column in (
+        "mode",
+        "size",
+        "gzip",
+        "p50 xnnpack/1t",
+        "p95 xnnpack/2t",
+        "accuracy",
+        "Δ vs Keras",
+        "agreement",
+    ):
         assert column in header
 
 
 @pytest.mark.slow
 def test_calibration_is_deterministic_and_from_the_training_pipeline(run, calibration):
     again = tflite.calibration_batches(run.config.data, 4)
-    assert len(calibration) == 4 and calibration[0].shape == (run.config.data.global_batch_size, 28, 28, 1)
+    assert len(calibration) == 4 and calibration[0].shape == (
+        run.config.data.global_batch_size,
+        28,
+        28,
+        1,
+    )
     assert all(np.array_equal(a, b) for a, b in zip(calibration, again))
     train_x, _ = load_split(run.config.data, "train")
     # Shuffled (not the first records of the split) and made of training images only.
-    assert not np.array_equal(calibration[0], train_x[:len(calibration[0])])
+    assert not np.array_equal(calibration[0], train_x[: len(calibration[0])])
     assert any(np.array_equal(calibration[0][0], img) for img in train_x)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("io_type", ["int8", "uint8"])
-def test_int8_io_quantization_is_applied_with_the_tensor_scale(model, calibration, test_set, exported, io_type):
+def test_int8_io_quantization_is_applied_with_the_tensor_scale(
+    model, calibration, test_set, exported, io_type
+):
     x, y, ref = test_set
-    quant = TFLiteModel(tflite.convert(model, "int8", calibration=calibration,
-                                       options=tflite.ConvertOptions(io=io_type)).content)
+    quant = TFLiteModel(
+        tflite.convert(
+            model, "int8", calibration=calibration, options=tflite.ConvertOptions(io=io_type)
+        ).content
+    )
     # The exported int8 model: same run, same 4 calibration batches, float I/O.
     floatio = TFLiteModel(str(exported[1] / "model_int8.tflite"))
     assert floatio.input_dtype == np.float32
@@ -151,10 +181,18 @@ def _sensitive_run(run, tmp_path):
 
 
 @pytest.mark.slow
-def test_gate_catches_a_quantization_sensitive_model_and_selective_quantization_fixes_it(run, tmp_path):
+def test_gate_catches_a_quantization_sensitive_model_and_selective_quantization_fixes_it(
+    run, tmp_path
+):
     src = _sensitive_run(run, tmp_path)
-    settings = ExportSettings(modes=("int8",), calibration_steps=4, eval_limit=1000, search_limit=1000,
-                              bench=BenchSettings(threads=(1,), runs=5, warmup=1), plot=False)
+    settings = ExportSettings(
+        modes=("int8",),
+        calibration_steps=4,
+        eval_limit=1000,
+        search_limit=1000,
+        bench=BenchSettings(threads=(1,), runs=5, warmup=1),
+        plot=False,
+    )
     record = export_run(src, settings, out_dir=str(tmp_path / "out")).section
     full, sel = record["modes"]
     assert full["mode"] == "int8" and not full["gate"]["passed"]
@@ -163,7 +201,10 @@ def test_gate_catches_a_quantization_sensitive_model_and_selective_quantization_
     assert record["gate_failures"] == {}  # the selective model stands in for the plain int8
     assert sel["eval"]["agreement"] >= 0.99 and sel["eval"]["accuracy"] > 0.85
     ranking = sel["selective"]["ranking"]
-    assert "/fc0/" in ranking[0]["tensor_name"] and ranking[0]["rmse_over_scale"] > 10 * ranking[1]["rmse_over_scale"]
+    assert (
+        "/fc0/" in ranking[0]["tensor_name"]
+        and ranking[0]["rmse_over_scale"] > 10 * ranking[1]["rmse_over_scale"]
+    )
     chosen = sel["selective"]["trials"][sel["selective"]["chosen"]]
     assert len(chosen["float_layers"]) == 1 and "/fc0/" in chosen["float_layers"][0]
     assert sel["size_bytes"] > full["size_bytes"]  # the trade-off: fc0's weights stay float32
@@ -203,9 +244,16 @@ def test_pruned_model_uses_the_sparse_encoding_only_when_smaller_and_runnable(te
     # float16: the sparse file is much smaller and runs with the same outputs -> auto keeps it.
     dense = tflite.convert(pruned, "float16", options=tflite.ConvertOptions(sparsity="off"))
     auto = tflite.convert(pruned, "float16")
-    assert auto.sparse and len(auto.content) < 0.6 * len(dense.content) and "sparse encoding" in auto.notes[0]
-    assert np.allclose(TFLiteModel(auto.content).predict(x[:200]), TFLiteModel(dense.content).predict(x[:200]),
-                       atol=1e-4)
+    assert (
+        auto.sparse
+        and len(auto.content) < 0.6 * len(dense.content)
+        and "sparse encoding" in auto.notes[0]
+    )
+    assert np.allclose(
+        TFLiteModel(auto.content).predict(x[:200]),
+        TFLiteModel(dense.content).predict(x[:200]),
+        atol=1e-4,
+    )
     # dynamic range: smaller too, but LiteRT's XNNPACK delegate refuses sparse quantized kernels -> kept dense.
     dyn = tflite.convert(pruned, "dynamic")
     assert not dyn.sparse and "XNNPACK delegate refuses its sparse FULLY_CONNECTED" in dyn.notes[0]
@@ -249,7 +297,10 @@ def test_bad_inputs_give_one_line_errors(exported, tmp_path):
     cases = [
         (x, "1 NaN/Inf value.*index \\(1, 5, 5, 0\\)"),
         (np.full((2, 28, 28, 1), np.inf, np.float32), "NaN/Inf"),
-        (np.zeros((2, 28, 28), np.float32), "shape \\(2, 28, 28\\) does not match.*\\(N, 28, 28, 1\\)"),
+        (
+            np.zeros((2, 28, 28), np.float32),
+            "shape \\(2, 28, 28\\) does not match.*\\(N, 28, 28, 1\\)",
+        ),
         (np.zeros((2, 32, 32, 1), np.float32), "shape \\(2, 32, 32, 1\\)"),
         (np.array([["a"] * 28] * 2), "dtype <U1 is not numeric"),
         (np.zeros((0, 28, 28, 1), np.float32), "empty"),
@@ -277,9 +328,14 @@ def test_benchmark_latency_kernels_sizes_and_keras_cost(exported, model):
     path = str(out / "model_float32.tflite")
     fast = benchmark.latency(path, threads=1, runs=20, warmup=2)
     assert 0 < fast["min_ms"] <= fast["p50_ms"] <= fast["p95_ms"] and fast["runs"] == 20
-    assert fast["kernels"]["delegate_partitions"] == 1 and fast["kernels"]["builtin_kernel_ops"] == []
+    assert (
+        fast["kernels"]["delegate_partitions"] == 1 and fast["kernels"]["builtin_kernel_ops"] == []
+    )
     plain = benchmark.latency(path, threads=2, runs=5, warmup=1, xnnpack=False)
-    assert plain["kernels"]["delegate_partitions"] == 0 and "CONV_2D" in plain["kernels"]["builtin_kernel_ops"]
+    assert (
+        plain["kernels"]["delegate_partitions"] == 0
+        and "CONV_2D" in plain["kernels"]["builtin_kernel_ops"]
+    )
     content = open(path, "rb").read()
     sizes = benchmark.file_sizes(content)
     assert sizes["size_bytes"] == len(content) and sizes["gzip_bytes"] < len(content)
@@ -291,25 +347,48 @@ def test_benchmark_latency_kernels_sizes_and_keras_cost(exported, model):
 
 def _cli(*args, timeout=300):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user runs it: native start-up notices must not leak
-    return subprocess.run([sys.executable, "-m", "tfopt.export", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    env.pop(
+        "TF_CPP_MIN_LOG_LEVEL", None
+    )  # as a user runs it: native start-up notices must not leak
+    return subprocess.run(
+        [sys.executable, "-m", "tfopt.export", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--from", "/nonexistent/run"], "'/nonexistent/run' does not exist; give the -o directory of a training run or a model file"),
-    (["--from", ".", "--modes", "float32,int4"], "unknown mode 'int4'; choose one of"),
-    (["--from", ".", "--io", "int16"], "unknown io 'int16'; choose one of float, int8, uint8"),
-    (["--from", ".", "--modes", "float16", "--float-layers", "conv0"], "applies to int8"),
-    (["--benchmark", "missing.tflite"], "--benchmark 'missing.tflite': no such file"),
-    (["--evaluate", "missing.tflite", "--dataset", "mnist"], "--evaluate 'missing.tflite': no such file"),
-    (["--benchmark", "x.tflite", "--threads", "1,zero"], "thread count 'zero' is not an integer"),
-    (["--from", ".", "--calibration-steps", "0"], "--calibration-steps 0 must be >= 1"),
-    (["--from", ".", "--auto-candidates", "1"], "--auto-candidates 1 must be >= 2"),
-    (["--from", ".", "--modes", "int8_automatic"], "unknown mode 'int8_automatic'; choose one of float32, dynamic, "
-     "float16, int8, int8_auto, int16x8"),
-    ([], "one of the arguments --from --evaluate --benchmark is required"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["--from", "/nonexistent/run"],
+            "'/nonexistent/run' does not exist; give the -o directory of a training run or a model file",
+        ),
+        (["--from", ".", "--modes", "float32,int4"], "unknown mode 'int4'; choose one of"),
+        (["--from", ".", "--io", "int16"], "unknown io 'int16'; choose one of float, int8, uint8"),
+        (["--from", ".", "--modes", "float16", "--float-layers", "conv0"], "applies to int8"),
+        (["--benchmark", "missing.tflite"], "--benchmark 'missing.tflite': no such file"),
+        (
+            ["--evaluate", "missing.tflite", "--dataset", "mnist"],
+            "--evaluate 'missing.tflite': no such file",
+        ),
+        (
+            ["--benchmark", "x.tflite", "--threads", "1,zero"],
+            "thread count 'zero' is not an integer",
+        ),
+        (["--from", ".", "--calibration-steps", "0"], "--calibration-steps 0 must be >= 1"),
+        (["--from", ".", "--auto-candidates", "1"], "--auto-candidates 1 must be >= 2"),
+        (
+            ["--from", ".", "--modes", "int8_automatic"],
+            "unknown mode 'int8_automatic'; choose one of float32, dynamic, "
+            "float16, int8, int8_auto, int16x8",
+        ),
+        ([], "one of the arguments --from --evaluate --benchmark is required"),
+    ],
+)
 def test_cli_user_errors_exit_2_with_one_line(args, needle, tmp_path):
     if "x.tflite" in args:
         (tmp_path / "x.tflite").write_bytes(b"")
@@ -323,35 +402,90 @@ def test_cli_user_errors_exit_2_with_one_line(args, needle, tmp_path):
 @pytest.mark.slow
 def test_cli_export_int8_io_then_evaluate_and_benchmark(mnist_run, tmp_path):
     out = tmp_path / "exp"
-    proc = _cli("--from", mnist_run, "--modes", "int8", "--io", "int8", "--calibration-steps", "2",
-                "--eval-limit", "300", "--runs", "5", "--warmup", "1", "--threads", "1", "--no-plot",
-                "--no-keras-latency", "-o", str(out))
+    proc = _cli(
+        "--from",
+        mnist_run,
+        "--modes",
+        "int8",
+        "--io",
+        "int8",
+        "--calibration-steps",
+        "2",
+        "--eval-limit",
+        "300",
+        "--runs",
+        "5",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--no-plot",
+        "--no-keras-latency",
+        "-o",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| int8 " in proc.stdout and "run.json" in proc.stdout
     record = json.loads((out / "run.json").read_text())["export"]
     assert record["modes"][0]["io"] == "int8" and record["settings"]["calibration_steps"] == 2
-    assert record["keras"]["latency"] == {} and record["keras"]["weights_bytes"] > 0  # --no-keras-latency
+    assert (
+        record["keras"]["latency"] == {} and record["keras"]["weights_bytes"] > 0
+    )  # --no-keras-latency
     tfl = str(out / "model_int8.tflite")
-    bench = _cli("--benchmark", tfl, "--threads", "1,2", "--runs", "5", "--warmup", "1", "--kernels", "both",
-                 "-o", str(tmp_path / "b"))
+    bench = _cli(
+        "--benchmark",
+        tfl,
+        "--threads",
+        "1,2",
+        "--runs",
+        "5",
+        "--warmup",
+        "1",
+        "--kernels",
+        "both",
+        "-o",
+        str(tmp_path / "b"),
+    )
     assert bench.returncode == 0, bench.stderr[-3000:]
-    assert "xnnpack/2t" in bench.stdout and "builtin/1t" in bench.stdout and "XNNPACK partition" in bench.stdout
+    assert (
+        "xnnpack/2t" in bench.stdout
+        and "builtin/1t" in bench.stdout
+        and "XNNPACK partition" in bench.stdout
+    )
     assert set(json.loads((tmp_path / "b" / "benchmark.json").read_text())["latency"]) == {
-        "xnnpack/1t", "xnnpack/2t", "builtin/1t", "builtin/2t"}
+        "xnnpack/1t",
+        "xnnpack/2t",
+        "builtin/1t",
+        "builtin/2t",
+    }
     # The CNN takes 28x28x1 images: 8x8 digits are refused with one line, not silently scored.
     wrong = _cli("--evaluate", tfl, "--dataset", "digits", "--eval-limit", "50")
-    assert wrong.returncode == 2 and "does not match the model's input (N, 28, 28, 1)" in wrong.stderr
+    assert (
+        wrong.returncode == 2 and "does not match the model's input (N, 28, 28, 1)" in wrong.stderr
+    )
     assert len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
 
 
 @pytest.mark.slow
 def test_cli_evaluate_on_mnist(exported, tmp_path):
     _, out = exported
-    proc = _cli("--evaluate", str(out / "model_float16.tflite"), "--dataset", "mnist", "--eval-limit", "500",
-                "-o", str(tmp_path))
+    proc = _cli(
+        "--evaluate",
+        str(out / "model_float16.tflite"),
+        "--dataset",
+        "mnist",
+        "--eval-limit",
+        "500",
+        "-o",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads((tmp_path / "evaluate.json").read_text())
-    assert row["eval"]["examples"] == 500 and row["eval"]["accuracy"] > 0.9 and row["dataset"] == "mnist"
+    assert (
+        row["eval"]["examples"] == 500
+        and row["eval"]["accuracy"] > 0.9
+        and row["dataset"] == "mnist"
+    )
 
 
 @pytest.mark.slow
@@ -361,25 +495,33 @@ def test_qat_model_converts_to_int8_only(run, test_set):
     x, y, _ = test_set
     train_x, train_y = load_split(run.config.data, "train", 2048)
     inputs = keras.Input((28, 28, 1), name="image")
-    h = keras.layers.Dense(64, activation="relu", name="fc0")(keras.layers.Flatten(name="flatten")(inputs))
-    qat = tfmot.quantization.keras.quantize_model(keras.Model(inputs, keras.layers.Dense(10, name="logits")(h)))
+    h = keras.layers.Dense(64, activation="relu", name="fc0")(
+        keras.layers.Flatten(name="flatten")(inputs)
+    )
+    qat = tfmot.quantization.keras.quantize_model(
+        keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+    )
     qat.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
     qat.fit(train_x, train_y, epochs=1, batch_size=64, verbose=0)
     assert tflite.is_qat_model(qat)
     with pytest.raises(ConfigError, match="QAT.*int8 only, not float32"):
         tflite.check_modes_for(qat, ["float32", "int8"])
-    with pytest.raises(ConfigError, match="int8 only, not int8_auto"):  # it carries its own ranges: no search
+    with pytest.raises(
+        ConfigError, match="int8 only, not int8_auto"
+    ):  # it carries its own ranges: no search
         tflite.check_modes_for(qat, ["int8_auto"])
-    conv = tflite.convert(qat, "int8", options=tflite.ConvertOptions(io="int8"))  # no calibration needed
+    conv = tflite.convert(
+        qat, "int8", options=tflite.ConvertOptions(io="int8")
+    )  # no calibration needed
     m = TFLiteModel(conv.content)
     assert conv.qat and m.input_dtype == np.int8
     result = evaluate(m, x, y, keras_outputs(qat, x))
     assert result.agreement >= 0.98 and result.accuracy > 0.6  # 1 epoch on 2k images; chance is 0.1
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Converter errors vs. bugs, native stderr around the noisy calls, one QAT test, one strip.
+
 
 class _FakeConverter:
     def __init__(self, error: BaseException):
@@ -391,7 +533,9 @@ class _FakeConverter:
 
 def _tiny_model():
     inputs = keras.Input((8, 8, 1), name="image")
-    h = keras.layers.Dense(8, activation="relu", name="fc0")(keras.layers.Flatten(name="flatten")(inputs))
+    h = keras.layers.Dense(8, activation="relu", name="fc0")(
+        keras.layers.Flatten(name="flatten")(inputs)
+    )
     return keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
 
 
@@ -399,17 +543,25 @@ def test_converter_errors_become_one_line_and_bugs_keep_their_traceback():
     from tensorflow.lite.python.convert_phase import ConverterError
 
     model = _tiny_model()
-    refused = ConverterError("<unknown>:0: error: loc(\"m/det\"): 'tf.MatrixDeterminant' op is neither a custom "
-                             "op nor a flex op\n<unknown>:0: note: see current operation: ...\nerror: failed")
+    refused = ConverterError(
+        "<unknown>:0: error: loc(\"m/det\"): 'tf.MatrixDeterminant' op is neither a custom "
+        "op nor a flex op\n<unknown>:0: note: see current operation: ...\nerror: failed"
+    )
     with pytest.raises(tflite.ConversionError) as err:
         tflite._run(_FakeConverter(refused), model, "float32", tflite.ConvertOptions())
     assert "MatrixDeterminant" in str(err.value) and "\n" not in str(err.value)
     calibration = RuntimeError("Attempting to resize dimension 1 of tensor 0 with value 4 to 5.")
-    with pytest.raises(tflite.ConversionError, match="cannot convert to 'int8': Attempting to resize"):
+    with pytest.raises(
+        tflite.ConversionError, match="cannot convert to 'int8': Attempting to resize"
+    ):
         tflite._run(_FakeConverter(calibration), model, "int8", tflite.ConvertOptions())
     # A bug (ours or the converter's), memory exhaustion, a missing feature: the original exception.
-    for bug in (ZeroDivisionError("division by zero"), MemoryError(), NotImplementedError("todo"),
-                TypeError("unsupported operand")):
+    for bug in (
+        ZeroDivisionError("division by zero"),
+        MemoryError(),
+        NotImplementedError("todo"),
+        TypeError("unsupported operand"),
+    ):
         with pytest.raises(type(bug)) as err:
             tflite._run(_FakeConverter(bug), model, "float32", tflite.ConvertOptions())
         assert err.value is bug
@@ -428,7 +580,9 @@ def test_qat_detection_uses_tfmots_classes_not_names():
     from tfopt.optimize.quantize import is_qat_model
 
     inputs = keras.Input((8, 8, 1))
-    lookalike = keras.Model(inputs, keras.layers.Dense(2)(QuantizeWrapper()(keras.layers.Flatten()(inputs))))
+    lookalike = keras.Model(
+        inputs, keras.layers.Dense(2)(QuantizeWrapper()(keras.layers.Flatten()(inputs)))
+    )
     assert not tflite.is_qat_model(lookalike) and not is_qat_model(lookalike)
     qat = tfmot.quantization.keras.quantize_model(_tiny_model())
     assert tflite.is_qat_model(qat) and is_qat_model(qat)
@@ -446,13 +600,17 @@ def test_export_strips_pruning_and_clustering_wrappers_but_keeps_qat(monkeypatch
 
     pruned = tfmot.sparsity.keras.prune_low_magnitude(_tiny_model())
     clustered = tfmot.clustering.keras.cluster_weights(
-        _tiny_model(), number_of_clusters=4,
-        cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.LINEAR)
+        _tiny_model(),
+        number_of_clusters=4,
+        cluster_centroids_init=tfmot.clustering.keras.CentroidInitialization.LINEAR,
+    )
     qat = tfmot.quantization.keras.quantize_model(_tiny_model())
     for wrapped in (pruned, clustered):
         monkeypatch.setattr(runner, "load_model", lambda path, trust_model=False, m=wrapped: m)
         plain = runner.load_source_model("run")
-        assert not any(isinstance(layer, PRUNE_WRAPPERS + CLUSTER_WRAPPERS) for layer in all_layers(plain))
+        assert not any(
+            isinstance(layer, PRUNE_WRAPPERS + CLUSTER_WRAPPERS) for layer in all_layers(plain)
+        )
         assert [layer.name for layer in plain.layers][-1] == "logits"
     clustered_plain = strip_wrappers(clustered)
     assert len(np.unique(clustered_plain.get_layer("fc0").get_weights()[0])) <= 4
@@ -467,15 +625,16 @@ def tiny_run(tmp_path_factory):
     from tfopt import config as config_lib
 
     out = tmp_path_factory.mktemp("tiny_run")
-    cfg = config_lib.from_dict({"data": {"dataset": "digits", "data_dir": str(out / "data"),
-                                         "global_batch_size": 32}})
+    cfg = config_lib.from_dict(
+        {"data": {"dataset": "digits", "data_dir": str(out / "data"), "global_batch_size": 32}}
+    )
     save_model(_tiny_model(), str(out / "run"))
     write_json(str(out / "run" / "run.json"), {"stage": "train", "config": cfg.to_dict()})
     return str(out / "run")
 
 
 # Runs the export CLI with one piece replaced, the way a native library or a bug would behave.
-_WRAPPER = r'''
+_WRAPPER = r"""
 import os, sys
 from tfopt.export import cli, evaluate, tflite
 
@@ -502,7 +661,7 @@ else:
 
     tflite.make_converter = lambda *args, **kwargs: Crashing()
 sys.exit(cli.main(sys.argv[2:]))
-'''
+"""
 
 
 def _wrapped_cli(tmp_path, how, *args):
@@ -510,29 +669,60 @@ def _wrapped_cli(tmp_path, how, *args):
     script.write_text(_WRAPPER)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user runs it
-    return subprocess.run([sys.executable, str(script), how, *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(script), how, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _export_args(run_dir, tmp_path, modes="float32"):
     # The tiny model is untrained: an open gate keeps the exit code about what is tested here.
-    return ["--from", run_dir, "--modes", modes, "--calibration-steps", "2", "--runs", "2", "--warmup", "0",
-            "--threads", "1", "--min-agreement", "0", "--max-accuracy-drop", "100", "--no-selective",
-            "--no-plot", "-o", str(tmp_path / "out")]
+    return [
+        "--from",
+        run_dir,
+        "--modes",
+        modes,
+        "--calibration-steps",
+        "2",
+        "--runs",
+        "2",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--min-agreement",
+        "0",
+        "--max-accuracy-drop",
+        "100",
+        "--no-selective",
+        "--no-plot",
+        "-o",
+        str(tmp_path / "out"),
+    ]
 
 
 @pytest.mark.slow
 def test_cli_filters_native_notices_and_forwards_other_native_lines_at_once(tiny_run, tmp_path):
-    proc = _wrapped_cli(tmp_path, "interpreter-warns", *_export_args(tiny_run, tmp_path, "float32,int8"))
+    proc = _wrapped_cli(
+        tmp_path, "interpreter-warns", *_export_args(tiny_run, tmp_path, "float32,int8")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()
     warning = "W0000 tfopt-test: a native warning at interpreter creation"
     # The real notices (CUDA probe, XNNPACK delegate, quantizer settings) and the fake one are gone;
     # only progress lines and the native warning are left.
-    assert [ln for ln in lines if not ln.startswith("tfopt.export: ") and ln != warning] == [], proc.stderr
+    assert [ln for ln in lines if not ln.startswith("tfopt.export: ") and ln != warning] == [], (
+        proc.stderr
+    )
     # The warning shows when it is printed (before the next progress line), not when the export ends.
     first = lines.index(warning)
-    assert lines[first - 1] == "tfopt.export: [1/2] float32: evaluating on 299 test examples", proc.stderr
+    assert lines[first - 1] == "tfopt.export: [1/2] float32: evaluating on 299 test examples", (
+        proc.stderr
+    )
     assert lines[first + 1] == "tfopt.export: [1/2] float32: benchmarking", proc.stderr
 
 
@@ -550,7 +740,9 @@ def test_cli_native_abort_in_the_converter_keeps_its_message(tiny_run, tmp_path)
 def test_cli_bug_in_the_conversion_keeps_its_traceback(tiny_run, tmp_path):
     proc = _wrapped_cli(tmp_path, "bug", *_export_args(tiny_run, tmp_path))
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "Traceback (most recent call last)" in proc.stderr and "ZeroDivisionError" in proc.stderr, proc.stderr
+    assert (
+        "Traceback (most recent call last)" in proc.stderr and "ZeroDivisionError" in proc.stderr
+    ), proc.stderr
     assert "error: cannot convert" not in proc.stderr
     # The converter's own output is hidden when Python gets control back (its exception says it all).
     assert "F0000 tfopt-test" not in proc.stderr and "fully_quantize" not in proc.stderr
@@ -558,13 +750,16 @@ def test_cli_bug_in_the_conversion_keeps_its_traceback(tiny_run, tmp_path):
 
 @pytest.mark.slow
 def test_exporting_a_float_model_does_not_import_tfmot(tiny_run):
-    code = ("import sys\nfrom tfopt.export import runner, tflite\n"
-            f"m = runner.load_source_model({tiny_run!r})\n"
-            "assert not tflite.is_qat_model(m)\n"
-            "assert 'tensorflow_model_optimization' not in sys.modules, 'tfmot imported'\n")
+    code = (
+        "import sys\nfrom tfopt.export import runner, tflite\n"
+        f"m = runner.load_source_model({tiny_run!r})\n"
+        "assert not tflite.is_qat_model(m)\n"
+        "assert 'tensorflow_model_optimization' not in sys.modules, 'tfmot imported'\n"
+    )
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -574,7 +769,11 @@ def test_gate_failures_name_each_failed_mode_unless_a_selective_int8_passed():
     def row(mode, passed, why="agreement 0.4 < 0.98"):
         return {"mode": mode, "gate": {"passed": passed, "reasons": [] if passed else [why]}}
 
-    rows = [{"mode": "float32", "gate": None}, row("int8", False), row("int16x8", False, "accuracy drop 2 pt")]
+    rows = [
+        {"mode": "float32", "gate": None},
+        row("int8", False),
+        row("int16x8", False, "accuracy drop 2 pt"),
+    ]
     assert gate_failures(rows) == {"int8": "agreement 0.4 < 0.98", "int16x8": "accuracy drop 2 pt"}
     assert gate_failures(rows + [row("int8-selective", True)]) == {"int16x8": "accuracy drop 2 pt"}
     assert gate_failures(rows + [row("int8-selective", False)])["int8"] == "agreement 0.4 < 0.98"

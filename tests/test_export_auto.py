@@ -1,6 +1,7 @@
 """Latency-aware int8 (``int8_auto``) and ``--strip-strings``: the decision rule on given timings,
 one-op models against Keras, a real search and export on a trained MNIST CNN, stripped models
 that compute the same outputs."""
+
 import json
 
 import numpy as np
@@ -16,28 +17,51 @@ from tfopt.runs import load_run
 
 
 def _timing(node, float_rounds, int8_rounds, denylistable=True):
-    return auto.OpTiming(index=0, op="CONV_2D", node=node, float_rounds=float_rounds, int8_rounds=int8_rounds,
-                         denylistable=denylistable)
+    return auto.OpTiming(
+        index=0,
+        op="CONV_2D",
+        node=node,
+        float_rounds=float_rounds,
+        int8_rounds=int8_rounds,
+        denylistable=denylistable,
+    )
 
 
 def test_slow_set_is_exactly_the_ops_whose_measured_int8_time_is_slower():
     timings = [
         _timing("conv0", [0.030, 0.031, 0.029], [0.160, 0.150, 0.170]),  # int8 5x slower
-        _timing("pool0", [0.010, 0.012, 0.011], [0.011, 0.013, 0.0105]),  # median 0.011 vs 0.011: not slower
+        _timing(
+            "pool0", [0.010, 0.012, 0.011], [0.011, 0.013, 0.0105]
+        ),  # median 0.011 vs 0.011: not slower
         _timing("conv1", [0.200, 0.210, 0.190], [0.050, 0.060, 0.055]),  # int8 faster
-        _timing("fc", [0.040, 0.041, 0.042], [0.045, 0.039, 0.046]),  # median 0.041 vs 0.045: slower
-        _timing("reshape", [0.001], [0.002], denylistable=False),  # slower, but the debugger cannot keep it float
+        _timing(
+            "fc", [0.040, 0.041, 0.042], [0.045, 0.039, 0.046]
+        ),  # median 0.041 vs 0.045: slower
+        _timing(
+            "reshape", [0.001], [0.002], denylistable=False
+        ),  # slower, but the debugger cannot keep it float
         _timing("flex", [], []),  # not timed
     ]
-    expected = [t.node for t in timings
-                if t.denylistable and t.float_rounds and np.median(t.int8_rounds) > np.median(t.float_rounds)]
+    expected = [
+        t.node
+        for t in timings
+        if t.denylistable
+        and t.float_rounds
+        and np.median(t.int8_rounds) > np.median(t.float_rounds)
+    ]
     assert [t.node for t in auto.slow_ops(timings)] == expected == ["conv0", "fc"]
     # Candidates: plain int8, then cumulatively by loss (conv0 loses 0.13 ms, fc 0.004 ms).
     assert auto.candidate_sets(timings) == [[], ["conv0"], ["conv0", "fc"]]
     many = [_timing(f"op{i}", [0.01], [0.01 + 0.001 * (i + 1)]) for i in range(6)]
     sets = auto.candidate_sets(many, max_candidates=3)
-    assert sets == [[], ["op5"], ["op5", "op4", "op3", "op2", "op1", "op0"]]  # the whole slow set stays
-    assert auto.candidate_sets([_timing("conv1", [0.2], [0.05])]) == [[]]  # nothing slower: plain int8 only
+    assert sets == [
+        [],
+        ["op5"],
+        ["op5", "op4", "op3", "op2", "op1", "op0"],
+    ]  # the whole slow set stays
+    assert auto.candidate_sets([_timing("conv1", [0.2], [0.05])]) == [
+        []
+    ]  # nothing slower: plain int8 only
     with pytest.raises(ConfigError, match="max candidates=1 must be >= 2"):
         auto.candidate_sets(timings, max_candidates=1)
     row = timings[0].to_dict()
@@ -49,7 +73,9 @@ def test_one_op_models_compute_what_the_op_computes():
     inputs = keras.Input((12, 12, 1), name="image")
     h = keras.layers.Conv2D(4, 3, activation="relu", name="conv0")(inputs)
     h = keras.layers.MaxPooling2D(name="pool0")(h)
-    model = keras.Model(inputs, keras.layers.Dense(3, name="logits")(keras.layers.Flatten(name="flat")(h)))
+    model = keras.Model(
+        inputs, keras.layers.Dense(3, name="logits")(keras.layers.Flatten(name="flat")(h))
+    )
     content = tflite.convert(model, "float32").content
     ops = auto.model_ops(content)
     assert [op for op, _ in ops] == ["CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED"]
@@ -72,18 +98,32 @@ def test_one_op_models_compute_what_the_op_computes():
 
 
 @pytest.mark.slow
-def test_int8_auto_keeps_the_slower_int8_ops_in_float_and_exports_the_fastest_passing_model(mnist_run, tmp_path):
-    settings = ExportSettings(modes=("float32", "int8", "int8_auto"), calibration_steps=4, eval_limit=1000,
-                              search_limit=1000, bench=BenchSettings(threads=(1,), runs=60, warmup=5, keras=False),
-                              plot=False, options=tflite.ConvertOptions(strip_strings=True), auto_rounds=2)
+def test_int8_auto_keeps_the_slower_int8_ops_in_float_and_exports_the_fastest_passing_model(
+    mnist_run, tmp_path
+):
+    settings = ExportSettings(
+        modes=("float32", "int8", "int8_auto"),
+        calibration_steps=4,
+        eval_limit=1000,
+        search_limit=1000,
+        bench=BenchSettings(threads=(1,), runs=60, warmup=5, keras=False),
+        plot=False,
+        options=tflite.ConvertOptions(strip_strings=True),
+        auto_rounds=2,
+    )
     out = tmp_path / "out"
     record = export_run(mnist_run, settings, out_dir=str(out))
     rows = {r["mode"]: r for r in record.section["modes"]}
     row = rows["int8_auto"]
     found = row["auto"]
     # The decision follows from the raw per-op rounds: int8 median above float median, op denylistable.
-    expected = [t["node"] for t in found["ops"] if t["denylistable"] and t["float_rounds"]
-                and np.median(t["int8_rounds"]) > np.median(t["float_rounds"])]
+    expected = [
+        t["node"]
+        for t in found["ops"]
+        if t["denylistable"]
+        and t["float_rounds"]
+        and np.median(t["int8_rounds"]) > np.median(t["float_rounds"])
+    ]
     assert found["slow"] == expected
     assert [o["op"] for o in found["ops"]][:2] == ["CONV_2D", "MAX_POOL_2D"]
     assert all(len(t["float_rounds"]) == len(t["int8_rounds"]) == 2 for t in found["ops"])
@@ -98,13 +138,19 @@ def test_int8_auto_keeps_the_slower_int8_ops_in_float_and_exports_the_fastest_pa
     # The exported model computes in float exactly the ops kept in float (names are stripped: count by type).
     m = TFLiteModel(str(out / row["file"]), xnnpack=False)
     dtypes = {t["index"]: np.dtype(t["dtype"]) for t in m.interpreter.get_tensor_details()}
-    float_ops = [op["op_name"] for op in m.interpreter._get_ops_details()
-                 if op["op_name"] not in ("QUANTIZE", "DEQUANTIZE") and dtypes[int(op["outputs"][0])] == np.float32]
+    float_ops = [
+        op["op_name"]
+        for op in m.interpreter._get_ops_details()
+        if op["op_name"] not in ("QUANTIZE", "DEQUANTIZE")
+        and dtypes[int(op["outputs"][0])] == np.float32
+    ]
     op_of = {t["node"]: t["op"] for t in found["ops"]}
     assert sorted(float_ops) == sorted(op_of[n] for n in row["float_nodes"])
     # Stripped: no tensor name left in any exported model, and run.json has the row with its timings.
     for r in rows.values():
-        names = [t["name"] for t in TFLiteModel(str(out / r["file"])).interpreter.get_tensor_details()]
+        names = [
+            t["name"] for t in TFLiteModel(str(out / r["file"])).interpreter.get_tensor_details()
+        ]
         assert not any(names), (r["mode"], names[:3])
     on_disk = json.loads((out / "run.json").read_text())
     assert on_disk["export"]["modes"][2]["auto"]["chosen"] == found["chosen"]
@@ -121,7 +167,9 @@ def test_strip_strings_gives_a_smaller_model_with_identical_outputs(mnist_run, m
     model = load_model(run.model_path)
     calib = tflite.calibration_batches(run.config.data, 2)
     plain = tflite.convert(model, mode, calibration=calib).content
-    stripped = tflite.convert(model, mode, calibration=calib, options=tflite.ConvertOptions(strip_strings=True)).content
+    stripped = tflite.convert(
+        model, mode, calibration=calib, options=tflite.ConvertOptions(strip_strings=True)
+    ).content
     assert stripped == tflite.strip_strings(plain) and len(stripped) < len(plain) - 300
     a, b = TFLiteModel(plain), TFLiteModel(stripped)
     assert any("conv0" in t["name"] for t in a.interpreter.get_tensor_details())

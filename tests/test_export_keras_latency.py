@@ -1,5 +1,6 @@
 """The Keras model's own latency (the float baseline of every .tflite): one child process per thread
 count, started with TF_NUM_INTRAOP_THREADS=N / TF_NUM_INTEROP_THREADS=1; its weight bytes."""
+
 import json
 import os
 import subprocess
@@ -19,7 +20,9 @@ def _model():
     inputs = keras.Input((8, 8, 1), name="image")
     h = keras.layers.Conv2D(4, 3, activation="relu", name="conv0")(inputs)
     h = keras.layers.BatchNormalization(name="bn0")(h)
-    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.Flatten(name="flatten")(h)))
+    return keras.Model(
+        inputs, keras.layers.Dense(10, name="logits")(keras.layers.Flatten(name="flatten")(h))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,12 @@ def test_latency_per_thread_count_in_child_processes(saved):
     assert list(lat) == ["1t", "2t"]
     for key, threads in (("1t", 1), ("2t", 2)):
         r = lat[key]
-        assert r["threads"] == threads and r["inter_op_threads"] == 1 and r["runs"] == 10 and r["warmup"] == 2
+        assert (
+            r["threads"] == threads
+            and r["inter_op_threads"] == 1
+            and r["runs"] == 10
+            and r["warmup"] == 2
+        )
         assert 0 < r["min_ms"] <= r["p50_ms"] <= r["p95_ms"] and r["mean_ms"] > 0
 
 
@@ -50,15 +58,40 @@ def test_latency_per_thread_count_in_child_processes(saved):
 def test_module_prints_one_json_line_and_errors_are_one_line(saved, tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    proc = subprocess.run([sys.executable, "-m", "tfopt.export.keras_latency", saved, "--threads", "1", "--runs", "3",
-                           "--warmup", "0"], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfopt.export.keras_latency",
+            saved,
+            "--threads",
+            "1",
+            "--runs",
+            "3",
+            "--warmup",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["threads"] == 1
     assert "cuInit" not in proc.stderr  # start-up notices are filtered
-    bad = subprocess.run([sys.executable, "-m", "tfopt.export.keras_latency", str(tmp_path / "missing.keras")],
-                         env=env, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "does not exist" in bad.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "tfopt.export.keras_latency", str(tmp_path / "missing.keras")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        bad.returncode == 2
+        and len(bad.stderr.strip().splitlines()) == 1
+        and "does not exist" in bad.stderr
+    )
 
 
 def test_bad_settings_fail_before_a_child_starts():
@@ -110,7 +143,9 @@ def test_a_started_timer_waits_idle_until_told_and_a_closed_one_leaves_no_child(
     child = unused._child
     unused.ready()
     unused.close()
-    assert child.proc.returncode is not None and 1 not in keras_latency._IDLE  # stopped, never timed
+    assert (
+        child.proc.returncode is not None and 1 not in keras_latency._IDLE
+    )  # stopped, never timed
     # An idle child that died is replaced by a new one.
     keras_latency.measure(saved, threads=1, runs=1, warmup=0)
     dead = keras_latency._IDLE[1].proc

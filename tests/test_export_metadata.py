@@ -1,4 +1,5 @@
 """The labels and input contract packed into a .tflite: an appended zip that readers open and interpreters ignore."""
+
 import json
 import shutil
 import subprocess
@@ -15,14 +16,19 @@ CONTRACT = {"shape": [96, 96, 3], "dtype": "float32", "class_names": ["cat", "do
 def test_packed_files_read_back_and_the_flatbuffer_is_unchanged(tmp_path):
     flatbuffer = bytes(range(256)) * 7
     packed = metadata.pack(flatbuffer, metadata.files_of(CONTRACT))
-    assert packed[:len(flatbuffer)] == flatbuffer
+    assert packed[: len(flatbuffer)] == flatbuffer
     path = tmp_path / "m.tflite"
     path.write_bytes(packed)
     assert metadata.labels(str(path)) == ["cat", "dog", "héron"]
     assert json.loads(metadata.read(packed)["input.json"]) == CONTRACT
     with zipfile.ZipFile(path) as archive:
-        assert archive.testzip() is None and sorted(archive.namelist()) == ["input.json", "labels.txt"]
-    assert metadata.pack(flatbuffer, metadata.files_of(CONTRACT)) == packed  # same content, same bytes
+        assert archive.testzip() is None and sorted(archive.namelist()) == [
+            "input.json",
+            "labels.txt",
+        ]
+    assert (
+        metadata.pack(flatbuffer, metadata.files_of(CONTRACT)) == packed
+    )  # same content, same bytes
     if shutil.which("unzip"):
         listing = subprocess.run(["unzip", "-l", str(path)], capture_output=True, text=True)
         assert listing.returncode == 0 and "warning" not in listing.stderr.lower(), listing.stderr

@@ -15,6 +15,7 @@
   and the pruning ``--begin-step/--end-step/--frequency`` flags (sparsity recomputed from the
   PolynomialDecay formula at the last mask update).
 """
+
 import hashlib
 import json
 import os
@@ -37,11 +38,30 @@ MNIST = {"dataset": "mnist", "limit": 1024, "global_batch_size": 64, "num_shards
 DIGITS = {"dataset": "digits", "global_batch_size": 64, "num_shards": 2}
 
 
-def _cfg(out, data=MNIST, model="tiny_cnn", strategy="one_device", precision="float32", dropout=None, **train_kw):
+def _cfg(
+    out,
+    data=MNIST,
+    model="tiny_cnn",
+    strategy="one_device",
+    precision="float32",
+    dropout=None,
+    **train_kw,
+):
     model_cfg = {"name": model, **({} if dropout is None else {"dropout": dropout})}
-    return C.from_dict({"data": data, "model": model_cfg,
-                        "runtime": {"strategy": strategy, "precision": precision},
-                        "train": {"epochs": 1, "output_dir": str(out), "verbose": 0, "tensorboard": False, **train_kw}})
+    return C.from_dict(
+        {
+            "data": data,
+            "model": model_cfg,
+            "runtime": {"strategy": strategy, "precision": precision},
+            "train": {
+                "epochs": 1,
+                "output_dir": str(out),
+                "verbose": 0,
+                "tensorboard": False,
+                **train_kw,
+            },
+        }
+    )
 
 
 def _run_json(path):
@@ -79,6 +99,7 @@ def tiny_base(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- 1. --scale-lr
 
+
 class _LearningRateProbe(keras.callbacks.Callback):
     """Reads the compiled optimizer's learning rate and the weights before and after training."""
 
@@ -96,11 +117,23 @@ def test_scale_lr_under_mirrored_doubles_the_learning_rate_the_optimizer_applies
     lr = 1e-3
     probe = _LearningRateProbe()
     out = tmp_path / "run"
-    train(_cfg(out, data=DIGITS, strategy="mirrored", dropout=0.0, learning_rate=lr, scale_lr=True,
-               steps_per_epoch=1), callbacks=[probe])
+    train(
+        _cfg(
+            out,
+            data=DIGITS,
+            strategy="mirrored",
+            dropout=0.0,
+            learning_rate=lr,
+            scale_lr=True,
+            steps_per_epoch=1,
+        ),
+        callbacks=[probe],
+    )
     run = _run_json(out)
     assert run["strategy"]["num_replicas"] == 2
-    assert run["config"]["train"]["learning_rate"] == lr and run["config"]["train"]["scale_lr"] is True
+    assert (
+        run["config"]["train"]["learning_rate"] == lr and run["config"]["train"]["scale_lr"] is True
+    )
     assert run["train"]["learning_rate"] == pytest.approx(2 * lr, rel=1e-9)
     assert probe.lr == pytest.approx(2 * lr, rel=1e-6)
     # Adam's first step is lr * g / (|g| + eps) = lr * sign(g): every weight with a gradient moves
@@ -114,19 +147,51 @@ def test_scale_lr_under_mirrored_doubles_the_learning_rate_the_optimizer_applies
 # ----------------------------------------------------------------------------- 2. --collective ring
 
 # `python -m tfopt.train`, with TensorFlow's Python INFO log on: it names the collective in use.
-_TRAIN_WITH_TF_INFO_LOG = ("import logging, runpy, sys; logging.getLogger('tensorflow').setLevel(logging.INFO); "
-                           "sys.argv[0] = 'tfopt.train'; runpy.run_module('tfopt.train', run_name='__main__', "
-                           "alter_sys=True)")
+_TRAIN_WITH_TF_INFO_LOG = (
+    "import logging, runpy, sys; logging.getLogger('tensorflow').setLevel(logging.INFO); "
+    "sys.argv[0] = 'tfopt.train'; runpy.run_module('tfopt.train', run_name='__main__', "
+    "alter_sys=True)"
+)
 
 
 @pytest.mark.slow
 def test_multi_worker_mirrored_ring_collective_two_real_processes(tmp_path):
     out = tmp_path / "run"
-    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", "--workers", "2", "--timeout", "240", "--",
-           sys.executable, "-c", _TRAIN_WITH_TF_INFO_LOG, "--strategy", "multi_worker_mirrored",
-           "--collective", "ring", "--dataset", "digits", "--model", "tiny_cnn", "--epochs", "1",
-           "--steps-per-epoch", "4", "--batch-size", "32", "--quiet", "-o", str(out),
-           "--set", "data.num_shards=2", "--set", "train.tensorboard=false"]
+    cmd = [
+        *ISOLATED,
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        "--workers",
+        "2",
+        "--timeout",
+        "240",
+        "--",
+        sys.executable,
+        "-c",
+        _TRAIN_WITH_TF_INFO_LOG,
+        "--strategy",
+        "multi_worker_mirrored",
+        "--collective",
+        "ring",
+        "--dataset",
+        "digits",
+        "--model",
+        "tiny_cnn",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "4",
+        "--batch-size",
+        "32",
+        "--quiet",
+        "-o",
+        str(out),
+        "--set",
+        "data.num_shards=2",
+        "--set",
+        "train.tensorboard=false",
+    ]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-4000:]
@@ -138,20 +203,31 @@ def test_multi_worker_mirrored_ring_collective_two_real_processes(tmp_path):
     assert sorted(done) == ["worker:0", "worker:1"], text[-3000:]
     assert done["worker:0"]["weights_sha256"] == done["worker:1"]["weights_sha256"]
     for i in range(2):  # the strategy each process really built, and its all-reduces
-        assert any(line.startswith(f"[worker:{i}]") and "MultiWorkerMirroredStrategy with" in line
-                   and "communication = CommunicationImplementation.RING" in line for line in text.splitlines())
-        assert any(line.startswith(f"[worker:{i}]") and "Collective all_reduce" in line
-                   and "implementation = CommunicationImplementation.RING" in line for line in text.splitlines())
+        assert any(
+            line.startswith(f"[worker:{i}]")
+            and "MultiWorkerMirroredStrategy with" in line
+            and "communication = CommunicationImplementation.RING" in line
+            for line in text.splitlines()
+        )
+        assert any(
+            line.startswith(f"[worker:{i}]")
+            and "Collective all_reduce" in line
+            and "implementation = CommunicationImplementation.RING" in line
+            for line in text.splitlines()
+        )
     assert "CommunicationImplementation.AUTO" not in text
     run = _run_json(out)
     assert run["config"]["runtime"]["collective"] == "ring"
     assert run["strategy"]["name"] == "multi_worker_mirrored"
     assert run["strategy"]["num_workers"] == 2 and run["strategy"]["num_replicas"] == 2
     # Both workers hold exactly the weights the chief saved.
-    assert run["weights_sha256"] == done["worker:0"]["weights_sha256"] == _digest(load_model(str(out)))
+    assert (
+        run["weights_sha256"] == done["worker:0"]["weights_sha256"] == _digest(load_model(str(out)))
+    )
 
 
 # ----------------------------------------------------------------------------- 3. mlp, mobilenet_tiny
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlp", "mobilenet_tiny"])
@@ -162,19 +238,29 @@ def test_mlp_and_mobilenet_tiny_train_end_to_end(tmp_path, name):
     run = _run_json(out)
     assert run == record.to_dict()
     fresh = build_model(name, (28, 28, 1), 10, cfg.model.dropout)
-    assert run["model"] == {"name": name, "params": fresh.count_params(), "source": name, "form": "builtin",
-                            "outputs": "logits", "head": "kept", "notes": [], "input_shape": [28, 28, 1]}
+    assert run["model"] == {
+        "name": name,
+        "params": fresh.count_params(),
+        "source": name,
+        "form": "builtin",
+        "outputs": "logits",
+        "head": "kept",
+        "notes": [],
+        "input_shape": [28, 28, 1],
+    }
     saved = load_model(str(out))
     # The saved model is the registry's architecture (not, e.g., the default cnn), and it trained.
     assert saved.name == fresh.name == name
-    assert [(l.name, type(l).__name__, [tuple(w.shape) for w in l.weights]) for l in saved.layers] == \
-        [(l.name, type(l).__name__, [tuple(w.shape) for w in l.weights]) for l in fresh.layers]
+    assert [
+        (l.name, type(l).__name__, [tuple(w.shape) for w in l.weights]) for l in saved.layers
+    ] == [(l.name, type(l).__name__, [tuple(w.shape) for w in l.weights]) for l in fresh.layers]
     assert run["weights_sha256"] == _digest(saved)
     assert len(run["history"]) == 1 and np.isfinite(run["history"][0]["loss"])
     assert run["train"]["steps_per_epoch"] == 4
 
 
 # ----------------------------------------------------------------------------- 4. mixed_bfloat16
+
 
 @pytest.mark.slow
 def test_mixed_bfloat16_end_to_end(tmp_path):
@@ -187,13 +273,17 @@ def test_mixed_bfloat16_end_to_end(tmp_path):
     assert policy_after == "float32"
     train(_cfg(tmp_path / "f32", model="mlp", precision="float32", epochs=2))
     bf16, f32 = _run_json(tmp_path / "bf16"), _run_json(tmp_path / "f32")
-    assert bf16["strategy"]["precision"] == "mixed_bfloat16" and f32["strategy"]["precision"] == "float32"
+    assert (
+        bf16["strategy"]["precision"] == "mixed_bfloat16"
+        and f32["strategy"]["precision"] == "float32"
+    )
     assert bf16["weights_sha256"] != f32["weights_sha256"]  # a different computation really ran
 
     model = load_model(str(tmp_path / "bf16"))
     computing = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
     assert {l.name: l.compute_dtype for l in computing} == {
-        l.name: ("float32" if l.name == "logits" else "bfloat16") for l in computing}
+        l.name: ("float32" if l.name == "logits" else "bfloat16") for l in computing
+    }
     assert all(w.dtype == tf.float32 for w in model.weights)  # variables stay float32
     x = np.random.default_rng(0).random((4, 28, 28, 1), dtype=np.float32)
     hidden = keras.Model(model.inputs, model.get_layer("fc1").output)(x)
@@ -202,11 +292,14 @@ def test_mixed_bfloat16_end_to_end(tmp_path):
     assert {l.compute_dtype for l in float_model.layers} == {"float32"}
 
     acc_bf16, acc_f32 = bf16["metrics"]["test_accuracy"], f32["metrics"]["test_accuracy"]
-    assert acc_f32 > 0.5, acc_f32  # a trained reference (chance is 0.1), or the comparison means nothing
+    assert acc_f32 > 0.5, (
+        acc_f32
+    )  # a trained reference (chance is 0.1), or the comparison means nothing
     assert abs(acc_bf16 - acc_f32) <= 0.05, (acc_bf16, acc_f32)
 
 
 # ----------------------------------------------------------------------------- 5. export gate, accuracy half
+
 
 def _sensitive_run(tmp_path):
     """The quantization-sensitive MNIST MLP of the export tests (tests/export_fixtures.py)."""
@@ -236,8 +329,27 @@ def test_export_gate_accuracy_threshold_decides_the_exit_code(tmp_path, capsys):
 
     src, mlp, cfg = _sensitive_run(tmp_path)
     x, y = load_split(cfg.data, "test", 500)
-    common = ["--from", src, "--modes", "int8", "--min-agreement", "0", "--no-selective", "--calibration-steps", "2",
-              "--eval-limit", "500", "--threads", "1", "--runs", "3", "--warmup", "1", "--no-plot", "--quiet"]
+    common = [
+        "--from",
+        src,
+        "--modes",
+        "int8",
+        "--min-agreement",
+        "0",
+        "--no-selective",
+        "--calibration-steps",
+        "2",
+        "--eval-limit",
+        "500",
+        "--threads",
+        "1",
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+        "--no-plot",
+        "--quiet",
+    ]
 
     capsys.readouterr()
     assert export_main([*common, "--max-accuracy-drop", "5", "-o", str(tmp_path / "strict")]) == 1
@@ -246,7 +358,9 @@ def test_export_gate_accuracy_threshold_decides_the_exit_code(tmp_path, capsys):
     run = _run_json(tmp_path / "strict")  # written although the gate failed
     (row,) = run["export"]["modes"]
     assert row["mode"] == "int8" and not row["gate"]["passed"]
-    assert len(row["gate"]["reasons"]) == 1 and row["gate"]["reasons"][0].startswith("accuracy drop")
+    assert len(row["gate"]["reasons"]) == 1 and row["gate"]["reasons"][0].startswith(
+        "accuracy drop"
+    )
     assert os.path.isfile(tmp_path / "strict" / row["file"])
     # The drop, recomputed: Keras and the written .tflite on the same 500 test images.
     keras_acc = float(np.mean(np.argmax(mlp.predict(x, verbose=0), -1) == y))
@@ -258,7 +372,12 @@ def test_export_gate_accuracy_threshold_decides_the_exit_code(tmp_path, capsys):
     assert f"accuracy drop {drop_pt:.2f} pt > 5.0 pt" in err
 
     # Just above the measured drop, the same conversion passes: the threshold is the one given.
-    assert export_main([*common, "--max-accuracy-drop", f"{drop_pt + 1:.2f}", "-o", str(tmp_path / "loose")]) == 0
+    assert (
+        export_main(
+            [*common, "--max-accuracy-drop", f"{drop_pt + 1:.2f}", "-o", str(tmp_path / "loose")]
+        )
+        == 0
+    )
     assert "fidelity gate failed" not in capsys.readouterr().err
     (row,) = _run_json(tmp_path / "loose")["export"]["modes"]
     assert row["gate"]["passed"] and row["eval"]["accuracy"] == pytest.approx(int8_acc, abs=1e-6)
@@ -266,8 +385,23 @@ def test_export_gate_accuracy_threshold_decides_the_exit_code(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- 6. distillation CLI
 
-DISTILL_COMMON = ["--limit", "1024", "--batch-size", "64", "--epochs", "1", "--steps-per-epoch", "6", "--quiet",
-                  "--strategy", "one_device", "--set", "data.num_shards=2", "--set", "train.tensorboard=false"]
+DISTILL_COMMON = [
+    "--limit",
+    "1024",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "6",
+    "--quiet",
+    "--strategy",
+    "one_device",
+    "--set",
+    "data.num_shards=2",
+    "--set",
+    "train.tensorboard=false",
+]
 
 
 def _log_softmax(z):
@@ -283,21 +417,27 @@ def test_combine_logits_and_probs_give_different_soft_targets_each_as_documented
     student = rng.normal(0, 2, size=(32, 10)).astype(np.float32)
     labels = rng.integers(0, 10, size=32)
     w, T = [0.25, 0.75], 3.0
-    mixture = np.log(w[0] * np.exp(_log_softmax(t1 / T)) + w[1] * np.exp(_log_softmax(t2 / T)))  # probs
+    mixture = np.log(
+        w[0] * np.exp(_log_softmax(t1 / T)) + w[1] * np.exp(_log_softmax(t2 / T))
+    )  # probs
     geometric = _log_softmax((w[0] * t1 + w[1] * t2) / T)  # logits
     got = {c: teacher_log_probs([t1, t2], w, T, c).numpy() for c in ("probs", "logits")}
     np.testing.assert_allclose(got["probs"], mixture, atol=1e-5)
     np.testing.assert_allclose(got["logits"], geometric, atol=1e-5)
     kl = {c: distillation_terms(labels, student, got[c], T)["kl"].numpy() for c in got}
-    ref = {c: np.sum(np.exp(lp) * (lp - _log_softmax(student / T)), -1) for c, lp in
-           (("probs", mixture), ("logits", geometric))}
+    ref = {
+        c: np.sum(np.exp(lp) * (lp - _log_softmax(student / T)), -1)
+        for c, lp in (("probs", mixture), ("logits", geometric))
+    }
     for c, value in kl.items():
         np.testing.assert_allclose(value, ref[c], rtol=1e-4, atol=1e-5)
     assert np.mean(np.abs(kl["probs"] - kl["logits"])) > 0.05  # the choice changes the loss
 
 
 @pytest.mark.slow
-def test_distill_two_teachers_logits_fixed_weights_reach_the_loss(tmp_path, cnn_teacher, monkeypatch):
+def test_distill_two_teachers_logits_fixed_weights_reach_the_loss(
+    tmp_path, cnn_teacher, monkeypatch
+):
     import tfopt.distill.stage  # noqa: F401  (bound to the real function: only training calls are recorded)
     from tfopt.distill.cli import main
     from tfopt.models import distiller as distiller_lib
@@ -312,12 +452,35 @@ def test_distill_two_teachers_logits_fixed_weights_reach_the_loss(tmp_path, cnn_
     # What the Distiller's train_step hands to the loss (recorded while tracing).
     monkeypatch.setattr(distiller_lib, "teacher_log_probs", recording)
     out = tmp_path / "student"
-    assert main(["--teacher", cnn_teacher, "--teacher", cnn_teacher, "--combine", "logits", "--teacher-weights", "1,3",
-                 "--temperature", "3", "--student", "tiny_cnn", "-o", str(out), *DISTILL_COMMON]) == 0
+    assert (
+        main(
+            [
+                "--teacher",
+                cnn_teacher,
+                "--teacher",
+                cnn_teacher,
+                "--combine",
+                "logits",
+                "--teacher-weights",
+                "1,3",
+                "--temperature",
+                "3",
+                "--student",
+                "tiny_cnn",
+                "-o",
+                str(out),
+                *DISTILL_COMMON,
+            ]
+        )
+        == 0
+    )
     run = _run_json(out)
     teachers = run["distill"]["teachers"]
     assert [t["weight"] for t in teachers] == [0.25, 0.75]
-    assert run["distill"]["settings"]["combine"] == "logits" and run["distill"]["settings"]["teacher_weights"] == "1,3"
+    assert (
+        run["distill"]["settings"]["combine"] == "logits"
+        and run["distill"]["settings"]["teacher_weights"] == "1,3"
+    )
     assert seen and all(s == (2, [0.25, 0.75], 3.0, "logits") for s in seen), seen
 
 
@@ -326,18 +489,36 @@ def test_distill_feature_pair_into_mobilenet_tiny(tmp_path, cnn_teacher):
     from tfopt.distill.cli import main
 
     out = tmp_path / "student"
-    assert main(["--teacher", cnn_teacher, "--student", "mobilenet_tiny", "--feature", "pool0:stem_relu",
-                 "-o", str(out), *DISTILL_COMMON]) == 0
+    assert (
+        main(
+            [
+                "--teacher",
+                cnn_teacher,
+                "--student",
+                "mobilenet_tiny",
+                "--feature",
+                "pool0:stem_relu",
+                "-o",
+                str(out),
+                *DISTILL_COMMON,
+            ]
+        )
+        == 0
+    )
     run = _run_json(out)
     assert run["distill"]["settings"]["features"] == [
-        {"teacher_layer": "pool0", "student_layer": "stem_relu", "teacher": 0}]
+        {"teacher_layer": "pool0", "student_layer": "stem_relu", "teacher": 0}
+    ]
     # The feature term was part of the trained loss: Distiller.loss_terms' feature MSE was tracked.
     row = run["history"][0]
     assert np.isfinite(row["feature_loss"]) and row["feature_loss"] > 0, row
     assert row["loss"] > row["feature_loss"]  # total = distillation + student terms + feature term
     saved = load_model(str(out))
     fresh = build_model("mobilenet_tiny", (28, 28, 1), 10, run["config"]["model"]["dropout"])
-    assert saved.name == "mobilenet_tiny" and run["model"]["params"] == saved.count_params() == fresh.count_params()
+    assert (
+        saved.name == "mobilenet_tiny"
+        and run["model"]["params"] == saved.count_params() == fresh.count_params()
+    )
     # The learned projection (16 -> 32 channels) is a training aid, not part of the saved student.
     assert not [l for l in saved.layers if l.name.startswith("feature_projection")]
 
@@ -347,12 +528,31 @@ def test_distill_with_clustering_saves_at_most_clusters_values(tmp_path, cnn_tea
     from tfopt.distill.cli import main
 
     out = tmp_path / "student"
-    assert main(["--teacher", cnn_teacher, "--student", "tiny_cnn", "--technique", "cluster", "--clusters", "8",
-                 "-o", str(out), *DISTILL_COMMON]) == 0
+    assert (
+        main(
+            [
+                "--teacher",
+                cnn_teacher,
+                "--student",
+                "tiny_cnn",
+                "--technique",
+                "cluster",
+                "--clusters",
+                "8",
+                "-o",
+                str(out),
+                *DISTILL_COMMON,
+            ]
+        )
+        == 0
+    )
     comp = _run_json(out)["distill"]["compression"]
     assert comp["technique"] == "cluster" and comp["clusters"] == 8
     assert set(comp["layers"]) == {"conv0", "logits"}
-    counted = {name: len(np.unique(k)) for name, k in _kernels(load_model(str(out)), comp["layers"]).items()}
+    counted = {
+        name: len(np.unique(k))
+        for name, k in _kernels(load_model(str(out)), comp["layers"]).items()
+    }
     assert comp["measured"]["layers"] == counted
     assert comp["measured"]["unique_max"] == max(counted.values()) <= 8
     assert min(counted.values()) > 1  # clustered, not collapsed
@@ -360,7 +560,15 @@ def test_distill_with_clustering_saves_at_most_clusters_values(tmp_path, cnn_tea
 
 # ----------------------------------------------------------------------------- 7. optimize flags
 
-OPTIMIZE_COMMON = ["--epochs", "1", "--no-saved-model", "--no-tensorboard", "--quiet", "--strategy", "one_device"]
+OPTIMIZE_COMMON = [
+    "--epochs",
+    "1",
+    "--no-saved-model",
+    "--no-tensorboard",
+    "--quiet",
+    "--strategy",
+    "one_device",
+]
 
 
 def _tfmot_initial_centroids(kernel, init, k):
@@ -384,9 +592,28 @@ def test_optimize_other_centroid_inits(tmp_path, tiny_base, capsys):
     for init in ("density", "linear", "random"):
         out = tmp_path / init
         # A small, short fine-tune: centroids move by about lr per step (Adam), 5 steps here.
-        assert main(["--from", tiny_base, "--technique", "cluster", "--clusters", "8", "--centroid-init", init,
-                     "--steps-per-epoch", "5", "--lr", "1e-4", "-o", str(out), *OPTIMIZE_COMMON]) == 0, \
-            capsys.readouterr().err
+        assert (
+            main(
+                [
+                    "--from",
+                    tiny_base,
+                    "--technique",
+                    "cluster",
+                    "--clusters",
+                    "8",
+                    "--centroid-init",
+                    init,
+                    "--steps-per-epoch",
+                    "5",
+                    "--lr",
+                    "1e-4",
+                    "-o",
+                    str(out),
+                    *OPTIMIZE_COMMON,
+                ]
+            )
+            == 0
+        ), capsys.readouterr().err
         opt = _run_json(out)["optimize"]
         assert opt["cluster"]["init"] == init and opt["cluster"]["clusters"] == 8
         assert opt["checks"]["clusters"]["ok"]
@@ -418,27 +645,58 @@ def test_optimize_prune_step_flags_are_honoured(tmp_path, tiny_base, capsys, end
     begin, frequency, steps, target = 2, 3, 10, 0.5
     out = tmp_path / "pruned"
     capsys.readouterr()
-    code = main(["--from", tiny_base, "--technique", "prune", "--schedule", "polynomial", "--sparsity", str(target),
-                 "--begin-step", str(begin), "--end-step", str(end_step), "--frequency", str(frequency),
-                 "--steps-per-epoch", str(steps), "-o", str(out), *OPTIMIZE_COMMON])
+    code = main(
+        [
+            "--from",
+            tiny_base,
+            "--technique",
+            "prune",
+            "--schedule",
+            "polynomial",
+            "--sparsity",
+            str(target),
+            "--begin-step",
+            str(begin),
+            "--end-step",
+            str(end_step),
+            "--frequency",
+            str(frequency),
+            "--steps-per-epoch",
+            str(steps),
+            "-o",
+            str(out),
+            *OPTIMIZE_COMMON,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == exit_code, err
     opt = _run_json(out)["optimize"]
-    assert {k: opt["prune"][k] for k in ("schedule", "sparsity", "begin_step", "end_step", "frequency")} == {
-        "schedule": "polynomial", "sparsity": target, "begin_step": begin, "end_step": end_step,
-        "frequency": frequency}
+    assert {
+        k: opt["prune"][k] for k in ("schedule", "sparsity", "begin_step", "end_step", "frequency")
+    } == {
+        "schedule": "polynomial",
+        "sparsity": target,
+        "begin_step": begin,
+        "end_step": end_step,
+        "frequency": frequency,
+    }
     # tfmot counts steps from 1 and updates the masks at begin, begin + frequency, ... up to end_step.
-    last = max(s for s in range(1, steps + 1) if begin <= s <= end_step and (s - begin) % frequency == 0)
+    last = max(
+        s for s in range(1, steps + 1) if begin <= s <= end_step and (s - begin) % frequency == 0
+    )
     expected = _polynomial_sparsity(last, begin, end_step, target)
     model = load_model(str(out))
     for name, kernel in _kernels(model, ["conv0", "logits"]).items():
         zeros = int((kernel == 0).sum())
         kept = round(kernel.size * (1 - expected))  # tfmot keeps the round(n * (1 - s)) largest
         assert abs(zeros - (kernel.size - kept)) <= 1, (name, zeros / kernel.size, expected)
-    if exit_code:  # end_step 20 beyond the 10-step phase: the last update (step 8) is short of the target
+    if (
+        exit_code
+    ):  # end_step 20 beyond the 10-step phase: the last update (step 8) is short of the target
         assert expected == pytest.approx(0.3519, abs=1e-4)
-        assert not opt["checks"]["sparsity"]["ok"] and set(opt["checks"]["sparsity"]["below_target"]) == {
-            "conv0", "logits"}
+        assert not opt["checks"]["sparsity"]["ok"] and set(
+            opt["checks"]["sparsity"]["below_target"]
+        ) == {"conv0", "logits"}
         assert "check failed: prune: sparsity" in err
     else:  # end_step 8 inside the phase: the target is reached at step 8
         assert expected == target and opt["checks"]["sparsity"]["ok"]

@@ -4,6 +4,7 @@ Artifacts must be readable by TensorBoard or a serving process running as anothe
 written by tfopt gets 0666 minus the umask (0644 under 022, 0640 under 027) and a directory 0777
 minus the umask, exactly what ``open()`` / ``mkdir`` give, never mkstemp's private 0600/0700.
 """
+
 import json
 import os
 import shutil
@@ -47,7 +48,9 @@ def test_write_bytes_text_json_honour_the_umask(umask, tmp_path):
     (tmp_path / "old.bin").write_bytes(b"old")
     os.chmod(tmp_path / "old.bin", 0o600)
     write_bytes(str(tmp_path / "old.bin"), b"new")
-    assert (tmp_path / "old.bin").read_bytes() == b"new" and _mode(tmp_path / "old.bin") == 0o666 & ~umask
+    assert (tmp_path / "old.bin").read_bytes() == b"new" and _mode(
+        tmp_path / "old.bin"
+    ) == 0o666 & ~umask
     _no_debris(tmp_path)
 
 

@@ -1,4 +1,5 @@
 """The Job every stage runs in: run records, output directories, atomic commits, resume and fingerprints."""
+
 import json
 import os
 import subprocess
@@ -15,11 +16,22 @@ DIGITS = {"dataset": "digits", "global_batch_size": 64, "num_shards": 2}
 
 
 def test_run_record_round_trip_and_schema_1():
-    rec = RunRecord(stage="distill", config={"train": {}}, metrics={"test_accuracy": 0.9}, section={"gap": {"x": 1}})
+    rec = RunRecord(
+        stage="distill",
+        config={"train": {}},
+        metrics={"test_accuracy": 0.9},
+        section={"gap": {"x": 1}},
+    )
     d = rec.to_dict()
     assert d["distill"] == {"gap": {"x": 1}} and d["schema_version"] == 2 and "section" not in d
     assert RunRecord.from_dict(json.loads(json.dumps(d))) == rec
-    old = {"stage": "distill", "config": {}, "gap": {"x": 2}, "teachers": [], "metrics": {}}  # schema 1: no version
+    old = {
+        "stage": "distill",
+        "config": {},
+        "gap": {"x": 2},
+        "teachers": [],
+        "metrics": {},
+    }  # schema 1: no version
     back = RunRecord.from_dict(old)
     assert back.section == {"gap": {"x": 2}, "teachers": []} and back.metrics == {}
     assert RunRecord.from_dict({"config": {}}).stage == "train"
@@ -30,7 +42,9 @@ def test_default_outputs_never_replace_a_run_and_latest_follows(tmp_path):
     first = default_output("train", str(root))
     assert first == str(root / "train")
     os.makedirs(first)
-    assert default_output("train", str(root)) == first  # an empty (or crashed) dir is not a finished run
+    assert (
+        default_output("train", str(root)) == first
+    )  # an empty (or crashed) dir is not a finished run
     (root / "train" / "run.json").write_text("{}")
     second = default_output("train", str(root))
     assert second == str(root / "train-2")
@@ -56,7 +70,10 @@ def test_run_dir_refuses_a_finished_run_and_a_different_config(tmp_path):
     assert os.path.isdir(rd.work) and rd.resuming
     rd.release()  # the run died: its work directory stays, its lock goes
     other = _rundir(out, "b", {"config": {"train": {"learning_rate": 0.01}}})
-    with pytest.raises(ConfigError, match=r"other settings \(config.train.learning_rate: 0.001 -> 0.01\).*--overwrite"):
+    with pytest.raises(
+        ConfigError,
+        match=r"other settings \(config.train.learning_rate: 0.001 -> 0.01\).*--overwrite",
+    ):
         other.check()
     assert _rundir(out).resuming
     rd.commit(RunRecord(stage="train", config={}))
@@ -89,6 +106,7 @@ def _count_fs_steps(monkeypatch, crash_at):
             if len(calls) == crash_at:
                 raise _FsCrash(fn.__name__)
             return fn(*args, **kwargs)
+
         return step
 
     for module, name in ((os, "replace"), (os, "unlink"), (os, "symlink"), (shutil, "rmtree")):
@@ -128,12 +146,23 @@ def test_a_crash_at_any_file_system_step_of_a_commit_loses_nothing(tmp_path, mon
         with pytest.raises(ConfigError, match="holds a finished run"):
             _rundir(out, "c").check()
         run = json.load(open(out / "run.json"))["metrics"]["run"]
-        left = sorted(n for n in os.listdir(out.parent) if not n.startswith(".latest-"))  # a link never renamed
+        left = sorted(
+            n for n in os.listdir(out.parent) if not n.startswith(".latest-")
+        )  # a link never renamed
         if run == 2:  # the new run is in place, whole, and never resumable
-            assert sorted(os.listdir(out)) == ["model.keras", "run.json"], (crash_at, steps[crash_at - 1])
-            assert left == ["latest", "r"] and os.readlink(out.parent / "latest") == "r", (crash_at, left)
+            assert sorted(os.listdir(out)) == ["model.keras", "run.json"], (
+                crash_at,
+                steps[crash_at - 1],
+            )
+            assert left == ["latest", "r"] and os.readlink(out.parent / "latest") == "r", (
+                crash_at,
+                left,
+            )
         else:  # crashed before run.json was in the work directory: the old run, the work and its backup intact
-            assert crash_at == 1 and open(os.path.join(rd.work, "backup", "chief", "ckpt")).read() == "step 900"
+            assert (
+                crash_at == 1
+                and open(os.path.join(rd.work, "backup", "chief", "ckpt")).read() == "step 900"
+            )
             assert sorted(os.listdir(out)) == ["run.json"] and left == ["latest", "r", "r.partial"]
 
 
@@ -167,7 +196,9 @@ time.sleep(600)
 
 def _hold(path, cluster=""):
     """A live run in another process: it locks ``path`` and waits to be killed."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path), cluster], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(path), cluster], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -177,7 +208,10 @@ def test_a_live_run_locks_its_directory_until_it_dies(tmp_path):
     live = _hold(root / "train")
     try:
         for kw in ({}, {"overwrite": True}):  # --overwrite never replaces a live run
-            with pytest.raises(ConfigError, match=rf"being written by another run \(pid {live.pid} on .*give another -o"):
+            with pytest.raises(
+                ConfigError,
+                match=rf"being written by another run \(pid {live.pid} on .*give another -o",
+            ):
                 _rundir(root / "train", **kw).check()
         assert default_output("train", str(root)) == str(root / "train-2")  # default names skip it
         picked = _rundir(root / "train", pick=lambda: default_output("train", str(root)))
@@ -225,15 +259,22 @@ def test_a_changed_input_model_or_tfopt_version_is_not_resumed(tmp_path, monkeyp
     teacher = str(tmp_path / "teacher.keras")
     inp = keras.Input((8, 8, 1))
     keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(inp))).save(teacher)
-    cfg = C.from_dict({"data": DIGITS, "runtime": {"strategy": "one_device"},
-                       "train": {"output_dir": str(tmp_path / "student"), "verbose": 0}})
+    cfg = C.from_dict(
+        {
+            "data": DIGITS,
+            "runtime": {"strategy": "one_device"},
+            "train": {"output_dir": str(tmp_path / "student"), "verbose": 0},
+        }
+    )
 
     def job():  # what tfopt.distill fingerprints: its options and each teacher's digest
         return Job(cfg, "distill", options={"teacher_digests": [load_input(teacher).digest]})
 
     job().run_dir.open()  # an unfinished run against this teacher
     assert job().run_dir.resuming
-    keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(inp))).save(teacher)  # retrained: new weights
+    keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(inp))).save(
+        teacher
+    )  # retrained: new weights
     with pytest.raises(ConfigError, match="other settings .*distill.teacher_digests"):
         job()
     before = fingerprint("distill", {})
@@ -250,8 +291,15 @@ def test_a_backup_of_another_model_is_refused_not_half_restored(tmp_path):
         inp = keras.Input((4,))
         x = keras.layers.Dense(units, name="fc")(inp)
         model = keras.Model(inp, keras.layers.Dense(2, name="extra")(x) if extra else x)
-        b = Backup(model, str(tmp_path / "backup"), steps_per_epoch=1, every=0, chief=True,
-                   scratch=str(tmp_path), strategy=tf.distribute.get_strategy())
+        b = Backup(
+            model,
+            str(tmp_path / "backup"),
+            steps_per_epoch=1,
+            every=0,
+            chief=True,
+            scratch=str(tmp_path),
+            strategy=tf.distribute.get_strategy(),
+        )
         b.set_model(model)  # what fit does with its callbacks
         return b
 
@@ -259,7 +307,10 @@ def test_a_backup_of_another_model_is_refused_not_half_restored(tmp_path):
     saved.step = 7
     saved.save()
     assert backup(3).restore() == 7  # the same model restores
-    for other in (backup(5), backup(3, extra=True)):  # a variable of another shape; a layer the backup lacks
+    for other in (
+        backup(5),
+        backup(3, extra=True),
+    ):  # a variable of another shape; a layer the backup lacks
         with pytest.raises(TrainingError, match="does not match this run's model.*--overwrite"):
             other.restore()
 
@@ -283,8 +334,19 @@ def _crash_at(epoch):
 
 
 def _cfg(out, **train):
-    return C.from_dict({"data": DIGITS, "runtime": {"strategy": "mirrored"},
-                        "train": {"epochs": 3, "output_dir": str(out), "verbose": 0, "tensorboard": False, **train}})
+    return C.from_dict(
+        {
+            "data": DIGITS,
+            "runtime": {"strategy": "mirrored"},
+            "train": {
+                "epochs": 3,
+                "output_dir": str(out),
+                "verbose": 0,
+                "tensorboard": False,
+                **train,
+            },
+        }
+    )
 
 
 @pytest.mark.slow
@@ -319,13 +381,18 @@ def test_a_crashed_overwrite_leaves_the_previous_run_intact(tmp_path):
 
     out = tmp_path / "run"
     first = run(_cfg(out, epochs=1))
-    before = {name: open(out / name, "rb").read() for name in ("run.json", "metrics.json", "model.keras")}
+    before = {
+        name: open(out / name, "rb").read() for name in ("run.json", "metrics.json", "model.keras")
+    }
     with pytest.raises(Crash):
         run(_cfg(out, epochs=2, learning_rate=0.002), overwrite=True, callbacks=[_crash_at(1)])
     assert {name: open(out / name, "rb").read() for name in before} == before
     assert load_run(str(out)).record.weights_sha256 == first.weights_sha256
     second = run(_cfg(out, epochs=2, learning_rate=0.002), overwrite=True)
-    assert second.train["epochs"] == 2 and load_run(str(out)).record.weights_sha256 == second.weights_sha256
+    assert (
+        second.train["epochs"] == 2
+        and load_run(str(out)).record.weights_sha256 == second.weights_sha256
+    )
 
 
 def test_versions_reports_what_is_installed_and_keeps_bugs(monkeypatch):
@@ -345,27 +412,90 @@ def test_versions_reports_what_is_installed_and_keeps_bugs(monkeypatch):
 def test_runs_started_together_on_the_default_output_each_commit_their_own(tmp_path):
     """Three `tfopt.train` and a pipeline started at once in one directory: every run commits, none mixed."""
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    cmd = [sys.executable, "-m", "tfopt.train", "--dataset", "digits", "--strategy", "one_device", "--epochs", "1",
-           "--batch-size", "64", "--set", "train.tensorboard=false", "--set", "train.verbose=0"]
-    pipeline = [sys.executable, "-m", "tfopt.pipeline", os.path.join(env["PYTHONPATH"], "pipelines", "mnist_edge.py"),
-                "--variant", "smoke", "--strategy", "one_device", "--set", "compress.techniques=", "--set",
-                "export.modes=float32", "--set", "probe.steps=0", "--set", "data.limit=512", "--no-report", "--quiet"]
-    procs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for command in ([*cmd, "--set", f"train.seed={seed}"] for seed in (1, 2, 3))]
-    procs.append(subprocess.Popen(pipeline, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True))  # and a pipeline, in the same runs/
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfopt.train",
+        "--dataset",
+        "digits",
+        "--strategy",
+        "one_device",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "64",
+        "--set",
+        "train.tensorboard=false",
+        "--set",
+        "train.verbose=0",
+    ]
+    pipeline = [
+        sys.executable,
+        "-m",
+        "tfopt.pipeline",
+        os.path.join(env["PYTHONPATH"], "pipelines", "mnist_edge.py"),
+        "--variant",
+        "smoke",
+        "--strategy",
+        "one_device",
+        "--set",
+        "compress.techniques=",
+        "--set",
+        "export.modes=float32",
+        "--set",
+        "probe.steps=0",
+        "--set",
+        "data.limit=512",
+        "--no-report",
+        "--quiet",
+    ]
+    procs = [
+        subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in ([*cmd, "--set", f"train.seed={seed}"] for seed in (1, 2, 3))
+    ]
+    procs.append(
+        subprocess.Popen(
+            pipeline,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )  # and a pipeline, in the same runs/
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [err[-2000:] for _, err in outs]
     runs = tmp_path / "runs"
-    names = sorted(n for n in os.listdir(runs) if not n.startswith(".") and n not in ("latest", "mnist_edge-smoke"))
+    names = sorted(
+        n
+        for n in os.listdir(runs)
+        if not n.startswith(".") and n not in ("latest", "mnist_edge-smoke")
+    )
     assert names == ["train", "train-2", "train-3"], names
     state = json.load(open(runs / "mnist_edge-smoke" / "pipeline.json"))
-    assert all(s["status"] == "done" and os.path.isfile(runs / "mnist_edge-smoke" / s["dir"] / "run.json")
-               for s in state["stages"]) and len(state["stages"]) == 4
+    assert (
+        all(
+            s["status"] == "done"
+            and os.path.isfile(runs / "mnist_edge-smoke" / s["dir"] / "run.json")
+            for s in state["stages"]
+        )
+        and len(state["stages"]) == 4
+    )
     seeds = sorted(load_run(str(runs / n)).config.train.seed for n in names)
     assert seeds == [1, 2, 3]  # each run committed its own config and model
     for n in names:
         rec = load_run(str(runs / n)).record
-        assert rec.history and rec.metrics["test_accuracy"] > 0 and rec.config["train"]["output_dir"].endswith(n)
+        assert (
+            rec.history
+            and rec.metrics["test_accuracy"] > 0
+            and rec.config["train"]["output_dir"].endswith(n)
+        )
     newest = max(names, key=lambda n: os.path.getmtime(runs / n / "run.json"))
     assert os.readlink(runs / "latest") == newest

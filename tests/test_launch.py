@@ -5,6 +5,7 @@ ParameterServer, a watchdog firing inside a real MWMS start-up) are marked slow.
 a private network namespace when ``unshare -n`` and ``ip`` are usable (root on Linux), since
 TensorFlow servers listen unauthenticated on all interfaces.
 """
+
 import io
 import json
 import os
@@ -41,9 +42,8 @@ def run_launch(command, **kwargs):
     return code, out.getvalue(), time.monotonic() - start
 
 
-
-
 # ---------------------------------------------------------------- cluster helpers
+
 
 def test_free_ports_are_distinct_and_bindable():
     ports = free_ports(4)
@@ -61,17 +61,21 @@ def test_make_cluster_shapes():
     assert len(info.peers()) == 3
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(workers=0), "--workers=0"),
-    (dict(workers=2, ps=1), "--ps=1 needs --chief"),
-    (dict(workers=-1, chief=True), "must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(workers=0), "--workers=0"),
+        (dict(workers=2, ps=1), "--ps=1 needs --chief"),
+        (dict(workers=-1, chief=True), "must be >= 0"),
+    ],
+)
 def test_make_cluster_rejects(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         make_cluster(**kwargs)
 
 
 # ---------------------------------------------------------------- job semantics
+
 
 def test_two_workers_each_get_their_tf_config():
     code, out, _ = run_launch(py("print('task', task['type'], task['index'])"), workers=2)
@@ -80,24 +84,32 @@ def test_two_workers_each_get_their_tf_config():
 
 
 def test_failing_worker_stops_the_others_quickly():
-    code, out, elapsed = run_launch(py("""
+    code, out, elapsed = run_launch(
+        py("""
         if task['index'] == 1:
             print('failing'); sys.exit(7)
         time.sleep(60)
-    """), workers=2, grace=1.0)
+    """),
+        workers=2,
+        grace=1.0,
+    )
     assert code == 7
     assert "[worker:1] failing" in out
     assert elapsed < 10
 
 
 def test_sigterm_ignoring_task_is_killed_after_grace():
-    code, _, elapsed = run_launch(py("""
+    code, _, elapsed = run_launch(
+        py("""
         import signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if task['index'] == 1:
             time.sleep(0.5); sys.exit(1)
         time.sleep(60)
-    """), workers=2, grace=0.5)
+    """),
+        workers=2,
+        grace=0.5,
+    )
     assert code == 1
     assert elapsed < 10
 
@@ -116,11 +128,17 @@ def test_timeout_returns_124(capfd):
 
 
 def test_chief_exit_ends_parameter_server_job():
-    code, out, elapsed = run_launch(py("""
+    code, out, elapsed = run_launch(
+        py("""
         if task['type'] == 'chief':
             time.sleep(0.3); print('chief done'); sys.exit(0)
         time.sleep(60)  # a worker/ps server never exits by itself
-    """), workers=2, ps=1, chief=True, grace=1.0)
+    """),
+        workers=2,
+        ps=1,
+        chief=True,
+        grace=1.0,
+    )
     assert code == 0 and "[chief:0] chief done" in out
     assert elapsed < 10
 
@@ -139,12 +157,23 @@ def test_missing_program_is_a_config_error():
 
 def test_ctrl_c_stops_children():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--",
-         *py("print('pid', os.getpid(), flush=True); time.sleep(60)")],
-        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tfopt.launch",
+            "--workers",
+            "2",
+            "--",
+            *py("print('pid', os.getpid(), flush=True); time.sleep(60)"),
+        ],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
         # A shell starts background jobs with SIGINT ignored, and Python then installs no
         # KeyboardInterrupt handler: give the launcher the default disposition a terminal gives.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     pids = [int(proc.stdout.readline().split()[-1]) for _ in range(2)]
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=20) == 130
@@ -155,63 +184,103 @@ def test_ctrl_c_stops_children():
 
 def test_sigterm_to_the_launcher_reaches_every_task_and_exits_143():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--grace", "20", "--",
-         *py("""
+        [
+            sys.executable,
+            "-m",
+            "tfopt.launch",
+            "--workers",
+            "2",
+            "--grace",
+            "20",
+            "--",
+            *py("""
              import signal
              signal.signal(signal.SIGTERM, lambda *a: (print('saving', task['index'], flush=True), sys.exit(143)))
              print('ready', flush=True)
              time.sleep(60)
-             """)],
-        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             """),
+        ],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     ready = 0
     while ready < 2:
         ready += proc.stdout.readline().strip().endswith("ready")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 143
-    assert "[worker:0] saving 0" in out and "[worker:1] saving 1" in out  # each task handled it itself
+    assert (
+        "[worker:0] saving 0" in out and "[worker:1] saving 1" in out
+    )  # each task handled it itself
 
 
 def test_restarts_only_retryable_failures_up_to_the_limit(tmp_path, capfd):
     count = tmp_path / "attempts"
-    code, out, _ = run_launch(py(f"""
+    code, out, _ = run_launch(
+        py(f"""
         with open({str(count)!r}, "a") as f:
             f.write(str(task["index"]))
         if task["index"] == 1 and open({str(count)!r}).read().count("1") < 3:
             os.kill(os.getpid(), 9)   # killed twice, then it succeeds
-        """), workers=2, max_restarts=2)
+        """),
+        workers=2,
+        max_restarts=2,
+    )
     said = capfd.readouterr().err
     assert code == 0 and count.read_text().count("1") == 3
-    assert "worker:1 exited with code 137 (killed by SIGKILL); restart 1/2" in said and "restart 2/2" in said
-    code, out, _ = run_launch(py("sys.exit(2 if task['index'] == 1 else 0)"), workers=2, max_restarts=3)
+    assert (
+        "worker:1 exited with code 137 (killed by SIGKILL); restart 1/2" in said
+        and "restart 2/2" in said
+    )
+    code, out, _ = run_launch(
+        py("sys.exit(2 if task['index'] == 1 else 0)"), workers=2, max_restarts=3
+    )
     assert code == 2 and "restart" not in capfd.readouterr().err  # bad input is final
-    code, out, _ = run_launch(py("os.kill(os.getpid(), 9) if task['index'] == 0 else None"), workers=1,
-                              max_restarts=1)
+    code, out, _ = run_launch(
+        py("os.kill(os.getpid(), 9) if task['index'] == 0 else None"), workers=1, max_restarts=1
+    )
     assert code == 137 and "no restart left (--max-restarts=1)" in capfd.readouterr().err
 
 
-INTERFACES = py("print('interfaces', sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]), "
-                "flush=True)")
-HOST_INTERFACES = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:])
+INTERFACES = py(
+    "print('interfaces', sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]), "
+    "flush=True)"
+)
+HOST_INTERFACES = sorted(
+    line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]
+)
 
 
-@pytest.mark.parametrize("flags, isolated", [
-    ([], True),  # the default: a loopback cluster runs off the network
-    (["--isolate"], True),
-    (["--no-isolate"], False),
-    (["--host", "this machine's address"], False),  # an address a private namespace lacks
-])
+@pytest.mark.parametrize(
+    "flags, isolated",
+    [
+        ([], True),  # the default: a loopback cluster runs off the network
+        (["--isolate"], True),
+        (["--no-isolate"], False),
+        (["--host", "this machine's address"], False),  # an address a private namespace lacks
+    ],
+)
 def test_a_local_cluster_has_no_network_but_its_loopback(flags, isolated):
     if not ISOLATED:
         pytest.skip("needs root (unshare -n)")
     if "--host" in flags:
-        found = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True,
-                               text=True).stdout.split()
+        found = subprocess.run(
+            ["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True
+        ).stdout.split()
         if "inet" not in found:
             pytest.skip("this machine has no global IPv4 address")
         flags = ["--host", found[found.index("inet") + 1].partition("/")[0]]
-    proc = subprocess.run([sys.executable, "-m", "tfopt.launch", *flags, "--workers", "1", "--", *INTERFACES],
-                          env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfopt.launch", *flags, "--workers", "1", "--", *INTERFACES],
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert HOST_INTERFACES != ["lo"]  # the test itself does see the host's interfaces
     seen = ["lo"] if isolated else HOST_INTERFACES
@@ -224,35 +293,73 @@ def test_other_users_get_the_namespace_inside_a_user_namespace(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     prefix = isolation_prefix()
     assert prefix[:2] == ["unshare", "-rn"]
-    proc = subprocess.run([*prefix, *INTERFACES], env=dict(ENV, TF_CONFIG=json.dumps({"task": {"type": "worker", "index": 0}})), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*prefix, *INTERFACES],
+        env=dict(ENV, TF_CONFIG=json.dumps({"task": {"type": "worker", "index": 0}})),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and "interfaces ['lo']" in proc.stdout, proc.stderr
 
 
 def test_a_host_that_is_not_this_machine_is_a_one_line_error():
-    proc = subprocess.run([sys.executable, "-m", "tfopt.launch", "--host", "10.255.255.1", "--workers", "1", "--",
-                           *INTERFACES], env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfopt.launch",
+            "--host",
+            "10.255.255.1",
+            "--workers",
+            "1",
+            "--",
+            *INTERFACES,
+        ],
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith(
-        "tfopt.launch: --host '10.255.255.1' is not an address of this machine (Cannot assign requested address)")
+        "tfopt.launch: --host '10.255.255.1' is not an address of this machine (Cannot assign requested address)"
+    )
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_isolate_fails_in_one_line_where_no_namespace_can_be_made(tmp_path):
-    (tmp_path / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (tmp_path / "unshare").write_text(
+        "#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n"
+    )
     (tmp_path / "unshare").chmod(0o755)
     env = dict(ENV, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     run = [sys.executable, "-m", "tfopt.launch", "--workers", "1", "--", *INTERFACES]
-    proc = subprocess.run([*run[:3], "--isolate", *run[3:]], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [*run[:3], "--isolate", *run[3:]],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "[worker:0]" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1] == (
         "tfopt.launch: --isolate cannot create a network namespace (unshare: unshare failed: Operation not "
         "permitted); run as root or enable unprivileged user namespaces (sysctl user.max_user_namespaces), or "
-        "pass --no-isolate on a trusted machine")
-    proc = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)  # the default
-    assert proc.returncode == 0 and f"[worker:0] interfaces {HOST_INTERFACES}" in proc.stdout, proc.stderr
+        "pass --no-isolate on a trusted machine"
+    )
+    proc = subprocess.run(
+        run, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )  # the default
+    assert proc.returncode == 0 and f"[worker:0] interfaces {HOST_INTERFACES}" in proc.stdout, (
+        proc.stderr
+    )
 
 
 # ---------------------------------------------------------------- watchdog (no TensorFlow)
+
 
 def test_timeout_message_names_only_unreachable_peers():
     with socket.socket() as listening:
@@ -277,8 +384,13 @@ print("finished")
 
 def test_watchdog_fires_with_exit_3():
     peer = f"127.0.0.1:{free_ports(1)[0]}"
-    done = subprocess.run([sys.executable, "-c", WATCHED, "0.5", peer], env=ENV, capture_output=True,
-                          text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-c", WATCHED, "0.5", peer],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 3
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and peer in lines[0] and "within 0.5s" in lines[0]
@@ -286,22 +398,46 @@ def test_watchdog_fires_with_exit_3():
 
 
 def test_watchdog_silent_when_block_finishes():
-    done = subprocess.run([sys.executable, "-c", WATCHED.replace("* 20", "* 0"), "5", "127.0.0.1:1"],
-                          env=ENV, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-c", WATCHED.replace("* 20", "* 0"), "5", "127.0.0.1:1"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "finished" and done.stderr == ""
 
 
 # ---------------------------------------------------------------- real TensorFlow clusters
 
+
 def _launch_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([*ISOLATED, sys.executable, "-m", "tfopt.launch", *args], env=ENV, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*ISOLATED, sys.executable, "-m", "tfopt.launch", *args],
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
 def test_multi_worker_mirrored_two_processes():
-    done = _launch_cli(["--workers", "2", "--timeout", "120", "--",
-                        sys.executable, HELPER, "multi_worker_mirrored", "60"], timeout=180)
+    done = _launch_cli(
+        [
+            "--workers",
+            "2",
+            "--timeout",
+            "120",
+            "--",
+            sys.executable,
+            HELPER,
+            "multi_worker_mirrored",
+            "60",
+        ],
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     for i in range(2):
         assert f"[worker:{i}] RESULT worker:{i} replicas=2 sum=2" in done.stdout
@@ -310,10 +446,17 @@ def test_multi_worker_mirrored_two_processes():
 @pytest.mark.slow
 def test_watchdog_fires_when_peer_never_starts():
     ports = free_ports(2)
-    tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": 0}}
-    done = subprocess.run([*ISOLATED, sys.executable, HELPER, "multi_worker_mirrored", "4"],
-                          env=dict(ENV, TF_CONFIG=json.dumps(tf_config)), capture_output=True, text=True,
-                          timeout=120)
+    tf_config = {
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+        "task": {"type": "worker", "index": 0},
+    }
+    done = subprocess.run(
+        [*ISOLATED, sys.executable, HELPER, "multi_worker_mirrored", "4"],
+        env=dict(ENV, TF_CONFIG=json.dumps(tf_config)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 3, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("tfopt:")]
     assert len(lines) == 1
@@ -323,8 +466,24 @@ def test_watchdog_fires_when_peer_never_starts():
 
 @pytest.mark.slow
 def test_parameter_server_chief_two_workers_one_ps():
-    done = _launch_cli(["--chief", "--workers", "2", "--ps", "1", "--timeout", "150", "--grace", "1", "--",
-                        sys.executable, HELPER, "parameter_server"], timeout=200)
+    done = _launch_cli(
+        [
+            "--chief",
+            "--workers",
+            "2",
+            "--ps",
+            "1",
+            "--timeout",
+            "150",
+            "--grace",
+            "1",
+            "--",
+            sys.executable,
+            HELPER,
+            "parameter_server",
+        ],
+        timeout=200,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "[chief:0] RESULT chief:0 counter=4" in done.stdout
     assert "[ps:0] tfopt: ps:0 server listening" in done.stdout
@@ -350,14 +509,27 @@ def _wait_dead(pids, timeout=15.0):
 def test_tasks_end_when_their_launcher_dies(sig):
     """kill -9 of the launcher, or its terminal closing: no task is left running with its ports open."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--grace", "5", "--",
-         *py("""
+        [
+            sys.executable,
+            "-m",
+            "tfopt.launch",
+            "--workers",
+            "2",
+            "--grace",
+            "5",
+            "--",
+            *py("""
              import signal
              signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(143)))
              print('pid', os.getpid(), flush=True)
              time.sleep(120)
-             """)],
-        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             """),
+        ],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     pids = [int(proc.stdout.readline().split()[-1]) for _ in range(2)]
     proc.send_signal(sig)
     proc.wait(timeout=30)
@@ -366,15 +538,29 @@ def test_tasks_end_when_their_launcher_dies(sig):
 
 def test_a_second_ctrl_c_during_the_grace_period_kills_the_tasks_without_a_traceback():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--grace", "60", "--",
-         *py("""
+        [
+            sys.executable,
+            "-m",
+            "tfopt.launch",
+            "--workers",
+            "2",
+            "--grace",
+            "60",
+            "--",
+            *py("""
              import signal
              signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a task slow to stop
              print('pid', os.getpid(), flush=True)
              time.sleep(120)
-             """)],
-        env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+             """),
+        ],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     pids = [int(proc.stdout.readline().split()[-1]) for _ in range(2)]
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)  # inside the 60 s grace period
@@ -399,16 +585,31 @@ except KeyboardInterrupt:
 @pytest.mark.parametrize("how", ["sigint_to_the_parent_only", "kill9_of_the_parent"])
 def test_the_pipeline_runner_waits_for_its_launcher_or_takes_it_along(how):
     """What `tfopt.pipeline` does around each multi-process stage: its launcher never outlives it."""
-    launcher = [sys.executable, "-m", "tfopt.launch", "--workers", "2", "--grace", "10", "--",
-                *py("""
+    launcher = [
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        "--workers",
+        "2",
+        "--grace",
+        "10",
+        "--",
+        *py("""
                     import signal
                     signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(143)))
                     print('pid', os.getpid(), flush=True)
                     time.sleep(120)
-                    """)]
-    proc = subprocess.Popen([sys.executable, "-c", _PIPELINE_LIKE, *launcher], env=ENV, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                    """),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PIPELINE_LIKE, *launcher],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     pids = []
     while len(pids) < 2:
         line = proc.stdout.readline()
@@ -422,5 +623,7 @@ def test_the_pipeline_runner_waits_for_its_launcher_or_takes_it_along(how):
     proc.send_signal(signal.SIGINT)  # to the parent alone, not its process group
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "Traceback" not in out, out
-    assert out.count("saving") == 2 and out.rstrip().endswith("parent: interrupted after its child ended"), out
+    assert out.count("saving") == 2 and out.rstrip().endswith(
+        "parent: interrupted after its child ended"
+    ), out
     assert _wait_dead(pids, timeout=2) == []

@@ -1,4 +1,5 @@
 """Low-rank factorization: exact surgery at full rank, ranks as numpy chooses them, FLOPs counted twice."""
+
 import numpy as np
 import pytest
 
@@ -51,10 +52,21 @@ def test_full_rank_factorization_computes_what_the_model_did():
     model = _randomize(_graph_model())
     x = np.random.default_rng(1).normal(size=(4, 12, 12, 3)).astype("float32")
     ranks = _full_ranks(model)
-    assert set(ranks) == {"strided", "branch", "dilated", "pointwise", "rect", "per_token", "fc", "logits"}
+    assert set(ranks) == {
+        "strided",
+        "branch",
+        "dilated",
+        "pointwise",
+        "rect",
+        "per_token",
+        "fc",
+        "logits",
+    }
     factored = lr.factorize(model, ranks)
     assert {f"{n}_lr" for n in ranks} <= {layer.name for layer in factored.layers}
-    assert not any(isinstance(layer, keras.Model) for layer in factored.layers)  # flat: QAT can take it
+    assert not any(
+        isinstance(layer, keras.Model) for layer in factored.layers
+    )  # flat: QAT can take it
     for before, after in zip(model(x, training=False), factored(x, training=False)):
         assert np.isfinite(before.numpy()).all()
         np.testing.assert_allclose(after.numpy(), before.numpy(), atol=1e-5, rtol=1e-5)
@@ -91,13 +103,20 @@ def test_a_spatial_flops_budget_is_met_and_counted_again():
     plan = lr.plan(model, spec)
     factored = lr.factorize(model, plan.ranks, conv="spatial")
     assert sum(model_macs(factored).values()) == plan.macs_after <= 0.6 * plan.macs_before
-    assert lr.check_flops(factored, spec, plan.to_dict())["ok"] and plan.to_dict()["conv"] == "spatial"
-    assert any(factored.get_layer(n + "_lr").kernel_size[1] == 1 for n in plan.ranks
-               if isinstance(model.get_layer(n), L.Conv2D) and min(model.get_layer(n).kernel_size) > 1)
+    assert (
+        lr.check_flops(factored, spec, plan.to_dict())["ok"] and plan.to_dict()["conv"] == "spatial"
+    )
+    assert any(
+        factored.get_layer(n + "_lr").kernel_size[1] == 1
+        for n in plan.ranks
+        if isinstance(model.get_layer(n), L.Conv2D) and min(model.get_layer(n).kernel_size) > 1
+    )
 
 
 def test_a_sequential_model_is_factorized_too():
-    model = _randomize(keras.Sequential([keras.Input((10,)), L.Dense(8, activation="relu"), L.Dense(3)]))
+    model = _randomize(
+        keras.Sequential([keras.Input((10,)), L.Dense(8, activation="relu"), L.Dense(3)])
+    )
     x = np.random.default_rng(2).normal(size=(5, 10)).astype("float32")
     factored = lr.factorize(model, _full_ranks(model))
     np.testing.assert_allclose(factored(x).numpy(), model(x).numpy(), atol=1e-5)
@@ -114,7 +133,8 @@ def test_truncation_is_the_best_rank_r_approximation():
     conv = model.get_layer("branch").kernel.numpy().reshape(-1, 16)
     u, s, vt = np.linalg.svd(conv.astype(np.float64), full_matrices=False)
     pair = factored.get_layer("branch_lr").kernel.numpy().reshape(-1, 4) @ factored.get_layer(
-        "branch").kernel.numpy().reshape(4, 16)
+        "branch"
+    ).kernel.numpy().reshape(4, 16)
     np.testing.assert_allclose(pair, (u[:, :4] * s[:4]) @ vt[:4], atol=1e-5)
 
 
@@ -152,8 +172,10 @@ def test_energy_ranks_are_numpys_and_layers_that_would_not_save_are_named():
             if layer.name not in plan.ranks and layer.name not in plan.skipped:
                 continue
             kernel = layer.kernel.numpy()
-            s = np.linalg.svd(kernel.reshape(-1, kernel.shape[-1]).astype(np.float64), compute_uv=False)
-            rank = int(np.argmax(np.cumsum(s ** 2) / np.sum(s ** 2) >= energy)) + 1
+            s = np.linalg.svd(
+                kernel.reshape(-1, kernel.shape[-1]).astype(np.float64), compute_uv=False
+            )
+            rank = int(np.argmax(np.cumsum(s**2) / np.sum(s**2) >= energy)) + 1
             rows, cols = kernel.reshape(-1, kernel.shape[-1]).shape
             if rank * (rows + cols) < rows * cols:
                 assert plan.ranks[layer.name] == rank, (energy, layer.name)
@@ -172,20 +194,29 @@ def test_a_flops_budget_is_met_and_counted_again_on_the_result():
     assert counted == plan.macs_after <= 0.6 * plan.macs_before
     assert plan.macs_before == sum(model_macs(model).values())
     check = lr.check_flops(factored, lr.LowRankSpec(flops=0.6), plan.to_dict())
-    assert check["ok"] and not lr.check_flops(model, lr.LowRankSpec(flops=0.6), plan.to_dict())["ok"]
+    assert (
+        check["ok"] and not lr.check_flops(model, lr.LowRankSpec(flops=0.6), plan.to_dict())["ok"]
+    )
 
 
 def test_ranks_rounded_to_a_multiple():
     model = _randomize(_graph_model())
     plan = lr.plan(model, lr.LowRankSpec(flops=0.7, round_to=4))
     assert plan.ranks and all(r % 4 == 0 for r in plan.ranks.values())
-    assert sum(model_macs(lr.factorize(model, plan.ranks)).values()) == plan.macs_after <= 0.7 * plan.macs_before
+    assert (
+        sum(model_macs(lr.factorize(model, plan.ranks)).values())
+        == plan.macs_after
+        <= 0.7 * plan.macs_before
+    )
     energy = lr.plan(model, lr.LowRankSpec(rank_by="energy", energy=0.5, round_to=4))
     exact = lr.plan(model, lr.LowRankSpec(rank_by="energy", energy=0.5))
     for name, rank in energy.ranks.items():
         assert rank == -(-exact.ranks[name] // 4) * 4
     coarse = lr.plan(model, lr.LowRankSpec(rank_by="energy", energy=0.5, round_to=5))
-    for name in ("logits", "per_token"):  # 24x5 and 6x20 kernels: a rank-5 pair costs more than the layer
+    for name in (
+        "logits",
+        "per_token",
+    ):  # 24x5 and 6x20 kernels: a rank-5 pair costs more than the layer
         assert coarse.skipped[name] == "no rank that is a multiple of 5 costs less than the layer"
 
 
@@ -194,7 +225,10 @@ def test_a_budget_below_the_floor_is_a_one_line_error():
     with pytest.raises(OptimizeError) as err:
         lr.plan(model, lr.LowRankSpec(flops=0.01))
     message = str(err.value)
-    assert "low-rank FLOPs budget 0.01 of the model is out of reach: rank 1 everywhere gives" in message
+    assert (
+        "low-rank FLOPs budget 0.01 of the model is out of reach: rank 1 everywhere gives"
+        in message
+    )
     assert "give flops >= " in message and "\n" not in message
 
 
@@ -211,7 +245,9 @@ def test_what_cannot_be_factorized_is_left_whole_and_named():
     assert [c.name for c in cands] == ["to16"]
     assert skipped["dw"].startswith("depthwise") and skipped["grouped"] == "grouped convolution"
     assert skipped["shared"] == "shared layer (called more than once)"
-    assert skipped["tiny"].startswith("too small to gain: 16x1 kernel costs 16 multiply-adds, a rank-1 pair 17")
+    assert skipped["tiny"].startswith(
+        "too small to gain: 16x1 kernel costs 16 multiply-adds, a rank-1 pair 17"
+    )
     cands, _ = lr.candidates(model, lr.LowRankSpec(selection=Selection(types=("Conv2D",))))
     assert cands == []
 
@@ -228,11 +264,14 @@ def test_graph_edits_refuse_a_subclassed_model_and_a_taken_name():
         graph.insert_before("logits", "fc", "Dense", {"units": 3}, [])
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(rank_by="svd"), "rank_by='svd' is not valid; choose one of energy, flops"),
-    (dict(flops=0), "energy=0.9 and flops=0 must be in (0, 1]"),
-    (dict(energy=1.5), "energy=1.5 and flops=0.5 must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(rank_by="svd"), "rank_by='svd' is not valid; choose one of energy, flops"),
+        (dict(flops=0), "energy=0.9 and flops=0 must be in (0, 1]"),
+        (dict(energy=1.5), "energy=1.5 and flops=0.5 must be in (0, 1]"),
+    ],
+)
 def test_bad_specs_are_named(bad, message):
     with pytest.raises(OptimizeError) as err:
         lr.LowRankSpec(**bad).validate()
@@ -248,11 +287,17 @@ def test_keras_applications_factorize_exactly_and_convert_to_int8(name):
     from tfopt.export.tflite import convert
 
     build = getattr(keras.applications, name)
-    model = _randomize(build(input_shape=(32, 32, 3), weights=None, classes=10, classifier_activation=None), 3)
+    model = _randomize(
+        build(input_shape=(32, 32, 3), weights=None, classes=10, classifier_activation=None), 3
+    )
     x = np.random.default_rng(4).normal(size=(2, 32, 32, 3)).astype("float32")
     factored = lr.factorize(model, _full_ranks(model))
-    np.testing.assert_allclose(factored(x, training=False).numpy(), model(x, training=False).numpy(),
-                               rtol=1e-3, atol=1e-3 * float(np.abs(model(x, training=False)).max()))
+    np.testing.assert_allclose(
+        factored(x, training=False).numpy(),
+        model(x, training=False).numpy(),
+        rtol=1e-3,
+        atol=1e-3 * float(np.abs(model(x, training=False)).max()),
+    )
     plan = lr.plan(model, lr.LowRankSpec(flops=0.8))
     smaller = lr.factorize(model, plan.ranks)
     assert sum(model_macs(smaller).values()) == plan.macs_after <= 0.8 * plan.macs_before

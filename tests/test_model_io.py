@@ -20,7 +20,10 @@ def test_registry_builds_every_model_with_float32_logits():
         m = build_model(name, (28, 28, 1), 10)
         assert m.output_shape == (None, 10)
         assert m.layers[-1].dtype == "float32"
-    with pytest.raises(Exception, match="unknown model 'resnet9000'; choose one of cnn, mlp, mobilenet_tiny, small_cnn, tiny_cnn, wide_cnn"):
+    with pytest.raises(
+        Exception,
+        match="unknown model 'resnet9000'; choose one of cnn, mlp, mobilenet_tiny, small_cnn, tiny_cnn, wide_cnn",
+    ):
         build_model("resnet9000", (28, 28, 1), 10)
 
 
@@ -33,8 +36,12 @@ def test_save_then_load_roundtrip(tmp_path):
     served = tf.saved_model.load(paths["saved_model"])
     np.testing.assert_allclose(served.serve(x).numpy(), m(x).numpy(), rtol=1e-5, atol=1e-6)
     signature = served.signatures["serving_default"]
-    np.testing.assert_allclose(next(iter(signature(tf.constant(x)).values())).numpy(), m(x).numpy(), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ModelError, match="inference SavedModel without Keras metadata.*model.keras"):
+    np.testing.assert_allclose(
+        next(iter(signature(tf.constant(x)).values())).numpy(), m(x).numpy(), rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(
+        ModelError, match="inference SavedModel without Keras metadata.*model.keras"
+    ):
         load_model(paths["saved_model"])
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
 
@@ -48,7 +55,9 @@ def _lambda_model():
 def test_h5_with_lambda_refused_unless_trusted(tmp_path):
     path = str(tmp_path / "m.h5")
     _lambda_model().save(path)
-    with pytest.raises(ModelError, match="Lambda layer .double. holding stored Python code.*--trust-model"):
+    with pytest.raises(
+        ModelError, match="Lambda layer .double. holding stored Python code.*--trust-model"
+    ):
         load_model(path)
     m = load_model(path, trust_model=True)
     assert float(m(np.ones((1, 4), "float32"))[0, 0]) == 2.0

@@ -5,6 +5,7 @@ marker. The family: a Lambda layer at the top and inside a nested model, in ``.k
 and SavedModel, plain and with ``\\u`` escapes in the stored JSON; a lambda activation; a config
 naming a foreign module; metadata that cannot be parsed.
 """
+
 import os
 import zipfile
 
@@ -20,7 +21,9 @@ ESCAPED = '"class_name": "\\u004cambda"'  # JSON for "Lambda", invisible to a by
 
 
 def _model(marker: str, nested: bool) -> "keras.Model":
-    def touch(t, path=marker):  # runs whenever the layer is called, e.g. while a load rebuilds the model
+    def touch(
+        t, path=marker
+    ):  # runs whenever the layer is called, e.g. while a load rebuilds the model
         open(path, "a").close()
         return t * 2.0
 
@@ -29,7 +32,9 @@ def _model(marker: str, nested: bool) -> "keras.Model":
     if nested:
         inner = keras.Model(inp, x, name="inner")
         outer_in = keras.Input((4,))
-        return keras.Model(outer_in, keras.layers.Dense(2, name="head")(inner(outer_in)), name="outer")
+        return keras.Model(
+            outer_in, keras.layers.Dense(2, name="head")(inner(outer_in)), name="outer"
+        )
     return keras.Model(inp, keras.layers.Dense(2, name="head")(x))
 
 
@@ -83,7 +88,9 @@ def test_a_stored_lambda_is_refused_and_never_runs(tmp_path, fmt, nested, escape
     with pytest.raises(ModelError, match="stored Python code.*--trust-model") as err:
         load_model(path)
     assert "\n" not in str(err.value) and not os.path.exists(marker)
-    if not escaped and fmt == "h5":  # what the refusal protects against: trusted, the stored code runs on load
+    if (
+        not escaped and fmt == "h5"
+    ):  # what the refusal protects against: trusted, the stored code runs on load
         model = load_model(path, trust_model=True)
         assert os.path.exists(marker) and model(np.ones((1, 4), "float32")).shape == (1, 2)
 
@@ -121,8 +128,11 @@ def test_a_clean_model_loads_in_every_format(tmp_path):
     inp = keras.Input((4,))
     model = keras.Model(inp, keras.layers.Dense(2, activation="relu")(inp))
     x = np.ones((1, 4), "float32")
-    for path, kwargs in ((str(tmp_path / "m.keras"), {}), (str(tmp_path / "m.h5"), {}),
-                         (str(tmp_path / "saved"), {"save_format": "tf"})):
+    for path, kwargs in (
+        (str(tmp_path / "m.keras"), {}),
+        (str(tmp_path / "m.h5"), {}),
+        (str(tmp_path / "saved"), {"save_format": "tf"}),
+    ):
         model.save(path, **kwargs)
         np.testing.assert_allclose(load_model(path)(x), model(x), atol=1e-6)
 

@@ -7,6 +7,7 @@ out. Notebook 02 starts TensorFlow servers (``tfopt.launch``), so where the kern
 (root on Linux) every kernel runs in a private network namespace, talking to the test over Unix
 sockets. Each test then checks figures the notebook printed and files it wrote.
 """
+
 import json
 import os
 import re
@@ -48,20 +49,31 @@ def test_the_notebooks_are_stored_clean():
         nbformat.validate(nb)
         assert "widgets" not in nb.metadata, f"{name} stores widget state"
         first = nb.cells[0]
-        assert first.cell_type == "markdown" and first.source.startswith("# "), f"{name}: no title cell"
+        assert first.cell_type == "markdown" and first.source.startswith("# "), (
+            f"{name}: no title cell"
+        )
         code = [c for c in nb.cells if c.cell_type == "code"]
         for cell in code:
-            assert cell.outputs == [] and cell.execution_count is None, f"{name}: outputs stored: {cell.source[:60]}"
+            assert cell.outputs == [] and cell.execution_count is None, (
+                f"{name}: outputs stored: {cell.source[:60]}"
+            )
         for cell in nb.cells:
             assert "widgets" not in cell.metadata and "execution" not in cell.metadata, name
-        assert SKIP_TAG in _tags(code[0]) and "pip install" in code[0].source, f"{name}: first code cell"
-        assert not any(SKIP_TAG in _tags(c) for c in code[1:]), f"{name}: only the install cell is skipped"
+        assert SKIP_TAG in _tags(code[0]) and "pip install" in code[0].source, (
+            f"{name}: first code cell"
+        )
+        assert not any(SKIP_TAG in _tags(c) for c in code[1:]), (
+            f"{name}: only the install cell is skipped"
+        )
         params = [i for i, c in enumerate(code) if "parameters" in _tags(c)]
         assert len(params) == 1, f"{name}: needs exactly one cell tagged parameters"
-        assert "TFOPT_SMOKE" in code[params[0] + 1].source, f"{name}: the cell after the parameters reads TFOPT_SMOKE"
+        assert "TFOPT_SMOKE" in code[params[0] + 1].source, (
+            f"{name}: the cell after the parameters reads TFOPT_SMOKE"
+        )
 
 
 # ------------------------------------------------------------------------------------- execution
+
 
 @pytest.fixture(scope="session")
 def mnist_download():
@@ -80,11 +92,28 @@ def _kernel_manager(tmp: str):
     kernels = os.path.join(tmp, "kernels")
     os.makedirs(os.path.join(kernels, "tfopt-test"))
     with open(os.path.join(kernels, "tfopt-test", "kernel.json"), "w", encoding="utf-8") as f:
-        json.dump({"argv": [*ISOLATED, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                   "display_name": "tfopt test kernel", "language": "python"}, f)
+        json.dump(
+            {
+                "argv": [
+                    *ISOLATED,
+                    sys.executable,
+                    "-m",
+                    "ipykernel_launcher",
+                    "-f",
+                    "{connection_file}",
+                ],
+                "display_name": "tfopt test kernel",
+                "language": "python",
+            },
+            f,
+        )
     # Unix sockets reach a kernel in another network namespace; TCP on loopback would not.
-    return KernelManager(kernel_name="tfopt-test", kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernels]),
-                         transport="ipc", ip=os.path.join(tmp, "kernel-ipc"))
+    return KernelManager(
+        kernel_name="tfopt-test",
+        kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernels]),
+        transport="ipc",
+        ip=os.path.join(tmp, "kernel-ipc"),
+    )
 
 
 def execute(name: str, cwd: str) -> tuple[object, float]:
@@ -94,14 +123,21 @@ def execute(name: str, cwd: str) -> tuple[object, float]:
 
     nb = _read(name)
     nb.cells = [c for c in nb.cells if SKIP_TAG not in _tags(c)]
-    nb.cells.insert(0, nbformat.v4.new_code_cell("import os, sys\nprint('kernel python:', sys.executable)\n"
-                                                 "print('data dir:', os.environ.get('TFOPT_DATA_DIR'))"))
+    nb.cells.insert(
+        0,
+        nbformat.v4.new_code_cell(
+            "import os, sys\nprint('kernel python:', sys.executable)\n"
+            "print('data dir:', os.environ.get('TFOPT_DATA_DIR'))"
+        ),
+    )
     env = dict(os.environ, TFOPT_SMOKE="1", PYTHONUNBUFFERED="1")
     env.pop("MPLBACKEND", None)  # the kernel's inline backend draws the plots
     env.pop("TF_CONFIG", None)
     with tempfile.TemporaryDirectory(prefix="tfopt-kernel-") as tmp:
         km = _kernel_manager(tmp)
-        client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, allow_errors=False, record_timing=True)
+        client = NotebookClient(
+            nb, km=km, timeout=CELL_TIMEOUT, allow_errors=False, record_timing=True
+        )
         started = time.monotonic()
         try:
             client.execute(env=env, cwd=cwd)
@@ -124,7 +160,9 @@ def text_of(nb) -> str:
 
 
 def images_in(nb) -> int:
-    return sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
+    return sum(
+        1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
+    )
 
 
 def _figures(pattern: str, text: str) -> dict[str, float]:
@@ -134,7 +172,9 @@ def _figures(pattern: str, text: str) -> dict[str, float]:
 def check_01(nb, text: str, cwd: str) -> None:
     ratios = _figures(r"tfopt / naive, (first pass \(cold\)|cached epochs): ([0-9.]+)x", text)
     assert set(ratios) == {"first pass (cold)", "cached epochs"}, text[-2000:]
-    assert ratios["cached epochs"] > 1.0, f"the cached tfopt pipeline is not faster than the naive one: {ratios}"
+    assert ratios["cached epochs"] > 1.0, (
+        f"the cached tfopt pipeline is not faster than the naive one: {ratios}"
+    )
     assert images_in(nb) >= 2  # the sample images and the throughput plot
 
 
@@ -142,17 +182,37 @@ def check_02(nb, text: str, cwd: str) -> None:
     acc = _figures(r"test accuracy under (\w+): ([0-9.]+)", text)
     assert set(acc) == {"one_device", "mirrored", "multi_worker_mirrored"}, text[-2000:]
     assert all(a > 0.2 for a in acc.values()), f"no better than chance (0.1): {acc}"
-    with open(os.path.join(cwd, "runs", "distributed", "multi_worker_mirrored", "run.json"), encoding="utf-8") as f:
+    with open(
+        os.path.join(cwd, "runs", "distributed", "multi_worker_mirrored", "run.json"),
+        encoding="utf-8",
+    ) as f:
         record = json.load(f)
-    assert record["strategy"]["num_workers"] == 2 and record["strategy"]["name"] == "multi_worker_mirrored"
+    assert (
+        record["strategy"]["num_workers"] == 2
+        and record["strategy"]["name"] == "multi_worker_mirrored"
+    )
 
 
 def check_03(nb, text: str, cwd: str) -> None:
-    rows = {m.group(1): [float(g) for g in m.groups()[1:]] for m in re.finditer(
-        r"^([\w-]+): test accuracy ([0-9.]+), sparsity ([0-9.]+), weights gzip ([0-9.]+) KiB$", text, re.MULTILINE)}
-    assert set(rows) == {"teacher", "student-scratch", "student", "teacher-prune", "teacher-pqat"}, text[-2000:]
+    rows = {
+        m.group(1): [float(g) for g in m.groups()[1:]]
+        for m in re.finditer(
+            r"^([\w-]+): test accuracy ([0-9.]+), sparsity ([0-9.]+), weights gzip ([0-9.]+) KiB$",
+            text,
+            re.MULTILINE,
+        )
+    }
+    assert set(rows) == {
+        "teacher",
+        "student-scratch",
+        "student",
+        "teacher-prune",
+        "teacher-pqat",
+    }, text[-2000:]
     assert all(acc > 0.2 for acc, _, _ in rows.values()), f"no better than chance (0.1): {rows}"
-    assert rows["teacher-prune"][1] >= 0.75 and rows["teacher-pqat"][1] >= 0.75, rows  # the target is 0.8
+    assert rows["teacher-prune"][1] >= 0.75 and rows["teacher-pqat"][1] >= 0.75, (
+        rows
+    )  # the target is 0.8
     assert rows["teacher-prune"][2] < 0.6 * rows["teacher"][2], rows  # the zeros compress
 
 
@@ -170,11 +230,16 @@ def check_05(nb, text: str, cwd: str) -> None:
     assert set(acc) == {"model", "pqat"}, text[-2000:]
     with open(os.path.join(cwd, "runs", "your_model", "model", "run.json"), encoding="utf-8") as f:
         record = json.load(f)
-    assert record["model"]["form"] == "applications" and record["config"]["data"]["normalize"] == "0.5/0.5"
+    assert (
+        record["model"]["form"] == "applications"
+        and record["config"]["data"]["normalize"] == "0.5/0.5"
+    )
     assert record["data"]["image_shape"] == [32, 32, 3] and len(record["data"]["class_names"]) == 10
     predicted = re.findall(r"^predicted (.+?)\s+true (.+)$", text, re.MULTILINE)
     names = record["data"]["class_names"]
-    assert len(predicted) == 8 and all(p in names and t in names for p, t in predicted), text[-2000:]
+    assert len(predicted) == 8 and all(p in names and t in names for p, t in predicted), text[
+        -2000:
+    ]
     assert os.path.isfile(os.path.join(cwd, "runs", "folder_edge-smoke", "report", "report.html"))
     assert "edge model:" in text and images_in(nb) >= 1
 
@@ -192,7 +257,9 @@ def test_the_notebook_runs_in_smoke_mode(name, tmp_path, mnist_download, capsys)
         print(f"\n{name}: {seconds:.0f} s wall time in smoke mode", flush=True)
     text = text_of(nb)
     assert f"kernel python: {sys.executable}" in text
-    data_dir = os.environ["TFOPT_DATA_DIR"]  # the session's own (conftest), materialized by the notebook
+    data_dir = os.environ[
+        "TFOPT_DATA_DIR"
+    ]  # the session's own (conftest), materialized by the notebook
     assert f"data dir: {data_dir}" in text
     if name[:2] in MNIST_NOTEBOOKS:
         assert os.path.isdir(os.path.join(data_dir, "mnist", "shards8-limit2048"))

@@ -12,6 +12,7 @@ and parameter_server as a real chief + 2 workers + 1 ps cluster, both through tf
 All jobs start at once (they are mostly single-threaded tracing) and fine-tune a few steps each:
 the figures say what happens, not how good a long fine-tuning gets (see bench/compression.py).
 """
+
 import json
 import os
 import subprocess
@@ -25,15 +26,48 @@ from optimize_fixtures import tiny_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "compatibility.md")
-ALL = ("prune", "prune_2of4", "qat", "cluster", "pqat", "cqat", "pcqat", "low_rank", "low_rank_qat",
-       "channel_prune", "channel_prune_qat")
-F16 = ("prune", "qat", "cluster", "low_rank", "channel_prune")  # mixed_float16 is for GPUs: a subset on the CPU
-MWMS = ("prune", "qat", "pcqat", "low_rank", "channel_prune")  # pcqat: all three wrappers (prune, cluster, QAT)
+ALL = (
+    "prune",
+    "prune_2of4",
+    "qat",
+    "cluster",
+    "pqat",
+    "cqat",
+    "pcqat",
+    "low_rank",
+    "low_rank_qat",
+    "channel_prune",
+    "channel_prune_qat",
+)
+F16 = (
+    "prune",
+    "qat",
+    "cluster",
+    "low_rank",
+    "channel_prune",
+)  # mixed_float16 is for GPUs: a subset on the CPU
+MWMS = (
+    "prune",
+    "qat",
+    "pcqat",
+    "low_rank",
+    "channel_prune",
+)  # pcqat: all three wrappers (prune, cluster, QAT)
 PS = ("prune", "qat", "cluster", "low_rank", "channel_prune")
 STEPS = 8
 # A small learning rate: a few steps must not move a barely trained model far (accuracy is not the point here).
-FLAGS = ["--steps-per-epoch", str(STEPS), "--epochs", "1", "--schedule", "polynomial", "--lr", "1e-4",
-         "--set", "train.steps_per_execution=1"]
+FLAGS = [
+    "--steps-per-epoch",
+    str(STEPS),
+    "--epochs",
+    "1",
+    "--schedule",
+    "polynomial",
+    "--lr",
+    "1e-4",
+    "--set",
+    "train.steps_per_execution=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +76,48 @@ def tiny_run(tmp_path_factory):
 
 
 def _env():
-    return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    return dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+    )
 
 
 def _start(cmd, log):
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
+    return subprocess.Popen(
+        cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env(), cwd=REPO
+    )
 
 
 def _launch_cmd(run_dir, out, report, strategy, techniques, *launch_args, flags=()):
-    return [*ISOLATED, sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "500", "--",
-            sys.executable, "-m", "tfopt.optimize", "--from", run_dir, "--technique", ",".join(techniques),
-            "--strategy", strategy, "--quiet", "--no-saved-model", "--no-tensorboard", "-o", out,
-            "--report", report, *FLAGS, *flags]
+    return [
+        *ISOLATED,
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        *launch_args,
+        "--timeout",
+        "500",
+        "--",
+        sys.executable,
+        "-m",
+        "tfopt.optimize",
+        "--from",
+        run_dir,
+        "--technique",
+        ",".join(techniques),
+        "--strategy",
+        strategy,
+        "--quiet",
+        "--no-saved-model",
+        "--no-tensorboard",
+        "-o",
+        out,
+        "--report",
+        report,
+        *FLAGS,
+        *flags,
+    ]
 
 
 def _latency_target(run_dir):
@@ -69,12 +133,24 @@ def _latency_target(run_dir):
 def _rows_from_report(path, strategy, precision="float32"):
     rows = []
     for r in json.load(open(path)):
-        row = {"strategy": strategy, "precision": precision, "technique": r["technique"], "ok": r["ok"],
-               "error": r.get("error", "")}
+        row = {
+            "strategy": strategy,
+            "precision": precision,
+            "technique": r["technique"],
+            "ok": r["ok"],
+            "error": r.get("error", ""),
+        }
         if r["ok"]:
-            row.update(test_accuracy=r["test_accuracy"], source_accuracy=r["test_accuracy"] - r["accuracy_delta"],
-                       sparsity=r["sparsity"], clusters=r["clusters"], checks=r["checks"], notes=r["precision_notes"],
-                       replicas=r["strategy"]["num_replicas"], workers=r["strategy"]["num_workers"])
+            row.update(
+                test_accuracy=r["test_accuracy"],
+                source_accuracy=r["test_accuracy"] - r["accuracy_delta"],
+                sparsity=r["sparsity"],
+                clusters=r["clusters"],
+                checks=r["checks"],
+                notes=r["precision_notes"],
+                replicas=r["strategy"]["num_replicas"],
+                workers=r["strategy"]["num_workers"],
+            )
         rows.append(row)
     return rows
 
@@ -82,10 +158,14 @@ def _rows_from_report(path, strategy, precision="float32"):
 def _fmt(row):
     if not row["ok"]:
         return f"| {row['technique']} | {row['strategy']} | {row['precision']} | refused: {row['error']} | | |"
-    checks = ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in sorted(row["checks"].items())) or "-"
+    checks = (
+        ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in sorted(row["checks"].items())) or "-"
+    )
     # One decimal: what every run reproduces (async parameter-server pruning lands within 0.01 of 0.8).
-    return (f"| {row['technique']} | {row['strategy']} | {row['precision']} | ok | {row['sparsity']:.1f} | "
-            f"{checks} |")
+    return (
+        f"| {row['technique']} | {row['strategy']} | {row['precision']} | ok | {row['sparsity']:.1f} | "
+        f"{checks} |"
+    )
 
 
 def _doc(rows) -> str:
@@ -94,10 +174,19 @@ def _doc(rows) -> str:
 
     import tensorflow_model_optimization as tfmot
 
-    order = {(s, p): i for i, (s, p) in enumerate(
-        [(s, p) for s in ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
-         for p in ("float32", "mixed_bfloat16", "mixed_float16")])}
-    rows = sorted(rows, key=lambda r: (ALL.index(r["technique"]), order[(r["strategy"], r["precision"])]))
+    order = {
+        (s, p): i
+        for i, (s, p) in enumerate(
+            [
+                (s, p)
+                for s in ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server")
+                for p in ("float32", "mixed_bfloat16", "mixed_float16")
+            ]
+        )
+    }
+    rows = sorted(
+        rows, key=lambda r: (ALL.index(r["technique"]), order[(r["strategy"], r["precision"])])
+    )
     lines = [
         "# tfopt.optimize: technique x strategy x precision",
         "",
@@ -139,7 +228,9 @@ def _doc(rows) -> str:
         "- **parameter_server**: pruning's step counter is incremented by every worker without a lock, so "
         "schedules are approximate under asynchronous training; the sparsity check reads the result back.",
         "",
-        "Techniques: " + "; ".join(f"`{t.name}` = {t.description}" for t in TECHNIQUES.values()) + ".",
+        "Techniques: "
+        + "; ".join(f"`{t.name}` = {t.description}" for t in TECHNIQUES.values())
+        + ".",
         "",
     ]
     return "\n".join(lines)
@@ -154,18 +245,55 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
     started = time.time()
     cells = [sys.executable, os.path.join(REPO, "tests", "optimize_matrix_cells.py"), tiny_run]
     jobs = {
-        "one_device": _start(cells + [str(tmp_path / "a"), str(tmp_path / "a.json"),
-                                      "one_device/float32,one_device/mixed_bfloat16,one_device/mixed_float16="
-                                      + "+".join(F16), *FLAGS], tmp_path / "a.log"),
-        "mirrored": _start(cells + [str(tmp_path / "b"), str(tmp_path / "b.json"),
-                                    "mirrored/float32,mirrored/mixed_bfloat16", *FLAGS], tmp_path / "b.log"),
-        "multi_worker_mirrored": _start(_launch_cmd(tiny_run, str(tmp_path / "c"), str(tmp_path / "c.json"),
-                                                    "multi_worker_mirrored", MWMS, "--workers", "2",
-                                                    flags=["--target-latency-us", _latency_target(tiny_run)]),
-                                        tmp_path / "c.log"),
-        "parameter_server": _start(_launch_cmd(tiny_run, str(tmp_path / "d"), str(tmp_path / "d.json"),
-                                               "parameter_server", PS, "--chief", "--workers", "2", "--ps", "1"),
-                                   tmp_path / "d.log"),
+        "one_device": _start(
+            cells
+            + [
+                str(tmp_path / "a"),
+                str(tmp_path / "a.json"),
+                "one_device/float32,one_device/mixed_bfloat16,one_device/mixed_float16="
+                + "+".join(F16),
+                *FLAGS,
+            ],
+            tmp_path / "a.log",
+        ),
+        "mirrored": _start(
+            cells
+            + [
+                str(tmp_path / "b"),
+                str(tmp_path / "b.json"),
+                "mirrored/float32,mirrored/mixed_bfloat16",
+                *FLAGS,
+            ],
+            tmp_path / "b.log",
+        ),
+        "multi_worker_mirrored": _start(
+            _launch_cmd(
+                tiny_run,
+                str(tmp_path / "c"),
+                str(tmp_path / "c.json"),
+                "multi_worker_mirrored",
+                MWMS,
+                "--workers",
+                "2",
+                flags=["--target-latency-us", _latency_target(tiny_run)],
+            ),
+            tmp_path / "c.log",
+        ),
+        "parameter_server": _start(
+            _launch_cmd(
+                tiny_run,
+                str(tmp_path / "d"),
+                str(tmp_path / "d.json"),
+                "parameter_server",
+                PS,
+                "--chief",
+                "--workers",
+                "2",
+                "--ps",
+                "1",
+            ),
+            tmp_path / "d.log",
+        ),
     }
     codes = {name: proc.wait(timeout=900) for name, proc in jobs.items()}
     logs = {name: (tmp_path / f"{log}.log").read_text() for name, log in zip(jobs, "abcd")}
@@ -177,12 +305,18 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
     print(f"matrix: {len(rows)} cells in {time.time() - started:.0f} s")
 
     assert len(rows) == len(ALL) * 4 + len(F16) + len(MWMS) + len(PS)
-    refs = {r["technique"]: r["test_accuracy"] for r in rows
-            if (r["strategy"], r["precision"]) == ("one_device", "float32") and r["ok"]}
+    refs = {
+        r["technique"]: r["test_accuracy"]
+        for r in rows
+        if (r["strategy"], r["precision"]) == ("one_device", "float32") and r["ok"]
+    }
     for row in rows:
         where = f"{row['technique']} / {row['strategy']} / {row['precision']}"
         assert row["ok"], (where, row["error"])
-        assert all(row["checks"].values()), (where, row["checks"])  # sparsity, 2:4 and clusters read back
+        assert all(row["checks"].values()), (
+            where,
+            row["checks"],
+        )  # sparsity, 2:4 and clusters read back
         if row["technique"] in ("prune", "pqat", "pcqat"):
             assert abs(row["sparsity"] - 0.8) < 0.01, where
         if row["technique"] == "prune_2of4":
@@ -190,9 +324,13 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
         if row["technique"] in ("cluster", "cqat", "pcqat"):
             assert row["clusters"], where
         if row["technique"].startswith("low_rank"):
-            assert row["checks"]["flops"], where  # the factorized model's multiply-adds, counted again
+            assert row["checks"]["flops"], (
+                where
+            )  # the factorized model's multiply-adds, counted again
         if row["technique"].startswith("channel_prune"):
-            assert row["checks"]["channels"], where  # widths and multiply-adds read back from the result  # the checks above bound them: <= 16 per kernel (per channel after CQAT)
+            assert row["checks"]["channels"], (
+                where
+            )  # widths and multiply-adds read back from the result  # the checks above bound them: <= 16 per kernel (per channel after CQAT)
         if row["technique"] in ("qat", "cluster", "cqat", "prune_2of4"):
             # Gentle techniques keep the source model's accuracy within a few points even after 8 steps.
             assert row["test_accuracy"] > row["source_accuracy"] - 0.05, (where, row)
@@ -210,7 +348,9 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
     assert set(digests) == set(MWMS) and all(len(d) == 1 for d in digests.values()), digests
     assert logs["multi_worker_mirrored"].count("worker done") == len(MWMS)
     # ... channel_prune aimed at the latency the chief alone measured: identical digests say the workers agreed
-    pruned = json.load(open(tmp_path / "c" / "channel_prune" / "run.json"))["optimize"]["phases"][0]["latency"]
+    pruned = json.load(open(tmp_path / "c" / "channel_prune" / "run.json"))["optimize"]["phases"][
+        0
+    ]["latency"]
     assert pruned["predicted_us"] <= pruned["target_us"] and pruned["measured_us"] > 0, pruned
     doc = _doc(rows)
     assert doc.count("| ok |") == len(rows) and "| cqat | mirrored | mixed_bfloat16 | ok |" in doc
@@ -220,4 +360,5 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
         write_text(DOC, doc)
     assert open(DOC, encoding="utf-8").read() == doc, (
         "docs/compatibility.md is out of date; regenerate it: "
-        "TFOPT_WRITE_DOCS=1 .venv/bin/python -m pytest tests/test_optimize_matrix.py")
+        "TFOPT_WRITE_DOCS=1 .venv/bin/python -m pytest tests/test_optimize_matrix.py"
+    )

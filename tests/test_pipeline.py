@@ -1,4 +1,5 @@
 """The end-to-end runner: configs, stage fingerprints, resume at the first unfinished stage."""
+
 import json
 import os
 import re
@@ -37,15 +38,26 @@ def test_every_pipeline_file_gives_a_valid_config_for_every_variant():
 def test_a_changed_setting_reruns_that_stage_and_the_stages_after_it_only():
     cfg = load_pipeline(MNIST_EDGE, "smoke")
     base = _prints(cfg)
-    assert _prints(apply_overrides(cfg, ["train.verbose=2", "select=acc_drop<=1"])) == base  # neither changes a result
+    assert (
+        _prints(apply_overrides(cfg, ["train.verbose=2", "select=acc_drop<=1"])) == base
+    )  # neither changes a result
 
     def changed(*overrides):
         new = _prints(apply_overrides(cfg, list(overrides)))
         return sorted(n for n in base if new[n] != base[n])
 
     assert changed("export.runs=10") == ["student-export", "student-pqat-export", "teacher-export"]
-    assert changed("export.calibration_steps=8") == ["student-export", "student-pqat-export", "teacher-export"]
-    assert changed("student.alpha=0.5") == ["student", "student-export", "student-pqat", "student-pqat-export"]
+    assert changed("export.calibration_steps=8") == [
+        "student-export",
+        "student-pqat-export",
+        "teacher-export",
+    ]
+    assert changed("student.alpha=0.5") == [
+        "student",
+        "student-export",
+        "student-pqat",
+        "student-pqat-export",
+    ]
     assert changed("compress.sparsity=0.6") == ["student-pqat", "student-pqat-export"]
     assert changed("teacher.epochs=2") == sorted(base)
     assert changed("data.limit=512") == sorted(base)
@@ -53,7 +65,9 @@ def test_a_changed_setting_reruns_that_stage_and_the_stages_after_it_only():
 
 def test_overrides_and_their_errors():
     cfg = load_pipeline(MNIST_EDGE, "smoke")
-    two = apply_overrides(cfg, ["compress.techniques=pqat,prune_2of4", "export.threads=1,2", "teacher.epochs=2"])
+    two = apply_overrides(
+        cfg, ["compress.techniques=pqat,prune_2of4", "export.threads=1,2", "teacher.epochs=2"]
+    )
     assert two.compress.techniques == ("pqat", "prune_2of4") and two.export.threads == (1, 2)
     names = [s.name for s in plan(two)]
     assert "student-prune_2of4-export" in names
@@ -63,14 +77,27 @@ def test_overrides_and_their_errors():
     low = apply_overrides(cfg, ["compress.techniques=low_rank,low_rank_qat", "compress.flops=0.4"])
     stages = {s.name: s for s in plan(low)}
     assert stages["student-low_rank"].settings["flops"] == 0.4
-    assert [stages[f"student-{t}-export"].settings["modes"] for t in ("low_rank", "low_rank_qat")] == [
-        list(cfg.export.modes), ["int8"]]  # a QAT result converts to int8 only
-    assert "flops" not in {s.name: s for s in plan(two)}["student-pqat"].settings  # no rerun of the others
+    assert [
+        stages[f"student-{t}-export"].settings["modes"] for t in ("low_rank", "low_rank_qat")
+    ] == [list(cfg.export.modes), ["int8"]]  # a QAT result converts to int8 only
+    assert (
+        "flops" not in {s.name: s for s in plan(two)}["student-pqat"].settings
+    )  # no rerun of the others
     assert [s.name for s in plan(apply_overrides(cfg, ["compress.techniques="]))] == [
-        "teacher", "student", "teacher-export", "student-export"]
+        "teacher",
+        "student",
+        "teacher-export",
+        "student-export",
+    ]
     for bad, message in [
-        (["teacher.epoch=2"], r"unknown key teacher.epoch; valid keys in 'teacher': model, args, epochs, learning_rate"),
-        (["compress.techniques=pqat,magic"], r"compress.techniques='pqat,magic' is not valid; give distinct names from"),
+        (
+            ["teacher.epoch=2"],
+            r"unknown key teacher.epoch; valid keys in 'teacher': model, args, epochs, learning_rate",
+        ),
+        (
+            ["compress.techniques=pqat,magic"],
+            r"compress.techniques='pqat,magic' is not valid; give distinct names from",
+        ),
         (["teacher.model=resnet"], r"unknown model 'resnet'; choose one of"),
         (["export.modes=int4"], r"int4"),
         (["student.alpha=2"], r"student.alpha=2.0 in \[0, 1\]"),
@@ -78,17 +105,25 @@ def test_overrides_and_their_errors():
         (["nonsense"], r"override 'nonsense' is not of the form section.key=value"),
         (["stages.x=1"], r"unknown pipeline section 'stages'; valid sections:"),
         (["export.calibration_steps=0"], r"export.calibration_steps=0 >= 1"),
-        (["launch.isolate=true"], r"launch.isolate='true' is not valid; choose one of auto, on, off"),
+        (
+            ["launch.isolate=true"],
+            r"launch.isolate='true' is not valid; choose one of auto, on, off",
+        ),
         (["compress.flops=0"], r"compress.flops=0.0 must be in \(0, 1\]"),
     ]:
         with pytest.raises(ConfigError, match=message):
             apply_overrides(cfg, bad)
     from tfopt.pipeline.runner import launch_command
 
-    launches = {mode: launch_command(apply_overrides(cfg, [f"launch.isolate={mode}"]), plan(cfg)[0], "r")
-                for mode in ("auto", "on", "off")}
+    launches = {
+        mode: launch_command(apply_overrides(cfg, [f"launch.isolate={mode}"]), plan(cfg)[0], "r")
+        for mode in ("auto", "on", "off")
+    }
     assert [c[c.index("--") - 1] for c in launches.values()] == ["2", "--isolate", "--no-isolate"]
-    with pytest.raises(ConfigError, match=r"--variant 'huge' is not one of .*mnist_edge.py's variants: default, smoke"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--variant 'huge' is not one of .*mnist_edge.py's variants: default, smoke",
+    ):
         load_pipeline(MNIST_EDGE, "huge")
     with pytest.raises(ConfigError, match=r"pipeline 'nope.py' is not a .py file"):
         load_pipeline("nope.py")
@@ -101,12 +136,22 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, message in [
         (["pipelines/nope.py"], "pipeline 'pipelines/nope.py' is not a .py file"),
         ([MNIST_EDGE, "--set", "teacher.epochs=0"], "teacher.epochs=0 must be >= 1"),
-        ([MNIST_EDGE, "--variant", "smoke", "-o", str(not_ours)], "is a non-empty directory without pipeline.json"),
+        (
+            [MNIST_EDGE, "--variant", "smoke", "-o", str(not_ours)],
+            "is a non-empty directory without pipeline.json",
+        ),
     ]:
-        result = subprocess.run([sys.executable, "-m", "tfopt.pipeline", *args], capture_output=True, text=True,
-                                cwd=ROOT, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "tfopt.pipeline", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
         assert result.returncode == 2, result.stderr
-        assert result.stderr.strip().splitlines() == [f"tfopt.pipeline: error: {result.stderr.split('error: ', 1)[1].strip()}"]
+        assert result.stderr.strip().splitlines() == [
+            f"tfopt.pipeline: error: {result.stderr.split('error: ', 1)[1].strip()}"
+        ]
         assert message in result.stderr
     assert os.listdir(not_ours) == ["notes.txt"]
 
@@ -123,18 +168,34 @@ def test_a_stopped_pipeline_resumes_at_its_unfinished_stage(pipeline_run):
     kept = re.findall(r"\] \d+/\d+ (\S+) \(\w+\): finished earlier", changed)
     ran = re.findall(r"\] \d+/\d+ (\S+) \(\w+\): running", changed)
     assert kept == ["teacher", "student", "student-pqat"] and ran == [
-        "teacher-export", "student-export", "student-pqat-export"]
+        "teacher-export",
+        "student-export",
+        "student-pqat-export",
+    ]
     state = json.load(open(os.path.join(pipeline_run["run"], "pipeline.json")))
     assert [s["status"] for s in state["stages"]] == ["done"] * 6
     assert {s["name"] for s in state["stages"]} <= set(os.listdir(pipeline_run["run"]))
-    records = {n: json.load(open(os.path.join(pipeline_run["run"], n, "run.json"))) for n in ("teacher", "student")}
-    assert records["student"]["train"]["resumed"] and records["student"]["train"]["resumed_from_step"] == step
+    records = {
+        n: json.load(open(os.path.join(pipeline_run["run"], n, "run.json")))
+        for n in ("teacher", "student")
+    }
+    assert (
+        records["student"]["train"]["resumed"]
+        and records["student"]["train"]["resumed_from_step"] == step
+    )
     assert not records["teacher"]["train"]["resumed"]
-    compressed = json.load(open(os.path.join(pipeline_run["run"], "student-pqat", "run.json")))["optimize"]
-    assert compressed["checks"]["sparsity"]["ok"], compressed["checks"]  # pruned to compress.sparsity
+    compressed = json.load(open(os.path.join(pipeline_run["run"], "student-pqat", "run.json")))[
+        "optimize"
+    ]
+    assert compressed["checks"]["sparsity"]["ok"], compressed[
+        "checks"
+    ]  # pruned to compress.sparsity
     export = json.load(open(os.path.join(pipeline_run["run"], "teacher-export", "run.json")))
     assert export["export"]["settings"]["bench"]["runs"] == 10
-    assert 0 <= state["probe"]["input_bound_fraction"] <= 1 and state["probe"]["input_examples_per_sec"] > 0
+    assert (
+        0 <= state["probe"]["input_bound_fraction"] <= 1
+        and state["probe"]["input_examples_per_sec"] > 0
+    )
 
 
 @pytest.mark.slow
@@ -142,21 +203,51 @@ def test_multi_worker_training_stages_run_under_the_launcher(tmp_path):
     """Under multi_worker_mirrored each training stage is a tfopt.launch process group of 2 workers."""
     run = tmp_path / "mwms"
     result = subprocess.run(
-        [sys.executable, "-m", "tfopt.pipeline", MNIST_EDGE, "--variant", "smoke", "--strategy", "multi_worker_mirrored",
-         "--set", "compress.techniques=", "--set", "export.modes=float32", "--set", "probe.steps=0", "--no-report",
-         "--quiet", "-o", str(run)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "tfopt.pipeline",
+            MNIST_EDGE,
+            "--variant",
+            "smoke",
+            "--strategy",
+            "multi_worker_mirrored",
+            "--set",
+            "compress.techniques=",
+            "--set",
+            "export.modes=float32",
+            "--set",
+            "probe.steps=0",
+            "--no-report",
+            "--quiet",
+            "-o",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # the launcher keeps each stage off the network where the kernel allows it; if not, the chief says so once
     exposed = result.stdout.count("warning: TensorFlow's servers of this job listen on port(s)")
     assert exposed == (0 if launch_isolates() else 2), result.stdout[-3000:]
     for stage in ("teacher", "student"):
         record = json.load(open(run / stage / "run.json"))
-        assert record["strategy"]["name"] == "multi_worker_mirrored" and record["strategy"]["num_workers"] == 2
+        assert (
+            record["strategy"]["name"] == "multi_worker_mirrored"
+            and record["strategy"]["num_workers"] == 2
+        )
     # both workers trained the same weights (the launcher's tasks each print their digest)
-    digests = re.findall(r"\[worker:(\d)\] tfopt.train: done \{\"task\": \"worker:\d\", \"weights_sha256\": \"(\w+)\"",
-                         result.stdout)
+    digests = re.findall(
+        r"\[worker:(\d)\] tfopt.train: done \{\"task\": \"worker:\d\", \"weights_sha256\": \"(\w+)\"",
+        result.stdout,
+    )
     assert sorted(w for w, _ in digests) == ["0", "1"] and len({d for _, d in digests}) == 1
-    assert json.load(open(run / "teacher-export" / "run.json"))["export"]["modes"][0]["mode"] == "float32"
+    assert (
+        json.load(open(run / "teacher-export" / "run.json"))["export"]["modes"][0]["mode"]
+        == "float32"
+    )
 
 
 @pytest.mark.slow
@@ -165,14 +256,32 @@ def test_folder_edge_smoke_on_a_generated_image_folder(tmp_path):
 
     photos = digits_folder(str(tmp_path / "photos"), per_class=25)  # real digits, 32x32 RGB PNGs
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "tfopt.pipeline", os.path.join(ROOT, "pipelines", "folder_edge.py"),
-                           "--variant", "smoke", "--set", f"data.dataset=folder:{photos}", "-o", str(run), "--quiet"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfopt.pipeline",
+            os.path.join(ROOT, "pipelines", "folder_edge.py"),
+            "--variant",
+            "smoke",
+            "--set",
+            f"data.dataset=folder:{photos}",
+            "-o",
+            str(run),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     state = json.load(open(run / "pipeline.json"))
     assert [s["status"] for s in state["stages"]] == ["done"] * 6, state["stages"]
     teacher = json.load(open(run / "teacher" / "run.json"))
-    assert teacher["model"]["source"] == "keras.applications:MobileNetV2" and teacher["model"]["head"] == "new"
+    assert (
+        teacher["model"]["source"] == "keras.applications:MobileNetV2"
+        and teacher["model"]["head"] == "new"
+    )
     assert teacher["config"]["data"]["normalize"] == "0.5/0.5"  # MobileNetV2's own input scaling
     student = json.load(open(run / "student" / "run.json"))
     assert student["config"]["data"]["normalize"] == "0.5/0.5"  # the teacher's inputs
@@ -189,7 +298,9 @@ def test_a_kill_mid_run_keeps_the_done_marks_of_stages_it_does_not_change(tmp_pa
 
     ran = []
 
-    def fake_stage(cfg, stage, run_dir, **_):  # commits a run the way a stage does; "kills" at one stage
+    def fake_stage(
+        cfg, stage, run_dir, **_
+    ):  # commits a run the way a stage does; "kills" at one stage
         if stage.name == crash_at:
             raise KeyboardInterrupt
         ran.append(stage.name)
@@ -208,8 +319,13 @@ def test_a_kill_mid_run_keeps_the_done_marks_of_stages_it_does_not_change(tmp_pa
     crash_at = "student-pqat"
     with pytest.raises(KeyboardInterrupt):
         runner.run_pipeline(changed, out, report=False, say=lambda _: None)
-    status = {s["name"]: s["status"] for s in json.load(open(os.path.join(out, "pipeline.json")))["stages"]}
-    assert status == {n: "pending" if n in ("student-pqat", "student-pqat-export") else "done" for n in order}
+    status = {
+        s["name"]: s["status"]
+        for s in json.load(open(os.path.join(out, "pipeline.json")))["stages"]
+    }
+    assert status == {
+        n: "pending" if n in ("student-pqat", "student-pqat-export") else "done" for n in order
+    }
     ran.clear()
     crash_at = None
     runner.run_pipeline(changed, out, report=False, say=lambda _: None)

@@ -12,6 +12,7 @@ later and win): ``--limit`` for the training-like stages (``TFOPT_README_LIMIT``
 split, default 512), the smoke variant for the pipelines (under their default strategy) and fewer
 evaluation examples and timing runs for the export.
 """
+
 import glob
 import os
 import re
@@ -34,23 +35,50 @@ SMALL = {
     "tfopt.pipeline": ["--variant", "smoke", "--strategy", "mirrored", "--quiet"],
     # The slice's models train a dozen steps (near chance): int8 flips many of their near-tied
     # top-1 answers, so the fidelity gate (tested on trained models in test_export) is loosened.
-    "tfopt.export": ["--eval-limit", "300", "--runs", "10", "--warmup", "2", "--calibration-steps", "2",
-                     "--search-limit", "300", "--min-agreement", "0.9", "--max-accuracy-drop", "10",
-                     "--no-keras-latency", "--quiet"],
+    "tfopt.export": [
+        "--eval-limit",
+        "300",
+        "--runs",
+        "10",
+        "--warmup",
+        "2",
+        "--calibration-steps",
+        "2",
+        "--search-limit",
+        "300",
+        "--min-agreement",
+        "0.9",
+        "--max-accuracy-drop",
+        "10",
+        "--no-keras-latency",
+        "--quiet",
+    ],
 }
 
 
 # The documents whose bash blocks run, in this order (README.md first, then the guides).
-DOCS = ("README.md", "docs/training.md", "docs/data.md", "docs/fault_tolerance.md", "docs/distillation.md",
-        "docs/compression.md", "docs/structured.md", "docs/export.md", "docs/your_model.md",
-        "docs/data_service.md", "docs/kubernetes.md", "docs/pipelines.md", "pipelines/README.md")
+DOCS = (
+    "README.md",
+    "docs/training.md",
+    "docs/data.md",
+    "docs/fault_tolerance.md",
+    "docs/distillation.md",
+    "docs/compression.md",
+    "docs/structured.md",
+    "docs/export.md",
+    "docs/your_model.md",
+    "docs/data_service.md",
+    "docs/kubernetes.md",
+    "docs/pipelines.md",
+    "pipelines/README.md",
+)
 PIPELINE_COMMAND = re.compile(r"-m tfopt\.(pipeline|report)\b")
 
 
 def doc_commands(text: str, skip_first: bool = False) -> list[str]:
     """The commands of a document's ``bash`` blocks, comments removed, continuations joined."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S)[(1 if skip_first else 0):]:
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S)[(1 if skip_first else 0) :]:
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()
             if line and not line.startswith("#"):
@@ -83,9 +111,9 @@ def shrink(command: str) -> str:
     for i, word in enumerate(words):
         out.append(word)
         if i >= 1 and words[i - 1] == "-m" and word in SMALL:
-            if word == "tfopt.export" and "--from" not in words[i + 1:]:
+            if word == "tfopt.export" and "--from" not in words[i + 1 :]:
                 continue  # --evaluate / --benchmark take their own flags
-            if word == "tfopt.optimize" and "--inspect" in words[i + 1:]:
+            if word == "tfopt.optimize" and "--inspect" in words[i + 1 :]:
                 continue
             out.extend(SMALL[word])
     return shlex.join(out)
@@ -98,14 +126,20 @@ def test_readme_commands_are_extracted():
     assert not any(PIPELINE_COMMAND.search(c) for c in section_commands(False))
     assert doc_commands("```bash\na \\\n  b  # note\n# c\n```\n```text\nd\n```\n") == ["a    b"]
     assert shrink("python -m tfopt.launch --workers 2 -- python -m tfopt.train -o r").endswith(
-        f"python -m tfopt.train --limit {LIMIT} --quiet -o r")
+        f"python -m tfopt.train --limit {LIMIT} --quiet -o r"
+    )
 
 
 def test_every_document_with_commands_is_run():
     """A guide with a bash block that ``DOCS`` leaves out would show commands no test runs."""
-    docs = [os.path.relpath(p, REPO) for pattern in ("*.md", "docs/*.md", "pipelines/*.md", "notebooks/*.md")
-            for p in glob.glob(os.path.join(REPO, pattern))]
-    with_bash = {d for d in docs if "```bash" in open(os.path.join(REPO, d), encoding="utf-8").read()}
+    docs = [
+        os.path.relpath(p, REPO)
+        for pattern in ("*.md", "docs/*.md", "pipelines/*.md", "notebooks/*.md")
+        for p in glob.glob(os.path.join(REPO, pattern))
+    ]
+    with_bash = {
+        d for d in docs if "```bash" in open(os.path.join(REPO, d), encoding="utf-8").read()
+    }
     assert with_bash <= set(DOCS), sorted(with_bash - set(DOCS))
 
 
@@ -116,18 +150,31 @@ def run_in_order(commands: list[str], tmp_path, after=None) -> None:
     """
     os.symlink(os.path.join(REPO, "pipelines"), tmp_path / "pipelines")
     bin_dir = os.path.dirname(sys.executable)
-    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYTHONUNBUFFERED="1"
+    )
     for i, command in enumerate(commands, 1):
         small = shrink(command)
         # Commands that start TensorFlow servers run in a private network namespace where possible.
         prefix = ISOLATED if "tfopt.launch" in small else []
         started = time.monotonic()
-        proc = subprocess.run([*prefix, "bash", "-c", small], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)
-        print(f"[{i}/{len(commands)}] exit {proc.returncode} in {time.monotonic() - started:.0f} s: {command}",
-              flush=True)
-        assert proc.returncode == 0, (f"README command {i} failed: {command}\nran: {small}\n"
-                                      + proc.stdout[-3000:] + proc.stderr[-3000:])
+        proc = subprocess.run(
+            [*prefix, "bash", "-c", small],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        print(
+            f"[{i}/{len(commands)}] exit {proc.returncode} in {time.monotonic() - started:.0f} s: {command}",
+            flush=True,
+        )
+        assert proc.returncode == 0, (
+            f"README command {i} failed: {command}\nran: {small}\n"
+            + proc.stdout[-3000:]
+            + proc.stderr[-3000:]
+        )
         if after is not None:
             after(i, command)
 

@@ -5,6 +5,7 @@ The run is ``pipeline_run`` (conftest: the smoke ``mnist_edge`` pipeline). ``TFO
 uses an existing pipeline run directory instead (it is copied, never modified);
 ``TFOPT_REPORT_SCREENSHOT=FILE.png`` also saves the screenshot there.
 """
+
 import os
 import shutil
 import time
@@ -12,8 +13,14 @@ import time
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +31,12 @@ def report_run(request, tmp_path_factory):
         value = request.getfixturevalue("pipeline_run")
         source = value["run"] if isinstance(value, dict) else value
     copy = tmp_path_factory.mktemp("report-browser") / "run"
-    shutil.copytree(source, copy, symlinks=True, ignore=shutil.ignore_patterns("report", "tensorboard", "saved_model"))
+    shutil.copytree(
+        source,
+        copy,
+        symlinks=True,
+        ignore=shutil.ignore_patterns("report", "tensorboard", "saved_model"),
+    )
     return str(copy)
 
 
@@ -49,16 +61,27 @@ def check_in_browser(html_path: str, tables: list[str], screenshot: str) -> dict
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on(
+                "console",
+                lambda m: (
+                    errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None
+                ),
+            )
             page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
             page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url[:80]}"))
             page.goto("file://" + os.path.abspath(html_path), wait_until="load")
-            page.wait_for_function("Array.from(document.images).every(i => i.complete)", timeout=15000)
-            images = page.evaluate("Array.from(document.images).map(i => ({w: i.naturalWidth, h: i.naturalHeight,"
-                                   " src: i.src.slice(0, 22)}))")
-            count_rows = ("id => { const t = document.getElementById(id); if (!t) return -1;"
-                          " return Array.from(t.querySelectorAll('tbody tr'))"
-                          ".filter(r => !r.textContent.includes('(no rows)')).length; }")
+            page.wait_for_function(
+                "Array.from(document.images).every(i => i.complete)", timeout=15000
+            )
+            images = page.evaluate(
+                "Array.from(document.images).map(i => ({w: i.naturalWidth, h: i.naturalHeight,"
+                " src: i.src.slice(0, 22)}))"
+            )
+            count_rows = (
+                "id => { const t = document.getElementById(id); if (!t) return -1;"
+                " return Array.from(t.querySelectorAll('tbody tr'))"
+                ".filter(r => !r.textContent.includes('(no rows)')).length; }"
+            )
             rows = {t: page.evaluate(count_rows, t) for t in tables}
             width = page.evaluate("document.documentElement.scrollWidth")
             page.screenshot(path=screenshot, full_page=True)
@@ -70,7 +93,9 @@ def check_in_browser(html_path: str, tables: list[str], screenshot: str) -> dict
 @pytest.mark.slow
 def test_report_renders_in_chromium(report_run, tmp_path):
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed (Debian package chromium): the report cannot be rendered")
+        pytest.skip(
+            f"{CHROMIUM} is not installed (Debian package chromium): the report cannot be rendered"
+        )
     from tfopt.report import build
 
     started = time.perf_counter()
@@ -80,7 +105,7 @@ def test_report_renders_in_chromium(report_run, tmp_path):
     assert os.path.isfile(html_path) and os.path.isfile(report["paths"]["md"])
     with open(html_path, encoding="utf-8") as f:
         page = f.read()
-    assert "src=\"data:image/png;base64," in page and "<link" not in page and "src=\"http" not in page
+    assert 'src="data:image/png;base64,' in page and "<link" not in page and 'src="http' not in page
 
     shot = str(tmp_path / "report.png")
     started = time.perf_counter()
@@ -92,7 +117,9 @@ def test_report_renders_in_chromium(report_run, tmp_path):
 
     assert seen["errors"] == []
     assert len(seen["images"]) == len(report["paths"]["images"]) >= 2, seen["images"]
-    assert all(i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/png") for i in seen["images"]), seen
+    assert all(
+        i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/png") for i in seen["images"]
+    ), seen
     missing = {t: n for t, n in seen["rows"].items() if n < 1}
     assert not missing, f"tables missing or empty: {missing}"
     assert seen["rows"]["variants"] == len(report["variants"])

@@ -9,7 +9,9 @@ from tfopt.runs import load_run
 
 def test_load_run_reads_config_and_record(tmp_path):
     cfg = C.from_dict({"runtime": {"strategy": "one_device"}, "train": {"epochs": 2}})
-    (tmp_path / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "metrics": {"test_accuracy": 0.9}}))
+    (tmp_path / "run.json").write_text(
+        json.dumps({"config": cfg.to_dict(), "metrics": {"test_accuracy": 0.9}})
+    )
     (tmp_path / "model.keras").write_bytes(b"")
     run = load_run(str(tmp_path))
     assert run.config == cfg and run.record.metrics["test_accuracy"] == 0.9

@@ -1,4 +1,5 @@
 """Strategy factory and precision policy, in-process on the 2 logical CPUs set up by conftest."""
+
 import json
 
 import pytest
@@ -16,7 +17,9 @@ PS = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]
 
 
 def cluster(spec, task_type="worker", index=0):
-    return parse_tf_config(json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}}))
+    return parse_tf_config(
+        json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}})
+    )
 
 
 def test_every_registered_strategy_has_a_factory():
@@ -25,7 +28,9 @@ def test_every_registered_strategy_has_a_factory():
 
     for name in STRATEGIES:
         assert callable(resolve(STRATEGIES.get(name).factory)), name
-    with pytest.raises(ConfigError, match="runtime.strategy='tpu' is not valid; choose one of one_device, mirrored"):
+    with pytest.raises(
+        ConfigError, match="runtime.strategy='tpu' is not valid; choose one of one_device, mirrored"
+    ):
         make_strategy(RuntimeConfig(strategy="tpu"), None)
 
 
@@ -50,7 +55,9 @@ def test_mirrored_uses_two_logical_cpus():
 
 
 def test_unknown_strategy_lists_valid_names():
-    with pytest.raises(ConfigError, match=r"'tpu'.*one_device, mirrored, multi_worker_mirrored, parameter_server"):
+    with pytest.raises(
+        ConfigError, match=r"'tpu'.*one_device, mirrored, multi_worker_mirrored, parameter_server"
+    ):
         make_strategy(RuntimeConfig(strategy="tpu"), None)
 
 
@@ -71,10 +78,14 @@ def test_multi_worker_after_tf_ops_gives_clear_error():
         make_strategy(RuntimeConfig(strategy="multi_worker_mirrored"), cluster(W2))
 
 
-@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="needs a machine without GPUs")
+@pytest.mark.skipif(
+    bool(tf.config.list_physical_devices("GPU")), reason="needs a machine without GPUs"
+)
 def test_nccl_without_gpus():
     with pytest.raises(ConfigError, match="'nccl'.*auto or ring"):
-        make_strategy(RuntimeConfig(strategy="multi_worker_mirrored", collective="nccl"), cluster(W2))
+        make_strategy(
+            RuntimeConfig(strategy="multi_worker_mirrored", collective="nccl"), cluster(W2)
+        )
 
 
 def test_parameter_server_worker_must_run_server():
@@ -124,6 +135,8 @@ def test_mixed_bfloat16_dense(reset_policy):
 
 def test_mixed_float16_compile_adds_loss_scaling(reset_policy):
     precision.set_policy("mixed_float16")
-    model = keras.Sequential([keras.layers.Dense(2, input_shape=(3,)), keras.layers.Dense(1, dtype="float32")])
+    model = keras.Sequential(
+        [keras.layers.Dense(2, input_shape=(3,)), keras.layers.Dense(1, dtype="float32")]
+    )
     model.compile(keras.optimizers.SGD(0.1), "mse")
     assert isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)

@@ -1,4 +1,5 @@
 """Short training on a slice of real MNIST under every strategy, plus the CLI's handling of bad input."""
+
 import json
 import os
 import subprocess
@@ -16,8 +17,13 @@ SLICE = {"dataset": "mnist", "limit": 3000, "global_batch_size": 64, "num_shards
 def _cfg(out, strategy, **train_kw):
     # 2 epochs (92 steps): after 1 epoch the accuracy of this CNN still moves by several points
     # with the data order alone, too much to compare strategies.
-    return C.from_dict({"data": SLICE, "runtime": {"strategy": strategy},
-                        "train": {"epochs": 2, "output_dir": str(out), "verbose": 0, **train_kw}})
+    return C.from_dict(
+        {
+            "data": SLICE,
+            "runtime": {"strategy": strategy},
+            "train": {"epochs": 2, "output_dir": str(out), "verbose": 0, **train_kw},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +59,41 @@ def test_mirrored_in_process_matches_one_device(tmp_path, reference):
 
 
 def _launch(tmp_path, strategy, *launch_args, timeout=300, epochs=2, quiet=True):
-    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", *launch_args, "--timeout", "240", "--",
-           sys.executable, "-m", "tfopt.train", "--strategy", strategy, "--limit", "3000", "--batch-size", "64",
-           "--epochs", str(epochs), *(["--quiet"] if quiet else []), "-o", str(tmp_path / "run"),
-           "--set", "data.num_shards=4"]
+    cmd = [
+        *ISOLATED,
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        *launch_args,
+        "--timeout",
+        "240",
+        "--",
+        sys.executable,
+        "-m",
+        "tfopt.train",
+        "--strategy",
+        strategy,
+        "--limit",
+        "3000",
+        "--batch-size",
+        "64",
+        "--epochs",
+        str(epochs),
+        *(["--quiet"] if quiet else []),
+        "-o",
+        str(tmp_path / "run"),
+        "--set",
+        "data.num_shards=4",
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 def _done_lines(out):
-    return [json.loads(line.split("tfopt.train: done ", 1)[1]) for line in out.splitlines() if "tfopt.train: done " in line]
+    return [
+        json.loads(line.split("tfopt.train: done ", 1)[1])
+        for line in out.splitlines()
+        if "tfopt.train: done " in line
+    ]
 
 
 @pytest.mark.slow
@@ -82,10 +114,30 @@ def test_parameter_server_workers_read_disjoint_batches():
     # The dataset function is traced once on the chief; tfopt gives every worker its own shard
     # and seed (before, both workers read the same stream and each batch was applied twice).
     script = os.path.join(os.path.dirname(__file__), "ps_batches.py")
-    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", "--chief", "--workers", "2", "--ps", "1", "--timeout",
-           "240", "--", sys.executable, script, "12"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    cmd = [
+        *ISOLATED,
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        "--chief",
+        "--workers",
+        "2",
+        "--ps",
+        "1",
+        "--timeout",
+        "240",
+        "--",
+        sys.executable,
+        script,
+        "12",
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if "ps_batches " in ln)
     result = json.loads(line.split("ps_batches ", 1)[1])
@@ -95,15 +147,21 @@ def test_parameter_server_workers_read_disjoint_batches():
     # 12 x 32 = 384 examples of the ~1,257 training records: within one pass of each worker's
     # shard, no example may come twice.
     assert len(set(map(tuple, batches))) == len(batches), "two closures read the same batch"
-    assert len(set(examples)) == len(examples), f"{len(examples) - len(set(examples))} examples read twice"
+    assert len(set(examples)) == len(examples), (
+        f"{len(examples) - len(set(examples))} examples read twice"
+    )
 
 
 @pytest.mark.slow
 def test_parameter_server_real_cluster(tmp_path, reference):
     # With progress on: Keras refuses its per-step bar under parameter servers; tfopt prints per epoch.
-    proc = _launch(tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1", quiet=False)
+    proc = _launch(
+        tmp_path, "parameter_server", "--chief", "--workers", "2", "--ps", "1", quiet=False
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[chief:0] 46/46 - " in proc.stdout and "val_accuracy" in proc.stdout, proc.stdout[-2000:]
+    assert "[chief:0] 46/46 - " in proc.stdout and "val_accuracy" in proc.stdout, proc.stdout[
+        -2000:
+    ]
     # Same examples, batch and steps as one_device. Asynchronous workers overlap their steps (about
     # one step stale, more when the machine is loaded), which costs the default cnn's dense head
     # some units: over 92 steps, 8 quiet runs reached 0.80-0.99x one_device (mean 0.93x); inside the
@@ -116,18 +174,26 @@ def test_parameter_server_real_cluster(tmp_path, reference):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "tfopt.train", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tfopt.train", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
-@pytest.mark.parametrize("args, env, needle", [
-    (["--strategy", "tpu"], None, "'tpu' is not valid; choose one of one_device, mirrored"),
-    (["--epochs", "many"], None, "invalid int value: 'many'"),
-    (["--model", "resnet9000", "--limit", "64"], None, "unknown model 'resnet9000'"),
-    (["--config", "nope.yaml"], None, "config file 'nope.yaml' does not exist"),
-    (["--strategy", "multi_worker_mirrored"], {"TF_CONFIG": "{not json"}, "TF_CONFIG"),
-    (["--dataset", "imagenet42"], None, "imagenet42"),
-])
+@pytest.mark.parametrize(
+    "args, env, needle",
+    [
+        (["--strategy", "tpu"], None, "'tpu' is not valid; choose one of one_device, mirrored"),
+        (["--epochs", "many"], None, "invalid int value: 'many'"),
+        (["--model", "resnet9000", "--limit", "64"], None, "unknown model 'resnet9000'"),
+        (["--config", "nope.yaml"], None, "config file 'nope.yaml' does not exist"),
+        (["--strategy", "multi_worker_mirrored"], {"TF_CONFIG": "{not json"}, "TF_CONFIG"),
+        (["--dataset", "imagenet42"], None, "imagenet42"),
+    ],
+)
 def test_cli_bad_input_one_line_exit_2(tmp_path, args, env, needle):
     proc = _cli(*args, "-o", str(tmp_path / "run"), env=env)
     assert proc.returncode == 2, proc.stderr
@@ -138,8 +204,15 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, args, env, needle):
 
 
 def test_print_config_resolves_file_then_flags():
-    proc = _cli("--config", "pipelines/mnist_cnn.yaml", "--precision", "mixed_bfloat16", "--set", "train.epochs=9",
-                "--print-config")
+    proc = _cli(
+        "--config",
+        "pipelines/mnist_cnn.yaml",
+        "--precision",
+        "mixed_bfloat16",
+        "--set",
+        "train.epochs=9",
+        "--print-config",
+    )
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)
     assert cfg["runtime"]["precision"] == "mixed_bfloat16" and cfg["train"]["epochs"] == 9

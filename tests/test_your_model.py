@@ -1,6 +1,7 @@
 """A user's own model and image folder through every stage: a .keras file ending in softmax and a
 keras.applications MobileNetV2, trained under one_device, mirrored and 2-worker MultiWorkerMirrored
 on real handwritten digits written as PNG class folders, then optimized, distilled and exported."""
+
 import json
 import os
 import subprocess
@@ -28,21 +29,42 @@ def folder(tmp_path_factory):
     keras.utils.set_random_seed(7)
     logits = build_model("small_cnn", (32, 32, 3), 10, dropout=0.0)
     # the same network as users often write it: probabilities out
-    probs = keras.models.clone_model(logits, clone_function=lambda layer: layer.__class__.from_config(
-        {**layer.get_config(), **({"activation": "softmax"} if layer.name == "logits" else {})}))
+    probs = keras.models.clone_model(
+        logits,
+        clone_function=lambda layer: layer.__class__.from_config(
+            {**layer.get_config(), **({"activation": "softmax"} if layer.name == "logits" else {})}
+        ),
+    )
     probs.set_weights(logits.get_weights())
     logits.save(str(root / "logits.keras"))
     probs.save(str(root / "mine.keras"))
-    return {"images": images, "root": root, "logits": str(root / "logits.keras"), "mine": str(root / "mine.keras")}
+    return {
+        "images": images,
+        "root": root,
+        "logits": str(root / "logits.keras"),
+        "mine": str(root / "mine.keras"),
+    }
 
 
 def _cfg(folder, out, model, strategy="one_device", **kw):
-    return C.from_dict({
-        "data": {"dataset": f"folder:{folder['images']}", "global_batch_size": 16, "num_shards": 2},
-        "model": {"name": model, **kw},
-        "runtime": {"strategy": strategy, "deterministic": strategy == "one_device"},
-        "train": {"epochs": 3, "output_dir": str(out), "verbose": 0, "tensorboard": False, "learning_rate": 3e-3},
-    })
+    return C.from_dict(
+        {
+            "data": {
+                "dataset": f"folder:{folder['images']}",
+                "global_batch_size": 16,
+                "num_shards": 2,
+            },
+            "model": {"name": model, **kw},
+            "runtime": {"strategy": strategy, "deterministic": strategy == "one_device"},
+            "train": {
+                "epochs": 3,
+                "output_dir": str(out),
+                "verbose": 0,
+                "tensorboard": False,
+                "learning_rate": 3e-3,
+            },
+        }
+    )
 
 
 def test_a_softmax_file_trains_exactly_as_the_same_network_with_logits(folder, tmp_path):
@@ -59,25 +81,61 @@ def test_a_softmax_file_trains_exactly_as_the_same_network_with_logits(folder, t
 
 @pytest.mark.slow
 def test_mirrored_matches_one_device_for_a_file_and_an_application(folder, tmp_path):
-    for name, model, kw in (("file", folder["mine"], {}), ("mobilenet", "keras.applications:MobileNetV2",
-                                                         {"args": "alpha=0.35"})):
+    for name, model, kw in (
+        ("file", folder["mine"], {}),
+        ("mobilenet", "keras.applications:MobileNetV2", {"args": "alpha=0.35"}),
+    ):
         one = train(_cfg(folder, tmp_path / f"{name}-one", model, **kw)).to_dict()
-        two = train(_cfg(folder, tmp_path / f"{name}-two", model, strategy="mirrored", **kw)).to_dict()
+        two = train(
+            _cfg(folder, tmp_path / f"{name}-two", model, strategy="mirrored", **kw)
+        ).to_dict()
         assert two["strategy"]["num_replicas"] == 2
         # The same examples and steps; only the all-reduce's summation order differs.
-        assert abs(two["metrics"]["test_accuracy"] - one["metrics"]["test_accuracy"]) <= 0.1, (name, one, two)
+        assert abs(two["metrics"]["test_accuracy"] - one["metrics"]["test_accuracy"]) <= 0.1, (
+            name,
+            one,
+            two,
+        )
         assert two["config"]["data"]["normalize"] == one["config"]["data"]["normalize"]
-    assert one["config"]["data"]["normalize"] == "0.5/0.5"  # MobileNetV2's preprocess_input: [-1, 1]
+    assert (
+        one["config"]["data"]["normalize"] == "0.5/0.5"
+    )  # MobileNetV2's preprocess_input: [-1, 1]
 
 
 def _launch(out, *args):
-    cmd = [*ISOLATED, sys.executable, "-m", "tfopt.launch", "--workers", "2", "--timeout", "240", "--",
-           sys.executable, "-m", "tfopt.train", "--strategy", "multi_worker_mirrored", "--batch-size", "16",
-           "--epochs", "1", "--quiet", "-o", str(out), "--set", "data.num_shards=2", *args]
+    cmd = [
+        *ISOLATED,
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        "--workers",
+        "2",
+        "--timeout",
+        "240",
+        "--",
+        sys.executable,
+        "-m",
+        "tfopt.train",
+        "--strategy",
+        "multi_worker_mirrored",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--quiet",
+        "-o",
+        str(out),
+        "--set",
+        "data.num_shards=2",
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    done = [json.loads(line.split("tfopt.train: done ", 1)[1]) for line in (proc.stdout + proc.stderr).splitlines()
-            if "tfopt.train: done " in line]
+    done = [
+        json.loads(line.split("tfopt.train: done ", 1)[1])
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if "tfopt.train: done " in line
+    ]
     assert sorted(d["task"] for d in done) == ["worker:0", "worker:1"]
     assert done[0]["weights_sha256"] == done[1]["weights_sha256"]  # the replicas stayed in sync
     return json.load(open(os.path.join(out, "run.json")))
@@ -90,12 +148,19 @@ def test_two_worker_multi_worker_mirrored_trains_a_file_and_an_application(folde
     assert run["strategy"]["num_workers"] == 2 and run["model"]["head"] == "new"
     assert run["config"]["data"]["normalize"] == "0.5/0.5"
     run = _launch(tmp_path / "file", *dataset, "--model", folder["mine"])
-    assert run["model"]["outputs"].startswith("logits (softmax") and run["strategy"]["num_workers"] == 2
+    assert (
+        run["model"]["outputs"].startswith("logits (softmax")
+        and run["strategy"]["num_workers"] == 2
+    )
 
 
 def _stage(module, *args):
-    proc = subprocess.run([sys.executable, "-m", module, *args, "--quiet"], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -104,58 +169,179 @@ def _stage(module, *args):
 def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
     data = ["--dataset", f"folder:{folder['images']}"]
     teacher = tmp_path / "teacher"
-    _stage("tfopt.train", *data, *MOBILENET, "--image-size", "48x48", "--epochs", "1", "--batch-size", "16",
-           "--strategy", "one_device", "-o", str(teacher))
+    _stage(
+        "tfopt.train",
+        *data,
+        *MOBILENET,
+        "--image-size",
+        "48x48",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--strategy",
+        "one_device",
+        "-o",
+        str(teacher),
+    )
     # prune + QAT of the MobileNetV2 run, then its int8 export
-    _stage("tfopt.optimize", "--from", str(teacher), "--technique", "pqat", "--phase-epochs", "prune=1,qat=1",
-           "--steps-per-epoch", "3", "--strategy", "one_device", "-o", str(tmp_path / "pqat"))
+    _stage(
+        "tfopt.optimize",
+        "--from",
+        str(teacher),
+        "--technique",
+        "pqat",
+        "--phase-epochs",
+        "prune=1,qat=1",
+        "--steps-per-epoch",
+        "3",
+        "--strategy",
+        "one_device",
+        "-o",
+        str(tmp_path / "pqat"),
+    )
     pqat = json.load(open(tmp_path / "pqat" / "run.json"))
-    assert pqat["optimize"]["source"]["form"] == "run" and pqat["data"]["image_shape"] == [48, 48, 3]
+    assert pqat["optimize"]["source"]["form"] == "run" and pqat["data"]["image_shape"] == [
+        48,
+        48,
+        3,
+    ]
     # One epoch leaves the network near chance with near-tied outputs, where int8 flips many top-1
     # answers: the fidelity gate is tested on trained models (test_export), loosened here.
-    _stage("tfopt.export", "--from", str(tmp_path / "pqat"), "--modes", "int8", "--runs", "5", "--warmup", "1",
-           "--threads", "1", "--no-keras-latency", "--no-plot", "--min-agreement", "0", "--max-accuracy-drop", "100",
-           "--no-selective", "-o", str(tmp_path / "pqat-export"))
+    _stage(
+        "tfopt.export",
+        "--from",
+        str(tmp_path / "pqat"),
+        "--modes",
+        "int8",
+        "--runs",
+        "5",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--no-keras-latency",
+        "--no-plot",
+        "--min-agreement",
+        "0",
+        "--max-accuracy-drop",
+        "100",
+        "--no-selective",
+        "-o",
+        str(tmp_path / "pqat-export"),
+    )
     exported = json.load(open(tmp_path / "pqat-export" / "run.json"))
     row = exported["export"]["modes"][0]
     assert row["mode"] == "int8" and row["qat"] and row["eval"]["examples"] == 30
     # the exported model is read back with its labels and its input contract
     labels = open(tmp_path / "pqat-export" / "labels.txt").read().split()
     assert labels == [f"digit_{k}" for k in range(10)]
-    assert metadata.labels(str(tmp_path / "pqat-export" / row["file"])) == labels  # packed into the .tflite too
+    assert (
+        metadata.labels(str(tmp_path / "pqat-export" / row["file"])) == labels
+    )  # packed into the .tflite too
     contract = json.load(open(tmp_path / "pqat-export" / "input.json"))
     assert contract["image_shape"] == [48, 48, 3] and contract["normalize"] == "0.5/0.5"
     # distil the MobileNetV2 run into a user's factory-free built-in student, at the teacher's inputs
-    _stage("tfopt.distill", "--teacher", str(teacher), "--student", "small_cnn", *data, "--image-size", "48x48",
-           "--epochs", "1", "--batch-size", "16", "--strategy", "one_device", "-o", str(tmp_path / "student"))
+    _stage(
+        "tfopt.distill",
+        "--teacher",
+        str(teacher),
+        "--student",
+        "small_cnn",
+        *data,
+        "--image-size",
+        "48x48",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--strategy",
+        "one_device",
+        "-o",
+        str(tmp_path / "student"),
+    )
     student = json.load(open(tmp_path / "student" / "run.json"))
     assert student["config"]["data"]["normalize"] == "0.5/0.5"  # the teacher's scaling, inherited
     assert student["distill"]["teachers"][0]["model"] == "keras.applications:MobileNetV2"
     # a model file straight into optimize and export, with the data named on the command line
-    _stage("tfopt.optimize", "--from", folder["mine"], *data, "--technique", "prune", "--epochs", "1",
-           "--steps-per-epoch", "3", "--strategy", "one_device", "-o", str(tmp_path / "file-prune"))
+    _stage(
+        "tfopt.optimize",
+        "--from",
+        folder["mine"],
+        *data,
+        "--technique",
+        "prune",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "3",
+        "--strategy",
+        "one_device",
+        "-o",
+        str(tmp_path / "file-prune"),
+    )
     pruned = json.load(open(tmp_path / "file-prune" / "run.json"))
-    assert pruned["optimize"]["source"] == {**pruned["optimize"]["source"], "run": folder["mine"], "form": "file"}
-    _stage("tfopt.export", "--from", folder["mine"], *data, "--modes", "float32", "--runs", "5", "--warmup", "1",
-           "--threads", "1", "--no-keras-latency", "--no-plot")
+    assert pruned["optimize"]["source"] == {
+        **pruned["optimize"]["source"],
+        "run": folder["mine"],
+        "form": "file",
+    }
+    _stage(
+        "tfopt.export",
+        "--from",
+        folder["mine"],
+        *data,
+        "--modes",
+        "float32",
+        "--runs",
+        "5",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--no-keras-latency",
+        "--no-plot",
+    )
     exported = json.load(open(str(folder["root"] / "mine-export" / "run.json")))
     assert exported["export"]["source"] == folder["mine"]
     assert exported["export"]["modes"][0]["eval"]["agreement"] == 1.0
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "keras.applications:MobilenetV2"], "keras.applications:MobilenetV2 does not exist; did you mean "
-                                                    "MobileNetV2"),
-    ([*MOBILENET, "--model-arg", "depth=3"], "takes no argument 'depth'; --model-arg takes: input_shape, alpha"),
-    (["--model", "cnn", "--model-arg", "alpha=1"], "the model 'cnn' takes no arguments"),
-    (["--model", "/nope/mine.keras"], "model file '/nope/mine.keras' does not exist"),
-    (["--model", "x y"], "is not a model source; give a built-in model name"),
-    (["--image-size", "big"], "data.image_size='big' is not valid; give HEIGHTxWIDTH"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["--model", "keras.applications:MobilenetV2"],
+            "keras.applications:MobilenetV2 does not exist; did you mean MobileNetV2",
+        ),
+        (
+            [*MOBILENET, "--model-arg", "depth=3"],
+            "takes no argument 'depth'; --model-arg takes: input_shape, alpha",
+        ),
+        (["--model", "cnn", "--model-arg", "alpha=1"], "the model 'cnn' takes no arguments"),
+        (["--model", "/nope/mine.keras"], "model file '/nope/mine.keras' does not exist"),
+        (["--model", "x y"], "is not a model source; give a built-in model name"),
+        (["--image-size", "big"], "data.image_size='big' is not valid; give HEIGHTxWIDTH"),
+    ],
+)
 def test_bad_model_sources_are_one_line_and_write_nothing(folder, tmp_path, args, needle):
-    proc = subprocess.run([sys.executable, "-m", "tfopt.train", "--dataset", f"folder:{folder['images']}",
-                           "--strategy", "one_device", "-o", str(tmp_path / "run"), *args],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfopt.train",
+            "--dataset",
+            f"folder:{folder['images']}",
+            "--strategy",
+            "one_device",
+            "-o",
+            str(tmp_path / "run"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("tfopt.train")]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -163,13 +349,33 @@ def test_bad_model_sources_are_one_line_and_write_nothing(folder, tmp_path, args
 
 
 def test_a_model_that_does_not_take_the_images_names_both_shapes(folder, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tfopt.train", "--dataset", f"folder:{folder['images']}",
-                           "--model", folder["mine"], "--image-size", "40x40", "--channels", "1",
-                           "--strategy", "one_device", "-o", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfopt.train",
+            "--dataset",
+            f"folder:{folder['images']}",
+            "--model",
+            folder["mine"],
+            "--image-size",
+            "40x40",
+            "--channels",
+            "1",
+            "--strategy",
+            "one_device",
+            "-o",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
-    assert ("takes 32x32x3 images but the data gives 40x40x1; resize them with --image-size 32x32 and --channels 3"
-            in proc.stderr), proc.stderr
+    assert (
+        "takes 32x32x3 images but the data gives 40x40x1; resize them with --image-size 32x32 and --channels 3"
+        in proc.stderr
+    ), proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -177,16 +383,29 @@ def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_p
     garbage = tmp_path / "notes.keras"
     garbage.write_bytes(b"these are my notes, not a model")
     k3 = tmp_path / "k3.keras"
-    subprocess.run([sys.executable, "-c", "import keras\nm = keras.Sequential([keras.Input((32, 32, 3)), "
-                    f"keras.layers.Flatten(), keras.layers.Dense(10)])\nm.save({str(k3)!r})"],
-                   check=True, capture_output=True, env={**os.environ, "TF_USE_LEGACY_KERAS": "0"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import keras\nm = keras.Sequential([keras.Input((32, 32, 3)), "
+            f"keras.layers.Flatten(), keras.layers.Dense(10)])\nm.save({str(k3)!r})",
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "0"},
+    )
     data = ["--dataset", f"folder:{folder['images']}", "--strategy", "one_device"]
     for module, args, needle in (
-            ("tfopt.train", ["--model", str(garbage)], "is not a valid .keras file"),
-            ("tfopt.optimize", ["--from", str(k3), "--technique", "prune"], "was saved by Keras 3"),
-            ("tfopt.distill", ["--teacher", str(k3)], "was saved by Keras 3")):
-        proc = subprocess.run([sys.executable, "-m", module, *args, *data, "-o", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=120)
+        ("tfopt.train", ["--model", str(garbage)], "is not a valid .keras file"),
+        ("tfopt.optimize", ["--from", str(k3), "--technique", "prune"], "was saved by Keras 3"),
+        ("tfopt.distill", ["--teacher", str(k3)], "was saved by Keras 3"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", module, *args, *data, "-o", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, (module, proc.stderr)
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith(module)]
         assert len(lines) == 1 and needle in lines[0], (module, proc.stderr)
@@ -200,16 +419,27 @@ def test_freeze_epochs_train_the_classification_layer_alone_first(folder, tmp_pa
 
     def moved(run_dir):
         saved = load_model(str(run_dir))
-        assert all(layer.trainable for layer in saved.layers)  # saved as a whole, ready to fine-tune on
-        return {l.name for l, o in zip(saved.layers, original.layers)
-                if any(not np.array_equal(a, b) for a, b in zip(l.get_weights(), o.get_weights()))}
+        assert all(
+            layer.trainable for layer in saved.layers
+        )  # saved as a whole, ready to fine-tune on
+        return {
+            l.name
+            for l, o in zip(saved.layers, original.layers)
+            if any(not np.array_equal(a, b) for a, b in zip(l.get_weights(), o.get_weights()))
+        }
 
     head_only = train(_cfg(folder, tmp_path / "head", folder["logits"], freeze_epochs=3)).to_dict()
     assert moved(tmp_path / "head") == {"logits"}  # the base is exactly as the file had it
-    assert [r["epoch"] for r in head_only["history"]] == [1, 2, 3] and head_only["train"]["freeze_epochs"] == 3
-    then_all = train(_cfg(folder, tmp_path / "then_all", folder["logits"], freeze_epochs=1)).to_dict()
+    assert [r["epoch"] for r in head_only["history"]] == [1, 2, 3] and head_only["train"][
+        "freeze_epochs"
+    ] == 3
+    then_all = train(
+        _cfg(folder, tmp_path / "then_all", folder["logits"], freeze_epochs=1)
+    ).to_dict()
     assert {"conv0", "conv1", "logits"} <= moved(tmp_path / "then_all")
-    assert [r["epoch"] for r in then_all["history"]] == [1, 2, 3] and len(then_all["train"]["epoch_seconds"]) == 3
+    assert [r["epoch"] for r in then_all["history"]] == [1, 2, 3] and len(
+        then_all["train"]["epoch_seconds"]
+    ) == 3
     with pytest.raises(Exception, match=r"model.freeze_epochs=4 must be in \[0, train.epochs=3\]"):
         _cfg(folder, tmp_path / "x", folder["logits"], freeze_epochs=4)
 
@@ -235,14 +465,41 @@ def test_a_keras3_file_is_exported_through_a_saved_model(folder, tmp_path):
 
     x, _ = load_split(DataConfig(dataset=f"folder:{folder['images']}"), "test")
     np.save(tmp_path / "x.npy", x)
-    subprocess.run([sys.executable, "-c", KERAS3_MODEL, str(tmp_path / "k3.keras"), str(tmp_path / "x.npy"),
-                    str(tmp_path / "k3.npy")], check=True, capture_output=True,
-                   env={**os.environ, "TF_USE_LEGACY_KERAS": "0"})
-    _stage("tfopt.export", "--from", str(tmp_path / "k3.keras"), "--dataset", f"folder:{folder['images']}",
-           "--modes", "float32,int8", "--runs", "5", "--warmup", "1", "--threads", "1", "--no-plot",
-           "--min-agreement", "0.5")  # an untrained model: near-tied outputs, int8 flips some
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            KERAS3_MODEL,
+            str(tmp_path / "k3.keras"),
+            str(tmp_path / "x.npy"),
+            str(tmp_path / "k3.npy"),
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "0"},
+    )
+    _stage(
+        "tfopt.export",
+        "--from",
+        str(tmp_path / "k3.keras"),
+        "--dataset",
+        f"folder:{folder['images']}",
+        "--modes",
+        "float32,int8",
+        "--runs",
+        "5",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--no-plot",
+        "--min-agreement",
+        "0.5",
+    )  # an untrained model: near-tied outputs, int8 flips some
     record = json.load(open(tmp_path / "k3-export" / "run.json"))
     rows = {r["mode"]: r for r in record["export"]["modes"]}
     assert set(rows) == {"float32", "int8"} and rows["float32"]["eval"]["agreement"] == 1.0
     probabilities = TFLiteModel(str(tmp_path / "k3-export" / "model_float32.tflite")).predict(x)
-    np.testing.assert_allclose(probabilities, np.load(tmp_path / "k3.npy"), atol=1e-5)  # Keras 3's own outputs
+    np.testing.assert_allclose(
+        probabilities, np.load(tmp_path / "k3.npy"), atol=1e-5
+    )  # Keras 3's own outputs

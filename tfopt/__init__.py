@@ -1,4 +1,5 @@
 """tfopt: train TensorFlow models under any tf.distribute strategy and ship them to the edge."""
+
 from tfopt._version import __version__
 
 __all__ = ["Distiller", "__version__"]

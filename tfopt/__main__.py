@@ -1,4 +1,5 @@
 """The ``tfopt`` console script: ``tfopt COMMAND ...`` = ``python -m tfopt.COMMAND ...``."""
+
 from __future__ import annotations
 
 import difflib
@@ -9,9 +10,15 @@ import sys
 COMMANDS = {
     "train": ("tfopt.train.cli", "train a model under any tf.distribute strategy"),
     "distill": ("tfopt.distill.cli", "distil trained teachers into a (compressed) student"),
-    "optimize": ("tfopt.optimize.cli", "prune, quantization-aware train or cluster a trained run (tfmot)"),
+    "optimize": (
+        "tfopt.optimize.cli",
+        "prune, quantization-aware train or cluster a trained run (tfmot)",
+    ),
     "export": ("tfopt.export.cli", "convert a run to TFLite, evaluate and benchmark every mode"),
-    "pipeline": ("tfopt.pipeline.cli", "run a pipeline end to end: teacher, student, compression, export, report"),
+    "pipeline": (
+        "tfopt.pipeline.cli",
+        "run a pipeline end to end: teacher, student, compression, export, report",
+    ),
     "report": ("tfopt.report.cli", "(re)build the report of a finished pipeline run"),
     "launch": ("tfopt.launch", "run a command as every task of a local TF_CONFIG cluster"),
 }
@@ -21,8 +28,11 @@ def usage() -> str:
     """``tfopt --help``: every command with its purpose."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {purpose}" for name, (_, purpose) in COMMANDS.items()]
-    return ("usage: tfopt COMMAND [ARGS...]   (tfopt --version)\n\ncommands:\n" + "\n".join(lines)
-            + "\n\nsee `tfopt COMMAND --help`")
+    return (
+        "usage: tfopt COMMAND [ARGS...]   (tfopt --version)\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\nsee `tfopt COMMAND --help`"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        print(f"tfopt: error: unknown command {argv[0]!r}; {hint}choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        print(
+            f"tfopt: error: unknown command {argv[0]!r}; {hint}choose one of {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
         return 2
     return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
 

@@ -36,6 +36,7 @@ Workarounds for upstream defects:
 tfmot is imported on first use, never by importing this module: exporting a float model must
 not load it (it takes seconds).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -52,20 +53,45 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 from tensorflow.lite.python.convert_phase import ConverterError  # noqa: E402
 
 #: The versions every entry was checked against.
-TARGETS = {"tensorflow": "2.21", "tf_keras": "2.21", "tensorflow-model-optimization": "0.8.1",
-           "ai-edge-litert": "2.3"}
+TARGETS = {
+    "tensorflow": "2.21",
+    "tf_keras": "2.21",
+    "tensorflow-model-optimization": "0.8.1",
+    "ai-edge-litert": "2.3",
+}
 
 __all__ = [
-    "TARGETS", "keras_saved_model_metadata", "PRUNE_WRAPPERS", "CLUSTER_WRAPPERS", "QUANTIZE_LAYERS", "prune_registry_supports",
-    "prunable_weight_names", "cluster_registry_supports", "clusterable_weight_names", "is_graph_network",
-    "producing_layer", "model_node_indices", "convert_variables_to_constants_v2", "ConverterError", "interpreter_ops_details",
-    "read_tflite_model", "write_tflite_model", "saved_model_converter", "fix_for_keras_format",
-    "StepCountingClusteringSummaries", "tfmot_layer_dtype", "float32_global_policy", "fit_resumes_at",
-    "build_step_state", "random_generators", "accept_remote_logs",
+    "TARGETS",
+    "keras_saved_model_metadata",
+    "PRUNE_WRAPPERS",
+    "CLUSTER_WRAPPERS",
+    "QUANTIZE_LAYERS",
+    "prune_registry_supports",
+    "prunable_weight_names",
+    "cluster_registry_supports",
+    "clusterable_weight_names",
+    "is_graph_network",
+    "producing_layer",
+    "model_node_indices",
+    "convert_variables_to_constants_v2",
+    "ConverterError",
+    "interpreter_ops_details",
+    "read_tflite_model",
+    "write_tflite_model",
+    "saved_model_converter",
+    "fix_for_keras_format",
+    "StepCountingClusteringSummaries",
+    "tfmot_layer_dtype",
+    "float32_global_policy",
+    "fit_resumes_at",
+    "build_step_state",
+    "random_generators",
+    "accept_remote_logs",
 ]
 
 
 # -- private APIs -------------------------------------------------------------------------------
+
 
 class _StartAt:
     """What tf_keras' ``fit`` asks ``Model._training_state`` for: the (epoch, step) to start at."""
@@ -167,7 +193,9 @@ def _prune_wrappers() -> tuple:
     """tfmot 0.8.1 exports ``prune_low_magnitude`` but not the class it wraps layers in
     (``PruneLowMagnitude``); recognising a pruned layer needs the private class.
     """
-    from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper import PruneLowMagnitude
+    from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper import (
+        PruneLowMagnitude,
+    )
 
     return (PruneLowMagnitude,)
 
@@ -177,7 +205,10 @@ def _cluster_wrappers() -> tuple:
     (``ClusterWeights`` and its MultiHeadAttention / RNN variants).
     """
     from tensorflow_model_optimization.python.core.clustering.keras.cluster_wrapper import (
-        ClusterWeights, ClusterWeightsMHA, ClusterWeightsRNN)
+        ClusterWeights,
+        ClusterWeightsMHA,
+        ClusterWeightsRNN,
+    )
 
     return (ClusterWeights, ClusterWeightsMHA, ClusterWeightsRNN)
 
@@ -186,19 +217,25 @@ def _quantize_layers() -> tuple:
     """tfmot 0.8.1 exports ``QuantizeWrapper`` / ``QuantizeWrapperV2`` but not ``QuantizeLayer``, the
     layer ``quantize_apply`` puts after the model input; recognising a QAT model needs it.
     """
-    from tensorflow_model_optimization.python.core.quantization.keras.quantize_layer import QuantizeLayer
+    from tensorflow_model_optimization.python.core.quantization.keras.quantize_layer import (
+        QuantizeLayer,
+    )
 
     return (QuantizeLayer,)
 
 
 def _prune_registry():
-    from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
+    from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import (
+        PruneRegistry,
+    )
 
     return PruneRegistry
 
 
 def _clustering_registry():
-    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import ClusteringRegistry
+    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import (
+        ClusteringRegistry,
+    )
 
     return ClusteringRegistry
 
@@ -248,7 +285,13 @@ def clusterable_weight_names(layer) -> list[str]:
     try:
         return list(registry._weight_names(layer))
     except KeyError:  # RNN layers and cells, MultiHeadAttention: their kernels
-        return sorted({w.name.split("/")[-1].split(":")[0] for w in layer.trainable_weights if "kernel" in w.name})
+        return sorted(
+            {
+                w.name.split("/")[-1].split(":")[0]
+                for w in layer.trainable_weights
+                if "kernel" in w.name
+            }
+        )
 
 
 def is_graph_network(model) -> bool:
@@ -361,6 +404,7 @@ def saved_model_converter(path: str):
 
 # -- workarounds for upstream defects ---------------------------------------------------------
 
+
 def fix_for_keras_format(model: "keras.Model") -> None:
     """Makes a default-scheme QAT model save what a ``.keras`` reload will look for.
 
@@ -390,7 +434,9 @@ def fix_for_keras_format(model: "keras.Model") -> None:
                     own.append(weight)
             layer._trainable_weights[:] = own
             layer.get_build_config = _no_build_config
-            layer.layer.get_build_config = _no_build_config  # built by the wrapper, after its own weights
+            layer.layer.get_build_config = (
+                _no_build_config  # built by the wrapper, after its own weights
+            )
         elif isinstance(layer, _quantize_layers()):
             layer.get_build_config = _no_build_config
 
@@ -424,7 +470,9 @@ def _make_step_counting_clustering_summaries():
             self._epoch_start = self._steps
 
         def on_train_batch_begin(self, batch, logs=None):
-            keras.callbacks.TensorBoard.on_train_batch_begin(self, batch, logs)  # not tfmot's one-per-call count
+            keras.callbacks.TensorBoard.on_train_batch_begin(
+                self, batch, logs
+            )  # not tfmot's one-per-call count
 
         def on_train_batch_end(self, batch, logs=None):
             self._steps = self.continuous_batch = self._epoch_start + batch + 1

@@ -4,11 +4,11 @@ tfmot accepts only tf_keras models, and ``tf.keras`` in TF >= 2.16 is Keras 3, s
 legacy flag must be set before TensorFlow is first imported. Every other tfopt module gets
 ``tf`` and ``keras`` from here.
 """
+
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 
 
 def _import_quietly():

@@ -1,4 +1,5 @@
 """Child processes that end with their parent: the kernel's parent-death signal (Linux)."""
+
 from __future__ import annotations
 
 import os
@@ -48,6 +49,7 @@ def die_with_parent(sig: int = signal.SIGTERM):
             _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
             if os.getppid() != parent:  # the parent died before the signal was armed
                 os.kill(os.getpid(), sig)
+
     return arm
 
 

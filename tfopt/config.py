@@ -2,6 +2,7 @@
 
 Configuration is plain data validated here, at the edge; inner code trusts it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,9 @@ NORMALIZE_PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
 
 def default_data_dir() -> str:
     """Returns the data cache directory: ``$TFOPT_DATA_DIR`` or ``~/.cache/tfopt``."""
-    return os.environ.get("TFOPT_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tfopt")
+    return os.environ.get("TFOPT_DATA_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tfopt"
+    )
 
 
 @dataclass(frozen=True)
@@ -45,21 +48,31 @@ class DataConfig:
     seed: int = 42
     shuffle_buffer: int = 10000
     cache: str = "memory"  # memory | none | file (under data_dir)
-    augment: str = "none"  # none | shift (random +-2 px translation) | crop_flip (see tfopt/data/augment.py)
-    crop_size: int = 0  # crop_flip: side of the random square window (0 = the image's own height x width)
+    augment: str = (
+        "none"  # none | shift (random +-2 px translation) | crop_flip (see tfopt/data/augment.py)
+    )
+    crop_size: int = (
+        0  # crop_flip: side of the random square window (0 = the image's own height x width)
+    )
     crop_padding: int = 0  # crop_flip: zero pixels added on each side before the window is taken
-    normalize: str = ""  # "" (off) | imagenet | MEAN/STD per channel in [0, 1] units, e.g. 0.5,0.5,0.5/0.25
+    normalize: str = (
+        ""  # "" (off) | imagenet | MEAN/STD per channel in [0, 1] units, e.g. 0.5,0.5,0.5/0.25
+    )
     interleave_cycle_length: int = AUTOTUNE
     num_parallel_reads: int = AUTOTUNE
     num_parallel_calls: int = AUTOTUNE
     prefetch_buffer: int = AUTOTUNE
     deterministic: bool = False
     ram_budget_mb: int = 0  # 0 = tf.data default
-    image_size: str = ""  # HxW: resize every image (bilinear, aspect not kept), e.g. 96x96; "" = as stored
+    image_size: str = (
+        ""  # HxW: resize every image (bilinear, aspect not kept), e.g. 96x96; "" = as stored
+    )
     channels: int = 0  # 1 or 3: convert gray <-> RGB; 0 = as stored
     feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
     verify: bool = False  # re-hash every shard on prepare (else only when its size/mtime changed)
-    service: str = ""  # tf.data service: "" (off) | local (in-process) | grpc://HOST:PORT (a dispatcher)
+    service: str = (
+        ""  # tf.data service: "" (off) | local (in-process) | grpc://HOST:PORT (a dispatcher)
+    )
     service_mode: str = "distributed_epoch"  # distributed_epoch (each batch once) | parallel_epochs
 
 
@@ -70,12 +83,18 @@ HEADS = ("auto", "keep", "new")
 class ModelConfig:
     """Which model to build or load (see :func:`tfopt.specs.parse_model_source` for the forms)."""
 
-    name: str = "cnn"  # a built-in name, a model file, keras.applications:NAME or package.module:function
+    name: str = (
+        "cnn"  # a built-in name, a model file, keras.applications:NAME or package.module:function
+    )
     dropout: float = 0.25  # built-in models that use dropout
     args: str = ""  # KEY=VALUE,... keyword arguments of keras.applications:NAME or a factory
     trust: bool = False  # load model files that can run code (Lambda layers, custom objects)
-    head: str = "auto"  # auto (new when the class count differs) | keep | new (a fresh logits layer)
-    freeze_epochs: int = 0  # tfopt.train: train only the classification layer for this many first epochs
+    head: str = (
+        "auto"  # auto (new when the class count differs) | keep | new (a fresh logits layer)
+    )
+    freeze_epochs: int = (
+        0  # tfopt.train: train only the classification layer for this many first epochs
+    )
 
 
 @dataclass(frozen=True)
@@ -87,7 +106,9 @@ class RuntimeConfig:
     precision: str = "float32"
     collective: str = "auto"  # multi_worker_mirrored communication: auto | ring | nccl
     startup_timeout: float = 120.0  # seconds a multi-worker start-up may take before failing
-    deterministic: bool = False  # op determinism + deterministic input: bit-identical reruns and resumes
+    deterministic: bool = (
+        False  # op determinism + deterministic input: bit-identical reruns and resumes
+    )
 
 
 @dataclass(frozen=True)
@@ -105,11 +126,16 @@ class TrainConfig:
     tensorboard: bool = True
     verbose: int = 1
     backup_every: int = 0  # steps between backups (0 = at each epoch end only)
-    nan_retries: int = 2  # roll back to the last backup this many times on a non-finite loss, then stop
+    nan_retries: int = (
+        2  # roll back to the last backup this many times on a non-finite loss, then stop
+    )
     nan_lr_factor: float = 0.5  # learning-rate multiplier applied at each roll-back
 
 
-COMBINE_MODES = ("probs", "logits")  # how several teachers' outputs are combined (see tfopt.models.distiller)
+COMBINE_MODES = (
+    "probs",
+    "logits",
+)  # how several teachers' outputs are combined (see tfopt.models.distiller)
 
 
 @dataclass(frozen=True)
@@ -175,7 +201,9 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
         try:
             out = typ(value)
         except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{where}={value!r} is not {'an int' if typ is int else 'a float'}; give a number") from None
+            raise ConfigError(
+                f"{where}={value!r} is not {'an int' if typ is int else 'a float'}; give a number"
+            ) from None
         if typ is float and not math.isfinite(out):
             raise ConfigError(f"{where}={value!r} is not a finite number; give a number")
         if typ is int and isinstance(value, float) and value != out:
@@ -198,22 +226,30 @@ def parse_normalize(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | 
     """
     text = text.strip()
     if text.startswith(BGR_PREFIX):
-        text = text[len(BGR_PREFIX):]
+        text = text[len(BGR_PREFIX) :]
     if not text:
         return None
     if text in NORMALIZE_PRESETS:
         return NORMALIZE_PRESETS[text]
-    fix = ("give MEAN/STD per channel, e.g. 0.485,0.456,0.406/0.229,0.224,0.225, or one of "
-           + ", ".join(NORMALIZE_PRESETS))
+    fix = (
+        "give MEAN/STD per channel, e.g. 0.485,0.456,0.406/0.229,0.224,0.225, or one of "
+        + ", ".join(NORMALIZE_PRESETS)
+    )
     mean, sep, std = text.partition("/")
     try:
         values = tuple(tuple(float(v) for v in part.split(",")) for part in (mean, std))
     except ValueError:
         raise ConfigError(f"data.normalize={text!r} is not valid; {fix}") from None
-    if not sep or "/" in std or not all(v == v and abs(v) != float("inf") for part in values for v in part):
+    if (
+        not sep
+        or "/" in std
+        or not all(v == v and abs(v) != float("inf") for part in values for v in part)
+    ):
         raise ConfigError(f"data.normalize={text!r} is not valid; {fix}")
     if min(values[1]) <= 0:
-        raise ConfigError(f"data.normalize={text!r} has a standard deviation <= 0; every STD value must be > 0")
+        raise ConfigError(
+            f"data.normalize={text!r} has a standard deviation <= 0; every STD value must be > 0"
+        )
     return values
 
 
@@ -234,7 +270,9 @@ def parse_image_size(text: str) -> tuple[int, int] | None:
     except ValueError:
         h = w = 0
     if len(parts) != 2 or h < 1 or w < 1:
-        raise ConfigError(f"data.image_size={text!r} is not valid; give HEIGHTxWIDTH in pixels, e.g. 96x96")
+        raise ConfigError(
+            f"data.image_size={text!r} is not valid; give HEIGHTxWIDTH in pixels, e.g. 96x96"
+        )
     return h, w
 
 
@@ -249,8 +287,10 @@ def _validate_augment(data: DataConfig) -> None:
         if value < 0:
             raise ConfigError(f"data.{key}={value} must be >= 0; give a number of pixels")
         if value and data.augment != "crop_flip":
-            raise ConfigError(f"data.{key}={value} has no effect with data.augment={data.augment}; "
-                              f"set data.augment=crop_flip or leave data.{key} at 0")
+            raise ConfigError(
+                f"data.{key}={value} has no effect with data.augment={data.augment}; "
+                f"set data.augment=crop_flip or leave data.{key} at 0"
+            )
     parse_normalize(data.normalize)
 
 
@@ -258,44 +298,76 @@ def _validate(cfg: RunConfig) -> RunConfig:
     for (section, key), choices in _CHOICES.items():
         value = getattr(getattr(cfg, section), key)
         if value not in choices:
-            raise ConfigError(f"{section}.{key}={value!r} is not valid; choose one of {', '.join(map(str, choices))}")
+            raise ConfigError(
+                f"{section}.{key}={value!r} is not valid; choose one of {', '.join(map(str, choices))}"
+            )
     positive = {
-        ("data", "global_batch_size"), ("data", "num_shards"), ("runtime", "cpu_replicas"),
-        ("train", "epochs"), ("data", "shuffle_buffer"),
+        ("data", "global_batch_size"),
+        ("data", "num_shards"),
+        ("runtime", "cpu_replicas"),
+        ("train", "epochs"),
+        ("data", "shuffle_buffer"),
     }
     for section, key in positive:
         value = getattr(getattr(cfg, section), key)
         if value < 1:
             raise ConfigError(f"{section}.{key}={value} must be >= 1; give a positive number")
-    for key in ("interleave_cycle_length", "num_parallel_reads", "num_parallel_calls", "prefetch_buffer"):
+    for key in (
+        "interleave_cycle_length",
+        "num_parallel_reads",
+        "num_parallel_calls",
+        "prefetch_buffer",
+    ):
         value = getattr(cfg.data, key)
         if value == 0 or value < AUTOTUNE:
-            raise ConfigError(f"data.{key}={value} is not valid; give a positive int or -1 for AUTOTUNE")
+            raise ConfigError(
+                f"data.{key}={value} is not valid; give a positive int or -1 for AUTOTUNE"
+            )
     if not 0 <= cfg.model.freeze_epochs <= cfg.train.epochs:
-        raise ConfigError(f"model.freeze_epochs={cfg.model.freeze_epochs} must be in [0, train.epochs="
-                          f"{cfg.train.epochs}]; give the number of first epochs that train the head alone")
-    for section, key in (("data", "limit"), ("train", "steps_per_execution"), ("train", "steps_per_epoch"),
-                         ("data", "ram_budget_mb"), ("train", "backup_every"), ("train", "nan_retries")):
+        raise ConfigError(
+            f"model.freeze_epochs={cfg.model.freeze_epochs} must be in [0, train.epochs="
+            f"{cfg.train.epochs}]; give the number of first epochs that train the head alone"
+        )
+    for section, key in (
+        ("data", "limit"),
+        ("train", "steps_per_execution"),
+        ("train", "steps_per_epoch"),
+        ("data", "ram_budget_mb"),
+        ("train", "backup_every"),
+        ("train", "nan_retries"),
+    ):
         if getattr(getattr(cfg, section), key) < 0:
-            raise ConfigError(f"{section}.{key} must be >= 0 (0 = automatic); got {getattr(getattr(cfg, section), key)}")
+            raise ConfigError(
+                f"{section}.{key} must be >= 0 (0 = automatic); got {getattr(getattr(cfg, section), key)}"
+            )
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout={cfg.model.dropout} must be in [0, 1)")
     if not 0.0 < cfg.train.nan_lr_factor <= 1.0:
-        raise ConfigError(f"train.nan_lr_factor={cfg.train.nan_lr_factor} must be in (0, 1]; 1 keeps the rate")
+        raise ConfigError(
+            f"train.nan_lr_factor={cfg.train.nan_lr_factor} must be in (0, 1]; 1 keeps the rate"
+        )
     _validate_augment(cfg.data)
     parse_image_size(cfg.data.image_size)
     parse_model(cfg.model.name, cfg.model.args)
     service = cfg.data.service
-    if service not in ("", "local") and not (service.startswith("grpc://") and ":" in service[len("grpc://"):]):
-        raise ConfigError(f"data.service={service!r} is not valid; give local, grpc://HOST:PORT or nothing (off)")
+    if service not in ("", "local") and not (
+        service.startswith("grpc://") and ":" in service[len("grpc://") :]
+    ):
+        raise ConfigError(
+            f"data.service={service!r} is not valid; give local, grpc://HOST:PORT or nothing (off)"
+        )
     if cfg.train.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
     for section, key in (("data", "seed"), ("train", "seed")):
-        if not 0 <= getattr(getattr(cfg, section), key) < 2 ** 32:
-            raise ConfigError(f"{section}.{key}={getattr(getattr(cfg, section), key)} must be in [0, 2**32); "
-                              "give a non-negative seed")
+        if not 0 <= getattr(getattr(cfg, section), key) < 2**32:
+            raise ConfigError(
+                f"{section}.{key}={getattr(getattr(cfg, section), key)} must be in [0, 2**32); "
+                "give a non-negative seed"
+            )
     if not cfg.runtime.startup_timeout > 0:
-        raise ConfigError(f"runtime.startup_timeout={cfg.runtime.startup_timeout} must be > 0 seconds")
+        raise ConfigError(
+            f"runtime.startup_timeout={cfg.runtime.startup_timeout} must be > 0 seconds"
+        )
     return cfg
 
 
@@ -319,18 +391,23 @@ def from_dict(raw: Mapping[str, Any], base: RunConfig | None = None) -> RunConfi
     sections = {f.name: getattr(base, f.name) for f in dataclasses.fields(RunConfig)}
     for section, values in raw.items():
         if section not in sections:
-            raise ConfigError(f"unknown config section {section!r}; valid sections: {', '.join(sections)}")
+            raise ConfigError(
+                f"unknown config section {section!r}; valid sections: {', '.join(sections)}"
+            )
         if values is None:
             continue
         if not isinstance(values, Mapping):
-            raise ConfigError(f"config section {section!r} must be a mapping of keys, got {values!r}")
+            raise ConfigError(
+                f"config section {section!r} must be a mapping of keys, got {values!r}"
+            )
         current = sections[section]
         types = _field_types(type(current))
         updates = {}
         for key, value in values.items():
             if key not in types:
                 raise ConfigError(
-                    f"unknown key {section}.{key!s}; valid keys in {section!r}: {', '.join(types)}")
+                    f"unknown key {section}.{key!s}; valid keys in {section!r}: {', '.join(types)}"
+                )
             updates[key] = _coerce(section, key, value, types[key])
         sections[section] = dataclasses.replace(current, **updates)
     return _validate(RunConfig(**sections))
@@ -350,7 +427,9 @@ def load(path: str, base: RunConfig | None = None) -> RunConfig:
         ConfigError: the file is missing, unparsable, or has unknown keys or bad values.
     """
     if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist; give the path of a .yaml or .json file")
+        raise ConfigError(
+            f"config file {path!r} does not exist; give the path of a .yaml or .json file"
+        )
     if not path.endswith((".yaml", ".yml", ".json")):
         raise ConfigError(f"config file {path!r} must end in .yaml, .yml or .json")
     import yaml
@@ -361,7 +440,9 @@ def load(path: str, base: RunConfig | None = None) -> RunConfig:
         raw = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as e:
         first = str(e).strip().splitlines()[0]
-        raise ConfigError(f"config file {path!r} cannot be parsed: {first}; fix its syntax") from None
+        raise ConfigError(
+            f"config file {path!r} cannot be parsed: {first}; fix its syntax"
+        ) from None
     return from_dict(raw or {}, base)
 
 
@@ -383,6 +464,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         name, sep, value = item.partition("=")
         section, dot, key = name.strip().partition(".")
         if not sep or not dot or not key:
-            raise ConfigError(f"override {item!r} is not of the form section.key=value (e.g. data.cache=none)")
+            raise ConfigError(
+                f"override {item!r} is not of the form section.key=value (e.g. data.cache=none)"
+            )
         raw.setdefault(section, {})[key] = value.strip()
     return from_dict(raw, cfg)

@@ -5,6 +5,7 @@ umask 022), like any file ``open()`` creates: TensorBoard or a serving process r
 another user must be able to read a model we wrote. ``tempfile.mkstemp``/``mkdtemp`` would
 create them 0600/0700, so temp siblings are created here with the modes ``open()`` asks for.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,14 @@ import numpy as np
 # What open() and mkdir() ask for; the kernel then applies the umask (and a default ACL).
 _FILE_MODE = 0o666
 _DIR_MODE = 0o777
-_FILE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-               | getattr(os, "O_BINARY", 0))
+_FILE_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_BINARY", 0)
+)
 _T = TypeVar("_T")
 
 
@@ -34,7 +41,9 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def _sibling(directory: str, prefix: str, suffix: str, create: Callable[[str], _T]) -> tuple[str, _T]:
+def _sibling(
+    directory: str, prefix: str, suffix: str, create: Callable[[str], _T]
+) -> tuple[str, _T]:
     """Creates a new, uniquely named entry in ``directory`` with ``create(path)``; O_EXCL-style."""
     for _ in range(100):
         path = os.path.join(directory, f"{prefix}{secrets.token_hex(6)}{suffix}")

@@ -49,6 +49,7 @@ Job semantics, as rendered here:
 
 Nothing here imports TensorFlow; :func:`render_tfjob` is a pure function.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,12 +62,17 @@ from tfopt.specs import STAGES  # the tfopt commands that take -o/--output
 
 API_VERSION, KIND = "kubeflow.org/v1", "TFJob"
 RENDER_TARGETS = ("kubeflow",)
-RESTART_POLICIES = ("ExitCode", "OnFailure")  # what --restart-policy offers (see the module docstring)
+RESTART_POLICIES = (
+    "ExitCode",
+    "OnFailure",
+)  # what --restart-policy offers (see the module docstring)
 OPERATOR_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")  # what the operator knows
 CLEAN_POD_POLICIES = ("Running", "All", "None")
 REPLICA_TYPES = ("Chief", "Worker", "PS", "Evaluator")  # rendered in this order
 OPERATOR_REPLICA_TYPES = ("Chief", "Master", "Worker", "PS", "Evaluator")
-CONTAINER_NAME = "tensorflow"  # the operator sets TF_CONFIG in, and reads the exit code of, this container only
+CONTAINER_NAME = (
+    "tensorflow"  # the operator sets TF_CONFIG in, and reads the exit code of, this container only
+)
 PORT_NAME, PORT = "tfjob-port", 2222
 VOLUME_NAME = "runs"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -94,30 +100,58 @@ def add_render_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentG
     Returns:
         The argument group "Kubernetes (--render kubeflow)".
     """
-    g = parser.add_argument_group("Kubernetes (--render kubeflow)",
-                                  "print a Kubeflow TFJob (kubeflow.org/v1) that runs the command, instead of running "
-                                  "it; see docs/kubernetes.md")
+    g = parser.add_argument_group(
+        "Kubernetes (--render kubeflow)",
+        "print a Kubeflow TFJob (kubeflow.org/v1) that runs the command, instead of running "
+        "it; see docs/kubernetes.md",
+    )
     g.add_argument("--render", choices=RENDER_TARGETS, help="print the TFJob YAML and exit")
     g.add_argument("--image", help="container image with tfopt installed (required with --render)")
-    g.add_argument("--name", default=DEFAULT_NAME,
-                   help="TFJob name: pods <name>-<role>-<i>, run directory <mount-path>/<name> "
-                        f"(default {DEFAULT_NAME})")
+    g.add_argument(
+        "--name",
+        default=DEFAULT_NAME,
+        help="TFJob name: pods <name>-<role>-<i>, run directory <mount-path>/<name> "
+        f"(default {DEFAULT_NAME})",
+    )
     g.add_argument("--namespace", help="namespace of the TFJob (default: kubectl's current one)")
-    g.add_argument("--restart-policy", choices=RESTART_POLICIES, default="ExitCode",
-                   help="ExitCode: retry exits 128-255 (143 preemption, 138 lost peer, 137 kill), fail on 1-127 (default); "
-                        "OnFailure: restart any failure in place, up to --backoff-limit")
-    g.add_argument("--backoff-limit", type=int, default=3,
-                   help="container restarts (OnFailure) before the job is marked failed (default 3)")
-    g.add_argument("--clean-pod-policy", choices=CLEAN_POD_POLICIES, default="Running",
-                   help="pods deleted when the job ends: Running keeps finished pods' logs (default)")
+    g.add_argument(
+        "--restart-policy",
+        choices=RESTART_POLICIES,
+        default="ExitCode",
+        help="ExitCode: retry exits 128-255 (143 preemption, 138 lost peer, 137 kill), fail on 1-127 (default); "
+        "OnFailure: restart any failure in place, up to --backoff-limit",
+    )
+    g.add_argument(
+        "--backoff-limit",
+        type=int,
+        default=3,
+        help="container restarts (OnFailure) before the job is marked failed (default 3)",
+    )
+    g.add_argument(
+        "--clean-pod-policy",
+        choices=CLEAN_POD_POLICIES,
+        default="Running",
+        help="pods deleted when the job ends: Running keeps finished pods' logs (default)",
+    )
     g.add_argument("--cpu", help="CPU request and limit of every pod, e.g. 4 or 500m")
     g.add_argument("--memory", help="memory request and limit of every pod, e.g. 8Gi")
-    g.add_argument("--gpus", type=int, default=0,
-                   help=f"{GPU_RESOURCE} per chief, worker and evaluator pod (default 0)")
-    g.add_argument("--volume-claim", default=DEFAULT_CLAIM,
-                   help="ReadWriteMany PersistentVolumeClaim for run directories and backups "
-                        f"(default {DEFAULT_CLAIM})")
-    g.add_argument("--mount-path", default=DEFAULT_MOUNT, help=f"where the claim is mounted (default {DEFAULT_MOUNT})")
+    g.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help=f"{GPU_RESOURCE} per chief, worker and evaluator pod (default 0)",
+    )
+    g.add_argument(
+        "--volume-claim",
+        default=DEFAULT_CLAIM,
+        help="ReadWriteMany PersistentVolumeClaim for run directories and backups "
+        f"(default {DEFAULT_CLAIM})",
+    )
+    g.add_argument(
+        "--mount-path",
+        default=DEFAULT_MOUNT,
+        help=f"where the claim is mounted (default {DEFAULT_MOUNT})",
+    )
     return g
 
 
@@ -140,25 +174,56 @@ def render_from_args(args: argparse.Namespace, command: list[str]) -> str:
     import yaml  # only rendering needs it
 
     if args.render not in RENDER_TARGETS:
-        raise ConfigError(f"--render={args.render!r} is not one of {', '.join(RENDER_TARGETS)}; use --render kubeflow")
+        raise ConfigError(
+            f"--render={args.render!r} is not one of {', '.join(RENDER_TARGETS)}; use --render kubeflow"
+        )
     if not args.image:
-        raise ConfigError("--render kubeflow needs --image: the container image with tfopt installed, "
-                          "e.g. --image registry.example.com/tfopt:1 (see docs/kubernetes.md)")
+        raise ConfigError(
+            "--render kubeflow needs --image: the container image with tfopt installed, "
+            "e.g. --image registry.example.com/tfopt:1 (see docs/kubernetes.md)"
+        )
     doc = render_tfjob(
-        name=args.name, namespace=args.namespace, image=args.image, command=command,
-        chief=args.chief, workers=args.workers, ps=args.ps, evaluator=getattr(args, "evaluator", False),
-        restart_policy=args.restart_policy, backoff_limit=args.backoff_limit, clean_pod_policy=args.clean_pod_policy,
-        cpu=args.cpu, memory=args.memory, gpus=args.gpus, volume_claim=args.volume_claim, mount_path=args.mount_path)
+        name=args.name,
+        namespace=args.namespace,
+        image=args.image,
+        command=command,
+        chief=args.chief,
+        workers=args.workers,
+        ps=args.ps,
+        evaluator=getattr(args, "evaluator", False),
+        restart_policy=args.restart_policy,
+        backoff_limit=args.backoff_limit,
+        clean_pod_policy=args.clean_pod_policy,
+        cpu=args.cpu,
+        memory=args.memory,
+        gpus=args.gpus,
+        volume_claim=args.volume_claim,
+        mount_path=args.mount_path,
+    )
     check_tfjob(doc)
     policy = render_network_policy(args.name, args.namespace)
     return yaml.safe_dump_all([doc, policy], sort_keys=False, width=120)
 
 
-def render_tfjob(*, name: str, image: str, command: list[str], chief: bool = False, workers: int = 2, ps: int = 0,
-                 evaluator: bool = False, namespace: str | None = None, restart_policy: str = "ExitCode",
-                 backoff_limit: int = 3, clean_pod_policy: str = "Running", cpu: str | None = None,
-                 memory: str | None = None, gpus: int = 0, volume_claim: str = DEFAULT_CLAIM,
-                 mount_path: str = DEFAULT_MOUNT) -> dict[str, Any]:
+def render_tfjob(
+    *,
+    name: str,
+    image: str,
+    command: list[str],
+    chief: bool = False,
+    workers: int = 2,
+    ps: int = 0,
+    evaluator: bool = False,
+    namespace: str | None = None,
+    restart_policy: str = "ExitCode",
+    backoff_limit: int = 3,
+    clean_pod_policy: str = "Running",
+    cpu: str | None = None,
+    memory: str | None = None,
+    gpus: int = 0,
+    volume_claim: str = DEFAULT_CLAIM,
+    mount_path: str = DEFAULT_MOUNT,
+) -> dict[str, Any]:
     """Builds a ``kubeflow.org/v1`` TFJob as a plain dict (see the module docstring for its semantics).
 
     Args:
@@ -187,29 +252,57 @@ def render_tfjob(*, name: str, image: str, command: list[str], chief: bool = Fal
     """
     command = _check_command(command)
     _check_image(image)
-    _check_dns(name, "--name", _DNS1035, 63, "a DNS-1035 label (the operator's rule for TFJob names)",
-               "lower-case letters, digits and '-', starting with a letter, e.g. --name mnist-ps")
+    _check_dns(
+        name,
+        "--name",
+        _DNS1035,
+        63,
+        "a DNS-1035 label (the operator's rule for TFJob names)",
+        "lower-case letters, digits and '-', starting with a letter, e.g. --name mnist-ps",
+    )
     if namespace is not None:
-        _check_dns(namespace, "--namespace", _DNS1123_LABEL, 63, "a DNS-1123 label",
-                   "lower-case letters, digits and '-', e.g. --namespace ml-team")
+        _check_dns(
+            namespace,
+            "--namespace",
+            _DNS1123_LABEL,
+            63,
+            "a DNS-1123 label",
+            "lower-case letters, digits and '-', e.g. --namespace ml-team",
+        )
     counts = _check_counts(chief, workers, ps, evaluator)
     _check_host_names(name, counts)
     _check_choice(restart_policy, "--restart-policy", RESTART_POLICIES)
     _check_choice(clean_pod_policy, "--clean-pod-policy", CLEAN_POD_POLICIES)
     _check_count(backoff_limit, "--backoff-limit")
     resources = {role: _resources(cpu, memory, gpus if role != "PS" else 0) for role in counts}
-    _check_dns(volume_claim, "--volume-claim", _DNS1123_SUBDOMAIN, 253, "a PersistentVolumeClaim name (DNS-1123)",
-               f"lower-case letters, digits, '-' and '.', e.g. --volume-claim {DEFAULT_CLAIM}")
+    _check_dns(
+        volume_claim,
+        "--volume-claim",
+        _DNS1123_SUBDOMAIN,
+        253,
+        "a PersistentVolumeClaim name (DNS-1123)",
+        f"lower-case letters, digits, '-' and '.', e.g. --volume-claim {DEFAULT_CLAIM}",
+    )
     mount_path = _check_mount_path(mount_path)
     run_command = job_command(command, mount_path, name)
     metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = namespace
-    specs = {role: _replica(n, restart_policy, image, run_command, resources[role], volume_claim, mount_path, name)
-             for role, n in counts.items()}
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
-            "spec": {"runPolicy": {"backoffLimit": backoff_limit, "cleanPodPolicy": clean_pod_policy},
-                     "tfReplicaSpecs": specs}}
+    specs = {
+        role: _replica(
+            n, restart_policy, image, run_command, resources[role], volume_claim, mount_path, name
+        )
+        for role, n in counts.items()
+    }
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": {
+            "runPolicy": {"backoffLimit": backoff_limit, "cleanPodPolicy": clean_pod_policy},
+            "tfReplicaSpecs": specs,
+        },
+    }
 
 
 def job_command(command: list[str], mount_path: str, name: str) -> list[str]:
@@ -231,8 +324,10 @@ def job_command(command: list[str], mount_path: str, name: str) -> list[str]:
         return [*command[:cut], "-o", f"{mount_path}/{name}", *command[cut:]]
     normal = posixpath.normpath(output) if output else ""
     if not (normal == mount_path or normal.startswith(mount_path + "/")):
-        raise ConfigError(f"-o {output!r} is not under --mount-path {mount_path}, the volume every replica shares; "
-                          f"backups must be on it: give -o {mount_path}/{name} or drop -o")
+        raise ConfigError(
+            f"-o {output!r} is not under --mount-path {mount_path}, the volume every replica shares; "
+            f"backups must be on it: give -o {mount_path}/{name} or drop -o"
+        )
     return list(command)
 
 
@@ -250,10 +345,14 @@ def check_tfjob(doc: dict) -> None:
         ConfigError: the first problem found, in one line naming its field.
     """
     if not isinstance(doc, dict):
-        raise ConfigError(f"a TFJob must be a mapping, got {type(doc).__name__}; render it with --render kubeflow")
+        raise ConfigError(
+            f"a TFJob must be a mapping, got {type(doc).__name__}; render it with --render kubeflow"
+        )
     if (doc.get("apiVersion"), doc.get("kind")) != (API_VERSION, KIND):
-        raise ConfigError(f"apiVersion/kind={doc.get('apiVersion')!r}/{doc.get('kind')!r} is not "
-                          f"{API_VERSION}/{KIND}; this is not a training-operator v1 TFJob")
+        raise ConfigError(
+            f"apiVersion/kind={doc.get('apiVersion')!r}/{doc.get('kind')!r} is not "
+            f"{API_VERSION}/{KIND}; this is not a training-operator v1 TFJob"
+        )
     spec = _mapping(doc.get("spec"), "spec")
     _check_run_policy(spec.get("runPolicy"))
     specs = _mapping(spec.get("tfReplicaSpecs"), "spec.tfReplicaSpecs")
@@ -262,22 +361,31 @@ def check_tfjob(doc: dict) -> None:
     replicas = {role: _check_replica(role, value) for role, value in specs.items()}
     chiefs = replicas.get("Chief", 0) + replicas.get("Master", 0)
     if chiefs > 1:
-        raise ConfigError(f"TFJob has {chiefs} chiefs (Chief/Master replicas); TensorFlow allows at most one "
-                          "chief: set replicas: 1 and make the others workers")
+        raise ConfigError(
+            f"TFJob has {chiefs} chiefs (Chief/Master replicas); TensorFlow allows at most one "
+            "chief: set replicas: 1 and make the others workers"
+        )
     if replicas.get("Evaluator", 0) > 1:
-        raise ConfigError(f"TFJob spec.tfReplicaSpecs.Evaluator.replicas={replicas['Evaluator']}; TensorFlow "
-                          "allows at most one evaluator: set replicas: 1")
+        raise ConfigError(
+            f"TFJob spec.tfReplicaSpecs.Evaluator.replicas={replicas['Evaluator']}; TensorFlow "
+            "allows at most one evaluator: set replicas: 1"
+        )
     if replicas.get("PS", 0) and not (chiefs and replicas.get("Worker", 0)):
-        raise ConfigError(f"TFJob has {replicas['PS']} PS replica(s) but chief:{chiefs} worker:"
-                          f"{replicas.get('Worker', 0)}; ParameterServerStrategy needs one Chief and >= 1 Worker")
+        raise ConfigError(
+            f"TFJob has {replicas['PS']} PS replica(s) but chief:{chiefs} worker:"
+            f"{replicas.get('Worker', 0)}; ParameterServerStrategy needs one Chief and >= 1 Worker"
+        )
 
 
 # -- validation helpers -------------------------------------------------------------------
 
+
 def _check_command(command: Any) -> list[str]:
     if not command:
-        raise ConfigError("no command to render; put it after `--`, e.g. `python -m tfopt.launch --render kubeflow "
-                          "--image REG/tfopt:1 --workers 2 -- python -m tfopt.train`")
+        raise ConfigError(
+            "no command to render; put it after `--`, e.g. `python -m tfopt.launch --render kubeflow "
+            "--image REG/tfopt:1 --workers 2 -- python -m tfopt.train`"
+        )
     if not isinstance(command, (list, tuple)) or not all(isinstance(a, str) for a in command):
         raise ConfigError(f"command={command!r} must be a list of strings (one per argument)")
     return list(command)
@@ -285,13 +393,17 @@ def _check_command(command: Any) -> list[str]:
 
 def _check_image(image: Any) -> None:
     if not isinstance(image, str) or not image or any(c.isspace() for c in image):
-        raise ConfigError(f"--image={image!r} is not a container image reference; give e.g. "
-                          "--image registry.example.com/tfopt:1")
+        raise ConfigError(
+            f"--image={image!r} is not a container image reference; give e.g. "
+            "--image registry.example.com/tfopt:1"
+        )
 
 
 def _check_dns(value: Any, flag: str, pattern: re.Pattern, limit: int, rule: str, fix: str) -> None:
     if not isinstance(value, str) or not pattern.fullmatch(value) or len(value) > limit:
-        raise ConfigError(f"{flag}={value!r} is not {rule} of at most {limit} characters; use {fix}")
+        raise ConfigError(
+            f"{flag}={value!r} is not {rule} of at most {limit} characters; use {fix}"
+        )
 
 
 def _check_count(value: Any, flag: str) -> int:
@@ -303,17 +415,27 @@ def _check_count(value: Any, flag: str) -> int:
 def _check_counts(chief: Any, workers: Any, ps: Any, evaluator: Any) -> dict[str, int]:
     n_chief = _check_count(int(chief) if isinstance(chief, bool) else chief, "--chief")
     if n_chief > 1:
-        raise ConfigError(f"--chief={n_chief}: a TFJob has at most one chief (TensorFlow's rule); "
-                          "give --chief once and make the others --workers")
+        raise ConfigError(
+            f"--chief={n_chief}: a TFJob has at most one chief (TensorFlow's rule); "
+            "give --chief once and make the others --workers"
+        )
     workers, ps = _check_count(workers, "--workers"), _check_count(ps, "--ps")
-    n_eval = _check_count(int(evaluator) if isinstance(evaluator, bool) else evaluator, "--evaluator")
+    n_eval = _check_count(
+        int(evaluator) if isinstance(evaluator, bool) else evaluator, "--evaluator"
+    )
     if n_eval > 1:
-        raise ConfigError(f"--evaluator={n_eval}: TensorFlow allows at most one evaluator; give --evaluator once")
+        raise ConfigError(
+            f"--evaluator={n_eval}: TensorFlow allows at most one evaluator; give --evaluator once"
+        )
     if workers + n_chief < 1:
-        raise ConfigError(f"--workers={workers} without --chief renders no training task; give --workers 1 or more")
+        raise ConfigError(
+            f"--workers={workers} without --chief renders no training task; give --workers 1 or more"
+        )
     if ps and (not n_chief or workers < 1):
-        raise ConfigError(f"--ps={ps} needs --chief and --workers >= 1 (ParameterServerStrategy: one chief, "
-                          "workers and ps tasks); add --chief or drop --ps")
+        raise ConfigError(
+            f"--ps={ps} needs --chief and --workers >= 1 (ParameterServerStrategy: one chief, "
+            "workers and ps tasks); add --chief or drop --ps"
+        )
     counts = dict(zip(REPLICA_TYPES, (n_chief, workers, ps, n_eval), strict=True))
     return {role: n for role, n in counts.items() if n}
 
@@ -323,8 +445,10 @@ def _check_host_names(name: str, counts: dict[str, int]) -> None:
     longest = max((f"{name}-{role.lower()}-{n - 1}" for role, n in counts.items()), key=len)
     if len(longest) > 63:
         room = 63 - (len(longest) - len(name))
-        raise ConfigError(f"--name={name!r} makes the pod and Service name {longest!r} {len(longest)} characters "
-                          f"long; Kubernetes allows 63: shorten --name to at most {room} characters")
+        raise ConfigError(
+            f"--name={name!r} makes the pod and Service name {longest!r} {len(longest)} characters "
+            f"long; Kubernetes allows 63: shorten --name to at most {room} characters"
+        )
 
 
 def _check_choice(value: Any, flag: str, choices: tuple[str, ...]) -> None:
@@ -335,8 +459,10 @@ def _check_choice(value: Any, flag: str, choices: tuple[str, ...]) -> None:
 def _quantity(value: Any, flag: str, example: str) -> str:
     text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
     if not isinstance(text, str) or not _QUANTITY.fullmatch(text) or not re.search(r"[1-9]", text):
-        raise ConfigError(f"{flag}={value!r} is not a positive Kubernetes quantity; give e.g. {example} "
-                          "(suffixes Ki Mi Gi Ti, k M G T, m = thousandths)")
+        raise ConfigError(
+            f"{flag}={value!r} is not a positive Kubernetes quantity; give e.g. {example} "
+            "(suffixes Ki Mi Gi Ti, k M G T, m = thousandths)"
+        )
     return text
 
 
@@ -358,9 +484,16 @@ def _resources(cpu: Any, memory: Any, gpus: Any) -> dict[str, dict[str, Any]]:
 
 
 def _check_mount_path(path: Any) -> str:
-    if not isinstance(path, str) or not path.startswith("/") or ":" in path or posixpath.normpath(path) == "/":
-        raise ConfigError(f"--mount-path={path!r} must be an absolute directory other than / and without ':'; "
-                          f"give e.g. --mount-path {DEFAULT_MOUNT}")
+    if (
+        not isinstance(path, str)
+        or not path.startswith("/")
+        or ":" in path
+        or posixpath.normpath(path) == "/"
+    ):
+        raise ConfigError(
+            f"--mount-path={path!r} must be an absolute directory other than / and without ':'; "
+            f"give e.g. --mount-path {DEFAULT_MOUNT}"
+        )
     return posixpath.normpath(path)
 
 
@@ -369,9 +502,9 @@ def _tfopt_stage(command: list[str]) -> str | None:
     if posixpath.basename(command[0]) == "tfopt":
         return command[1] if len(command) > 1 and command[1] in STAGES else None
     if "-m" in command:
-        module = command[command.index("-m") + 1:][:2]
-        if module and module[0].startswith("tfopt.") and module[0][len("tfopt."):] in STAGES:
-            return module[0][len("tfopt."):]
+        module = command[command.index("-m") + 1 :][:2]
+        if module and module[0].startswith("tfopt.") and module[0][len("tfopt.") :] in STAGES:
+            return module[0][len("tfopt.") :]
         if module[:1] == ["tfopt"] and len(module) > 1 and module[1] in STAGES:
             return module[1]
     return None
@@ -379,13 +512,13 @@ def _tfopt_stage(command: list[str]) -> str | None:
 
 def _output_of(command: list[str]) -> str | None:
     """The run directory a tfopt command names with ``-o``/``--output`` (or ``--set train.output_dir=``)."""
-    args = command[:command.index("--")] if "--" in command else command
+    args = command[: command.index("--")] if "--" in command else command
     for i, arg in enumerate(args):
         if arg in ("-o", "--output"):
             return args[i + 1] if i + 1 < len(args) else ""
         for prefix in ("--output=", "train.output_dir=", "--set=train.output_dir="):
             if arg.startswith(prefix):
-                return arg[len(prefix):]
+                return arg[len(prefix) :]
         if arg.startswith("-o") and not arg.startswith("--"):
             return arg[2:]
     return None
@@ -406,43 +539,76 @@ def render_network_policy(name: str, namespace: str | None = None) -> dict[str, 
     if namespace is not None:
         metadata["namespace"] = namespace
     selector = {"matchLabels": {JOB_LABEL: name}}
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
-            "spec": {"podSelector": selector, "policyTypes": ["Ingress"],
-                     "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}]}]}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {
+            "podSelector": selector,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}]}],
+        },
+    }
 
 
-def _replica(replicas: int, restart_policy: str, image: str, command: list[str], resources: dict,
-             claim: str, mount_path: str, name: str) -> dict[str, Any]:
+def _replica(
+    replicas: int,
+    restart_policy: str,
+    image: str,
+    command: list[str],
+    resources: dict,
+    claim: str,
+    mount_path: str,
+    name: str,
+) -> dict[str, Any]:
     # Fresh objects for every replica: a shared one would be dumped as YAML anchors and aliases.
-    container = {"name": CONTAINER_NAME, "image": image, "command": list(command),
-                 "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
-                 "ports": [{"name": PORT_NAME, "containerPort": PORT}],
-                 "resources": {kind: dict(amounts) for kind, amounts in resources.items()},
-                 "volumeMounts": [{"name": VOLUME_NAME, "mountPath": mount_path}]}
-    return {"replicas": replicas, "restartPolicy": restart_policy,
-            "template": {"metadata": {"annotations": {ISTIO_INJECT: "false"}, "labels": {JOB_LABEL: name}},
-                         "spec": {"containers": [container],
-                                  "volumes": [{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim}}]}}}
+    container = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "command": list(command),
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": PORT_NAME, "containerPort": PORT}],
+        "resources": {kind: dict(amounts) for kind, amounts in resources.items()},
+        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": mount_path}],
+    }
+    return {
+        "replicas": replicas,
+        "restartPolicy": restart_policy,
+        "template": {
+            "metadata": {"annotations": {ISTIO_INJECT: "false"}, "labels": {JOB_LABEL: name}},
+            "spec": {
+                "containers": [container],
+                "volumes": [{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim}}],
+            },
+        },
+    }
 
 
 # -- check_tfjob helpers ------------------------------------------------------------------
 
+
 def _mapping(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
-        raise ConfigError(f"TFJob {where}={value!r} is missing or not a mapping; "
-                          "render the TFJob with --render kubeflow")
+        raise ConfigError(
+            f"TFJob {where}={value!r} is missing or not a mapping; "
+            "render the TFJob with --render kubeflow"
+        )
     return value
 
 
 def _check_run_policy(policy: Any) -> None:
     if policy is None:
-        raise ConfigError("TFJob spec.runPolicy is missing; add runPolicy: {backoffLimit: 3, cleanPodPolicy: Running} "
-                          "(the Kubeflow SDK refuses a TFJob without it)")
+        raise ConfigError(
+            "TFJob spec.runPolicy is missing; add runPolicy: {backoffLimit: 3, cleanPodPolicy: Running} "
+            "(the Kubeflow SDK refuses a TFJob without it)"
+        )
     policy = _mapping(policy, "spec.runPolicy")
     clean = policy.get("cleanPodPolicy")
     if clean is not None and clean not in CLEAN_POD_POLICIES:
-        raise ConfigError(f"TFJob spec.runPolicy.cleanPodPolicy={clean!r} is not one of "
-                          f"{', '.join(CLEAN_POD_POLICIES)}; use Running (keeps the logs of finished pods)")
+        raise ConfigError(
+            f"TFJob spec.runPolicy.cleanPodPolicy={clean!r} is not one of "
+            f"{', '.join(CLEAN_POD_POLICIES)}; use Running (keeps the logs of finished pods)"
+        )
     limit = policy.get("backoffLimit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ConfigError(f"TFJob spec.runPolicy.backoffLimit={limit!r} must be an integer >= 0")
@@ -451,33 +617,47 @@ def _check_run_policy(policy: Any) -> None:
 def _check_replica(role: str, spec: Any) -> int:
     where = f"spec.tfReplicaSpecs.{role}"
     if role not in OPERATOR_REPLICA_TYPES:
-        raise ConfigError(f"TFJob {where}: replica type {role!r} is unknown; "
-                          f"valid types: {', '.join(OPERATOR_REPLICA_TYPES)}")
+        raise ConfigError(
+            f"TFJob {where}: replica type {role!r} is unknown; "
+            f"valid types: {', '.join(OPERATOR_REPLICA_TYPES)}"
+        )
     spec = _mapping(spec, where)
     replicas = spec.get("replicas", 1)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
         raise ConfigError(f"TFJob {where}.replicas={replicas!r} must be an integer >= 0")
     policy = spec.get("restartPolicy")
     if policy not in OPERATOR_RESTART_POLICIES:
-        raise ConfigError(f"TFJob {where}.restartPolicy={policy!r} is not one of "
-                          f"{', '.join(OPERATOR_RESTART_POLICIES)}; use ExitCode (retries exits 128-255, "
-                          "e.g. 143 preemption) or OnFailure")
-    pod = _mapping(_mapping(spec.get("template"), f"{where}.template").get("spec"), f"{where}.template.spec")
+        raise ConfigError(
+            f"TFJob {where}.restartPolicy={policy!r} is not one of "
+            f"{', '.join(OPERATOR_RESTART_POLICIES)}; use ExitCode (retries exits 128-255, "
+            "e.g. 143 preemption) or OnFailure"
+        )
+    pod = _mapping(
+        _mapping(spec.get("template"), f"{where}.template").get("spec"), f"{where}.template.spec"
+    )
     containers = pod.get("containers")
     if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
-        raise ConfigError(f"TFJob {where}.template.spec.containers={containers!r} must be a list of containers")
+        raise ConfigError(
+            f"TFJob {where}.template.spec.containers={containers!r} must be a list of containers"
+        )
     named = [c for c in containers if c.get("name") == CONTAINER_NAME]
     if len(named) != 1:
         names = [c.get("name") for c in containers]
-        raise ConfigError(f"TFJob {where} has {len(named)} containers named {CONTAINER_NAME!r} (names: {names}); "
-                          "the operator sets TF_CONFIG in, and reads the exit code of, the container of that "
-                          "name only: give exactly one container that name")
+        raise ConfigError(
+            f"TFJob {where} has {len(named)} containers named {CONTAINER_NAME!r} (names: {names}); "
+            "the operator sets TF_CONFIG in, and reads the exit code of, the container of that "
+            "name only: give exactly one container that name"
+        )
     for c in containers:
         if not c.get("image"):
             raise ConfigError(f"TFJob {where} container {c.get('name')!r} has no image; set image")
-    ports = [p for p in named[0].get("ports") or [] if isinstance(p, dict) and p.get("name") == PORT_NAME]
+    ports = [
+        p for p in named[0].get("ports") or [] if isinstance(p, dict) and p.get("name") == PORT_NAME
+    ]
     if [p.get("containerPort") for p in ports] != [PORT]:
-        raise ConfigError(f"TFJob {where} container {CONTAINER_NAME!r} ports named {PORT_NAME!r}: "
-                          f"{[p.get('containerPort') for p in ports]}; give exactly one, "
-                          f"{{name: {PORT_NAME}, containerPort: {PORT}}} (the port TF_CONFIG addresses use)")
+        raise ConfigError(
+            f"TFJob {where} container {CONTAINER_NAME!r} ports named {PORT_NAME!r}: "
+            f"{[p.get('containerPort') for p in ports]}; give exactly one, "
+            f"{{name: {PORT_NAME}, containerPort: {PORT}}} (the port TF_CONFIG addresses use)"
+        )
     return replicas

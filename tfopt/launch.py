@@ -35,6 +35,7 @@ Job semantics:
 
 Tasks are stopped with SIGTERM, then SIGKILL after ``--grace`` seconds, or at once on a second Ctrl-C.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,17 +78,20 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             try:
                 s.bind((host, 0))
             except (OSError, UnicodeError) as e:
-                raise ConfigError(f"--host {host!r} is not an address of this machine ({e.strerror or e}); give "
-                                  "127.0.0.1 (the default) or one of this machine's IPv4 addresses "
-                                  "(hostname -I)") from None
+                raise ConfigError(
+                    f"--host {host!r} is not an address of this machine ({e.strerror or e}); give "
+                    "127.0.0.1 (the default) or one of this machine's IPv4 addresses "
+                    "(hostname -I)"
+                ) from None
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
 
 
-def make_cluster(workers: int, ps: int = 0, chief: bool = False, host: str = "127.0.0.1",
-                 evaluator: bool = False) -> dict[str, list[str]]:
+def make_cluster(
+    workers: int, ps: int = 0, chief: bool = False, host: str = "127.0.0.1", evaluator: bool = False
+) -> dict[str, list[str]]:
     """Builds a TF_CONFIG ``cluster`` dict on free ports of ``host``.
 
     Args:
@@ -107,10 +111,14 @@ def make_cluster(workers: int, ps: int = 0, chief: bool = False, host: str = "12
     if workers < 0 or ps < 0:
         raise ConfigError(f"--workers={workers} / --ps={ps} must be >= 0")
     if workers + int(chief) < 1:
-        raise ConfigError(f"--workers={workers} without --chief starts no task; give --workers 1 or more")
+        raise ConfigError(
+            f"--workers={workers} without --chief starts no task; give --workers 1 or more"
+        )
     if ps and (not chief or workers < 1):
-        raise ConfigError(f"--ps={ps} needs --chief and --workers >= 1 (ParameterServerStrategy: one chief, "
-                          "workers and ps tasks); add --chief or drop --ps")
+        raise ConfigError(
+            f"--ps={ps} needs --chief and --workers >= 1 (ParameterServerStrategy: one chief, "
+            "workers and ps tasks); add --chief or drop --ps"
+        )
     counts = {"chief": int(chief), "worker": workers, "ps": ps, "evaluator": int(evaluator)}
     ports = iter(free_ports(sum(counts.values()), host))
     return {role: [f"{host}:{next(ports)}" for _ in range(n)] for role, n in counts.items() if n}
@@ -119,13 +127,26 @@ def make_cluster(workers: int, ps: int = 0, chief: bool = False, host: str = "12
 class _Task:
     """One child process and the thread that copies its output with a prefix."""
 
-    def __init__(self, role: str, index: int, command: list[str], env: dict[str, str], out: IO[str],
-                 lock: threading.Lock):
+    def __init__(
+        self,
+        role: str,
+        index: int,
+        command: list[str],
+        env: dict[str, str],
+        out: IO[str],
+        lock: threading.Lock,
+    ):
         self.role, self.index = role, index
         self.name = f"{role}:{index}"
-        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=die_with_parent())
+        self.proc = subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
         self._thread = threading.Thread(target=self._pump, args=(out, lock), daemon=True)
         self._thread.start()
 
@@ -165,7 +186,9 @@ def _stop(tasks: list[_Task], grace: float) -> None:
     except KeyboardInterrupt:
         _say(f"interrupted again; killing {sum(t.proc.poll() is None for t in alive)} task(s) now")
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing may interrupt the last waits
+        previous = signal.signal(
+            signal.SIGINT, signal.SIG_IGN
+        )  # nothing may interrupt the last waits
     except ValueError:  # not the main thread: no Ctrl-C arrives here
         previous = None
     try:
@@ -184,22 +207,43 @@ def _say(message: str) -> None:
     print(f"tfopt.launch: {message}", file=sys.stderr, flush=True)
 
 
-def _check(command: list[str], workers: int, ps: int, chief: bool, timeout: float | None, host: str,
-           max_restarts: int) -> None:
+def _check(
+    command: list[str],
+    workers: int,
+    ps: int,
+    chief: bool,
+    timeout: float | None,
+    host: str,
+    max_restarts: int,
+) -> None:
     """Raises ConfigError on arguments no job can start with, before anything starts."""
     if not command:
-        raise ConfigError("no command to launch; put it after `--`, e.g. "
-                          "`python -m tfopt.launch --workers 2 -- python -m tfopt.train`")
+        raise ConfigError(
+            "no command to launch; put it after `--`, e.g. "
+            "`python -m tfopt.launch --workers 2 -- python -m tfopt.train`"
+        )
     if timeout is not None and timeout <= 0:
         raise ConfigError(f"--timeout={timeout} must be > 0 seconds; omit it to wait forever")
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts={max_restarts} must be >= 0; 0 never restarts")
-    make_cluster(workers, ps=ps, chief=chief, host=host)  # check the counts before starting anything
+    make_cluster(
+        workers, ps=ps, chief=chief, host=host
+    )  # check the counts before starting anything
 
 
-def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, timeout: float | None = None,
-           env: Mapping[str, str] | None = None, host: str = "127.0.0.1", grace: float = 10.0,
-           out: IO[str] | None = None, max_restarts: int = 0, evaluator: bool = False) -> int:
+def launch(
+    command: list[str],
+    workers: int,
+    ps: int = 0,
+    chief: bool = False,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    host: str = "127.0.0.1",
+    grace: float = 10.0,
+    out: IO[str] | None = None,
+    max_restarts: int = 0,
+    evaluator: bool = False,
+) -> int:
     """Runs ``command`` once per cluster task, each with its own TF_CONFIG, and waits for the job.
 
     Args:
@@ -233,15 +277,26 @@ def launch(command: list[str], workers: int, ps: int = 0, chief: bool = False, t
     try:
         for attempt in range(max_restarts + 1):
             cluster = make_cluster(workers, ps=ps, chief=chief, host=host, evaluator=evaluator)
-            code, failed = _run_once(command, cluster, base, out, grace, deadline, timeout, terminated)
-            if code == 0 or code < RETRYABLE_FROM or code in (TIMEOUT_EXIT, INTERRUPT_EXIT) or terminated.is_set():
+            code, failed = _run_once(
+                command, cluster, base, out, grace, deadline, timeout, terminated
+            )
+            if (
+                code == 0
+                or code < RETRYABLE_FROM
+                or code in (TIMEOUT_EXIT, INTERRUPT_EXIT)
+                or terminated.is_set()
+            ):
                 return code
             if attempt == max_restarts:
                 if max_restarts:
-                    _say(f"{failed} exited with code {code}; no restart left (--max-restarts={max_restarts})")
+                    _say(
+                        f"{failed} exited with code {code}; no restart left (--max-restarts={max_restarts})"
+                    )
                 return code
-            _say(f"{failed} exited with code {code} ({_meaning(code)}); restart {attempt + 1}/{max_restarts}: "
-                 "every task starts again and resumes from the last backup")
+            _say(
+                f"{failed} exited with code {code} ({_meaning(code)}); restart {attempt + 1}/{max_restarts}: "
+                "every task starts again and resumes from the last backup"
+            )
         return code  # pragma: no cover - the loop always returns
     finally:
         for sig, handler in (previous or {}).items():
@@ -264,7 +319,10 @@ def _meaning(code: int) -> str:
 def _on_sigterm(event: threading.Event):
     """Makes SIGTERM and SIGHUP (the terminal closed) set ``event``: the wait loop passes it on to the tasks."""
     try:
-        return {sig: signal.signal(sig, lambda signum, frame: event.set()) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        return {
+            sig: signal.signal(sig, lambda signum, frame: event.set())
+            for sig in (signal.SIGTERM, signal.SIGHUP)
+        }
     except ValueError:  # not the main thread
         return None
 
@@ -281,8 +339,10 @@ def _run_once(command, cluster, base, out, grace, deadline, timeout, terminated)
                     tasks.append(_Task(role, index, command, task_env, out, lock))
                 except OSError as e:
                     _stop(tasks, grace)
-                    raise ConfigError(f"cannot start command {command[0]!r} ({e.strerror or e}); "
-                                      "check the program name after `--`") from None
+                    raise ConfigError(
+                        f"cannot start command {command[0]!r} ({e.strerror or e}); "
+                        "check the program name after `--`"
+                    ) from None
         return _wait(tasks, "ps" in cluster, deadline, timeout, grace, terminated)
     except KeyboardInterrupt:
         _say(f"interrupted; stopping {len(tasks)} task(s)")
@@ -290,18 +350,32 @@ def _run_once(command, cluster, base, out, grace, deadline, timeout, terminated)
         return INTERRUPT_EXIT, "launcher"
 
 
-def _wait(tasks: list[_Task], parameter_servers: bool, deadline: float | None, timeout: float | None, grace: float,
-          terminated: threading.Event) -> tuple[int, str]:
+def _wait(
+    tasks: list[_Task],
+    parameter_servers: bool,
+    deadline: float | None,
+    timeout: float | None,
+    grace: float,
+    terminated: threading.Event,
+) -> tuple[int, str]:
     """Waits for the job; returns (exit code, name of the task that decided it)."""
     training = [t for t in tasks if t.role in ("chief", "worker")]
     primary = [t for t in tasks if t.role == "chief"] if parameter_servers else training
-    primary += [t for t in tasks if t.role == "evaluator"]  # it stops by itself after the last backup
+    primary += [
+        t for t in tasks if t.role == "evaluator"
+    ]  # it stops by itself after the last backup
     # Under ParameterServerStrategy a worker may die: the coordinator goes on without it.
-    fatal = [t for t in tasks if t.role in (("chief", "ps") if parameter_servers else ("chief", "worker"))]
+    fatal = [
+        t
+        for t in tasks
+        if t.role in (("chief", "ps") if parameter_servers else ("chief", "worker"))
+    ]
     tolerated: set[str] = set()
     while True:
         if terminated.is_set():
-            _say(f"got SIGTERM or SIGHUP; passing SIGTERM on to {len(tasks)} task(s) (each writes a backup and exits)")
+            _say(
+                f"got SIGTERM or SIGHUP; passing SIGTERM on to {len(tasks)} task(s) (each writes a backup and exits)"
+            )
             _stop(tasks, grace)
             return PREEMPTED_EXIT, "launcher"
         for t in tasks:
@@ -310,7 +384,9 @@ def _wait(tasks: list[_Task], parameter_servers: bool, deadline: float | None, t
                 continue
             if t in fatal:
                 others = [o for o in tasks if o is not t and o.proc.poll() is None]
-                _say(f"{t.name} exited with code {_exit_code(code)}; stopping the other {len(others)} task(s)")
+                _say(
+                    f"{t.name} exited with code {_exit_code(code)}; stopping the other {len(others)} task(s)"
+                )
                 _stop(tasks, grace)
                 return _exit_code(code), t.name
             if t.name not in tolerated:
@@ -321,8 +397,10 @@ def _wait(tasks: list[_Task], parameter_servers: bool, deadline: float | None, t
             return 0, "job"
         if deadline is not None and time.monotonic() > deadline:
             running = [t.name for t in tasks if t.proc.poll() is None]
-            _say(f"job did not finish within --timeout={timeout:g}s; stopped {', '.join(running)}; "
-                 "raise --timeout or check the tasks' logs above")
+            _say(
+                f"job did not finish within --timeout={timeout:g}s; stopped {', '.join(running)}; "
+                "raise --timeout or check the tasks' logs above"
+            )
             _stop(tasks, grace)
             return TIMEOUT_EXIT, "launcher"
         time.sleep(_POLL)
@@ -343,8 +421,10 @@ def isolation_prefix() -> list[str]:
     """
     missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
     if missing:
-        raise ConfigError(f"--isolate needs the {' and '.join(missing)} command(s); install util-linux and "
-                          "iproute2, or pass --no-isolate on a trusted machine")
+        raise ConfigError(
+            f"--isolate needs the {' and '.join(missing)} command(s); install util-linux and "
+            "iproute2, or pass --no-isolate on a trusted machine"
+        )
     reason = "unknown reason"
     for flags in (["-n"], ["-rn"]) if os.geteuid() == 0 else (["-rn"],):
         prefix = ["unshare", *flags, *_NAMESPACE]
@@ -352,9 +432,11 @@ def isolation_prefix() -> list[str]:
         if probe.returncode == 0:
             return prefix
         reason = (probe.stderr.strip().splitlines() or [reason])[-1]
-    raise ConfigError(f"--isolate cannot create a network namespace ({reason}); run as root or enable "
-                      "unprivileged user namespaces (sysctl user.max_user_namespaces), or pass --no-isolate "
-                      "on a trusted machine")
+    raise ConfigError(
+        f"--isolate cannot create a network namespace ({reason}); run as root or enable "
+        "unprivileged user namespaces (sysctl user.max_user_namespaces), or pass --no-isolate "
+        "on a trusted machine"
+    )
 
 
 def _isolation(isolate: bool | None, host: str) -> list[str]:
@@ -374,33 +456,57 @@ def _isolation(isolate: bool | None, host: str) -> list[str]:
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
-        own, command = argv[:cut], argv[cut + 1:]
+        own, command = argv[:cut], argv[cut + 1 :]
     else:
         own, command = argv, []
     parser = argparse.ArgumentParser(
         prog="python -m tfopt.launch",
         description="Run a command as every task of a local tf.distribute cluster (one TF_CONFIG each), "
-                    "or print it as a Kubeflow TFJob.",
+        "or print it as a Kubeflow TFJob.",
         epilog="example: python -m tfopt.launch --workers 2 --max-restarts 3 -- python -m tfopt.train "
-               "--strategy multi_worker_mirrored --backup-every 50")
+        "--strategy multi_worker_mirrored --backup-every 50",
+    )
     parser.add_argument("--workers", type=int, default=2, help="number of worker tasks (default 2)")
-    parser.add_argument("--ps", type=int, default=0, help="number of parameter-server tasks (needs --chief)")
+    parser.add_argument(
+        "--ps", type=int, default=0, help="number of parameter-server tasks (needs --chief)"
+    )
     parser.add_argument("--chief", action="store_true", help="add a chief task")
-    parser.add_argument("--evaluator", action="store_true",
-                        help="add an evaluator task: it evaluates each new backup while training runs")
-    parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
-                        help="restart a job that failed with a retryable code (>= 128) up to K times (default 0)")
-    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
-                        help="run the cluster in a private network namespace, off the network (default: when "
-                             "--host is the loopback and the kernel allows it; --isolate: always, or fail; "
-                             "--no-isolate: never)")
-    parser.add_argument("--timeout", type=float, default=None, help="stop all tasks and exit 124 after S seconds")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address written into the tasks' TF_CONFIG, the one peers dial (default 127.0.0.1); "
-                             "TensorFlow's servers listen on every interface whatever it is: on the loopback the "
-                             "cluster runs in a private network namespace (see --isolate)")
-    parser.add_argument("--grace", type=float, default=10.0,
-                        help="seconds between SIGTERM and SIGKILL (default 10: time to write a backup)")
+    parser.add_argument(
+        "--evaluator",
+        action="store_true",
+        help="add an evaluator task: it evaluates each new backup while training runs",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="restart a job that failed with a retryable code (>= 128) up to K times (default 0)",
+    )
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the cluster in a private network namespace, off the network (default: when "
+        "--host is the loopback and the kernel allows it; --isolate: always, or fail; "
+        "--no-isolate: never)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="stop all tasks and exit 124 after S seconds"
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address written into the tasks' TF_CONFIG, the one peers dial (default 127.0.0.1); "
+        "TensorFlow's servers listen on every interface whatever it is: on the loopback the "
+        "cluster runs in a private network namespace (see --isolate)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds between SIGTERM and SIGKILL (default 10: time to write a backup)",
+    )
     kube.add_render_arguments(parser)
     return parser.parse_args(own), command
 
@@ -413,13 +519,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.render:
             sys.stdout.write(kube.render_from_args(args, command))
             return 0
-        _check(command, args.workers, args.ps, args.chief, args.timeout, args.host, args.max_restarts)
+        _check(
+            command, args.workers, args.ps, args.chief, args.timeout, args.host, args.max_restarts
+        )
         prefix = _isolation(args.isolate, args.host)
         if prefix:
             os.environ[ISOLATED_ENV] = "1"
             os.execvp(prefix[0], [*prefix, sys.executable, "-m", "tfopt.launch", *argv])
-        return launch(command, args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout, host=args.host,
-                      grace=args.grace, max_restarts=args.max_restarts, evaluator=args.evaluator)
+        return launch(
+            command,
+            args.workers,
+            ps=args.ps,
+            chief=args.chief,
+            timeout=args.timeout,
+            host=args.host,
+            grace=args.grace,
+            max_restarts=args.max_restarts,
+            evaluator=args.evaluator,
+        )
     except ConfigError as e:
         _say(str(e))
         return 2

@@ -16,6 +16,7 @@ lose the last lines of a native abort; a child reads the pipe to its end. Blocks
 not meant for several threads at once (fd 2 is process-wide). ``TF_CPP_MIN_LOG_LEVEL=0`` (the
 user wants TensorFlow's own logs) turns both off.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,10 @@ _WAIT_S = 10.0  # for the child to forward what is left; it only ever waits on t
 
 
 def _enabled() -> bool:
-    return os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") not in ("", "0")  # tfopt._keras defaults it to 2
+    return os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") not in (
+        "",
+        "0",
+    )  # tfopt._keras defaults it to 2
 
 
 def _marker(token: str) -> bytes:
@@ -55,8 +59,12 @@ def _through_child(mode: str) -> Iterator[None]:
     try:
         # The child inherits the real fd 2; its own session keeps a Ctrl-C from killing it first:
         # it ends when the pipe closes, after forwarding everything.
-        child = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), mode, token], stdin=r,
-                                 stdout=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), mode, token],
+            stdin=r,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     except OSError:  # cannot start the filter: leave fd 2 alone
         for fd in (r, w, saved):
             os.close(fd)
@@ -77,8 +85,12 @@ def _through_child(mode: str) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         try:
-            child.wait(timeout=_WAIT_S)  # forwarded lines come before anything printed after the block
-        except subprocess.TimeoutExpired:  # something else still holds the pipe; the child ends with it
+            child.wait(
+                timeout=_WAIT_S
+            )  # forwarded lines come before anything printed after the block
+        except (
+            subprocess.TimeoutExpired
+        ):  # something else still holds the pipe; the child ends with it
             pass
 
 
@@ -103,7 +115,7 @@ def _serve(mode: str, token: str) -> None:
         nonlocal broken
         try:
             while data and not broken:
-                data = data[os.write(2, data):]
+                data = data[os.write(2, data) :]
         except OSError:  # stderr itself is gone: keep draining the pipe so the parent never blocks
             broken = True
 

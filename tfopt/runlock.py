@@ -6,6 +6,7 @@ leaves a stale lock). The file records who holds it (pid, host, the cluster of a
 run), which is what another run's error names and how the workers of one cluster recognize
 their own chief's lock when they pick the same default directory.
 """
+
 from __future__ import annotations
 
 import fcntl

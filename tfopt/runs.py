@@ -9,6 +9,7 @@ from a run directory with :func:`load_run`.
 Default output directories never replace a run: ``runs/train``, then ``runs/train-2``, ... and
 ``runs/latest`` is a symlink to the newest run committed under ``runs/``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,7 +79,9 @@ class RunRecord:
 
     def to_dict(self) -> dict:
         """The ``run.json`` content: the common keys, then the section under the stage's name."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "section"}
+        out = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "section"
+        }
         if self.stage != "train":  # train's own facts are the common "train" section
             out[self.stage] = self.section
         return out
@@ -144,8 +147,11 @@ def is_model_file(path: str) -> bool:
     """True for a ``.keras``/``.h5`` file or a SavedModel directory that is not a tfopt run."""
     if os.path.isfile(path):
         return path.endswith(MODEL_SUFFIXES)
-    return (os.path.isdir(path) and os.path.isfile(os.path.join(path, "saved_model.pb"))
-            and not os.path.isfile(os.path.join(path, "run.json")))
+    return (
+        os.path.isdir(path)
+        and os.path.isfile(os.path.join(path, "saved_model.pb"))
+        and not os.path.isfile(os.path.join(path, "run.json"))
+    )
 
 
 def load_input(path: str, cfg: config_lib.RunConfig | None = None) -> Run:
@@ -168,8 +174,17 @@ def load_input(path: str, cfg: config_lib.RunConfig | None = None) -> Run:
     full = os.path.abspath(path)
     cfg = cfg or config_lib.RunConfig()
     cfg = config_lib.from_dict({"model": {"name": full, "args": "", "head": "keep"}}, cfg)
-    record = RunRecord(stage="train", config=cfg.to_dict(),
-                       model={"name": full, "source": path, "form": "file", "path": full, "sha256": tree_digest(full)})
+    record = RunRecord(
+        stage="train",
+        config=cfg.to_dict(),
+        model={
+            "name": full,
+            "source": path,
+            "form": "file",
+            "path": full,
+            "sha256": tree_digest(full),
+        },
+    )
     return Run(path=os.path.dirname(full), config=cfg, record=record, model_file=full)
 
 
@@ -189,19 +204,26 @@ def load_run(path: str, need_model: bool = True) -> Run:
     record_path = os.path.join(path, "run.json")
     if not os.path.isfile(record_path):
         partial = path.rstrip(os.sep) + PARTIAL_SUFFIX
-        hint = (f"; {partial} holds an unfinished run: re-run its command to finish it" if os.path.isdir(partial)
-                else "; give the -o directory of a finished tfopt run")
+        hint = (
+            f"; {partial} holds an unfinished run: re-run its command to finish it"
+            if os.path.isdir(partial)
+            else "; give the -o directory of a finished tfopt run"
+        )
         raise ConfigError(f"{path!r} is not a tfopt run directory (no run.json){hint}")
     try:
         with open(record_path, encoding="utf-8") as f:
             record = RunRecord.from_dict(json.load(f))
         cfg = config_lib.from_dict(record.config)
     except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"{record_path} cannot be read ({e}); re-run the stage that wrote it") from None
+        raise ConfigError(
+            f"{record_path} cannot be read ({e}); re-run the stage that wrote it"
+        ) from None
     run = Run(path=os.path.abspath(path), config=cfg, record=record)
     if need_model and not os.path.isfile(run.model_path):
-        raise ConfigError(f"{path!r} is a {record.stage} run without model.keras; give a train, distill or "
-                          "optimize run")
+        raise ConfigError(
+            f"{path!r} is a {record.stage} run without model.keras; give a train, distill or "
+            "optimize run"
+        )
     return run
 
 
@@ -231,8 +253,11 @@ def fresh_dir(base: str, cluster: str | None = None) -> str:
     workers of a multi-worker run pick the directory their chief locked).
     """
     candidate, n = base, 1
-    while (os.path.exists(os.path.join(candidate, "run.json")) or os.path.isfile(candidate)
-           or _locked_by_another(candidate, cluster)):
+    while (
+        os.path.exists(os.path.join(candidate, "run.json"))
+        or os.path.isfile(candidate)
+        or _locked_by_another(candidate, cluster)
+    ):
         n += 1
         candidate = f"{base}-{n}"
     return candidate

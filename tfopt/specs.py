@@ -5,6 +5,7 @@ and help from them, and TF_CONFIG is checked against a strategy's roles before T
 starts. Each strategy entry names the function that builds it (``module:function``), so adding
 a strategy touches this registry and the module that implements it, nothing else.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,7 +19,12 @@ from tfopt.errors import ConfigError
 
 T = TypeVar("T")
 
-STAGES = ("train", "distill", "optimize", "export")  # the stages that write a run directory (run.json)
+STAGES = (
+    "train",
+    "distill",
+    "optimize",
+    "export",
+)  # the stages that write a run directory (run.json)
 
 
 class Registry(Generic[T]):
@@ -53,7 +59,9 @@ class Registry(Generic[T]):
             ConfigError: unknown name (the message lists the valid ones).
         """
         if name not in self._specs:
-            raise ConfigError(f"{self.key}={name!r} is not valid; choose one of {', '.join(self._specs)}")
+            raise ConfigError(
+                f"{self.key}={name!r} is not valid; choose one of {', '.join(self._specs)}"
+            )
         return self._specs[name]
 
     def help(self) -> str:
@@ -119,27 +127,61 @@ class PrecisionSpec:
 
 _STRATEGY = "tfopt.runtime.strategy"
 
-STRATEGIES: Registry[StrategySpec] = Registry("runtime.strategy", (
-    StrategySpec("one_device", "one device: the GPU, else the CPU", f"{_STRATEGY}:one_device"),
-    StrategySpec("mirrored", "replicas on the local GPUs, or on logical CPU devices", f"{_STRATEGY}:mirrored"),
-    StrategySpec("multi_worker_mirrored", "synchronous replicas on several workers (TF_CONFIG)",
-                 f"{_STRATEGY}:multi_worker", multi_process=True, first_collective=True, forbidden_roles=("ps",)),
-    StrategySpec("parameter_server", "asynchronous workers and parameter servers driven by a chief (TF_CONFIG)",
-                 f"{_STRATEGY}:parameter_server", multi_process=True, needs_servers=True,
-                 required_roles=("chief", "worker", "ps")),
-))
+STRATEGIES: Registry[StrategySpec] = Registry(
+    "runtime.strategy",
+    (
+        StrategySpec("one_device", "one device: the GPU, else the CPU", f"{_STRATEGY}:one_device"),
+        StrategySpec(
+            "mirrored",
+            "replicas on the local GPUs, or on logical CPU devices",
+            f"{_STRATEGY}:mirrored",
+        ),
+        StrategySpec(
+            "multi_worker_mirrored",
+            "synchronous replicas on several workers (TF_CONFIG)",
+            f"{_STRATEGY}:multi_worker",
+            multi_process=True,
+            first_collective=True,
+            forbidden_roles=("ps",),
+        ),
+        StrategySpec(
+            "parameter_server",
+            "asynchronous workers and parameter servers driven by a chief (TF_CONFIG)",
+            f"{_STRATEGY}:parameter_server",
+            multi_process=True,
+            needs_servers=True,
+            required_roles=("chief", "worker", "ps"),
+        ),
+    ),
+)
 
-PRECISIONS: Registry[PrecisionSpec] = Registry("runtime.precision", (
-    PrecisionSpec("float32", "full precision", "float32"),
-    PrecisionSpec("mixed_float16", "float16 math, float32 variables, loss scaling (GPUs)", "float16",
-                  loss_scaling=True, hardware="GPUs with Tensor Cores"),
-    PrecisionSpec("mixed_bfloat16", "bfloat16 math, float32 variables (CPUs with AVX512-BF16/AMX, TPUs)",
-                  "bfloat16", hardware="CPUs with AVX512_BF16 or AMX, TPUs"),
-    # Not a Keras policy: the Job times a few training steps under each candidate and sets the
-    # faster one (tfopt.runtime.autoprecision) before the stage builds its model.
-    PrecisionSpec("auto", "time a few training steps of float32 and mixed_bfloat16 (mixed_float16 too on a GPU) "
-                  "on this machine and model, keep the faster", ""),
-))
+PRECISIONS: Registry[PrecisionSpec] = Registry(
+    "runtime.precision",
+    (
+        PrecisionSpec("float32", "full precision", "float32"),
+        PrecisionSpec(
+            "mixed_float16",
+            "float16 math, float32 variables, loss scaling (GPUs)",
+            "float16",
+            loss_scaling=True,
+            hardware="GPUs with Tensor Cores",
+        ),
+        PrecisionSpec(
+            "mixed_bfloat16",
+            "bfloat16 math, float32 variables (CPUs with AVX512-BF16/AMX, TPUs)",
+            "bfloat16",
+            hardware="CPUs with AVX512_BF16 or AMX, TPUs",
+        ),
+        # Not a Keras policy: the Job times a few training steps under each candidate and sets the
+        # faster one (tfopt.runtime.autoprecision) before the stage builds its model.
+        PrecisionSpec(
+            "auto",
+            "time a few training steps of float32 and mixed_bfloat16 (mixed_float16 too on a GPU) "
+            "on this machine and model, keep the faster",
+            "",
+        ),
+    ),
+)
 
 AUTO_PRECISION = "auto"
 
@@ -179,15 +221,33 @@ _SOURCES = "tfopt.models.sources"
 APPLICATIONS_PREFIX = "keras.applications:"
 MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5")
 
-MODEL_SOURCES: Registry[ModelSourceSpec] = Registry("model.name", (
-    ModelSourceSpec("builtin", "a built-in model name (cnn, small_cnn, tiny_cnn, mlp, mobilenet_tiny, wide_cnn)",
-                    f"{_SOURCES}:build_builtin"),
-    ModelSourceSpec("file", "a model file: PATH.keras, PATH.h5 or a SavedModel directory", f"{_SOURCES}:build_file"),
-    ModelSourceSpec("applications", "keras.applications:NAME, e.g. keras.applications:MobileNetV2",
-                    f"{_SOURCES}:build_application", takes_args=True),
-    ModelSourceSpec("factory", "a Python factory package.module:function(input_shape, num_classes)",
-                    f"{_SOURCES}:build_factory", takes_args=True),
-))
+MODEL_SOURCES: Registry[ModelSourceSpec] = Registry(
+    "model.name",
+    (
+        ModelSourceSpec(
+            "builtin",
+            "a built-in model name (cnn, small_cnn, tiny_cnn, mlp, mobilenet_tiny, wide_cnn)",
+            f"{_SOURCES}:build_builtin",
+        ),
+        ModelSourceSpec(
+            "file",
+            "a model file: PATH.keras, PATH.h5 or a SavedModel directory",
+            f"{_SOURCES}:build_file",
+        ),
+        ModelSourceSpec(
+            "applications",
+            "keras.applications:NAME, e.g. keras.applications:MobileNetV2",
+            f"{_SOURCES}:build_application",
+            takes_args=True,
+        ),
+        ModelSourceSpec(
+            "factory",
+            "a Python factory package.module:function(input_shape, num_classes)",
+            f"{_SOURCES}:build_factory",
+            takes_args=True,
+        ),
+    ),
+)
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FACTORY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -205,7 +265,7 @@ def parse_model_source(text: str) -> ModelSource:
     """
     text = text.strip()
     if text.startswith(APPLICATIONS_PREFIX):
-        name = text[len(APPLICATIONS_PREFIX):]
+        name = text[len(APPLICATIONS_PREFIX) :]
         if _IDENTIFIER.match(name):
             return ModelSource(text, "applications", name)
     elif os.path.exists(text) or os.sep in text or text.endswith(MODEL_FILE_SUFFIXES):
@@ -227,8 +287,10 @@ def parse_model(name: str, args: str = "") -> tuple[ModelSource, dict[str, objec
     source = parse_model_source(name)
     kwargs = parse_model_args(args)
     if kwargs and not source.spec.takes_args:
-        raise ConfigError(f"model.args={args!r}: the model {name!r} takes no arguments; "
-                          "--model-arg applies to keras.applications:NAME and package.module:function")
+        raise ConfigError(
+            f"model.args={args!r}: the model {name!r} takes no arguments; "
+            "--model-arg applies to keras.applications:NAME and package.module:function"
+        )
     return source, kwargs
 
 
@@ -246,7 +308,9 @@ def parse_model_args(text: str) -> dict[str, object]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not _IDENTIFIER.match(key):
-            raise ConfigError(f"model argument {item!r} is not KEY=VALUE; write e.g. --model-arg alpha=0.35")
+            raise ConfigError(
+                f"model argument {item!r} is not KEY=VALUE; write e.g. --model-arg alpha=0.35"
+            )
         if key in out:
             raise ConfigError(f"model argument {key!r} is given twice; give it once")
         value = value.strip()

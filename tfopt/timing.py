@@ -1,4 +1,5 @@
 """The one timing loop: warm up, then time single calls one by one and report percentiles."""
+
 from __future__ import annotations
 
 import time
@@ -26,5 +27,11 @@ def time_calls(call, *, warmup: int, runs: int) -> dict:
         call()
         times[i] = clock() - t0
     ms = times * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "mean_ms": float(ms.mean()), "min_ms": float(ms.min()), "runs": runs, "warmup": warmup}
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p95_ms": float(np.percentile(ms, 95)),
+        "mean_ms": float(ms.mean()),
+        "min_ms": float(ms.min()),
+        "runs": runs,
+        "warmup": warmup,
+    }

@@ -22,6 +22,7 @@ every pass), the strategy (tfopt's own factory, so ``mirrored`` is the same 2 lo
 devices with ``ReductionToOneDevice``) and the precision policy. Two settings: Keras' defaults
 (one step per ``tf.function`` call) and ``steps_per_execution`` equal to tfopt's.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -65,8 +66,19 @@ def make_strategy(name: str, cpu_replicas: int = 2):
     return strategy_lib.make_strategy(RuntimeConfig(strategy=name, cpu_replicas=cpu_replicas), None)
 
 
-def build(strategy, *, precision: str, model_name: str, image_shape: Sequence[int], num_classes: int,
-          dropout: float, seed: int, learning_rate: float, total_steps: int, steps_per_execution: int | None):
+def build(
+    strategy,
+    *,
+    precision: str,
+    model_name: str,
+    image_shape: Sequence[int],
+    num_classes: int,
+    dropout: float,
+    seed: int,
+    learning_rate: float,
+    total_steps: int,
+    steps_per_execution: int | None,
+):
     """Sets the precision policy and the global seed, then builds and compiles the model in ``strategy``'s scope.
 
     Args:
@@ -79,16 +91,30 @@ def build(strategy, *, precision: str, model_name: str, image_shape: Sequence[in
     keras.utils.set_random_seed(seed)
     with strategy.scope():
         model = build_model(model_name, image_shape, num_classes, dropout)
-        schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=max(1, total_steps))
+        schedule = keras.optimizers.schedules.CosineDecay(
+            learning_rate, decay_steps=max(1, total_steps)
+        )
         extra = {} if steps_per_execution is None else {"steps_per_execution": steps_per_execution}
-        model.compile(optimizer=keras.optimizers.Adam(schedule),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], **extra)
+        model.compile(
+            optimizer=keras.optimizers.Adam(schedule),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            **extra,
+        )
     return model
 
 
-def fit(model, arrays: dict, *, batch_size: int, epochs: int, callbacks: Sequence = (), verbose="auto"):
+def fit(
+    model, arrays: dict, *, batch_size: int, epochs: int, callbacks: Sequence = (), verbose="auto"
+):
     """The guide's ``fit``: NumPy arrays in, validation arrays evaluated at each epoch end."""
     x, y = whole_batches(*arrays["train"], batch_size)
-    return model.fit(x, y, batch_size=batch_size, epochs=epochs, validation_data=arrays["validation"],
-                     callbacks=list(callbacks), verbose=verbose)
+    return model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=epochs,
+        validation_data=arrays["validation"],
+        callbacks=list(callbacks),
+        verbose=verbose,
+    )

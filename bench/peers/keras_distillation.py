@@ -26,13 +26,14 @@ same student architecture from the same initial weights, on the same images):
 Single-device only, like the example (it has no strategy support: its Keras-default reductions
 average per replica).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from tfopt._keras import keras, tf
 
-TUTORIAL = "keras.io \"Knowledge Distillation\" example"
+TUTORIAL = 'keras.io "Knowledge Distillation" example'
 URL = "https://keras.io/examples/vision/knowledge_distillation/"
 ALPHA = 0.1  # the example's weight of the student (label) loss; the teacher term gets 1 - alpha
 TEMPERATURE = 10.0
@@ -43,8 +44,14 @@ BATCH_SIZE = 32  # Model.fit's default; the example passes none
 class KerasIoDistiller(keras.Model):
     """The example's Distiller: a teacher forward pass in inference mode, the weighted two-term loss."""
 
-    def __init__(self, student: "keras.Model", teacher: "keras.Model", *, alpha: float = ALPHA,
-                 temperature: float = TEMPERATURE):
+    def __init__(
+        self,
+        student: "keras.Model",
+        teacher: "keras.Model",
+        *,
+        alpha: float = ALPHA,
+        temperature: float = TEMPERATURE,
+    ):
         super().__init__()
         self.student, self.teacher = student, teacher
         self.alpha, self.temperature = alpha, temperature
@@ -61,19 +68,34 @@ class KerasIoDistiller(keras.Model):
             student_logits = self.student(x, training=True)
             student_loss = self.student_loss_fn(y, student_logits)
             # The example scales the soft term by T^2 (Hinton et al.: its gradients shrink as 1/T^2).
-            distillation_loss = self.distillation_loss_fn(
-                tf.nn.softmax(teacher_logits / self.temperature, axis=1),
-                tf.nn.softmax(student_logits / self.temperature, axis=1)) * self.temperature ** 2
+            distillation_loss = (
+                self.distillation_loss_fn(
+                    tf.nn.softmax(teacher_logits / self.temperature, axis=1),
+                    tf.nn.softmax(student_logits / self.temperature, axis=1),
+                )
+                * self.temperature**2
+            )
             loss = self.alpha * student_loss + (1 - self.alpha) * distillation_loss
         variables = self.student.trainable_variables
         self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
         self.compiled_metrics.update_state(y, student_logits)
-        return {"student_loss": student_loss, "distillation_loss": distillation_loss,
-                **{m.name: m.result() for m in self.metrics}}
+        return {
+            "student_loss": student_loss,
+            "distillation_loss": distillation_loss,
+            **{m.name: m.result() for m in self.metrics},
+        }
 
 
-def distil(student: "keras.Model", teacher: "keras.Model", x: np.ndarray, y: np.ndarray, *, epochs: int,
-           batch_size: int = BATCH_SIZE, seed: int = 0) -> "keras.Model":
+def distil(
+    student: "keras.Model",
+    teacher: "keras.Model",
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int = BATCH_SIZE,
+    seed: int = 0,
+) -> "keras.Model":
     """Distils ``teacher`` into ``student`` (trained in place) with the example's recipe; returns the student.
 
     Args:
@@ -86,7 +108,9 @@ def distil(student: "keras.Model", teacher: "keras.Model", x: np.ndarray, y: np.
     """
     keras.utils.set_random_seed(seed)
     distiller = KerasIoDistiller(student, teacher)
-    distiller.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE),
-                      metrics=[keras.metrics.SparseCategoricalAccuracy()])
+    distiller.compile(
+        optimizer=keras.optimizers.Adam(LEARNING_RATE),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+    )
     distiller.fit(x, y, epochs=epochs, batch_size=batch_size, shuffle=True, verbose=0)
     return student

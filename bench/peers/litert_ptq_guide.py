@@ -18,13 +18,14 @@ writes them:
 The representative samples are the first 100 training images, given exactly as the model takes
 them (resized and scaled the way the benchmark's pipeline feeds the Keras model).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from tfopt._keras import keras, tf
 
-GUIDE = "LiteRT \"Post-training quantization\" guide"
+GUIDE = 'LiteRT "Post-training quantization" guide'
 URL = "https://ai.google.dev/edge/litert/models/post_training_quantization"
 MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
 REPRESENTATIVE_SAMPLES = 100
@@ -50,7 +51,8 @@ def convert(model: "keras.Model", mode: str, samples: np.ndarray) -> bytes:
     elif mode == "int16x8":
         converter.representative_dataset = representative_dataset
         converter.target_spec.supported_ops = [
-            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+        ]
     return converter.convert()
 
 

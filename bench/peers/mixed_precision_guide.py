@@ -23,6 +23,7 @@ here tfopt's validation split plays that role so both sides train on the very sa
 time per step is read from the training batches of every epoch after the first (the guide reads
 Keras' progress bar), without the validation pass.
 """
+
 from __future__ import annotations
 
 import time
@@ -73,8 +74,17 @@ class TrainTimer(keras.callbacks.Callback):
         self.seconds.append(self._last - self._start)
 
 
-def train(policy: str, build_logits: Callable[[tuple, int], "keras.Model"], arrays: dict, *, image_shape: tuple,
-          num_classes: int, batch_size: int, epochs: int, seed: int) -> dict:
+def train(
+    policy: str,
+    build_logits: Callable[[tuple, int], "keras.Model"],
+    arrays: dict,
+    *,
+    image_shape: tuple,
+    num_classes: int,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+) -> dict:
     """Trains one model the guide's way under ``policy`` and scores it on the test arrays.
 
     Args:
@@ -97,17 +107,32 @@ def train(policy: str, build_logits: Callable[[tuple, int], "keras.Model"], arra
         body = build_logits(image_shape, num_classes)  # step 2: layers created under the policy
         probs = keras.layers.Activation("softmax", dtype="float32", name="predictions")(body.output)
         model = keras.Model(body.input, probs)
-        model.compile(loss="sparse_categorical_crossentropy", optimizer=keras.optimizers.RMSprop(),  # step 3
-                      metrics=["accuracy"])
+        model.compile(
+            loss="sparse_categorical_crossentropy",
+            optimizer=keras.optimizers.RMSprop(),  # step 3
+            metrics=["accuracy"],
+        )
         (x, y), val = arrays["train"], arrays["validation"]
         timer = TrainTimer()
-        model.fit(x, y, batch_size=batch_size, epochs=epochs, validation_data=val, callbacks=[timer],
-                  verbose=0)  # step 4
+        model.fit(
+            x,
+            y,
+            batch_size=batch_size,
+            epochs=epochs,
+            validation_data=val,
+            callbacks=[timer],
+            verbose=0,
+        )  # step 4
         _, accuracy = model.evaluate(*arrays["test"], batch_size=batch_size, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     steps = -(-len(x) // batch_size)
     steady = timer.seconds[1:] or timer.seconds  # the first epoch traces
-    return {"policy": policy, "epoch_seconds": [round(s, 4) for s in timer.seconds], "steps_per_epoch": steps,
-            "examples_per_sec": round(len(x) / float(np.median(steady)), 1), "test_accuracy": float(accuracy),
-            "output_dtype": model.output.dtype.name}
+    return {
+        "policy": policy,
+        "epoch_seconds": [round(s, 4) for s in timer.seconds],
+        "steps_per_epoch": steps,
+        "examples_per_sec": round(len(x) / float(np.median(steady)), 1),
+        "test_accuracy": float(accuracy),
+        "output_dtype": model.output.dtype.name,
+    }

@@ -23,13 +23,14 @@ What a user following it does, step by step as the tutorial says:
    image becomes ``image / input_scale + input_zero_point`` cast to uint8 (numpy's cast truncates),
    and the prediction is the argmax of the output.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from tfopt._keras import keras, tf
 
-TUTORIAL = "TF \"Post-training integer quantization\" tutorial"
+TUTORIAL = 'TF "Post-training integer quantization" tutorial'
 URL = "https://www.tensorflow.org/lite/performance/post_training_integer_quant"
 EPOCHS = 5
 REPRESENTATIVE_IMAGES = 100
@@ -37,24 +38,42 @@ REPRESENTATIVE_IMAGES = 100
 
 def build() -> "keras.Model":
     """The tutorial's model (step 2)."""
-    return keras.Sequential([
-        keras.layers.InputLayer(input_shape=(28, 28)),
-        keras.layers.Reshape(target_shape=(28, 28, 1)),
-        keras.layers.Conv2D(filters=12, kernel_size=(3, 3), activation="relu"),
-        keras.layers.MaxPooling2D(pool_size=(2, 2)),
-        keras.layers.Flatten(),
-        keras.layers.Dense(10),
-    ])
+    return keras.Sequential(
+        [
+            keras.layers.InputLayer(input_shape=(28, 28)),
+            keras.layers.Reshape(target_shape=(28, 28, 1)),
+            keras.layers.Conv2D(filters=12, kernel_size=(3, 3), activation="relu"),
+            keras.layers.MaxPooling2D(pool_size=(2, 2)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
-def train(train_images: np.ndarray, train_labels: np.ndarray, val_images: np.ndarray, val_labels: np.ndarray,
-          *, epochs: int = EPOCHS, seed: int = 0) -> "keras.Model":
+def train(
+    train_images: np.ndarray,
+    train_labels: np.ndarray,
+    val_images: np.ndarray,
+    val_labels: np.ndarray,
+    *,
+    epochs: int = EPOCHS,
+    seed: int = 0,
+) -> "keras.Model":
     """Steps 2-3: the tutorial's model trained as it says. Images are ``[N, 28, 28]`` in [0, 1]."""
     keras.utils.set_random_seed(seed)
     model = build()
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    model.fit(train_images, train_labels, epochs=epochs, validation_data=(val_images, val_labels), verbose=0)
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    model.fit(
+        train_images,
+        train_labels,
+        epochs=epochs,
+        validation_data=(val_images, val_labels),
+        verbose=0,
+    )
     return model
 
 
@@ -67,7 +86,9 @@ def convert_int8(model: "keras.Model", train_images: np.ndarray) -> bytes:
     """Step 5: the integer-only .tflite with uint8 input and output."""
 
     def representative_data_gen():
-        for input_value in tf.data.Dataset.from_tensor_slices(train_images).batch(1).take(REPRESENTATIVE_IMAGES):
+        for input_value in (
+            tf.data.Dataset.from_tensor_slices(train_images).batch(1).take(REPRESENTATIVE_IMAGES)
+        ):
             yield [input_value]
 
     converter = tf.lite.TFLiteConverter.from_keras_model(model)

@@ -21,6 +21,7 @@ What a user following it does, step by step as the tutorial says:
 6. Evaluates both .tflite one test image per ``invoke`` (argmax) and compares the QAT model's
    accuracy with the float baseline's, and the two file sizes (its "4x smaller").
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,15 +29,18 @@ import numpy as np
 from bench.peers import ptq_tutorial
 from tfopt._keras import keras, tf
 
-TUTORIAL = "tfmot \"Quantization aware training in Keras example\""
+TUTORIAL = 'tfmot "Quantization aware training in Keras example"'
 URL = "https://www.tensorflow.org/model_optimization/guide/quantization/training_example"
 FINE_TUNE_IMAGES = 1000
 FINE_TUNE_BATCH = 500
 
 
 def _compile(model: "keras.Model") -> None:
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
 
 
 def run(train_images: np.ndarray, train_labels: np.ndarray, *, seed: int = 0) -> dict:
@@ -54,13 +58,24 @@ def run(train_images: np.ndarray, train_labels: np.ndarray, *, seed: int = 0) ->
     model.fit(train_images, train_labels, epochs=1, validation_split=0.1, verbose=0)
     q_aware_model = tfmot.quantization.keras.quantize_model(model)
     _compile(q_aware_model)
-    q_aware_model.fit(train_images[:FINE_TUNE_IMAGES], train_labels[:FINE_TUNE_IMAGES], batch_size=FINE_TUNE_BATCH,
-                      epochs=1, validation_split=0.1, verbose=0)
+    q_aware_model.fit(
+        train_images[:FINE_TUNE_IMAGES],
+        train_labels[:FINE_TUNE_IMAGES],
+        batch_size=FINE_TUNE_BATCH,
+        epochs=1,
+        validation_split=0.1,
+        verbose=0,
+    )
     converter = tf.lite.TFLiteConverter.from_keras_model(q_aware_model)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     quantized = converter.convert()
     float_tflite = tf.lite.TFLiteConverter.from_keras_model(model).convert()
-    return {"model": model, "qat_model": q_aware_model, "float_tflite": float_tflite, "qat_tflite": quantized}
+    return {
+        "model": model,
+        "qat_model": q_aware_model,
+        "float_tflite": float_tflite,
+        "qat_tflite": quantized,
+    }
 
 
 def predict(content: bytes, images: np.ndarray) -> np.ndarray:

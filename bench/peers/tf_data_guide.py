@@ -31,13 +31,16 @@ variant, reported beside it.
 
 The guide does not shuffle (its pipelines only show performance); neither pipeline here does.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 from tfopt._keras import tf
 
-GUIDE = "Better performance with the tf.data API (https://www.tensorflow.org/guide/data_performance)"
+GUIDE = (
+    "Better performance with the tf.data API (https://www.tensorflow.org/guide/data_performance)"
+)
 AUTOTUNE = tf.data.AUTOTUNE
 
 
@@ -54,8 +57,16 @@ def normalizer(mean: Sequence[float], std: Sequence[float]) -> Callable[[tf.Tens
     return lambda x: (tf.cast(x, tf.float32) / 255.0 - mean) / std
 
 
-def naive(files: Sequence[str], parse: Callable, *, crop: int, mean: Sequence[float], std: Sequence[float],
-          batch_size: int, default_options: bool = True) -> tf.data.Dataset:
+def naive(
+    files: Sequence[str],
+    parse: Callable,
+    *,
+    crop: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    batch_size: int,
+    default_options: bool = True,
+) -> tf.data.Dataset:
     """The guide's naive pipeline: sequential read, one map without parallelism, batch.
 
     Args:
@@ -82,8 +93,15 @@ def naive(files: Sequence[str], parse: Callable, *, crop: int, mean: Sequence[fl
     return ds
 
 
-def optimized(files: Sequence[str], parse: Callable, *, crop: int, mean: Sequence[float], std: Sequence[float],
-              batch_size: int) -> tf.data.Dataset:
+def optimized(
+    files: Sequence[str],
+    parse: Callable,
+    *,
+    crop: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    batch_size: int,
+) -> tf.data.Dataset:
     """The guide's recommended pipeline (see the module docstring); iterate it once per epoch.
 
     The first pass fills the cache; later passes read decoded images from memory and only crop,
@@ -91,10 +109,14 @@ def optimized(files: Sequence[str], parse: Callable, *, crop: int, mean: Sequenc
     """
     normalize = normalizer(mean, std)
     ds = tf.data.Dataset.from_tensor_slices(list(files))
-    ds = ds.interleave(tf.data.TFRecordDataset, num_parallel_calls=AUTOTUNE)  # 1. parallel extraction
+    ds = ds.interleave(
+        tf.data.TFRecordDataset, num_parallel_calls=AUTOTUNE
+    )  # 1. parallel extraction
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE)  # 2. parallel transformation
     ds = ds.cache()  # 3. the expensive part once
-    ds = ds.map(lambda x, y: (crop_flip(x, crop), y), num_parallel_calls=AUTOTUNE)  # 4. random, after cache
+    ds = ds.map(
+        lambda x, y: (crop_flip(x, crop), y), num_parallel_calls=AUTOTUNE
+    )  # 4. random, after cache
     ds = ds.batch(batch_size, drop_remainder=True)  # 5. vectorized normalization
     ds = ds.map(lambda x, y: (normalize(x), y), num_parallel_calls=AUTOTUNE)
     return ds.prefetch(AUTOTUNE)  # 6. overlap producer and consumer

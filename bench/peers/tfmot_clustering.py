@@ -23,6 +23,7 @@ The benchmark scores the ``.tflite`` on the test split with the same evaluator a
 and gzips every ``.tflite`` the same way for the side-by-side ratio. ``cluster=False`` runs the
 same fine-tuning without the clustering wrapper: the equally trained float control.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,10 +31,15 @@ import time
 
 import numpy as np
 
-from bench.peers.tfmot_pruning import fresh_copy, h5_zipped_size, tflite_dynamic_range, tflite_zipped_size
+from bench.peers.tfmot_pruning import (
+    fresh_copy,
+    h5_zipped_size,
+    tflite_dynamic_range,
+    tflite_zipped_size,
+)
 from tfopt._keras import keras
 
-TUTORIAL = "tfmot \"Weight clustering in Keras example\" (clustering_example)"
+TUTORIAL = 'tfmot "Weight clustering in Keras example" (clustering_example)'
 URL = "https://www.tensorflow.org/model_optimization/guide/clustering/clustering_example"
 CLUSTERS = 16
 LEARNING_RATE = 1e-5
@@ -42,8 +48,15 @@ EPOCHS = 1
 VALIDATION_SPLIT = 0.1
 
 
-def run(model: "keras.Model", x_train: np.ndarray, y_train: np.ndarray, *, seed: int, cluster: bool = True,
-        steps_per_epoch: int | None = None) -> dict:
+def run(
+    model: "keras.Model",
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    *,
+    seed: int,
+    cluster: bool = True,
+    steps_per_epoch: int | None = None,
+) -> dict:
     """Fine-tunes a copy of the trained ``model`` with the tutorial's clustering recipe.
 
     Args:
@@ -65,21 +78,40 @@ def run(model: "keras.Model", x_train: np.ndarray, y_train: np.ndarray, *, seed:
     keras.utils.set_random_seed(seed)
     work = fresh_copy(model)
     if cluster:
-        work = clustering.cluster_weights(work, number_of_clusters=CLUSTERS,
-                                          cluster_centroids_init=clustering.CentroidInitialization.LINEAR)
-    work.compile(optimizer=keras.optimizers.Adam(learning_rate=LEARNING_RATE),
-                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        work = clustering.cluster_weights(
+            work,
+            number_of_clusters=CLUSTERS,
+            cluster_centroids_init=clustering.CentroidInitialization.LINEAR,
+        )
+    work.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=LEARNING_RATE),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     if steps_per_epoch:  # smoke runs: only the first batches
         keep = int(steps_per_epoch * BATCH_SIZE / (1 - VALIDATION_SPLIT))
         x_train, y_train = x_train[:keep], y_train[:keep]
     started = time.perf_counter()
-    work.fit(x_train, y_train, batch_size=BATCH_SIZE, epochs=EPOCHS, validation_split=VALIDATION_SPLIT, verbose=0)
+    work.fit(
+        x_train,
+        y_train,
+        batch_size=BATCH_SIZE,
+        epochs=EPOCHS,
+        validation_split=VALIDATION_SPLIT,
+        verbose=0,
+    )
     seconds = time.perf_counter() - started
     final = clustering.strip_clustering(work) if cluster else work
     content = tflite_dynamic_range(final)
     kernels = [w for layer in final.layers for w in layer.get_weights() if w.ndim >= 2]
     baseline_zip, tflite_zip = h5_zipped_size(model), tflite_zipped_size(content)
-    return {"tflite": content, "unique_max": max(len(np.unique(w)) for w in kernels), "fit_seconds": round(seconds, 1),
-            "steps": math.ceil(len(x_train) * (1 - VALIDATION_SPLIT) / BATCH_SIZE),
-            "baseline_h5_zip_bytes": baseline_zip, "h5_zip_bytes": h5_zipped_size(final),
-            "tflite_zip_bytes": tflite_zip, "tutorial_ratio": round(baseline_zip / tflite_zip, 2)}
+    return {
+        "tflite": content,
+        "unique_max": max(len(np.unique(w)) for w in kernels),
+        "fit_seconds": round(seconds, 1),
+        "steps": math.ceil(len(x_train) * (1 - VALIDATION_SPLIT) / BATCH_SIZE),
+        "baseline_h5_zip_bytes": baseline_zip,
+        "h5_zip_bytes": h5_zipped_size(final),
+        "tflite_zip_bytes": tflite_zip,
+        "tutorial_ratio": round(baseline_zip / tflite_zip, 2),
+    }

@@ -26,6 +26,7 @@ models and compresses every ``.tflite`` the same way (gzip -9) for the side-by-s
 ``prune=False`` runs the same fine-tuning and conversion without the pruning wrapper: the
 equally trained float control of this recipe.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,13 +39,15 @@ import numpy as np
 
 from tfopt._keras import keras, tf
 
-TUTORIAL = "tfmot \"Pruning in Keras example\" (pruning_with_keras)"
+TUTORIAL = 'tfmot "Pruning in Keras example" (pruning_with_keras)'
 URL = "https://www.tensorflow.org/model_optimization/guide/pruning/pruning_with_keras"
 BATCH_SIZE = 128
 EPOCHS = 2
 VALIDATION_SPLIT = 0.1
 INITIAL_SPARSITY, FINAL_SPARSITY = 0.50, 0.80
-FREQUENCY = 100  # PolynomialDecay's default: masks change at steps 100, 200, ... (tfmot counts from 1)
+FREQUENCY = (
+    100  # PolynomialDecay's default: masks change at steps 100, 200, ... (tfmot counts from 1)
+)
 
 
 def fresh_copy(model: "keras.Model") -> "keras.Model":
@@ -87,8 +90,17 @@ def tflite_zipped_size(content: bytes) -> int:
         return zipped_size(path)
 
 
-def run(model: "keras.Model", x_train: np.ndarray, y_train: np.ndarray, *, seed: int, prune: bool = True,
-        epochs: int = EPOCHS, steps_per_epoch: int | None = None, frequency: int = FREQUENCY) -> dict:
+def run(
+    model: "keras.Model",
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    *,
+    seed: int,
+    prune: bool = True,
+    epochs: int = EPOCHS,
+    steps_per_epoch: int | None = None,
+    frequency: int = FREQUENCY,
+) -> dict:
     """Fine-tunes a copy of the trained ``model`` with the tutorial's pruning recipe.
 
     Args:
@@ -115,25 +127,45 @@ def run(model: "keras.Model", x_train: np.ndarray, y_train: np.ndarray, *, seed:
     work = fresh_copy(model)
     callbacks = []
     if prune:
-        schedule = tfmot.sparsity.keras.PolynomialDecay(initial_sparsity=INITIAL_SPARSITY,
-                                                        final_sparsity=FINAL_SPARSITY, begin_step=0, end_step=end_step,
-                                                        frequency=frequency)
+        schedule = tfmot.sparsity.keras.PolynomialDecay(
+            initial_sparsity=INITIAL_SPARSITY,
+            final_sparsity=FINAL_SPARSITY,
+            begin_step=0,
+            end_step=end_step,
+            frequency=frequency,
+        )
         work = tfmot.sparsity.keras.prune_low_magnitude(work, pruning_schedule=schedule)
         callbacks.append(tfmot.sparsity.keras.UpdatePruningStep())
-    work.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 metrics=["accuracy"])
+    work.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     if steps_per_epoch:  # smoke runs: only the first batches of each epoch
         keep = int(steps_per_epoch * BATCH_SIZE / (1 - VALIDATION_SPLIT))
         x_train, y_train = x_train[:keep], y_train[:keep]
     started = time.perf_counter()
-    work.fit(x_train, y_train, batch_size=BATCH_SIZE, epochs=epochs, validation_split=VALIDATION_SPLIT,
-             callbacks=callbacks, verbose=0)
+    work.fit(
+        x_train,
+        y_train,
+        batch_size=BATCH_SIZE,
+        epochs=epochs,
+        validation_split=VALIDATION_SPLIT,
+        callbacks=callbacks,
+        verbose=0,
+    )
     seconds = time.perf_counter() - started
     final = tfmot.sparsity.keras.strip_pruning(work) if prune else work
     content = tflite_dynamic_range(final)
     kernels = [w for layer in final.layers for w in layer.get_weights() if w.ndim >= 2]
     zeros = sum(int((w == 0).sum()) for w in kernels) / max(1, sum(w.size for w in kernels))
     baseline_zip, tflite_zip = h5_zipped_size(model), tflite_zipped_size(content)
-    return {"tflite": content, "sparsity": round(zeros, 4), "fit_seconds": round(seconds, 1),
-            "baseline_h5_zip_bytes": baseline_zip, "h5_zip_bytes": h5_zipped_size(final),
-            "tflite_zip_bytes": tflite_zip, "tutorial_ratio": round(baseline_zip / tflite_zip, 2)}
+    return {
+        "tflite": content,
+        "sparsity": round(zeros, 4),
+        "fit_seconds": round(seconds, 1),
+        "baseline_h5_zip_bytes": baseline_zip,
+        "h5_zip_bytes": h5_zipped_size(final),
+        "tflite_zip_bytes": tflite_zip,
+        "tutorial_ratio": round(baseline_zip / tflite_zip, 2),
+    }

@@ -17,6 +17,7 @@
 
 Every side starts from the same trained model and fine-tunes the same epochs on the same images.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,9 +28,11 @@ import numpy as np
 from bench.peers.tfmot_pruning import fresh_copy
 from tfopt._keras import keras, tf
 
-XNNPACK_GUIDE = "tfmot \"Pruning for on-device inference w/ XNNPACK\""
-XNNPACK_URL = "https://www.tensorflow.org/model_optimization/guide/pruning/pruning_for_on_device_inference"
-MAGNITUDE_GUIDE = "tfmot \"Pruning in Keras example\" at the channel-pruned model's parameter count"
+XNNPACK_GUIDE = 'tfmot "Pruning for on-device inference w/ XNNPACK"'
+XNNPACK_URL = (
+    "https://www.tensorflow.org/model_optimization/guide/pruning/pruning_for_on_device_inference"
+)
+MAGNITUDE_GUIDE = 'tfmot "Pruning in Keras example" at the channel-pruned model\'s parameter count'
 XNNPACK_SPARSITY = 0.75
 BATCH_SIZE = 128
 
@@ -38,21 +41,39 @@ def _fit(work, x, y, epochs: int, learning_rate: float, seed: int) -> float:
     import tensorflow_model_optimization as tfmot
 
     keras.utils.set_random_seed(seed)
-    work.compile(optimizer=keras.optimizers.Adam(learning_rate),
-                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    work.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     started = time.perf_counter()
-    work.fit(x, y, batch_size=BATCH_SIZE, epochs=epochs, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
-             verbose=0)
+    work.fit(
+        x,
+        y,
+        batch_size=BATCH_SIZE,
+        epochs=epochs,
+        callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
+        verbose=0,
+    )
     return round(time.perf_counter() - started, 1)
 
 
 def _sparsity(model) -> float:
     kernels = [w for layer in model.layers for w in layer.get_weights() if w.ndim >= 2]
-    return round(sum(int((w == 0).sum()) for w in kernels) / max(1, sum(w.size for w in kernels)), 4)
+    return round(
+        sum(int((w == 0).sum()) for w in kernels) / max(1, sum(w.size for w in kernels)), 4
+    )
 
 
-def xnnpack_recipe(model: "keras.Model", x: np.ndarray, y: np.ndarray, *, epochs: int, learning_rate: float,
-                   seed: int = 0) -> dict:
+def xnnpack_recipe(
+    model: "keras.Model",
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    learning_rate: float,
+    seed: int = 0,
+) -> dict:
     """The XNNPACK guide's pruning of a copy of ``model``.
 
     Returns:
@@ -64,20 +85,36 @@ def xnnpack_recipe(model: "keras.Model", x: np.ndarray, y: np.ndarray, *, epochs
     sparsity = tfmot.sparsity.keras
     try:
         work = sparsity.prune_low_magnitude(
-            fresh_copy(model), pruning_schedule=sparsity.ConstantSparsity(XNNPACK_SPARSITY, begin_step=0,
-                                                                          frequency=100),
-            pruning_policy=sparsity.PruneForLatencyOnXNNPack())
+            fresh_copy(model),
+            pruning_schedule=sparsity.ConstantSparsity(
+                XNNPACK_SPARSITY, begin_step=0, frequency=100
+            ),
+            pruning_policy=sparsity.PruneForLatencyOnXNNPack(),
+        )
     except ValueError as e:
         return {"refused": str(e).splitlines()[0]}
     seconds = _fit(work, x, y, epochs, learning_rate, seed)
     final = sparsity.strip_pruning(work)
     converter = tf.lite.TFLiteConverter.from_keras_model(final)
     converter.optimizations = [tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
-    return {"model": final, "tflite": converter.convert(), "sparsity": _sparsity(final), "fit_seconds": seconds}
+    return {
+        "model": final,
+        "tflite": converter.convert(),
+        "sparsity": _sparsity(final),
+        "fit_seconds": seconds,
+    }
 
 
-def magnitude_recipe(model: "keras.Model", x: np.ndarray, y: np.ndarray, *, target: float, epochs: int,
-                     learning_rate: float, seed: int = 0) -> dict:
+def magnitude_recipe(
+    model: "keras.Model",
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    target: float,
+    epochs: int,
+    learning_rate: float,
+    seed: int = 0,
+) -> dict:
     """Magnitude pruning of a copy of ``model`` to ``target`` sparsity (PolynomialDecay from half of it).
 
     Returns:
@@ -87,9 +124,16 @@ def magnitude_recipe(model: "keras.Model", x: np.ndarray, y: np.ndarray, *, targ
 
     sparsity = tfmot.sparsity.keras
     end_step = math.ceil(len(x) / BATCH_SIZE) * epochs
-    work = sparsity.prune_low_magnitude(fresh_copy(model), pruning_schedule=sparsity.PolynomialDecay(
-        initial_sparsity=target / 2, final_sparsity=target, begin_step=0, end_step=end_step,
-        frequency=max(1, min(100, end_step // 20))))
+    work = sparsity.prune_low_magnitude(
+        fresh_copy(model),
+        pruning_schedule=sparsity.PolynomialDecay(
+            initial_sparsity=target / 2,
+            final_sparsity=target,
+            begin_step=0,
+            end_step=end_step,
+            frequency=max(1, min(100, end_step // 20)),
+        ),
+    )
     seconds = _fit(work, x, y, epochs, learning_rate, seed)
     final = sparsity.strip_pruning(work)
     return {"model": final, "sparsity": _sparsity(final), "fit_seconds": seconds}

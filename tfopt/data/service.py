@@ -52,6 +52,7 @@ never stopped: it ends with the process, which exits cleanly.
 Security: dispatchers and workers listen on every network interface (TensorFlow has no bind
 address for them), unauthenticated; run them only on trusted networks.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,7 +72,10 @@ CONNECT_TIMEOUT = 5.0  # seconds a remote dispatcher has to accept a TCP connect
 LOCAL_WORKERS = 1  # see the module docstring: more in-process workers add memory, not compute
 
 _service = tf.data.experimental.service
-_POLICIES = {"parallel_epochs": _service.ShardingPolicy.OFF, "distributed_epoch": _service.ShardingPolicy.DYNAMIC}
+_POLICIES = {
+    "parallel_epochs": _service.ShardingPolicy.OFF,
+    "distributed_epoch": _service.ShardingPolicy.DYNAMIC,
+}
 _lock = threading.Lock()
 _local: LocalService | None = None
 _jobs: list[str] = []
@@ -91,17 +95,25 @@ class LocalService:
 
     def __init__(self, num_workers: int):
         if num_workers < 1:
-            raise ConfigError(f"num_workers={num_workers} must be >= 1; give a positive number of workers")
+            raise ConfigError(
+                f"num_workers={num_workers} must be >= 1; give a positive number of workers"
+            )
         self.dispatcher = _service.DispatchServer(_service.DispatcherConfig(port=0))
         address = self.dispatcher.target.split("://", 1)[1]
-        self.workers = [_service.WorkerServer(_service.WorkerConfig(dispatcher_address=address, port=0))
-                        for _ in range(num_workers)]
+        self.workers = [
+            _service.WorkerServer(_service.WorkerConfig(dispatcher_address=address, port=0))
+            for _ in range(num_workers)
+        ]
         self.target = self.dispatcher.target
         self.stopped = False
         if not os.environ.get(ISOLATED_ENV):  # tfopt.launch --isolate: a private network namespace
-            print(f"tfopt: warning: the in-process tf.data service (dispatcher port {self.target.rpartition(':')[2]} "
-                  f"and {num_workers} worker port(s)) listens on every network interface, without authentication; "
-                  "run on a trusted network, or under python -m tfopt.launch --isolate", file=sys.stderr, flush=True)
+            print(
+                f"tfopt: warning: the in-process tf.data service (dispatcher port {self.target.rpartition(':')[2]} "
+                f"and {num_workers} worker port(s)) listens on every network interface, without authentication; "
+                "run on a trusted network, or under python -m tfopt.launch --isolate",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def stop(self) -> None:
         """Stops the workers, then the dispatcher (idempotent).
@@ -158,7 +170,9 @@ def _address(target: str) -> tuple[str, int]:
     except ValueError:
         port = None
     if parts.scheme != "grpc" or not parts.hostname or port is None:
-        raise ConfigError(f"data.service={target!r} is not valid; give grpc://HOST:PORT, local, or nothing (off)")
+        raise ConfigError(
+            f"data.service={target!r} is not valid; give grpc://HOST:PORT, local, or nothing (off)"
+        )
     return parts.hostname, port
 
 
@@ -177,9 +191,11 @@ def check_dispatcher(target: str, timeout: float = CONNECT_TIMEOUT) -> None:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:
         reason = "timed out" if isinstance(e, socket.timeout) else (e.strerror or type(e).__name__)
-        raise DataError(f"no tf.data dispatcher answers at data.service={target!r} ({reason} after "
-                        f"{timeout:g} s); start one there (docs/data_service.md), fix the address, or "
-                        f"use --data-service local") from None
+        raise DataError(
+            f"no tf.data dispatcher answers at data.service={target!r} ({reason} after "
+            f"{timeout:g} s); start one there (docs/data_service.md), fix the address, or "
+            f"use --data-service local"
+        ) from None
 
 
 def resolve(cfg: DataConfig, timeout: float = CONNECT_TIMEOUT) -> str | None:
@@ -224,15 +240,23 @@ def distribute(ds: tf.data.Dataset, target: str, mode: str, *, job_name: str) ->
         ConfigError: unknown ``mode`` or empty ``job_name``.
     """
     if mode not in _POLICIES:
-        raise ConfigError(f"data.service_mode={mode!r} is not valid; choose one of {', '.join(SERVICE_MODES)}")
+        raise ConfigError(
+            f"data.service_mode={mode!r} is not valid; choose one of {', '.join(SERVICE_MODES)}"
+        )
     if not job_name:
-        raise ConfigError("job_name is empty; give a name shared by the trainers of one run (service.job_name)")
-    out = ds.apply(_service.distribute(processing_mode=_POLICIES[mode], service=target, job_name=job_name))
+        raise ConfigError(
+            "job_name is empty; give a name shared by the trainers of one run (service.job_name)"
+        )
+    out = ds.apply(
+        _service.distribute(processing_mode=_POLICIES[mode], service=target, job_name=job_name)
+    )
     _jobs.append(job_name)
     return out
 
 
-def maybe_distribute(ds: tf.data.Dataset, cfg: DataConfig, *, training: bool, job_name: str) -> tf.data.Dataset:
+def maybe_distribute(
+    ds: tf.data.Dataset, cfg: DataConfig, *, training: bool, job_name: str
+) -> tf.data.Dataset:
     """``distribute`` a training dataset when ``data.service`` is set; otherwise ``ds`` unchanged.
 
     Call it as the last step of a training pipeline before ``prefetch`` (see the module
@@ -281,13 +305,17 @@ def check(cfg: RunConfig) -> None:
     if not service:
         return
     if cfg.runtime.deterministic:
-        raise ConfigError(f"data.service={service!r} cannot honour runtime.deterministic=true: the service "
-                          "delivers batches in the order its workers finish them, so reruns and resumes "
-                          "are not identical; drop --data-service or --deterministic")
+        raise ConfigError(
+            f"data.service={service!r} cannot honour runtime.deterministic=true: the service "
+            "delivers batches in the order its workers finish them, so reruns and resumes "
+            "are not identical; drop --data-service or --deterministic"
+        )
     if service == "local" and STRATEGIES.get(cfg.runtime.strategy).multi_process:
-        raise ConfigError(f"data.service='local' cannot feed runtime.strategy={cfg.runtime.strategy!r}: each "
-                          "process would start a private service and train on the same stream; start a "
-                          "shared dispatcher and give grpc://HOST:PORT, or use --strategy mirrored")
+        raise ConfigError(
+            f"data.service='local' cannot feed runtime.strategy={cfg.runtime.strategy!r}: each "
+            "process would start a private service and train on the same stream; start a "
+            "shared dispatcher and give grpc://HOST:PORT, or use --strategy mirrored"
+        )
 
 
 def jobs() -> tuple[str, ...]:

@@ -15,6 +15,7 @@ Directories are built in a temporary sibling and renamed into place (so a crash 
 half-built dataset that looks complete), under an ``fcntl`` lock so that several processes on one
 machine (e.g. the workers of a multi-worker job) never build the same directory at once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,7 +38,9 @@ from tfopt.fileio import write_bytes
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-STAMPS = "verified.json"  # sidecar of MANIFEST: {shard file: stamp of when it was last hashed intact}
+STAMPS = (
+    "verified.json"  # sidecar of MANIFEST: {shard file: stamp of when it was last hashed intact}
+)
 FORMAT_VERSION = 1
 # A split gets fewer shards than asked when it is small: at least this many records per shard.
 MIN_RECORDS_PER_SHARD = 32
@@ -104,8 +107,9 @@ def encode_example(image: bytes, label: int) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_split(out_dir: str, split: str, records: Iterable[bytes], num_records: int,
-                num_shards: int) -> list[dict]:
+def write_split(
+    out_dir: str, split: str, records: Iterable[bytes], num_records: int, num_shards: int
+) -> list[dict]:
     """Writes serialized records into contiguous shards and describes them for the manifest.
 
     Contiguous chunks keep "the first N records" meaning the same at any shard count.
@@ -137,17 +141,26 @@ def write_split(out_dir: str, split: str, records: Iterable[bytes], num_records:
                 if written == size:
                     break
         if written != size:
-            raise DataError(f"split {split!r} ended after {sum(e['records'] for e in entries) + written} "
-                            f"of {num_records} expected records; the source is incomplete")
-        entries.append({"file": name, "records": size, "bytes": os.path.getsize(path),
-                        "sha256": sha256_file(path)})
+            raise DataError(
+                f"split {split!r} ended after {sum(e['records'] for e in entries) + written} "
+                f"of {num_records} expected records; the source is incomplete"
+            )
+        entries.append(
+            {
+                "file": name,
+                "records": size,
+                "bytes": os.path.getsize(path),
+                "sha256": sha256_file(path),
+            }
+        )
     if next(iterator, None) is not None:
         raise DataError(f"split {split!r} has more than the {num_records} expected records")
     return entries
 
 
-def write_image_split(out_dir: str, split: str, images: np.ndarray, labels: np.ndarray,
-                      num_shards: int) -> dict:
+def write_image_split(
+    out_dir: str, split: str, images: np.ndarray, labels: np.ndarray, num_shards: int
+) -> dict:
     """Writes uint8 images ``[N, H, W, C]`` and int labels ``[N]`` as raw-encoded shards.
 
     Returns:
@@ -185,8 +198,10 @@ def scan_tfrecord(path: str) -> int:
     except (OSError, tf.errors.OpError) as e:
         raise DataError(f"cannot read TFRecord file {path}: {str(e).splitlines()[0]}") from None
     if offset != size:
-        raise DataError(f"TFRecord file {path} is truncated: it ends in the middle of record "
-                        f"{count + 1} (byte {offset} of {size}); restore or regenerate the file")
+        raise DataError(
+            f"TFRecord file {path} is truncated: it ends in the middle of record "
+            f"{count + 1} (byte {offset} of {size}); restore or regenerate the file"
+        )
     return count
 
 
@@ -203,11 +218,15 @@ def read_manifest(directory: str) -> dict | None:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
     except (OSError, ValueError) as e:
-        raise DataError(f"manifest {path} is unreadable ({str(e).splitlines()[0]}); "
-                        f"delete {directory} to rebuild it") from None
+        raise DataError(
+            f"manifest {path} is unreadable ({str(e).splitlines()[0]}); "
+            f"delete {directory} to rebuild it"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
-        raise DataError(f"manifest {path} is not a tfopt format-{FORMAT_VERSION} manifest; "
-                        f"delete {directory} to rebuild it")
+        raise DataError(
+            f"manifest {path} is not a tfopt format-{FORMAT_VERSION} manifest; "
+            f"delete {directory} to rebuild it"
+        )
     problem = _schema_problem(manifest)
     if problem:
         raise DataError(f"manifest {path} is damaged ({problem}); delete {directory} to rebuild it")
@@ -223,12 +242,19 @@ def _schema_problem(manifest: dict) -> str | None:
     if not isinstance(splits, dict) or not splits:
         return "no splits"
     for split, info in splits.items():
-        if not isinstance(info, dict) or not isinstance(info.get("num_records"), int) \
-                or not isinstance(info.get("shards"), list):
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("num_records"), int)
+            or not isinstance(info.get("shards"), list)
+        ):
             return f"split {split!r} lacks num_records or shards"
         for i, entry in enumerate(info["shards"]):
             for key, typ in _SHARD_FIELDS.items():
-                if not isinstance(entry, dict) or not isinstance(entry.get(key), typ) or isinstance(entry.get(key), bool):
+                if (
+                    not isinstance(entry, dict)
+                    or not isinstance(entry.get(key), typ)
+                    or isinstance(entry.get(key), bool)
+                ):
                     return f"shard {i} of split {split!r} has no valid {key!r}"
     return None
 
@@ -236,8 +262,10 @@ def _schema_problem(manifest: dict) -> str | None:
 def write_manifest(directory: str, manifest: dict) -> None:
     """Writes ``manifest.json`` into ``directory`` atomically."""
     manifest = dict(manifest, format=FORMAT_VERSION)
-    write_bytes(os.path.join(directory, MANIFEST),
-                 json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+    write_bytes(
+        os.path.join(directory, MANIFEST),
+        json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"),
+    )
 
 
 def shard_path(directory: str, entry: dict) -> str:
@@ -262,10 +290,13 @@ def read_stamps(directory: str) -> dict:
 def write_stamps(directory: str, stamps: dict) -> None:
     """Writes the shard stamps sidecar atomically; on a read-only directory, logs and goes on."""
     try:
-        write_bytes(os.path.join(directory, STAMPS), json.dumps(stamps, indent=1, sort_keys=True).encode())
+        write_bytes(
+            os.path.join(directory, STAMPS), json.dumps(stamps, indent=1, sort_keys=True).encode()
+        )
     except OSError as e:  # e.g. a dataset prepared by someone else: we just hash again next time
-        log.warning("cannot record verified shards in %s (%s); every use will hash them again",
-                    directory, e)
+        log.warning(
+            "cannot record verified shards in %s (%s); every use will hash them again", directory, e
+        )
 
 
 def _stamp(size: int, mtime_ns: int, entry: dict) -> dict:
@@ -289,7 +320,9 @@ def stamp_built(directory: str, manifest: dict) -> dict:
     return stamps
 
 
-def verify_manifest(directory: str, manifest: dict, fix: str | None = None, *, full: bool = False) -> None:
+def verify_manifest(
+    directory: str, manifest: dict, fix: str | None = None, *, full: bool = False
+) -> None:
     """Checks every shard of a manifest: present, right byte size, right sha256.
 
     The size is checked on every call. The sha256 is computed only for a shard whose size or
@@ -312,8 +345,10 @@ def verify_manifest(directory: str, manifest: dict, fix: str | None = None, *, f
     for split, info in sorted(manifest.get("splits", {}).items()):
         shards = info.get("shards", [])
         if sum(s["records"] for s in shards) != info.get("num_records"):
-            raise DataError(f"manifest {os.path.join(directory, MANIFEST)} is inconsistent for split "
-                            f"{split!r}; {fix}")
+            raise DataError(
+                f"manifest {os.path.join(directory, MANIFEST)} is inconsistent for split "
+                f"{split!r}; {fix}"
+            )
         for entry in shards:
             path = shard_path(directory, entry)
             if not tf.io.gfile.exists(path):
@@ -323,13 +358,19 @@ def verify_manifest(directory: str, manifest: dict, fix: str | None = None, *, f
             size, mtime_ns = file_stat(path)
             if size != entry["bytes"]:
                 what = "truncated" if size < entry["bytes"] else "longer than recorded"
-                raise DataError(f"shard {path} is {what}: {size} bytes, the manifest says "
-                                f"{entry['bytes']}; {fix}")
+                raise DataError(
+                    f"shard {path} is {what}: {size} bytes, the manifest says "
+                    f"{entry['bytes']}; {fix}"
+                )
             stamp = _stamp(size, mtime_ns, entry)
             if trusted.get(entry["file"]) != stamp and sha256_file(path) != entry["sha256"]:
-                if recorded.pop(entry["file"], None) is not None:  # keep failing without a full check
+                if (
+                    recorded.pop(entry["file"], None) is not None
+                ):  # keep failing without a full check
                     write_stamps(directory, recorded)
-                raise DataError(f"shard {path} is corrupted: its sha256 does not match the manifest; {fix}")
+                raise DataError(
+                    f"shard {path} is corrupted: its sha256 does not match the manifest; {fix}"
+                )
             stamps[entry["file"]] = stamp
     if stamps != recorded:
         write_stamps(directory, stamps)

@@ -20,6 +20,7 @@ the shards keep the images as stored (``DatasetInfo.stored_shape``) and the inpu
 
 Sources without a validation or test split get them from the end of train (see ``builtin``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,10 +49,16 @@ class DatasetInfo:
 
     name: str
     splits: dict[str, SplitInfo]
-    image_shape: tuple[int, int, int]  # (H, W, C) the model sees: after data.image_size / data.channels
+    image_shape: tuple[
+        int, int, int
+    ]  # (H, W, C) the model sees: after data.image_size / data.channels
     num_classes: int
-    stored_shape: tuple | None = None  # (H, W, C) in the shards (H, W None: sizes vary); None = image_shape
-    class_names: tuple[str, ...] = ()  # label i is class_names[i], when the source names its classes
+    stored_shape: tuple | None = (
+        None  # (H, W, C) in the shards (H, W None: sizes vary); None = image_shape
+    )
+    class_names: tuple[
+        str, ...
+    ] = ()  # label i is class_names[i], when the source names its classes
     feature_keys: tuple[str, str] = ("image", "label")  # the records' image and label feature names
 
     @property
@@ -91,20 +98,27 @@ def _resolve(cfg: DataConfig) -> _Source:
     kind, sep, rest = name.partition(":")
     if sep and kind == "tfds":
         tfds_name = tfds_source.parse_tfds_name(rest)
-        return _Source("tfds-" + _safe(tfds_name),
-                       lambda out, c: tfds_source.build_tfds(out, c, tfds_name))
+        return _Source(
+            "tfds-" + _safe(tfds_name), lambda out, c: tfds_source.build_tfds(out, c, tfds_name)
+        )
     if sep and kind == "folder":
-        return _Source(folder_source.slug(rest), lambda out, c: folder_source.build_folder(out, c, rest))
+        return _Source(
+            folder_source.slug(rest), lambda out, c: folder_source.build_folder(out, c, rest)
+        )
     if sep and kind == "tfrecord":
         if not rest.strip():
             raise DataError("dataset 'tfrecord:' has no glob; use tfrecord:/path/to/*.tfrecord")
         tfrecord_source.parse_feature_spec(cfg.feature_spec)  # fail fast on a bad spec
         # With data.image_size the index allows images of any size: another index.
-        return _Source(tfrecord_source.slug(rest, cfg.feature_spec + ("|any-size" if cfg.image_size else "")),
-                       lambda out, c: tfrecord_source.build_tfrecord(out, c, rest),
-                       user_files=cfg.limit == 0)
-    raise DataError(f"data.dataset={cfg.dataset!r} is not a known source; choose one of "
-                    f"{', '.join(sorted(_REGISTRY))}, or {' or '.join(_FORMS)}")
+        return _Source(
+            tfrecord_source.slug(rest, cfg.feature_spec + ("|any-size" if cfg.image_size else "")),
+            lambda out, c: tfrecord_source.build_tfrecord(out, c, rest),
+            user_files=cfg.limit == 0,
+        )
+    raise DataError(
+        f"data.dataset={cfg.dataset!r} is not a known source; choose one of "
+        f"{', '.join(sorted(_REGISTRY))}, or {' or '.join(_FORMS)}"
+    )
 
 
 def check(cfg: DataConfig) -> None:
@@ -120,38 +134,59 @@ def check(cfg: DataConfig) -> None:
 def dataset_dir(cfg: DataConfig) -> str:
     """Returns the directory ``prepare(cfg)`` materializes into."""
     source = _resolve(cfg)
-    leaf = "index" if source.user_files else f"shards{cfg.num_shards}" + (
-        f"-limit{cfg.limit}" if cfg.limit > 0 else "")
+    leaf = (
+        "index"
+        if source.user_files
+        else f"shards{cfg.num_shards}" + (f"-limit{cfg.limit}" if cfg.limit > 0 else "")
+    )
     return os.path.join(os.path.abspath(os.path.expanduser(cfg.data_dir)), source.slug, leaf)
 
 
 def _info(cfg: DataConfig, directory: str, manifest: dict) -> DatasetInfo:
     shape = manifest.get("image_shape")
-    if not (isinstance(shape, list) and len(shape) == 3) or not isinstance(manifest.get("num_classes"), int):
-        raise DataError(f"manifest of {directory} is damaged (no image_shape [H, W, C] or num_classes); "
-                        f"delete {directory} to rebuild it")
+    if not (isinstance(shape, list) and len(shape) == 3) or not isinstance(
+        manifest.get("num_classes"), int
+    ):
+        raise DataError(
+            f"manifest of {directory} is damaged (no image_shape [H, W, C] or num_classes); "
+            f"delete {directory} to rebuild it"
+        )
     splits = {
-        split: SplitInfo(files=tuple(shards.shard_path(directory, e) for e in s["shards"]),
-                         num_records=int(s["num_records"]), encoding=s["encoding"])
+        split: SplitInfo(
+            files=tuple(shards.shard_path(directory, e) for e in s["shards"]),
+            num_records=int(s["num_records"]),
+            encoding=s["encoding"],
+        )
         for split, s in manifest["splits"].items()
     }
     for split in builtin.SPLITS:
         if split not in splits or splits[split].num_records == 0:
-            raise DataError(f"the {split} split of {cfg.dataset!r} has no examples; give a dataset with examples in "
-                            "train, validation and test (a larger data.limit, or files in the split's folder)")
+            raise DataError(
+                f"the {split} split of {cfg.dataset!r} has no examples; give a dataset with examples in "
+                "train, validation and test (a larger data.limit, or files in the split's folder)"
+            )
     if int(manifest["num_classes"]) < 2:
-        raise DataError(f"{cfg.dataset!r} has {manifest['num_classes']} class(es); a classifier needs at least 2 "
-                        "(check the labels, the label key or the class folders)")
+        raise DataError(
+            f"{cfg.dataset!r} has {manifest['num_classes']} class(es); a classifier needs at least 2 "
+            "(check the labels, the label key or the class folders)"
+        )
     stored = tuple(manifest["image_shape"])
     size = parse_image_size(cfg.image_size)
     if size is None and None in stored[:2]:
-        raise DataError(f"the images of {cfg.dataset!r} have different sizes; give --image-size HxW "
-                        "(data.image_size) to resize them all, e.g. --image-size 96x96")
+        raise DataError(
+            f"the images of {cfg.dataset!r} have different sizes; give --image-size HxW "
+            "(data.image_size) to resize them all, e.g. --image-size 96x96"
+        )
     shape = (*(size or stored[:2]), cfg.channels or stored[2])
-    return DatasetInfo(name=cfg.dataset, splits=splits, image_shape=tuple(int(d) for d in shape),
-                       num_classes=int(manifest["num_classes"]), stored_shape=None if shape == stored else stored,
-                       class_names=tuple(manifest.get("class_names", ())),
-                       feature_keys=tuple(manifest.get("feature_keys", ("image", "label"))))
+    return DatasetInfo(
+        name=cfg.dataset,
+        splits=splits,
+        image_shape=tuple(int(d) for d in shape),
+        num_classes=int(manifest["num_classes"]),
+        stored_shape=None if shape == stored else stored,
+        class_names=tuple(manifest.get("class_names", ())),
+        feature_keys=tuple(manifest.get("feature_keys", ("image", "label"))),
+    )
 
 
 def prepare(cfg: DataConfig) -> DatasetInfo:
@@ -179,10 +214,16 @@ def prepare(cfg: DataConfig) -> DatasetInfo:
     manifest = shards.read_manifest(directory)
     if manifest is None:
         effective = dataclasses.replace(cfg, data_dir=os.path.dirname(os.path.dirname(directory)))
-        manifest = shards.materialize(directory, lambda out: _stamp(source.build(out, effective), cfg),
-                                      os.path.join(os.path.dirname(directory), ".lock"))
-    fix = (f"restore the file, or delete {directory} to index the files again" if source.user_files
-           else None)
+        manifest = shards.materialize(
+            directory,
+            lambda out: _stamp(source.build(out, effective), cfg),
+            os.path.join(os.path.dirname(directory), ".lock"),
+        )
+    fix = (
+        f"restore the file, or delete {directory} to index the files again"
+        if source.user_files
+        else None
+    )
     shards.verify_manifest(directory, manifest, fix, full=cfg.verify)
     return _info(cfg, directory, manifest)
 
@@ -205,8 +246,14 @@ def input_contract(cfg: DataConfig, info: DatasetInfo) -> dict:
     from tfopt.config import parse_normalize, reverses_channels
 
     mean, std = parse_normalize(cfg.normalize) or ((0.0,), (1.0,))
-    return {"image_shape": list(info.image_shape), "layout": "NHWC float32", "scale": "pixels / 255",
-            "normalize": cfg.normalize or None, "mean": list(mean), "std": list(std),
-            "bgr": reverses_channels(cfg.normalize),
-            "resize": "bilinear, aspect ratio not kept" if info.stored_shape else None,
-            "class_names": list(info.class_names)}
+    return {
+        "image_shape": list(info.image_shape),
+        "layout": "NHWC float32",
+        "scale": "pixels / 255",
+        "normalize": cfg.normalize or None,
+        "mean": list(mean),
+        "std": list(std),
+        "bgr": reverses_channels(cfg.normalize),
+        "resize": "bilinear, aspect ratio not kept" if info.stored_shape else None,
+        "class_names": list(info.class_names),
+    }

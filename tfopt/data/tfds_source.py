@@ -13,6 +13,7 @@ With ``limit > 0``, tfds generates only as many records per split as the limit n
 the whole dataset; those records are the first tfds generates, not the first of the full splits.
 Offline, a tfds download of data that is not local fails only after tfds's retries (minutes).
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,7 +51,7 @@ def _deflate_offset(data: bytes, path: str) -> int:
         raise DataError(f"{path} is not a gzip file; reinstall {DEBIAN_FASHION_PACKAGE}")
     flags, pos = data[3], 10
     if flags & 4:  # FEXTRA
-        pos += 2 + struct.unpack("<H", data[pos:pos + 2])[0]
+        pos += 2 + struct.unpack("<H", data[pos : pos + 2])[0]
     for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
         if flags & bit:
             pos = data.index(b"\0", pos) + 1
@@ -75,8 +76,14 @@ def restore_fashion_mnist(debian_dir: str, manual_dir: str) -> bool:
         src = os.path.join(debian_dir, name)
         with open(src, "rb") as f:
             data = f.read()
-        header = b"\x1f\x8b\x08\x08" + struct.pack("<I", mtime) + b"\x00\x03" + name[:-3].encode() + b"\0"
-        write_bytes(target, header + data[_deflate_offset(data, src):])
+        header = (
+            b"\x1f\x8b\x08\x08"
+            + struct.pack("<I", mtime)
+            + b"\x00\x03"
+            + name[:-3].encode()
+            + b"\0"
+        )
+        write_bytes(target, header + data[_deflate_offset(data, src) :])
     return True
 
 
@@ -84,8 +91,10 @@ def parse_tfds_name(spec: str) -> str:
     """Validates the NAME[/CONFIG][:VERSION] part of a ``tfds:`` dataset string."""
     name = spec.strip()
     if not name or any(c.isspace() for c in name):
-        raise DataError(f"dataset 'tfds:{spec}' has no valid tfds name; use tfds:NAME or tfds:NAME/CONFIG "
-                        "(e.g. tfds:fashion_mnist)")
+        raise DataError(
+            f"dataset 'tfds:{spec}' has no valid tfds name; use tfds:NAME or tfds:NAME/CONFIG "
+            "(e.g. tfds:fashion_mnist)"
+        )
     return name
 
 
@@ -107,7 +116,9 @@ def _first_line(e: BaseException, limit: int = 200) -> str:
 
 def _missing_module(e: BaseException | None) -> str | None:
     """Returns the third-party module whose absence raised ``e``, if that is what happened."""
-    while e is not None:  # tfds re-raises ImportErrors as a new one (without .name) from the original
+    while (
+        e is not None
+    ):  # tfds re-raises ImportErrors as a new one (without .name) from the original
         if isinstance(e, ModuleNotFoundError) and e.name:
             return None if e.name.split(".")[0] == "tfopt" else e.name  # ours missing: a bug
         e = e.__cause__
@@ -120,23 +131,32 @@ def _builder(name: str, data_dir: str | None):
     try:
         return tfds.builder(name, data_dir=data_dir)
     except tfds.core.DatasetNotFoundError as e:
-        raise DataError(f"tfds has no dataset {name!r} ({_first_line(e)}); check the name with "
-                        "tfds.list_builders() or use one of tfopt's sources") from None
+        raise DataError(
+            f"tfds has no dataset {name!r} ({_first_line(e)}); check the name with "
+            "tfds.list_builders() or use one of tfopt's sources"
+        ) from None
     except (ValueError, AssertionError) as e:
         if not any(isinstance(e, kind) and text in str(e) for kind, text in _BAD_NAME_MESSAGES):
             raise
         # Drop tfds's 'Failed to construct dataset "X", builder_kwargs "{...}": ' prefix.
         # (The prefix holds data_dir, of any length: it goes before the line is shortened.)
-        why = re.sub(r'^Failed to construct dataset "[^"]*", builder_kwargs "[^"]*": ', "",
-                     _first_line(e, limit=100_000))[:200]
-        raise DataError(f"tfds cannot build dataset {name!r} ({why.split('. ')[0].rstrip('.')}); "
-                        "use tfds:NAME[/CONFIG][:VERSION] with a config and version tfds has") from None
+        why = re.sub(
+            r'^Failed to construct dataset "[^"]*", builder_kwargs "[^"]*": ',
+            "",
+            _first_line(e, limit=100_000),
+        )[:200]
+        raise DataError(
+            f"tfds cannot build dataset {name!r} ({why.split('. ')[0].rstrip('.')}); "
+            "use tfds:NAME[/CONFIG][:VERSION] with a config and version tfds has"
+        ) from None
     except ImportError as e:
         module = _missing_module(e)
         if module is None:
             raise
-        raise DataError(f"tfds dataset {name!r} needs the Python module {module!r}; install it "
-                        f"(pip install {module.split('.')[0]})") from None
+        raise DataError(
+            f"tfds dataset {name!r} needs the Python module {module!r}; install it "
+            f"(pip install {module.split('.')[0]})"
+        ) from None
 
 
 def _prepare_failure(e: Exception) -> str | None:
@@ -174,13 +194,19 @@ def _features(builder, name: str) -> tuple[str, str, tuple, int, list[str]]:
     image_key, label_key = keys
     image = features[image_key] if image_key in features else None
     label = features[label_key] if label_key in features else None
-    if not isinstance(image, tfds.features.Image) or not isinstance(label, tfds.features.ClassLabel):
-        raise DataError(f"tfds dataset {name!r} has no (Image, ClassLabel) feature pair "
-                        f"(features: {', '.join(features)}); tfopt reads image classification datasets")
+    if not isinstance(image, tfds.features.Image) or not isinstance(
+        label, tfds.features.ClassLabel
+    ):
+        raise DataError(
+            f"tfds dataset {name!r} has no (Image, ClassLabel) feature pair "
+            f"(features: {', '.join(features)}); tfopt reads image classification datasets"
+        )
     shape = tuple(image.shape)
     if len(shape) != 3 or shape[2] is None:
-        raise DataError(f"tfds dataset {name!r} has images of shape {shape}; tfopt reads H x W x C images with a "
-                        "known channel count")
+        raise DataError(
+            f"tfds dataset {name!r} has images of shape {shape}; tfopt reads H x W x C images with a "
+            "known channel count"
+        )
     return image_key, label_key, shape, label.num_classes, list(label.names)
 
 
@@ -211,23 +237,37 @@ def _tfds_builder(name: str, cfg: DataConfig, offline_fashion: bool):
     with shards.file_lock(os.path.join(cfg.data_dir, "tfds", ".lock")):
         if builder.is_prepared():
             return builder
-        log.info("tfds is preparing %s (offline, a download fails only after minutes of retries)", name)
+        log.info(
+            "tfds is preparing %s (offline, a download fails only after minutes of retries)", name
+        )
         try:
             builder.download_and_prepare(download_dir=download_dir, download_config=config)
         except Exception as e:  # narrowed at once: only the causes _prepare_failure knows
             why = _prepare_failure(e)
             if why is None:
                 raise
-            hint = (f"install the Debian package {DEBIAN_FASHION_PACKAGE} "
-                    f"(apt-get install -y {DEBIAN_FASHION_PACKAGE})" if base_name == "fashion_mnist"
-                    else f"put the prepared data under {root} or the files in {download_dir}/manual")
-            raise DataError(f"tfds could not prepare {name!r}: {why} ({type(e).__name__}: {_first_line(e)}); "
-                            f"without internet it needs the data locally: {hint}") from None
+            hint = (
+                f"install the Debian package {DEBIAN_FASHION_PACKAGE} "
+                f"(apt-get install -y {DEBIAN_FASHION_PACKAGE})"
+                if base_name == "fashion_mnist"
+                else f"put the prepared data under {root} or the files in {download_dir}/manual"
+            )
+            raise DataError(
+                f"tfds could not prepare {name!r}: {why} ({type(e).__name__}: {_first_line(e)}); "
+                f"without internet it needs the data locally: {hint}"
+            ) from None
     return builder
 
 
-def _encoded_records(builder, split: str, start: int, stop: int, image_key: str, label_key: str,
-                     varying: bool = False):
+def _encoded_records(
+    builder,
+    split: str,
+    start: int,
+    stop: int,
+    image_key: str,
+    label_key: str,
+    varying: bool = False,
+):
     """Yields serialized tfopt Examples for records [start, stop) of a tfds split: raw pixels, or
     PNG when the images' sizes vary (the pipeline resizes them to ``data.image_size``)."""
     ds = builder.as_dataset(split=f"{split}[{start}:{stop}]", shuffle_files=False)
@@ -261,12 +301,19 @@ def build_tfds(out_dir: str, cfg: DataConfig, name: str, offline_fashion: bool =
     image_key, label_key, shape, num_classes, names = _features(builder, name)
     varying = None in shape[:2]
     encoding = "image" if varying else "raw"
-    sizes = {s: builder.info.splits[s].num_examples for s in builder.info.splits.keys() if s in SPLITS}
+    sizes = {
+        s: builder.info.splits[s].num_examples for s in builder.info.splits.keys() if s in SPLITS
+    }
     splits = {}
     for split, (src, start, stop) in plan_splits(sizes, cfg.limit).items():
         records = _encoded_records(builder, src, start, stop, image_key, label_key, varying)
         entries = shards.write_split(out_dir, split, records, stop - start, cfg.num_shards)
         splits[split] = {"num_records": stop - start, "encoding": encoding, "shards": entries}
-    return {"description": f"tfds {builder.info.full_name} (features {image_key!r}, {label_key!r})",
-            "image_shape": list(shape), "num_classes": int(num_classes), "class_names": names,
-            "encoding": encoding, "splits": splits}
+    return {
+        "description": f"tfds {builder.info.full_name} (features {image_key!r}, {label_key!r})",
+        "image_shape": list(shape),
+        "num_classes": int(num_classes),
+        "class_names": names,
+        "encoding": encoding,
+        "splits": splits,
+    }

@@ -18,6 +18,7 @@ non-alphanumeric character): ``train``/``training`` -> train, ``validation``/``v
 -> validation, ``test``/``testing`` -> test. Without validation files, the last ``n // 6`` (at least
 one) of the train files become validation. Train and test files are required.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,13 +34,20 @@ from tfopt.data import shards
 from tfopt.errors import ConfigError, DataError
 
 ENCODINGS = ("raw", "png", "jpeg")
-_EXAMPLE = ("image=raw:28x28x1,label=int64,classes=10 or image=jpeg,image_key=image/encoded,"
-            "label_key=image/class/label,labels=labels.txt")
+_EXAMPLE = (
+    "image=raw:28x28x1,label=int64,classes=10 or image=jpeg,image_key=image/encoded,"
+    "label_key=image/class/label,labels=labels.txt"
+)
 _KEYS = ("image", "label", "classes", "image_key", "label_key", "labels")
 _SPLIT_WORDS = {
-    "train": "train", "training": "train",
-    "validation": "validation", "valid": "validation", "val": "validation", "dev": "validation",
-    "test": "test", "testing": "test",
+    "train": "train",
+    "training": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "dev": "validation",
+    "test": "test",
+    "testing": "test",
 }
 
 
@@ -88,7 +96,9 @@ def parse_feature_spec(spec: str) -> FeatureSpec:
     if shape_text:
         dims = shape_text.lower().split("x")
         if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise _spec_error(spec, f"image shape {shape_text!r} is not HxWxC with positive integers")
+            raise _spec_error(
+                spec, f"image shape {shape_text!r} is not HxWxC with positive integers"
+            )
         shape = tuple(int(d) for d in dims)
         if encoding != "raw" and shape[2] not in (1, 3, 4):
             raise _spec_error(spec, f"{encoding} images have 1, 3 or 4 channels, not {shape[2]}")
@@ -99,8 +109,14 @@ def parse_feature_spec(spec: str) -> FeatureSpec:
         if not items["classes"].isdigit() or int(items["classes"]) < 2:
             raise _spec_error(spec, f"classes={items['classes']!r} is not an integer >= 2")
         classes = int(items["classes"])
-    return FeatureSpec(encoding, shape, classes, items.get("image_key", "image"), items.get("label_key", "label"),
-                       items.get("labels", ""))
+    return FeatureSpec(
+        encoding,
+        shape,
+        classes,
+        items.get("image_key", "image"),
+        items.get("label_key", "label"),
+        items.get("labels", ""),
+    )
 
 
 def read_labels(fs: FeatureSpec, spec: str) -> list[str]:
@@ -115,9 +131,13 @@ def read_labels(fs: FeatureSpec, spec: str) -> list[str]:
         with open(os.path.expanduser(fs.labels), encoding="utf-8") as f:
             names = [line.strip() for line in f if line.strip()]
     except OSError as e:
-        raise _spec_error(spec, f"labels file {fs.labels!r} cannot be read ({e.strerror})") from None
+        raise _spec_error(
+            spec, f"labels file {fs.labels!r} cannot be read ({e.strerror})"
+        ) from None
     if len(names) < 2:
-        raise _spec_error(spec, f"labels file {fs.labels!r} names {len(names)} class(es); give one name per line")
+        raise _spec_error(
+            spec, f"labels file {fs.labels!r} names {len(names)} class(es); give one name per line"
+        )
     return names
 
 
@@ -143,20 +163,29 @@ def split_files(pattern: str) -> dict[str, list[str]]:
         raise DataError(f"tfrecord:{pattern} matches no file; check the glob pattern")
     out: dict[str, list[str]] = {"train": [], "validation": [], "test": []}
     for path in files:
-        words = {_SPLIT_WORDS[w] for w in re.split(r"[^a-z0-9]+", os.path.basename(path).lower())
-                 if w in _SPLIT_WORDS}
+        words = {
+            _SPLIT_WORDS[w]
+            for w in re.split(r"[^a-z0-9]+", os.path.basename(path).lower())
+            if w in _SPLIT_WORDS
+        }
         if len(words) != 1:
-            raise DataError(f"cannot tell the split of {path}: its name must contain exactly one of "
-                            "train, validation (or val/valid/dev) or test as a word; rename it")
+            raise DataError(
+                f"cannot tell the split of {path}: its name must contain exactly one of "
+                "train, validation (or val/valid/dev) or test as a word; rename it"
+            )
         out[words.pop()].append(path)
     for need in ("train", "test"):
         if not out[need]:
-            raise DataError(f"tfrecord:{pattern} has no {need} file; add files named like "
-                            f"'{need}-00000.tfrecord'")
+            raise DataError(
+                f"tfrecord:{pattern} has no {need} file; add files named like "
+                f"'{need}-00000.tfrecord'"
+            )
     if not out["validation"]:
         if len(out["train"]) < 2:
-            raise DataError(f"tfrecord:{pattern} has no validation file and only one train file; add "
-                            "a validation file or split train into several files")
+            raise DataError(
+                f"tfrecord:{pattern} has no validation file and only one train file; add "
+                "a validation file or split train into several files"
+            )
         cut = len(out["train"]) - max(1, len(out["train"]) // 6)
         out["train"], out["validation"] = out["train"][:cut], out["train"][cut:]
     return out
@@ -173,7 +202,11 @@ def _check_file(path: str, fs: FeatureSpec) -> tuple[int, int, int, tuple[int, .
 
     def read(batch):
         parsed = tf.io.parse_example(batch, spec)
-        sizes = tf.strings.length(parsed[fs.image_key]) if expected else tf.zeros_like(parsed[fs.label_key], tf.int32)
+        sizes = (
+            tf.strings.length(parsed[fs.image_key])
+            if expected
+            else tf.zeros_like(parsed[fs.label_key], tf.int32)
+        )
         return parsed[fs.label_key], sizes
 
     try:
@@ -184,22 +217,30 @@ def _check_file(path: str, fs: FeatureSpec) -> tuple[int, int, int, tuple[int, .
                 hi = int(batch.max()) if hi is None else max(hi, int(batch.max()))
             wrong = np.nonzero(sizes != expected)[0] if expected else ()
             if len(wrong):
-                raise DataError(f"record {i * 4096 + int(wrong[0])} of {path} has a {int(sizes[wrong[0]])}-byte image, "
-                                f"but data.feature_spec says raw {'x'.join(map(str, fs.shape))} ({expected} bytes); "
-                                "give every image that shape, or fix the spec")
+                raise DataError(
+                    f"record {i * 4096 + int(wrong[0])} of {path} has a {int(sizes[wrong[0]])}-byte image, "
+                    f"but data.feature_spec says raw {'x'.join(map(str, fs.shape))} ({expected} bytes); "
+                    "give every image that shape, or fix the spec"
+                )
         for record in tf.data.TFRecordDataset(path).take(1):
-            image = tf.io.parse_single_example(record, {fs.image_key: tf.io.FixedLenFeature([], tf.string)})[fs.image_key]
+            image = tf.io.parse_single_example(
+                record, {fs.image_key: tf.io.FixedLenFeature([], tf.string)}
+            )[fs.image_key]
             if fs.encoding == "raw":
                 shape = (int(tf.strings.length(image)),)
             else:
                 shape = tuple(tf.io.decode_image(image, expand_animations=False).shape)
     except tf.errors.DataLossError as e:
-        raise DataError(f"TFRecord file {path} is corrupted ({str(e).splitlines()[0]}); "
-                        "restore or regenerate it") from None
+        raise DataError(
+            f"TFRecord file {path} is corrupted ({str(e).splitlines()[0]}); "
+            "restore or regenerate it"
+        ) from None
     except tf.errors.InvalidArgumentError as e:
-        raise DataError(f"records of {path} do not match data.feature_spec (need a bytes {fs.image_key!r} "
-                        f"and an int64 {fs.label_key!r} feature; name others with image_key= / label_key=): "
-                        f"{str(e).splitlines()[0]}") from None
+        raise DataError(
+            f"records of {path} do not match data.feature_spec (need a bytes {fs.image_key!r} "
+            f"and an int64 {fs.label_key!r} feature; name others with image_key= / label_key=): "
+            f"{str(e).splitlines()[0]}"
+        ) from None
     if count and lo is None:
         lo = hi = 0
     return count, (lo if lo is not None else 0), (hi if hi is not None else -1), shape
@@ -228,27 +269,48 @@ def build_tfrecord(out_dir: str, cfg: DataConfig, pattern: str) -> dict:
             count, f_lo, f_hi, first = _check_file(path, fs)
             lo, hi = min(lo, f_lo), max(hi, f_hi)
             if fs.encoding == "raw" and first and first[0] != int(np.prod(fs.shape)):
-                raise DataError(f"images in {path} have {first[0]} bytes, but data.feature_spec says "
-                                f"raw {'x'.join(map(str, fs.shape))} ({int(np.prod(fs.shape))} bytes); fix the spec")
+                raise DataError(
+                    f"images in {path} have {first[0]} bytes, but data.feature_spec says "
+                    f"raw {'x'.join(map(str, fs.shape))} ({int(np.prod(fs.shape))} bytes); fix the spec"
+                )
             if fs.encoding != "raw" and first:
                 shape = shape or first
-                if not varying and tuple(first[:2]) != tuple(shape[:2]):  # channels are converted when decoding
-                    raise DataError(f"the first image of {path} is {'x'.join(map(str, first))}, not "
-                                    f"{'x'.join(map(str, shape))}; give every image one shape, or resize them "
-                                    "with --image-size HxW")
-            entries.append({"file": path, "records": count, "bytes": shards.file_size(path),
-                            "sha256": shards.sha256_file(path)})
-        splits[split] = {"num_records": sum(e["records"] for e in entries), "encoding": fs.encoding,
-                         "shards": entries}
+                if not varying and tuple(first[:2]) != tuple(
+                    shape[:2]
+                ):  # channels are converted when decoding
+                    raise DataError(
+                        f"the first image of {path} is {'x'.join(map(str, first))}, not "
+                        f"{'x'.join(map(str, shape))}; give every image one shape, or resize them "
+                        "with --image-size HxW"
+                    )
+            entries.append(
+                {
+                    "file": path,
+                    "records": count,
+                    "bytes": shards.file_size(path),
+                    "sha256": shards.sha256_file(path),
+                }
+            )
+        splits[split] = {
+            "num_records": sum(e["records"] for e in entries),
+            "encoding": fs.encoding,
+            "shards": entries,
+        }
     if lo < 0:
-        raise DataError(f"tfrecord:{pattern} has negative labels ({lo}); labels must be 0..classes-1")
+        raise DataError(
+            f"tfrecord:{pattern} has negative labels ({lo}); labels must be 0..classes-1"
+        )
     classes = fs.classes or max(hi + 1, len(names))
     if names and len(names) != classes:
-        raise DataError(f"labels file {fs.labels!r} names {len(names)} classes but the data has {classes}; "
-                        "give one name per class")
+        raise DataError(
+            f"labels file {fs.labels!r} names {len(names)} classes but the data has {classes}; "
+            "give one name per class"
+        )
     if hi >= classes:
-        raise DataError(f"tfrecord:{pattern} has label {hi} but data.feature_spec says classes={classes}; "
-                        f"set classes to at least {hi + 1}")
+        raise DataError(
+            f"tfrecord:{pattern} has label {hi} but data.feature_spec says classes={classes}; "
+            f"set classes to at least {hi + 1}"
+        )
     if shape is None:
         raise DataError(f"tfrecord:{pattern} holds no records; give files with data")
     if cfg.limit > 0:
@@ -256,9 +318,17 @@ def build_tfrecord(out_dir: str, cfg: DataConfig, pattern: str) -> dict:
             n = min(cfg.limit, info["num_records"])
             files = [e["file"] for e in info["shards"]]
             records = tf.data.TFRecordDataset(files).take(n).as_numpy_iterator()
-            info.update(num_records=n, shards=shards.write_split(out_dir, split, records, n, cfg.num_shards))
+            info.update(
+                num_records=n, shards=shards.write_split(out_dir, split, records, n, cfg.num_shards)
+            )
     if varying:
         shape = (None, None, shape[2] if len(shape) == 3 else 3)
-    return {"description": f"user TFRecord files {pattern} ({cfg.feature_spec})", "image_shape": list(shape),
-            "num_classes": int(classes), "encoding": fs.encoding, "splits": splits, "class_names": names,
-            "feature_keys": [fs.image_key, fs.label_key]}
+    return {
+        "description": f"user TFRecord files {pattern} ({cfg.feature_spec})",
+        "image_shape": list(shape),
+        "num_classes": int(classes),
+        "encoding": fs.encoding,
+        "splits": splits,
+        "class_names": names,
+        "feature_keys": [fs.image_key, fs.label_key],
+    }

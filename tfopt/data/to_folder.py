@@ -5,6 +5,7 @@ Writes ``OUT/train/<class>/00000.png``, ``OUT/val/...`` and ``OUT/test/...`` (th
 names (``/`` replaced by ``_``; ``class_0``, ... when it has none). It makes a real dataset look like a user's own photos:
 the README's bring-your-own-data example and benchmark B9 run on Fashion-MNIST written this way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,12 +45,16 @@ def write_folder(cfg: DataConfig, out: str) -> dict[str, int]:
         raise ConfigError(f"{out!r} exists; give a new folder to write the images into")
     info = prepare(cfg)
     # A class name is a folder name: "T-shirt/top" becomes "T-shirt_top".
-    names = [n.replace(os.sep, "_") for n in info.class_names] or [f"class_{k}" for k in range(info.num_classes)]
+    names = [n.replace(os.sep, "_") for n in info.class_names] or [
+        f"class_{k}" for k in range(info.num_classes)
+    ]
     counts = {}
     with atomic_dir(os.path.abspath(out)) as tmp:
         for split, folder in FOLDERS.items():
             seen = np.zeros(info.num_classes, int)
-            for images, labels in make_dataset(cfg, split, training=False, info=info).as_numpy_iterator():
+            for images, labels in make_dataset(
+                cfg, split, training=False, info=info
+            ).as_numpy_iterator():
                 for image, label in zip(np.rint(images * 255).astype(np.uint8), labels):
                     directory = os.path.join(tmp, folder, names[label])
                     if not seen[label]:
@@ -63,18 +68,24 @@ def write_folder(cfg: DataConfig, out: str) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m tfopt.data.to_folder``; returns the exit code."""
-    p = argparse.ArgumentParser(prog="python -m tfopt.data.to_folder", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tfopt.data.to_folder", description=__doc__.splitlines()[0]
+    )
     p.add_argument("dataset", help="mnist, fashion_mnist, digits, tfds:NAME, tfrecord:GLOB")
     p.add_argument("out", help="the folder to write (must not exist)")
     p.add_argument("--limit", type=int, default=0, help="images per split (0 = all)")
     p.add_argument("--data-dir", default=default_data_dir(), help="dataset cache directory")
     args = p.parse_args(argv)
     try:
-        counts = write_folder(DataConfig(dataset=args.dataset, data_dir=args.data_dir, limit=args.limit), args.out)
+        counts = write_folder(
+            DataConfig(dataset=args.dataset, data_dir=args.data_dir, limit=args.limit), args.out
+        )
     except TfoptError as e:
         print(f"tfopt.data.to_folder: error: {e}", file=sys.stderr)
         return 2
-    print(f"tfopt.data.to_folder: wrote {', '.join(f'{n} {s}' for s, n in counts.items())} images to {args.out}")
+    print(
+        f"tfopt.data.to_folder: wrote {', '.join(f'{n} {s}' for s, n in counts.items())} images to {args.out}"
+    )
     return 0
 
 

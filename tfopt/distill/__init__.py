@@ -4,6 +4,7 @@
 tfopt.distill`` its command line (:mod:`tfopt.distill.cli`). Imported lazily so that the command
 line rejects a bad flag before TensorFlow is imported.
 """
+
 from tfopt.distill.options import DistillOptions, parse_feature
 
 __all__ = ["DistillOptions", "parse_feature", "run"]

@@ -1,4 +1,5 @@
 """``python -m tfopt.distill``: see :mod:`tfopt.distill.cli`."""
+
 import sys
 
 from tfopt.distill.cli import main

@@ -11,6 +11,7 @@ validation accuracies: ``bench/results/distill_defaults.json``): with them, ``--
 at the same seed and budget. The recipe applies where neither a flag, ``--set`` nor the
 ``--config`` file sets its key; like ``tfopt.train``, runs are seeded (``train.seed``, default 42).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,10 @@ from tfopt.errors import ConfigError
 from tfopt.optimize.techniques import ONE_PHASE
 
 PROG = "tfopt.distill"
-DESCRIPTION = ("Distil trained teacher runs into a student, optionally compressed while it learns. Defaults chosen "
-               "on the validation split: bench/results/distill_defaults.json.")
+DESCRIPTION = (
+    "Distil trained teacher runs into a student, optionally compressed while it learns. Defaults chosen "
+    "on the validation split: bench/results/distill_defaults.json."
+)
 # The student's training recipe where the user sets none (flags, --set and --config win); chosen
 # on validation with the temperature and alpha defaults (DistillOptions), see the module doc.
 RECIPE = {("train", "learning_rate"): 0.01, ("data", "augment"): "shift"}
@@ -36,46 +39,109 @@ def _recipe_overrides(config_path: str | None) -> list[str]:
     for (section, key), value in RECIPE.items():
         nested.setdefault(section, {})[key] = value
     if config_path:  # a key the file sets comes out the same whatever the base
-        plain, based = config_lib.load(config_path), config_lib.load(config_path, config_lib.from_dict(nested))
-    return [f"{section}.{key}={value}" for (section, key), value in RECIPE.items()
-            if not config_path or getattr(getattr(plain, section), key) != getattr(getattr(based, section), key)]
+        plain, based = (
+            config_lib.load(config_path),
+            config_lib.load(config_path, config_lib.from_dict(nested)),
+        )
+    return [
+        f"{section}.{key}={value}"
+        for (section, key), value in RECIPE.items()
+        if not config_path
+        or getattr(getattr(plain, section), key) != getattr(getattr(based, section), key)
+    ]
 
 
 def build_parser() -> cli.ArgumentParser:
     """The argument parser of ``python -m tfopt.distill``."""
     parser = cli.ArgumentParser(prog="python -m tfopt.distill", description=DESCRIPTION)
     g = parser.add_argument_group("distillation")
-    g.add_argument("--teacher", action="append", default=[], metavar="RUN|MODEL",
-                   help="run directory of a trained teacher, or a model file trained on the same data "
-                   "(repeat for several teachers)")
-    g.add_argument("--student", help="the student, any --model form: tiny_cnn (default), small_cnn, ..., "
-                   "keras.applications:NAME, a model file, package.module:function")
+    g.add_argument(
+        "--teacher",
+        action="append",
+        default=[],
+        metavar="RUN|MODEL",
+        help="run directory of a trained teacher, or a model file trained on the same data "
+        "(repeat for several teachers)",
+    )
+    g.add_argument(
+        "--student",
+        help="the student, any --model form: tiny_cnn (default), small_cnn, ..., "
+        "keras.applications:NAME, a model file, package.module:function",
+    )
     recipe = ", ".join(f"{s}.{k}={v}" for (s, k), v in RECIPE.items())
-    d = DistillOptions(teachers=())  # every default below is DistillOptions' (tfopt.config.DistillConfig's)
-    g.add_argument("--temperature", type=float, default=d.temperature,
-                   help=f"softmax temperature T (default {d.temperature:g}, chosen on validation)")
-    g.add_argument("--alpha", type=float, default=d.alpha,
-                   help=f"weight of the teacher term in [0, 1] (default {d.alpha:g}, chosen on "
-                        f"validation); the student's recipe defaults to {recipe} unless set")
-    g.add_argument("--teacher-weights", default=d.teacher_weights,
-                   help=f"equal, accuracy (from validation accuracy) or W1,W2,... (one per --teacher; default "
-                        f"{d.teacher_weights})")
-    g.add_argument("--combine", default=d.combine,
-                   help=f"combine teachers' {' or '.join(COMBINE_MODES)} (default {d.combine})")
-    g.add_argument("--feature", action="append", default=[], metavar="[I/]TEACHER_LAYER:STUDENT_LAYER",
-                   help="feature distillation between two named layers (repeatable)")
-    g.add_argument("--feature-weight", type=float, default=d.feature_weight,
-                   help=f"weight of the feature term (default {d.feature_weight:g})")
-    g.add_argument("--technique", default=d.technique, help=f"compress while distilling: {', '.join(ONE_PHASE)} "
-                   f"(default {d.technique})")
-    g.add_argument("--sparsity", type=float, default=d.sparsity,
-                   help=f"target sparsity for --technique prune (default {d.sparsity:g})")
-    g.add_argument("--clusters", type=int, default=d.clusters,
-                   help=f"centroids per kernel for --technique cluster (default {d.clusters})")
-    g.add_argument("--baseline", metavar="RUN", help="run of the same student trained without a teacher (gap closed)")
-    g.add_argument("--seed", type=int, help="seed of the run: initial weights, data order, augmentation "
-                   "(sets train.seed and data.seed; default 42, as tfopt.train)")
-    g.add_argument("--trust-model", action="store_true", help="load teacher files that can run code (see models.io)")
+    d = DistillOptions(
+        teachers=()
+    )  # every default below is DistillOptions' (tfopt.config.DistillConfig's)
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=d.temperature,
+        help=f"softmax temperature T (default {d.temperature:g}, chosen on validation)",
+    )
+    g.add_argument(
+        "--alpha",
+        type=float,
+        default=d.alpha,
+        help=f"weight of the teacher term in [0, 1] (default {d.alpha:g}, chosen on "
+        f"validation); the student's recipe defaults to {recipe} unless set",
+    )
+    g.add_argument(
+        "--teacher-weights",
+        default=d.teacher_weights,
+        help=f"equal, accuracy (from validation accuracy) or W1,W2,... (one per --teacher; default "
+        f"{d.teacher_weights})",
+    )
+    g.add_argument(
+        "--combine",
+        default=d.combine,
+        help=f"combine teachers' {' or '.join(COMBINE_MODES)} (default {d.combine})",
+    )
+    g.add_argument(
+        "--feature",
+        action="append",
+        default=[],
+        metavar="[I/]TEACHER_LAYER:STUDENT_LAYER",
+        help="feature distillation between two named layers (repeatable)",
+    )
+    g.add_argument(
+        "--feature-weight",
+        type=float,
+        default=d.feature_weight,
+        help=f"weight of the feature term (default {d.feature_weight:g})",
+    )
+    g.add_argument(
+        "--technique",
+        default=d.technique,
+        help=f"compress while distilling: {', '.join(ONE_PHASE)} (default {d.technique})",
+    )
+    g.add_argument(
+        "--sparsity",
+        type=float,
+        default=d.sparsity,
+        help=f"target sparsity for --technique prune (default {d.sparsity:g})",
+    )
+    g.add_argument(
+        "--clusters",
+        type=int,
+        default=d.clusters,
+        help=f"centroids per kernel for --technique cluster (default {d.clusters})",
+    )
+    g.add_argument(
+        "--baseline",
+        metavar="RUN",
+        help="run of the same student trained without a teacher (gap closed)",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the run: initial weights, data order, augmentation "
+        "(sets train.seed and data.seed; default 42, as tfopt.train)",
+    )
+    g.add_argument(
+        "--trust-model",
+        action="store_true",
+        help="load teacher files that can run code (see models.io)",
+    )
     cli.add_config_args(parser)
     return parser
 
@@ -86,17 +152,27 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         if args.student and args.model and args.student != args.model:
-            raise ConfigError(f"--student {args.student!r} and --model {args.model!r} disagree; give only --student")
+            raise ConfigError(
+                f"--student {args.student!r} and --model {args.model!r} disagree; give only --student"
+            )
         args.model = args.student or args.model or "tiny_cnn"
         seeds = [] if args.seed is None else [f"train.seed={args.seed}", f"data.seed={args.seed}"]
         args.set = [*_recipe_overrides(args.config), *seeds, *args.set]
         cfg = cli.config_from_args(args)
         opts = DistillOptions(
-            teachers=tuple(args.teacher), temperature=args.temperature, alpha=args.alpha,
-            teacher_weights=args.teacher_weights, combine=args.combine,
-            features=tuple(parse_feature(f) for f in args.feature), feature_weight=args.feature_weight,
-            technique=args.technique, sparsity=args.sparsity, clusters=args.clusters, baseline=args.baseline,
-            trust_model=args.trust_model)
+            teachers=tuple(args.teacher),
+            temperature=args.temperature,
+            alpha=args.alpha,
+            teacher_weights=args.teacher_weights,
+            combine=args.combine,
+            features=tuple(parse_feature(f) for f in args.feature),
+            feature_weight=args.feature_weight,
+            technique=args.technique,
+            sparsity=args.sparsity,
+            clusters=args.clusters,
+            baseline=args.baseline,
+            trust_model=args.trust_model,
+        )
         opts.fixed_weights()
         if args.print_config:
             print(json.dumps({"config": cfg.to_dict(), "distill": opts.to_dict()}, indent=2))

@@ -1,4 +1,5 @@
 """What to distil from, and how: plain data, validated before TensorFlow starts."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,22 +50,34 @@ class DistillOptions:
             ConfigError: a bad option (the message names the value and the fix).
         """
         if not self.teachers:
-            raise ConfigError("no --teacher given; give the run directory of a trained model (repeatable)")
+            raise ConfigError(
+                "no --teacher given; give the run directory of a trained model (repeatable)"
+            )
         if not self.temperature > 0:
-            raise ConfigError(f"--temperature {self.temperature} must be > 0 (Hinton et al. use 2-20)")
+            raise ConfigError(
+                f"--temperature {self.temperature} must be > 0 (Hinton et al. use 2-20)"
+            )
         if not 0.0 <= self.alpha <= 1.0:
-            raise ConfigError(f"--alpha {self.alpha} must be in [0, 1] (0 = labels only, 1 = teacher only)")
+            raise ConfigError(
+                f"--alpha {self.alpha} must be in [0, 1] (0 = labels only, 1 = teacher only)"
+            )
         if self.combine not in COMBINE_MODES:
-            raise ConfigError(f"--combine {self.combine!r} is not valid; choose one of {', '.join(COMBINE_MODES)}")
+            raise ConfigError(
+                f"--combine {self.combine!r} is not valid; choose one of {', '.join(COMBINE_MODES)}"
+            )
         if self.technique not in ONE_PHASE:
-            raise ConfigError(f"--technique {self.technique!r} is not valid; choose one of {', '.join(ONE_PHASE)}")
+            raise ConfigError(
+                f"--technique {self.technique!r} is not valid; choose one of {', '.join(ONE_PHASE)}"
+            )
         if self.technique == "prune" and not 0.0 < self.sparsity < 1.0:
             raise ConfigError(f"--sparsity {self.sparsity} must be in (0, 1), e.g. 0.75")
         if self.technique == "cluster" and not 2 <= self.clusters <= 256:
             raise ConfigError(f"--clusters {self.clusters} must be in [2, 256], e.g. 16")
         for _, _, index in self.features:
             if index >= len(self.teachers):
-                raise ConfigError(f"--feature names teacher {index}; there are {len(self.teachers)} (0-based)")
+                raise ConfigError(
+                    f"--feature names teacher {index}; there are {len(self.teachers)} (0-based)"
+                )
         if self.teacher_weights in ("equal", "accuracy"):
             return None
         try:
@@ -72,14 +85,18 @@ class DistillOptions:
         except ValueError:
             weights = []
         if len(weights) != len(self.teachers) or min(weights) < 0 or not sum(weights) > 0:
-            raise ConfigError(f"--teacher-weights {self.teacher_weights!r} must be equal, accuracy or "
-                              f"{len(self.teachers)} comma-separated non-negative numbers (one per --teacher)")
+            raise ConfigError(
+                f"--teacher-weights {self.teacher_weights!r} must be equal, accuracy or "
+                f"{len(self.teachers)} comma-separated non-negative numbers (one per --teacher)"
+            )
         return weights
 
     def to_dict(self) -> dict:
         """The options as JSON-ready data (what run.json and the resume fingerprint record)."""
         out = dataclasses.asdict(self)
-        out["features"] = [{"teacher_layer": t, "student_layer": s, "teacher": i} for t, s, i in self.features]
+        out["features"] = [
+            {"teacher_layer": t, "student_layer": s, "teacher": i} for t, s, i in self.features
+        ]
         out.pop("trust_model")
         return out
 
@@ -91,6 +108,8 @@ def parse_feature(text: str) -> tuple[str, str, int]:
         index, rest = "0", text
     teacher_layer, colon, student_layer = rest.partition(":")
     if not colon or not teacher_layer or not student_layer or not index.isdigit():
-        raise ConfigError(f"--feature {text!r} is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER; "
-                          "e.g. --feature pool0:stem_relu")
+        raise ConfigError(
+            f"--feature {text!r} is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER; "
+            "e.g. --feature pool0:stem_relu"
+        )
     return teacher_layer, student_layer, int(index)

@@ -8,6 +8,7 @@ that compression keeps learning from the teachers -> ``Distiller.fit`` with the 
 commits a NEW run directory (``run.json``'s ``distill`` section: settings, teachers and their
 accuracies, the gap to the teachers, the compression measured on the saved weights).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,10 @@ def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 def _check_teacher(run: Run, teacher: "keras.Model", info, dataset: str) -> None:
     shape, classes = tuple(teacher.input_shape[1:]), teacher.output_shape[-1]
     if shape != tuple(info.image_shape) or classes != info.num_classes:
-        raise ModelError(f"teacher {run.source!r} takes {shape} -> {classes} classes but {dataset!r} has "
-                         f"{tuple(info.image_shape)} -> {info.num_classes}; pass the --dataset the teacher was trained on")
+        raise ModelError(
+            f"teacher {run.source!r} takes {shape} -> {classes} classes but {dataset!r} has "
+            f"{tuple(info.image_shape)} -> {info.num_classes}; pass the --dataset the teacher was trained on"
+        )
 
 
 def _teachers_scaling(cfg: RunConfig, teacher_runs: list[Run]) -> RunConfig:
@@ -51,13 +54,17 @@ def _teachers_scaling(cfg: RunConfig, teacher_runs: list[Run]) -> RunConfig:
     student sees the teachers' inputs. A model file brings no record of it: the user's flags hold."""
     scalings = sorted({r.config.data.normalize for r in teacher_runs if not r.model_file})
     if len(scalings) > 1:
-        raise ConfigError(f"the teacher runs were trained with different data.normalize ({', '.join(map(repr, scalings))}); "
-                          "give teachers trained on the same inputs")
+        raise ConfigError(
+            f"the teacher runs were trained with different data.normalize ({', '.join(map(repr, scalings))}); "
+            "give teachers trained on the same inputs"
+        )
     if not scalings or cfg.data.normalize == scalings[0]:
         return cfg
     if cfg.data.normalize:
-        raise ConfigError(f"data.normalize={cfg.data.normalize!r} differs from the teachers' {scalings[0]!r}; the student "
-                          f"must see the teachers' inputs: drop the setting or give {scalings[0]!r}")
+        raise ConfigError(
+            f"data.normalize={cfg.data.normalize!r} differs from the teachers' {scalings[0]!r}; the student "
+            f"must see the teachers' inputs: drop the setting or give {scalings[0]!r}"
+        )
     return replace_config(cfg, data={"normalize": scalings[0]})
 
 
@@ -77,74 +84,146 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
     """
     sources.check(cfg.model)
     if cfg.model.freeze_epochs:
-        raise ConfigError(f"model.freeze_epochs={cfg.model.freeze_epochs} applies to tfopt.train (fine-tuning a "
-                          "pretrained network); a distilled student trains every layer: drop --freeze-epochs")
+        raise ConfigError(
+            f"model.freeze_epochs={cfg.model.freeze_epochs} applies to tfopt.train (fine-tuning a "
+            "pretrained network); a distilled student trains every layer: drop --freeze-epochs"
+        )
     fixed_weights = opts.fixed_weights()
     teacher_runs = [load_input(p, cfg) for p in opts.teachers]  # run directories or model files
     baseline_run = load_input(opts.baseline, cfg) if opts.baseline else None
     for r in teacher_runs + ([baseline_run] if baseline_run else []):
-        if cfg.train.output_dir and os.path.realpath(cfg.train.output_dir) == os.path.realpath(r.source):
-            raise ConfigError(f"-o {cfg.train.output_dir!r} is an input run; a stage writes a NEW run directory: "
-                              "give another -o")
+        if cfg.train.output_dir and os.path.realpath(cfg.train.output_dir) == os.path.realpath(
+            r.source
+        ):
+            raise ConfigError(
+                f"-o {cfg.train.output_dir!r} is an input run; a stage writes a NEW run directory: "
+                "give another -o"
+            )
     cfg = _teachers_scaling(cfg, teacher_runs)
     # The teachers' weights (or files) are part of what the student is: a retrained teacher is another run.
-    job = Job(cfg, "distill", options={**opts.to_dict(), "teacher_digests": [r.digest for r in teacher_runs]},
-              overwrite=overwrite)
+    job = Job(
+        cfg,
+        "distill",
+        options={**opts.to_dict(), "teacher_digests": [r.digest for r in teacher_runs]},
+        overwrite=overwrite,
+    )
     with job:  # seeded by the Job: train.seed (initial weights, dropout), data.seed (order, shifts)
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
         val_ds, test_ds = job.dataset("validation"), job.dataset("test")
         with job.strategy.scope():
-            teachers = [sources.load_stage_input(r, job.info.image_shape, job.info.num_classes, opts.trust_model)
-                        for r in teacher_runs]
+            teachers = [
+                sources.load_stage_input(
+                    r, job.info.image_shape, job.info.num_classes, opts.trust_model
+                )
+                for r in teacher_runs
+            ]
         for r, teacher in zip(teacher_runs, teachers):
             _check_teacher(r, teacher, job.info, cfg.data.dataset)
         # Score the teachers on strategy-free copies (identical on every worker: deterministic data).
         plain_teachers = [plain_copy(t) for t in teachers]
         val_acc = [_accuracy(*_logits(t, val_ds)) for t in plain_teachers]
-        weights = (accuracy_weights(val_acc, job.info.num_classes) if opts.teacher_weights == "accuracy"
-                   else fixed_weights or [1.0] * len(teachers))
+        weights = (
+            accuracy_weights(val_acc, job.info.num_classes)
+            if opts.teacher_weights == "accuracy"
+            else fixed_weights or [1.0] * len(teachers)
+        )
         weights = [w / sum(weights) for w in weights]
         with job.strategy.scope():
             built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
             student = built.model
-            compression = student_lib.wrap(student, opts.technique, cfg.train.epochs * steps,
-                                           sparsity=opts.sparsity, clusters=opts.clusters)
-            distiller = Distiller(compression.model, teachers, temperature=opts.temperature, alpha=opts.alpha,
-                                  teacher_weights=weights, combine=opts.combine, features=opts.features,
-                                  feature_weight=opts.feature_weight)
-            distiller.compile(optimizer=job.optimizer(lr, cfg.train.epochs * steps), steps_per_execution=spe)
+            compression = student_lib.wrap(
+                student,
+                opts.technique,
+                cfg.train.epochs * steps,
+                sparsity=opts.sparsity,
+                clusters=opts.clusters,
+            )
+            distiller = Distiller(
+                compression.model,
+                teachers,
+                temperature=opts.temperature,
+                alpha=opts.alpha,
+                teacher_weights=weights,
+                combine=opts.combine,
+                features=opts.features,
+                feature_weight=opts.feature_weight,
+            )
+            distiller.compile(
+                optimizer=job.optimizer(lr, cfg.train.epochs * steps), steps_per_execution=spe
+            )
         plain = student_lib.plain_copy(compression.model)
         compile_for_eval(plain)
-        validation = PlainValidation(plain, val_ds, job.chief,
-                                     weights_fn=lambda: student_lib.plain_weights(compression.model))
+        validation = PlainValidation(
+            plain,
+            val_ds,
+            job.chief,
+            weights_fn=lambda: student_lib.plain_weights(compression.model),
+        )
         # tfmot's callbacks (UpdatePruningStep) re-mask the weights before validation reads them.
         callbacks = job.callbacks(validation, compression.callbacks)
         digests = distiller.teacher_digests()
-        job.fit(distiller, callbacks, epochs=cfg.train.epochs, steps_per_epoch=steps)  # raises if a teacher changed
-        plain.set_weights(student_lib.plain_weights(compression.model))  # every worker (a collective)
+        job.fit(
+            distiller, callbacks, epochs=cfg.train.epochs, steps_per_epoch=steps
+        )  # raises if a teacher changed
+        plain.set_weights(
+            student_lib.plain_weights(compression.model)
+        )  # every worker (a collective)
         digest = weights_digest(plain)
         record = None
         if job.chief:
-            section = _score(cfg, opts, plain, plain_teachers, teacher_runs, weights, val_acc, digests, test_ds,
-                             baseline_run)
+            section = _score(
+                cfg,
+                opts,
+                plain,
+                plain_teachers,
+                teacher_runs,
+                weights,
+                val_acc,
+                digests,
+                test_ds,
+                baseline_run,
+            )
             if compression.info is not None:
-                section["compression"] = dict(compression.info, measured=student_lib.measured(plain, compression.info))
+                section["compression"] = dict(
+                    compression.info, measured=student_lib.measured(plain, compression.info)
+                )
             artifacts = save_model(plain, job.write_dir)
             teacher_params = max(int(t.count_params()) for t in plain_teachers)
             record = job.record(
-                model={"name": cfg.model.name, "role": "student", "params": int(plain.count_params()), **built.description,
-                       "teacher_to_student_params": round(teacher_params / max(1, plain.count_params()), 2)},
-                train=job.train_section(steps, spe, lr), metrics=section.pop("metrics"),
-                weights_sha256=digest, artifacts=job.relative(artifacts), section=section)
+                model={
+                    "name": cfg.model.name,
+                    "role": "student",
+                    "params": int(plain.count_params()),
+                    **built.description,
+                    "teacher_to_student_params": round(
+                        teacher_params / max(1, plain.count_params()), 2
+                    ),
+                },
+                train=job.train_section(steps, spe, lr),
+                metrics=section.pop("metrics"),
+                weights_sha256=digest,
+                artifacts=job.relative(artifacts),
+                section=section,
+            )
             job.commit(record)
         job.done(PROG, record, digest)
         return record
 
 
-def _score(cfg, opts: DistillOptions, plain, teachers, teacher_runs, weights, val_acc, digests, test_ds,
-           baseline_run) -> dict:
+def _score(
+    cfg,
+    opts: DistillOptions,
+    plain,
+    teachers,
+    teacher_runs,
+    weights,
+    val_acc,
+    digests,
+    test_ds,
+    baseline_run,
+) -> dict:
     """The distill section: the student, the teachers and the baseline on the test split.
 
     Runs on the chief alone, so it touches only strategy-free models: reading a strategy
@@ -155,21 +234,46 @@ def _score(cfg, opts: DistillOptions, plain, teachers, teacher_runs, weights, va
     test_logits = [_logits(t, test_ds) for t in teachers]
     labels = test_logits[0][1]
     teacher_acc = [_accuracy(*t) for t in test_logits]
-    combined = teacher_log_probs([t[0] for t in test_logits], weights, opts.temperature, opts.combine)
+    combined = teacher_log_probs(
+        [t[0] for t in test_logits], weights, opts.temperature, opts.combine
+    )
     target_acc = _accuracy(combined.numpy(), labels)  # the combined soft target's own accuracy
-    gap = {"teacher_test_accuracy": target_acc, "student_test_accuracy": student_acc,
-           "teacher_minus_student_pt": round(100 * (target_acc - student_acc), 3)}
+    gap = {
+        "teacher_test_accuracy": target_acc,
+        "student_test_accuracy": student_acc,
+        "teacher_minus_student_pt": round(100 * (target_acc - student_acc), 3),
+    }
     if baseline_run is not None:
-        base = plain_copy(sources.load_stage_input(baseline_run, plain.input_shape[1:], plain.output_shape[-1],
-                                                   opts.trust_model))
+        base = plain_copy(
+            sources.load_stage_input(
+                baseline_run, plain.input_shape[1:], plain.output_shape[-1], opts.trust_model
+            )
+        )
         base_acc = float(base.evaluate(test_ds, return_dict=True, verbose=0)["accuracy"])
-        gap.update(baseline_run=baseline_run.source, baseline_test_accuracy=base_acc,
-                   gap_closed=(student_acc - base_acc) / (target_acc - base_acc) if target_acc > base_acc else None)
+        gap.update(
+            baseline_run=baseline_run.source,
+            baseline_test_accuracy=base_acc,
+            gap_closed=(student_acc - base_acc) / (target_acc - base_acc)
+            if target_acc > base_acc
+            else None,
+        )
     return {
         "settings": opts.to_dict(),
-        "teachers": [{"run": r.source, "model": r.config.model.name, "params": int(t.count_params()), "weight": w,
-                      "val_accuracy": va, "test_accuracy": ta, "weights_sha256": d, "unchanged": True}
-                     for r, t, w, va, ta, d in zip(teacher_runs, teachers, weights, val_acc, teacher_acc, digests)],
+        "teachers": [
+            {
+                "run": r.source,
+                "model": r.config.model.name,
+                "params": int(t.count_params()),
+                "weight": w,
+                "val_accuracy": va,
+                "test_accuracy": ta,
+                "weights_sha256": d,
+                "unchanged": True,
+            }
+            for r, t, w, va, ta, d in zip(
+                teacher_runs, teachers, weights, val_acc, teacher_acc, digests
+            )
+        ],
         "gap": gap,
         "metrics": {f"test_{k}": float(v) for k, v in metrics.items()},
     }

@@ -3,18 +3,53 @@
 Names are re-exported lazily (PEP 562) so that ``python -m tfopt.export`` can reject a bad flag
 before TensorFlow is imported.
 """
+
 import importlib
 
 _EXPORTS = {
     "tfopt.export.auto": ("AutoResult", "search"),
-    "tfopt.export.benchmark": ("file_sizes", "keras_cost", "kernel_report", "latency", "litert_benchmark"),
+    "tfopt.export.benchmark": (
+        "file_sizes",
+        "keras_cost",
+        "kernel_report",
+        "latency",
+        "litert_benchmark",
+    ),
     "tfopt.export.choices": ("IO_TYPES", "KERNELS", "MODES", "parse_modes", "parse_threads"),
-    "tfopt.export.evaluate": ("EvalResult", "TFLiteModel", "evaluate", "keras_outputs", "load_split", "read_tflite"),
-    "tfopt.export.fidelity": ("GateResult", "SelectiveResult", "Thresholds", "check", "rank_layers",
-                              "selective_search"),
-    "tfopt.export.runner": ("BenchSettings", "ExportSettings", "benchmark_file", "evaluate_file", "run"),
-    "tfopt.export.tflite": ("ConversionError", "ConvertOptions", "Converted", "calibration_batches", "convert",
-                            "is_qat_model", "make_converter", "strip_strings", "weight_sparsity"),
+    "tfopt.export.evaluate": (
+        "EvalResult",
+        "TFLiteModel",
+        "evaluate",
+        "keras_outputs",
+        "load_split",
+        "read_tflite",
+    ),
+    "tfopt.export.fidelity": (
+        "GateResult",
+        "SelectiveResult",
+        "Thresholds",
+        "check",
+        "rank_layers",
+        "selective_search",
+    ),
+    "tfopt.export.runner": (
+        "BenchSettings",
+        "ExportSettings",
+        "benchmark_file",
+        "evaluate_file",
+        "run",
+    ),
+    "tfopt.export.tflite": (
+        "ConversionError",
+        "ConvertOptions",
+        "Converted",
+        "calibration_batches",
+        "convert",
+        "is_qat_model",
+        "make_converter",
+        "strip_strings",
+        "weight_sparsity",
+    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -30,6 +30,7 @@ machine it runs on:
 6. The fastest candidate that passes the gate is chosen; when none passes, the one with the best
    agreement (and the export reports the failed gate).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -86,9 +87,15 @@ class OpTiming:
 
     def to_dict(self) -> dict:
         """JSON-friendly dict, with the medians and the decision."""
-        return {**asdict(self), "float_ms": self.float_ms, "int8_ms": self.int8_ms,
-                "int8_speedup": (self.float_ms / self.int8_ms if self.float_ms and self.int8_ms else None),
-                "slower_in_int8": self.slower}
+        return {
+            **asdict(self),
+            "float_ms": self.float_ms,
+            "int8_ms": self.int8_ms,
+            "int8_speedup": (
+                self.float_ms / self.int8_ms if self.float_ms and self.int8_ms else None
+            ),
+            "slower_in_int8": self.slower,
+        }
 
 
 @dataclass
@@ -108,8 +115,14 @@ class Candidate:
 
     def to_dict(self) -> dict:
         """JSON-friendly dict."""
-        return {"float_nodes": self.float_nodes, "size_bytes": self.size_bytes, "p50_ms": self.p50_ms,
-                "p50_rounds": self.p50_rounds, "result": self.result.to_dict(), "gate": self.gate.to_dict()}
+        return {
+            "float_nodes": self.float_nodes,
+            "size_bytes": self.size_bytes,
+            "p50_ms": self.p50_ms,
+            "p50_rounds": self.p50_rounds,
+            "result": self.result.to_dict(),
+            "gate": self.gate.to_dict(),
+        }
 
 
 @dataclass
@@ -134,9 +147,15 @@ class AutoResult:
 
     def to_dict(self) -> dict:
         """JSON-friendly dict (without the model bytes)."""
-        return {"threads": self.threads, "ops": [t.to_dict() for t in self.ops], "slow": self.slow,
-                "candidates": [c.to_dict() for c in self.candidates], "chosen": self.chosen,
-                "float_nodes": self.candidates[self.chosen].float_nodes, "passed": self.passed}
+        return {
+            "threads": self.threads,
+            "ops": [t.to_dict() for t in self.ops],
+            "slow": self.slow,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "chosen": self.chosen,
+            "float_nodes": self.candidates[self.chosen].float_nodes,
+            "passed": self.passed,
+        }
 
 
 def slow_ops(timings: Sequence[OpTiming]) -> list[OpTiming]:
@@ -154,29 +173,38 @@ def candidate_sets(timings: Sequence[OpTiming], max_candidates: int = 5) -> list
         ConfigError: ``max_candidates`` < 2 (plain int8 and the slow set are the least to compare).
     """
     if max_candidates < 2:
-        raise ConfigError(f"max candidates={max_candidates} must be >= 2 (plain int8 and the slow set) "
-                          "(--auto-candidates)")
+        raise ConfigError(
+            f"max candidates={max_candidates} must be >= 2 (plain int8 and the slow set) "
+            "(--auto-candidates)"
+        )
     ranked = sorted(slow_ops(timings), key=lambda t: -(t.loss_ms or 0.0))
     sets = [[t.node for t in ranked[:k]] for k in range(len(ranked) + 1)]
     if len(sets) > max_candidates:
-        sets = sets[:max_candidates - 1] + [sets[-1]]
+        sets = sets[: max_candidates - 1] + [sets[-1]]
     return sets
 
 
 # -- the models' ops --------------------------------------------------------------------------------
 
+
 def model_ops(content: bytes) -> list[tuple[str, str]]:
     """``(op name, first output tensor name)`` of every op of subgraph 0, in execution order."""
     Interpreter, OpResolverType = _interpreter_class()
     with native_stderr.filtered():
-        interpreter = Interpreter(model_content=content,
-                                  experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        interpreter = Interpreter(
+            model_content=content,
+            experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+        )
     names = {t["index"]: t["name"] for t in interpreter.get_tensor_details()}
-    return [(op["op_name"], names.get(int(op["outputs"][0]), "") if len(op["outputs"]) else "")
-            for op in interpreter_ops_details(interpreter)]
+    return [
+        (op["op_name"], names.get(int(op["outputs"][0]), "") if len(op["outputs"]) else "")
+        for op in interpreter_ops_details(interpreter)
+    ]
 
 
-def pair_ops(float_ops: Sequence[tuple[str, str]], int8_ops: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
+def pair_ops(
+    float_ops: Sequence[tuple[str, str]], int8_ops: Sequence[tuple[str, str]]
+) -> list[tuple[int, int]]:
     """Pairs every op of the float model with its int8 counterpart: ``[(float index, int8 index)]``.
 
     Raises:
@@ -188,7 +216,8 @@ def pair_ops(float_ops: Sequence[tuple[str, str]], int8_ops: Sequence[tuple[str,
         raise tflite.ConversionError(
             "int8_auto cannot pair the ops of the float32 and int8 models (float: "
             f"{', '.join(float_ops[i][0] for i in f)}; int8: {', '.join(int8_ops[i][0] for i in q)}); "
-            "export --modes int8 (with --float-layers to keep layers in float) instead")
+            "export --modes int8 (with --float-layers to keep layers in float) instead"
+        )
     return list(zip(f, q))
 
 
@@ -227,8 +256,11 @@ class _OpRunner:
     def __init__(self, content: bytes, threads: int, seed: int = 0):
         Interpreter, OpResolverType = _interpreter_class()
         with native_stderr.filtered():
-            self.interpreter = Interpreter(model_content=content, num_threads=threads,
-                                           experimental_op_resolver_type=OpResolverType.AUTO)
+            self.interpreter = Interpreter(
+                model_content=content,
+                num_threads=threads,
+                experimental_op_resolver_type=OpResolverType.AUTO,
+            )
             self.interpreter.allocate_tensors()
         rng = np.random.default_rng(seed)
         for detail in self.interpreter.get_input_details():
@@ -240,7 +272,9 @@ class _OpRunner:
                 info = np.iinfo(dtype)
                 value = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
             else:
-                raise ValueError(f"input of type {dtype} (only float and quantized inputs are timed alone)")
+                raise ValueError(
+                    f"input of type {dtype} (only float and quantized inputs are timed alone)"
+                )
             self.interpreter.set_tensor(detail["index"], value)
         self.interpreter.invoke()  # first run: XNNPACK packs the weights
 
@@ -248,8 +282,15 @@ class _OpRunner:
         return time_calls(self.interpreter.invoke, warmup=warmup, runs=runs)["p50_ms"]
 
 
-def time_ops(float_content: bytes, int8_content: bytes, *, threads: int = 1, rounds: int = 3, runs: int = 100,
-             warmup: int = 10) -> list[OpTiming]:
+def time_ops(
+    float_content: bytes,
+    int8_content: bytes,
+    *,
+    threads: int = 1,
+    rounds: int = 3,
+    runs: int = 100,
+    warmup: int = 10,
+) -> list[OpTiming]:
     """Times every op of the float model and its int8 counterpart alone (see the module docstring).
 
     Args:
@@ -271,10 +312,20 @@ def time_ops(float_content: bytes, int8_content: bytes, *, threads: int = 1, rou
         timing = OpTiming(index=fi, op=float_ops[fi][0], node=float_ops[fi][1])
         timings.append(timing)
         try:
-            runners.append((timing, _OpRunner(single_op_model(float_content, fi), threads),
-                            _OpRunner(single_op_model(int8_content, qi), threads)))
-        except (ValueError, RuntimeError) as e:  # what the interpreter raises for a model it refuses
-            timing.error = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            runners.append(
+                (
+                    timing,
+                    _OpRunner(single_op_model(float_content, fi), threads),
+                    _OpRunner(single_op_model(int8_content, qi), threads),
+                )
+            )
+        except (
+            ValueError,
+            RuntimeError,
+        ) as e:  # what the interpreter raises for a model it refuses
+            timing.error = (
+                str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            )
     for _ in range(rounds):
         for timing, f, q in runners:
             timing.float_rounds.append(f.p50_ms(runs, warmup))
@@ -284,10 +335,21 @@ def time_ops(float_content: bytes, int8_content: bytes, *, threads: int = 1, rou
 
 # -- the search ------------------------------------------------------------------------------------
 
-def search(model, calibration: Sequence[np.ndarray], evaluate_fn: Callable[[bytes], EvalResult],
-           thresholds: fidelity.Thresholds, *, io_type: str = "float", threads: int = 1, rounds: int = 3,
-           runs: int = 100, warmup: int = 10, max_candidates: int = 5,
-           progress: Callable[[str], None] | None = None) -> AutoResult:
+
+def search(
+    model,
+    calibration: Sequence[np.ndarray],
+    evaluate_fn: Callable[[bytes], EvalResult],
+    thresholds: fidelity.Thresholds,
+    *,
+    io_type: str = "float",
+    threads: int = 1,
+    rounds: int = 3,
+    runs: int = 100,
+    warmup: int = 10,
+    max_candidates: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> AutoResult:
     """Int8 with the ops whose int8 kernel is slower kept in float: the fastest such model that passes the gate.
 
     Args:
@@ -313,35 +375,58 @@ def search(model, calibration: Sequence[np.ndarray], evaluate_fn: Callable[[byte
         tflite.ConversionError: the converter failed, or the float and int8 ops do not pair.
     """
     say = progress or (lambda _msg: None)
-    for name, value, low in (("rounds", rounds, 1), ("runs", runs, 1), ("threads", threads, 1),
-                             ("warmup", warmup, 0)):
+    for name, value, low in (
+        ("rounds", rounds, 1),
+        ("runs", runs, 1),
+        ("threads", threads, 1),
+        ("warmup", warmup, 0),
+    ):
         if value < low:
             raise ConfigError(f"int8_auto {name}={value} must be >= {low}")
     if max_candidates < 2:
         candidate_sets([], max_candidates)  # raises the one-line error
     debugger = fidelity.quantization_debugger(model, calibration, list(calibration)[:1])
     nodes = {r.tensor_name for r in fidelity.rank_layers(debugger)}
-    float_content = tflite.convert(model, "float32", options=tflite.ConvertOptions(sparsity="off")).content
+    float_content = tflite.convert(
+        model, "float32", options=tflite.ConvertOptions(sparsity="off")
+    ).content
     int8_content = fidelity.requantize(debugger, [])
-    say(f"int8_auto: timing every op alone in float32 and int8 ({threads} thread(s), {rounds} rounds)")
-    timings = time_ops(float_content, int8_content, threads=threads, rounds=rounds, runs=runs, warmup=warmup)
+    say(
+        f"int8_auto: timing every op alone in float32 and int8 ({threads} thread(s), {rounds} rounds)"
+    )
+    timings = time_ops(
+        float_content, int8_content, threads=threads, rounds=rounds, runs=runs, warmup=warmup
+    )
     for t in timings:
         t.denylistable = t.node in nodes
     sets = candidate_sets(timings, max_candidates)
-    say(f"int8_auto: int8 slower for {', '.join(t.node for t in slow_ops(timings)) or 'no op'}; "
-        f"timing {len(sets)} candidate(s) end to end")
+    say(
+        f"int8_auto: int8 slower for {', '.join(t.node for t in slow_ops(timings)) or 'no op'}; "
+        f"timing {len(sets)} candidate(s) end to end"
+    )
     contents = [fidelity.requantize(debugger, s, io_type) for s in sets]
     p50s: list[list[float]] = [[] for _ in sets]
     for r in range(rounds):
         order = list(range(len(sets)))
-        order = order[r % len(order):] + order[:r % len(order)]  # rotate: no candidate always goes first
+        order = (
+            order[r % len(order) :] + order[: r % len(order)]
+        )  # rotate: no candidate always goes first
         for i in order:
-            p50s[i].append(bench.latency(contents[i], threads=threads, warmup=warmup, runs=runs)["p50_ms"])
+            p50s[i].append(
+                bench.latency(contents[i], threads=threads, warmup=warmup, runs=runs)["p50_ms"]
+            )
     candidates = []
     for s, content, rounds_ms in zip(sets, contents, p50s):
         result = evaluate_fn(content)
-        candidates.append(Candidate(list(s), len(content), rounds_ms, result, fidelity.check(result, thresholds)))
+        candidates.append(
+            Candidate(list(s), len(content), rounds_ms, result, fidelity.check(result, thresholds))
+        )
     passing = [i for i, c in enumerate(candidates) if c.gate.passed]
-    chosen = (min(passing, key=lambda i: candidates[i].p50_ms) if passing
-              else max(range(len(candidates)), key=lambda i: candidates[i].result.agreement or 0.0))
-    return AutoResult(threads=threads, ops=timings, candidates=candidates, chosen=chosen, content=contents[chosen])
+    chosen = (
+        min(passing, key=lambda i: candidates[i].p50_ms)
+        if passing
+        else max(range(len(candidates)), key=lambda i: candidates[i].result.agreement or 0.0)
+    )
+    return AutoResult(
+        threads=threads, ops=timings, candidates=candidates, chosen=chosen, content=contents[chosen]
+    )

@@ -9,6 +9,7 @@ because that decides whether int8 is faster than float on a CPU. ``litert_benchm
 batch 1) in a child process per thread count (:mod:`tfopt.export.keras_latency`): the float
 baseline every .tflite is compared with.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -30,7 +31,10 @@ GZIP_LEVEL = 9
 
 def file_sizes(content: bytes) -> dict:
     """Raw and gzip (level 9) size in bytes: what the device stores and what a download costs."""
-    return {"size_bytes": len(content), "gzip_bytes": len(gzip.compress(content, GZIP_LEVEL, mtime=0))}
+    return {
+        "size_bytes": len(content),
+        "gzip_bytes": len(gzip.compress(content, GZIP_LEVEL, mtime=0)),
+    }
 
 
 def kernel_report(model: TFLiteModel) -> dict:
@@ -57,8 +61,13 @@ def kernel_report(model: TFLiteModel) -> dict:
             delegated.add(op["index"])
             stack.extend(int(i) for i in op["inputs"] if int(i) >= 0)
     cpu_ops = [op["op_name"] for op in originals if op["index"] not in delegated]
-    return {"xnnpack": model.xnnpack, "delegate_partitions": len(delegates), "delegated_ops": len(delegated),
-            "total_ops": len(originals), "builtin_kernel_ops": sorted(set(cpu_ops))}
+    return {
+        "xnnpack": model.xnnpack,
+        "delegate_partitions": len(delegates),
+        "delegated_ops": len(delegated),
+        "total_ops": len(originals),
+        "builtin_kernel_ops": sorted(set(cpu_ops)),
+    }
 
 
 def _example_input(model: TFLiteModel, seed: int = 0) -> np.ndarray:
@@ -67,8 +76,9 @@ def _example_input(model: TFLiteModel, seed: int = 0) -> np.ndarray:
     return model.quantize_input(x)
 
 
-def latency(model: str | bytes, *, threads: int = 1, warmup: int = 20, runs: int = 200,
-            xnnpack: bool = True) -> dict:
+def latency(
+    model: str | bytes, *, threads: int = 1, warmup: int = 20, runs: int = 200, xnnpack: bool = True
+) -> dict:
     """Batch-1 latency of one .tflite with the LiteRT interpreter.
 
     Args:
@@ -90,36 +100,63 @@ def latency(model: str | bytes, *, threads: int = 1, warmup: int = 20, runs: int
     m = TFLiteModel(model, num_threads=threads, xnnpack=xnnpack)
     q = _example_input(m)
     m.invoke_raw(q)  # sets the input and sizes the tensors; later calls only invoke
-    return {**time_calls(m.interpreter.invoke, warmup=warmup, runs=runs), "threads": threads,
-            "kernels": kernel_report(m)}
+    return {
+        **time_calls(m.interpreter.invoke, warmup=warmup, runs=runs),
+        "threads": threads,
+        "kernels": kernel_report(m),
+    }
 
 
-def litert_benchmark(path: str, *, threads: int = 1, runs: int = 200, warmup: int = 20,
-                     timeout: float = 120.0) -> dict | None:
+def litert_benchmark(
+    path: str, *, threads: int = 1, runs: int = 200, warmup: int = 20, timeout: float = 120.0
+) -> dict | None:
     """Runs the ``litert-benchmark`` command and returns its JSON latency figures.
 
     Returns None when the command is not installed or fails (it is a cross-check, not required).
     """
     exe = shutil.which("litert-benchmark")
     if exe is None:
-        venv_exe = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "litert-benchmark")
+        venv_exe = os.path.join(
+            os.path.dirname(os.path.abspath(sys.executable)), "litert-benchmark"
+        )
         exe = venv_exe if os.path.exists(venv_exe) else None
     if exe is None:
         return None
     with tempfile.TemporaryDirectory(prefix="tfopt-litert-") as tmp:
         out = os.path.join(tmp, "result.json")
         try:
-            proc = subprocess.run([exe, "--model", path, "--num_threads", str(threads), "--num_runs", str(runs),
-                                   "--warmup_runs", str(warmup), "--result_json", out],
-                                  capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                [
+                    exe,
+                    "--model",
+                    path,
+                    "--num_threads",
+                    str(threads),
+                    "--num_runs",
+                    str(runs),
+                    "--warmup_runs",
+                    str(warmup),
+                    "--result_json",
+                    out,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         if proc.returncode != 0 or not os.path.exists(out):
             return None
         with open(out, encoding="utf-8") as f:
             latency_ms = json.load(f).get("latency", {})
-    return {"p50_ms": latency_ms.get("median_ms"), "p95_ms": latency_ms.get("p95_ms"),
-            "mean_ms": latency_ms.get("avg_ms"), "runs": runs, "threads": threads, "tool": "litert-benchmark"}
+    return {
+        "p50_ms": latency_ms.get("median_ms"),
+        "p95_ms": latency_ms.get("p95_ms"),
+        "mean_ms": latency_ms.get("avg_ms"),
+        "runs": runs,
+        "threads": threads,
+        "tool": "litert-benchmark",
+    }
 
 
 def keras_cost(model) -> dict:
@@ -134,19 +171,24 @@ def keras_cost(model) -> dict:
     flops = None
     try:
         fn = tf.function(lambda x: model(x, training=False)).get_concrete_function(
-            tf.TensorSpec(shape, tf.float32))
+            tf.TensorSpec(shape, tf.float32)
+        )
         frozen = convert_variables_to_constants_v2(fn)
         builder = tf.compat.v1.profiler.ProfileOptionBuilder
         opts = builder(builder.float_operation()).with_empty_output().build()
         previous = tf.get_logger().level
         tf.get_logger().setLevel("ERROR")  # the v1 profiler warns about its own deprecation
         try:
-            info = tf.compat.v1.profiler.profile(graph=frozen.graph, run_meta=tf.compat.v1.RunMetadata(),
-                                                 cmd="op", options=opts)
+            info = tf.compat.v1.profiler.profile(
+                graph=frozen.graph, run_meta=tf.compat.v1.RunMetadata(), cmd="op", options=opts
+            )
         finally:
             tf.get_logger().setLevel(previous)
         flops = int(info.total_float_ops)
-    except (ValueError, tf.errors.OpError):  # a model that cannot be traced/frozen at batch 1: params only
+    except (
+        ValueError,
+        tf.errors.OpError,
+    ):  # a model that cannot be traced/frozen at batch 1: params only
         flops = None
     return {"params": int(model.count_params()), "flops": flops}
 
@@ -172,14 +214,23 @@ class KerasLatency:
     other. Use it as a context manager: children never told to time are stopped.
     """
 
-    def __init__(self, path: str, *, threads: tuple[int, ...] = (1, 2), warmup: int = 20, runs: int = 200,
-                 trust_model: bool = False):
+    def __init__(
+        self,
+        path: str,
+        *,
+        threads: tuple[int, ...] = (1, 2),
+        warmup: int = 20,
+        runs: int = 200,
+        trust_model: bool = False,
+    ):
         from tfopt.export.keras_latency import Timer
 
         self._timers: dict[str, Timer] = {}
         try:
             for t in threads:
-                self._timers[f"{t}t"] = Timer(path, threads=t, runs=runs, warmup=warmup, trust_model=trust_model)
+                self._timers[f"{t}t"] = Timer(
+                    path, threads=t, runs=runs, warmup=warmup, trust_model=trust_model
+                )
         except BaseException:
             self.close()
             raise
@@ -205,8 +256,14 @@ class KerasLatency:
             timer.close()
 
 
-def keras_latency(path: str, *, threads: tuple[int, ...] = (1, 2), warmup: int = 20, runs: int = 200,
-                  trust_model: bool = False) -> dict:
+def keras_latency(
+    path: str,
+    *,
+    threads: tuple[int, ...] = (1, 2),
+    warmup: int = 20,
+    runs: int = 200,
+    trust_model: bool = False,
+) -> dict:
     """Batch-1 latency of the Keras model in ``path`` per TensorFlow intra-op thread count.
 
     Each count is measured in its own child process (thread pools are fixed when TensorFlow
@@ -219,6 +276,7 @@ def keras_latency(path: str, *, threads: tuple[int, ...] = (1, 2), warmup: int =
         ConfigError: bad ``threads``, ``runs`` or ``warmup``.
         ModelError: a child failed.
     """
-    with KerasLatency(path, threads=threads, warmup=warmup, runs=runs, trust_model=trust_model) as timers:
+    with KerasLatency(
+        path, threads=threads, warmup=warmup, runs=runs, trust_model=trust_model
+    ) as timers:
         return timers.result()
-

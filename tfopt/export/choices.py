@@ -4,6 +4,7 @@
 converter is set up for it, so adding a mode is one entry here (plus, if it needs one, a new
 converter setting in :func:`tfopt.export.tflite.make_converter`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,16 +41,35 @@ class PtqMode:
     latency_aware: bool = False
 
 
-MODES: Registry[PtqMode] = Registry("mode", (
-    PtqMode("float32", "no quantization", optimize=False),
-    PtqMode("dynamic", "int8 weights, float activations (dynamic range)"),
-    PtqMode("float16", "float16 weights", supported_types=("float16",)),
-    PtqMode("int8", "full-integer: int8 weights and activations, calibrated", calibration=True, ops="int8",
-            io_types=("float", "int8", "uint8")),
-    PtqMode("int8_auto", "int8, with the ops whose int8 kernel is slower (measured with LiteRT) kept in float",
-            calibration=True, ops="int8", io_types=("float", "int8", "uint8"), latency_aware=True),
-    PtqMode("int16x8", "int16 activations, int8 weights, calibrated", calibration=True, ops="int16x8"),
-))
+MODES: Registry[PtqMode] = Registry(
+    "mode",
+    (
+        PtqMode("float32", "no quantization", optimize=False),
+        PtqMode("dynamic", "int8 weights, float activations (dynamic range)"),
+        PtqMode("float16", "float16 weights", supported_types=("float16",)),
+        PtqMode(
+            "int8",
+            "full-integer: int8 weights and activations, calibrated",
+            calibration=True,
+            ops="int8",
+            io_types=("float", "int8", "uint8"),
+        ),
+        PtqMode(
+            "int8_auto",
+            "int8, with the ops whose int8 kernel is slower (measured with LiteRT) kept in float",
+            calibration=True,
+            ops="int8",
+            io_types=("float", "int8", "uint8"),
+            latency_aware=True,
+        ),
+        PtqMode(
+            "int16x8",
+            "int16 activations, int8 weights, calibrated",
+            calibration=True,
+            ops="int16x8",
+        ),
+    ),
+)
 IO_TYPES = ("float", "int8", "uint8")
 SPARSITY_CHOICES = ("auto", "on", "off")
 KERNELS = ("xnnpack", "builtin", "both")
@@ -90,7 +110,9 @@ def parse_threads(text: str | Sequence[int]) -> list[int]:
         try:
             n = int(str(item).strip())
         except ValueError:
-            raise ConfigError(f"thread count {item!r} is not an integer; give e.g. --threads 1,2") from None
+            raise ConfigError(
+                f"thread count {item!r} is not an integer; give e.g. --threads 1,2"
+            ) from None
         if n < 1:
             raise ConfigError(f"thread count {n} must be >= 1; give e.g. --threads 1,2")
         if n not in out:

@@ -9,6 +9,7 @@
 Exit codes: 0 done; 1 a converted model failed the fidelity gate (the run directory with every
 model and its run.json is still written); 2 a user error (one line on stderr).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,61 +23,150 @@ PROG = "tfopt.export"
 
 
 def _parser() -> cli.ArgumentParser:
-    p = cli.ArgumentParser(prog="python -m tfopt.export", description=__doc__.splitlines()[0],
-                           epilog="exit codes: 0 done, 1 fidelity gate failed, 2 user error")
+    p = cli.ArgumentParser(
+        prog="python -m tfopt.export",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 done, 1 fidelity gate failed, 2 user error",
+    )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--from", dest="source", metavar="RUN|MODEL",
-                      help="run directory to export (run.json + model.keras), or a model file (.keras, .h5, "
-                      "a SavedModel directory) with the data flags below")
-    what.add_argument("--evaluate", metavar="TFLITE", help="score a .tflite on a dataset's test split")
+    what.add_argument(
+        "--from",
+        dest="source",
+        metavar="RUN|MODEL",
+        help="run directory to export (run.json + model.keras), or a model file (.keras, .h5, "
+        "a SavedModel directory) with the data flags below",
+    )
+    what.add_argument(
+        "--evaluate", metavar="TFLITE", help="score a .tflite on a dataset's test split"
+    )
     what.add_argument("--benchmark", metavar="TFLITE", help="measure a .tflite's latency and size")
     g = p.add_argument_group("conversion (--from)")
-    g.add_argument("--modes", default=",".join(choices.MODES), help=f"comma-separated: {choices.MODES.help()}")
-    g.add_argument("--io", default="float", help=f"int8 model input/output type: {', '.join(choices.IO_TYPES)}")
-    g.add_argument("--calibration-steps", type=int, default=25,
-                   help="representative batches drawn from the run's training pipeline (default 25)")
-    g.add_argument("--float-layers", default="", metavar="LAYER,...",
-                   help="also write an int8 model with these Keras layers kept in float (e.g. conv0)")
-    g.add_argument("--allow-select-tf-ops", action="store_true",
-                   help="let ops without a builtin kernel run as TF Select (Flex) ops")
-    g.add_argument("--sparsity", default="auto", help="sparse weight encoding: auto (when >= 50%% zeros and "
-                   "smaller), on, off")
-    g.add_argument("--strip-strings", action="store_true",
-                   help="strip tensor names and other strings the runtime does not need (smaller files)")
-    g.add_argument("--auto-candidates", type=int, default=5,
-                   help="int8_auto: mixed models timed and gated end to end (default 5, >= 2)")
+    g.add_argument(
+        "--modes", default=",".join(choices.MODES), help=f"comma-separated: {choices.MODES.help()}"
+    )
+    g.add_argument(
+        "--io", default="float", help=f"int8 model input/output type: {', '.join(choices.IO_TYPES)}"
+    )
+    g.add_argument(
+        "--calibration-steps",
+        type=int,
+        default=25,
+        help="representative batches drawn from the run's training pipeline (default 25)",
+    )
+    g.add_argument(
+        "--float-layers",
+        default="",
+        metavar="LAYER,...",
+        help="also write an int8 model with these Keras layers kept in float (e.g. conv0)",
+    )
+    g.add_argument(
+        "--allow-select-tf-ops",
+        action="store_true",
+        help="let ops without a builtin kernel run as TF Select (Flex) ops",
+    )
+    g.add_argument(
+        "--sparsity",
+        default="auto",
+        help="sparse weight encoding: auto (when >= 50%% zeros and smaller), on, off",
+    )
+    g.add_argument(
+        "--strip-strings",
+        action="store_true",
+        help="strip tensor names and other strings the runtime does not need (smaller files)",
+    )
+    g.add_argument(
+        "--auto-candidates",
+        type=int,
+        default=5,
+        help="int8_auto: mixed models timed and gated end to end (default 5, >= 2)",
+    )
     g = p.add_argument_group("fidelity gate (--from)")
-    g.add_argument("--min-agreement", type=float, default=0.99, help="top-1 agreement with Keras (default 0.99)")
-    g.add_argument("--max-accuracy-drop", type=float, default=0.5, help="accuracy points it may lose (default 0.5)")
-    g.add_argument("--no-selective", action="store_true", help="do not retry a failing int8 with float layers")
-    g.add_argument("--max-float-layers", type=int, default=4, help="selective search bound (default 4)")
-    g.add_argument("--search-limit", type=int, default=2000, help="validation examples for the search")
+    g.add_argument(
+        "--min-agreement",
+        type=float,
+        default=0.99,
+        help="top-1 agreement with Keras (default 0.99)",
+    )
+    g.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=0.5,
+        help="accuracy points it may lose (default 0.5)",
+    )
+    g.add_argument(
+        "--no-selective", action="store_true", help="do not retry a failing int8 with float layers"
+    )
+    g.add_argument(
+        "--max-float-layers", type=int, default=4, help="selective search bound (default 4)"
+    )
+    g.add_argument(
+        "--search-limit", type=int, default=2000, help="validation examples for the search"
+    )
     g = p.add_argument_group("evaluation")
-    g.add_argument("--eval-limit", type=int, default=0, help="score only the first N test examples (0 = all)")
-    g.add_argument("--dataset", default="mnist", help="--evaluate, or --from a model file: mnist, fashion_mnist, "
-                   "digits, folder:PATH, tfds:NAME, ... (a run directory brings its own)")
+    g.add_argument(
+        "--eval-limit", type=int, default=0, help="score only the first N test examples (0 = all)"
+    )
+    g.add_argument(
+        "--dataset",
+        default="mnist",
+        help="--evaluate, or --from a model file: mnist, fashion_mnist, "
+        "digits, folder:PATH, tfds:NAME, ... (a run directory brings its own)",
+    )
     g.add_argument("--data-dir", help="--evaluate, or --from a model file: dataset cache directory")
-    g.add_argument("--image-size", metavar="HxW", help="--evaluate, or --from a model file: resize images to HxW")
-    g.add_argument("--channels", type=int, choices=(1, 3), help="--evaluate, or --from a model file: 1 or 3 channels")
-    g.add_argument("--normalize", metavar="MEAN/STD", help="--evaluate, or --from a model file: the model's input "
-                   "scaling on [0, 1] pixels, e.g. 0.5/0.5 for [-1, 1] (see docs/your_model.md)")
+    g.add_argument(
+        "--image-size",
+        metavar="HxW",
+        help="--evaluate, or --from a model file: resize images to HxW",
+    )
+    g.add_argument(
+        "--channels",
+        type=int,
+        choices=(1, 3),
+        help="--evaluate, or --from a model file: 1 or 3 channels",
+    )
+    g.add_argument(
+        "--normalize",
+        metavar="MEAN/STD",
+        help="--evaluate, or --from a model file: the model's input "
+        "scaling on [0, 1] pixels, e.g. 0.5/0.5 for [-1, 1] (see docs/your_model.md)",
+    )
     g.add_argument("--split", default="test", help="--evaluate: test or validation")
-    g.add_argument("--keras", metavar="MODEL", help="--evaluate/--benchmark: Keras model to compare with / cost")
+    g.add_argument(
+        "--keras",
+        metavar="MODEL",
+        help="--evaluate/--benchmark: Keras model to compare with / cost",
+    )
     g = p.add_argument_group("latency")
     g.add_argument("--threads", default="1,2", help="interpreter thread counts (default 1,2)")
     g.add_argument("--runs", type=int, default=200, help="timed runs per setting (default 200)")
     g.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
-    g.add_argument("--kernels", default="xnnpack", help=f"{', '.join(choices.KERNELS)}: XNNPACK delegate "
-                   "(LiteRT's default) and/or builtin kernels only")
-    g.add_argument("--litert-benchmark", action="store_true", help="also run the litert-benchmark command")
-    g.add_argument("--no-keras-latency", action="store_true",
-                   help="--from: do not time the Keras model (its float baseline; one process per thread count)")
-    p.add_argument("--output", "-o", help="new run directory (default <RUN>-export, then -2, ...; --evaluate/--benchmark: "
-                   "where to write their JSON, default none)")
+    g.add_argument(
+        "--kernels",
+        default="xnnpack",
+        help=f"{', '.join(choices.KERNELS)}: XNNPACK delegate "
+        "(LiteRT's default) and/or builtin kernels only",
+    )
+    g.add_argument(
+        "--litert-benchmark", action="store_true", help="also run the litert-benchmark command"
+    )
+    g.add_argument(
+        "--no-keras-latency",
+        action="store_true",
+        help="--from: do not time the Keras model (its float baseline; one process per thread count)",
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        help="new run directory (default <RUN>-export, then -2, ...; --evaluate/--benchmark: "
+        "where to write their JSON, default none)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a finished run at -o")
     p.add_argument("--no-plot", action="store_true", help="skip export.png")
-    p.add_argument("--trust-model", action="store_true",
-                   help="load models that can run code (Lambda layers, tfmot wrappers); only for files you trust")
+    p.add_argument(
+        "--trust-model",
+        action="store_true",
+        help="load models that can run code (Lambda layers, tfmot wrappers); only for files you trust",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -85,26 +175,37 @@ def _check_args(args) -> None:
     """Every flag validated before TensorFlow is imported, so mistakes fail in a blink."""
     modes = choices.parse_modes(args.modes)
     if args.float_layers.strip() and "int8" not in modes:
-        raise ConfigError(f"--float-layers {args.float_layers!r} applies to int8; add int8 to --modes")
+        raise ConfigError(
+            f"--float-layers {args.float_layers!r} applies to int8; add int8 to --modes"
+        )
     choices.check_choice("io", args.io, choices.IO_TYPES, "--io")
     choices.check_choice("sparsity", args.sparsity, choices.SPARSITY_CHOICES, "--sparsity")
     choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
     choices.check_choice("split", args.split, ("test", "validation"), "--split")
     choices.parse_threads(args.threads)
     _data_config(args)
-    for flag, value, low in (("--calibration-steps", args.calibration_steps, 1), ("--runs", args.runs, 1),
-                             ("--warmup", args.warmup, 0), ("--eval-limit", args.eval_limit, 0),
-                             ("--max-float-layers", args.max_float_layers, 1), ("--search-limit", args.search_limit, 0),
-                             ("--auto-candidates", args.auto_candidates, 2)):
+    for flag, value, low in (
+        ("--calibration-steps", args.calibration_steps, 1),
+        ("--runs", args.runs, 1),
+        ("--warmup", args.warmup, 0),
+        ("--eval-limit", args.eval_limit, 0),
+        ("--max-float-layers", args.max_float_layers, 1),
+        ("--search-limit", args.search_limit, 0),
+        ("--auto-candidates", args.auto_candidates, 2),
+    ):
         if value < low:
             raise ConfigError(f"{flag} {value} must be >= {low}")
     if args.source is not None and not os.path.exists(args.source):
-        raise ConfigError(f"{args.source!r} does not exist; give the -o directory of a training run or a model file")
+        raise ConfigError(
+            f"{args.source!r} does not exist; give the -o directory of a training run or a model file"
+        )
     for flag, path in (("--evaluate", args.evaluate), ("--benchmark", args.benchmark)):
         if path is not None and not os.path.isfile(path):
             raise ModelError(f"{flag} {path!r}: no such file; give the path of a .tflite file")
     if args.keras is not None and not os.path.exists(args.keras):
-        raise ModelError(f"--keras {args.keras!r} does not exist; give a .keras file or a run directory")
+        raise ModelError(
+            f"--keras {args.keras!r} does not exist; give a .keras file or a run directory"
+        )
 
 
 def _data_config(args):
@@ -112,8 +213,12 @@ def _data_config(args):
     from tfopt import config as config_lib
 
     data = {"dataset": args.dataset}
-    for flag, key in (("data_dir", "data_dir"), ("image_size", "image_size"), ("channels", "channels"),
-                      ("normalize", "normalize")):
+    for flag, key in (
+        ("data_dir", "data_dir"),
+        ("image_size", "image_size"),
+        ("channels", "channels"),
+        ("normalize", "normalize"),
+    ):
         if getattr(args, flag) is not None:
             data[key] = getattr(args, flag)
     return config_lib.from_dict({"data": data}).data
@@ -153,22 +258,45 @@ def _work(args) -> int:
     if not is_chief(parse_tf_config(os.environ.get("TF_CONFIG"))):
         print(f"{PROG}: not the chief task; the chief exports", file=sys.stderr)
         return 0
-    bench = runner.BenchSettings(threads=tuple(choices.parse_threads(args.threads)), runs=args.runs,
-                                 warmup=args.warmup, kernels=args.kernels, litert_benchmark=args.litert_benchmark,
-                                 keras=not args.no_keras_latency)
+    bench = runner.BenchSettings(
+        threads=tuple(choices.parse_threads(args.threads)),
+        runs=args.runs,
+        warmup=args.warmup,
+        kernels=args.kernels,
+        litert_benchmark=args.litert_benchmark,
+        keras=not args.no_keras_latency,
+    )
     if args.source is not None:
         settings = runner.ExportSettings(
             modes=tuple(choices.parse_modes(args.modes)),
-            options=ConvertOptions(io=args.io, allow_select_tf_ops=args.allow_select_tf_ops, sparsity=args.sparsity,
-                                   strip_strings=args.strip_strings),
+            options=ConvertOptions(
+                io=args.io,
+                allow_select_tf_ops=args.allow_select_tf_ops,
+                sparsity=args.sparsity,
+                strip_strings=args.strip_strings,
+            ),
             calibration_steps=args.calibration_steps,
-            thresholds=Thresholds(min_agreement=args.min_agreement, max_accuracy_drop_pt=args.max_accuracy_drop),
-            selective=not args.no_selective, max_float_layers=args.max_float_layers,
-            float_layers=tuple(n.strip() for n in args.float_layers.split(",") if n.strip()), eval_limit=args.eval_limit,
-            search_limit=args.search_limit, bench=bench, plot=not args.no_plot, trust_model=args.trust_model,
-            auto_candidates=args.auto_candidates)
-        record = runner.run(args.source, settings, out_dir=args.output, overwrite=args.overwrite,
-                            progress=_say(args.quiet), data=_data_config(args))
+            thresholds=Thresholds(
+                min_agreement=args.min_agreement, max_accuracy_drop_pt=args.max_accuracy_drop
+            ),
+            selective=not args.no_selective,
+            max_float_layers=args.max_float_layers,
+            float_layers=tuple(n.strip() for n in args.float_layers.split(",") if n.strip()),
+            eval_limit=args.eval_limit,
+            search_limit=args.search_limit,
+            bench=bench,
+            plot=not args.no_plot,
+            trust_model=args.trust_model,
+            auto_candidates=args.auto_candidates,
+        )
+        record = runner.run(
+            args.source,
+            settings,
+            out_dir=args.output,
+            overwrite=args.overwrite,
+            progress=_say(args.quiet),
+            data=_data_config(args),
+        )
         export = record.section
         print(export["table"])
         for note in export["notes"]:
@@ -176,24 +304,39 @@ def _work(args) -> int:
         print(f"{PROG}: wrote {os.path.join(export['output'], 'run.json')}")
         failures = export["gate_failures"]
         if failures:
-            print(f"{PROG}: fidelity gate failed: " + ", ".join(f"{m} ({why})" for m, why in failures.items()),
-                  file=sys.stderr)
+            print(
+                f"{PROG}: fidelity gate failed: "
+                + ", ".join(f"{m} ({why})" for m, why in failures.items()),
+                file=sys.stderr,
+            )
             return 1
         return 0
     if args.evaluate is not None:
-        row = runner.evaluate_file(args.evaluate, _data_config(args), limit=args.eval_limit, split=args.split,
-                                   keras_path=args.keras, trust_model=args.trust_model)
+        row = runner.evaluate_file(
+            args.evaluate,
+            _data_config(args),
+            limit=args.eval_limit,
+            split=args.split,
+            keras_path=args.keras,
+            trust_model=args.trust_model,
+        )
         print(summary.export_table([row]))
         if args.output:
             write_json(os.path.join(args.output, "evaluate.json"), row)
         return 0
-    row = runner.benchmark_file(args.benchmark, bench, keras_path=args.keras, trust_model=args.trust_model)
+    row = runner.benchmark_file(
+        args.benchmark, bench, keras_path=args.keras, trust_model=args.trust_model
+    )
     print(summary.export_table([row]))
     for key, k in row["kernels"].items():
-        print(f"kernels {key}: {k['delegated_ops']}/{k['total_ops']} ops in {k['delegate_partitions']} XNNPACK "
-              f"partition(s); builtin kernels: {', '.join(k['builtin_kernel_ops']) or 'none'}")
+        print(
+            f"kernels {key}: {k['delegated_ops']}/{k['total_ops']} ops in {k['delegate_partitions']} XNNPACK "
+            f"partition(s); builtin kernels: {', '.join(k['builtin_kernel_ops']) or 'none'}"
+        )
     if "keras" in row:
-        print(f"keras model: {row['keras']['params']} params, {row['keras']['flops']} FLOPs per example")
+        print(
+            f"keras model: {row['keras']['params']} params, {row['keras']['flops']} FLOPs per example"
+        )
     if args.output:
         write_json(os.path.join(args.output, "benchmark.json"), row)
     return 0

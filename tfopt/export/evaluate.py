@@ -6,6 +6,7 @@ inputs the interpreter would silently accept (NaN/Inf values, a wrong shape, a n
 dtype). ``evaluate`` reports accuracy, top-1 agreement with the Keras model and the largest
 absolute difference between the two models' outputs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,7 +37,9 @@ def read_tflite(path: str) -> bytes:
     with open(path, "rb") as f:
         content = f.read()
     if len(content) < 8 or content[4:8] != b"TFL3":
-        raise ModelError(f"{path!r} is not a TFLite model (no TFL3 identifier); give a .tflite file")
+        raise ModelError(
+            f"{path!r} is not a TFLite model (no TFL3 identifier); give a .tflite file"
+        )
     return content
 
 
@@ -61,25 +64,39 @@ class TFLiteModel:
         self.num_threads = num_threads
         self.xnnpack = xnnpack
         Interpreter, OpResolverType = _interpreter_class()
-        resolver = OpResolverType.AUTO if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        resolver = (
+            OpResolverType.AUTO if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        )
         try:
             with native_stderr.filtered():  # LiteRT announces its XNNPACK delegate on fd 2
-                self.interpreter = Interpreter(model_content=content, num_threads=num_threads,
-                                               experimental_op_resolver_type=resolver)
+                self.interpreter = Interpreter(
+                    model_content=content,
+                    num_threads=num_threads,
+                    experimental_op_resolver_type=resolver,
+                )
                 self.interpreter.allocate_tensors()
         except (ValueError, RuntimeError) as e:
             text = str(e).strip()
             flex = sorted(set(re.findall(r"\((Flex\w+)\)", text)))
             if flex or "Select TensorFlow op" in text:
-                raise ModelError(f"{self.name} holds Select TF (Flex) ops ({', '.join(flex) or '?'}) and this "
-                                 "LiteRT interpreter has no Flex delegate; re-export without "
-                                 "--allow-select-tf-ops after replacing those layers") from None
+                raise ModelError(
+                    f"{self.name} holds Select TF (Flex) ops ({', '.join(flex) or '?'}) and this "
+                    "LiteRT interpreter has no Flex delegate; re-export without "
+                    "--allow-select-tf-ops after replacing those layers"
+                ) from None
             first = text.splitlines()[0][:200] if text else type(e).__name__
-            raise ModelError(f"the LiteRT interpreter cannot load {self.name}: {first}; re-export it") from None
-        inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
+            raise ModelError(
+                f"the LiteRT interpreter cannot load {self.name}: {first}; re-export it"
+            ) from None
+        inputs, outputs = (
+            self.interpreter.get_input_details(),
+            self.interpreter.get_output_details(),
+        )
         if len(inputs) != 1 or len(outputs) != 1:
-            raise ModelError(f"{self.name} has {len(inputs)} inputs and {len(outputs)} outputs; "
-                             "tfopt evaluates single-input, single-output classifiers")
+            raise ModelError(
+                f"{self.name} has {len(inputs)} inputs and {len(outputs)} outputs; "
+                "tfopt evaluates single-input, single-output classifiers"
+            )
         self.input, self.output = inputs[0], outputs[0]
         self._batch = int(self.input["shape"][0])
 
@@ -105,8 +122,10 @@ class TFLiteModel:
             return None
         scale, zero_point = detail["quantization"]
         if scale == 0:
-            raise ModelError(f"{self.name}: the {which} tensor is {np.dtype(detail['dtype'])} but has no "
-                             "quantization scale; re-export the model")
+            raise ModelError(
+                f"{self.name}: the {which} tensor is {np.dtype(detail['dtype'])} but has no "
+                "quantization scale; re-export the model"
+            )
         return float(scale), int(zero_point)
 
     def check_input(self, x) -> np.ndarray:
@@ -119,27 +138,45 @@ class TFLiteModel:
         expected = "(" + ", ".join("N" if d < 0 else str(d) for d in sig) + ")"
         try:
             arr = np.asarray(x)
-        except (ValueError, TypeError):  # ragged lists and other objects numpy cannot hold as one array
-            raise DataError(f"input of type {type(x).__name__} is not an array; give a float array "
-                            f"of shape {expected}") from None
-        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)) \
-                or arr.dtype == np.bool_:
-            raise DataError(f"input dtype {arr.dtype} is not numeric; give float32 values of shape {expected} "
-                            "(images scaled as in training)")
-        if arr.ndim != len(sig) or any(d >= 0 and d != s for d, s in zip(sig[1:], arr.shape[1:])) \
-                or (sig[0] >= 0 and arr.shape[0] != sig[0] and sig[0] != 1):
-            raise DataError(f"input shape {tuple(arr.shape)} does not match the model's input {expected}; "
-                            "reshape the data (e.g. add the channel axis)")
+        except (
+            ValueError,
+            TypeError,
+        ):  # ragged lists and other objects numpy cannot hold as one array
+            raise DataError(
+                f"input of type {type(x).__name__} is not an array; give a float array "
+                f"of shape {expected}"
+            ) from None
+        if (
+            not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer))
+            or arr.dtype == np.bool_
+        ):
+            raise DataError(
+                f"input dtype {arr.dtype} is not numeric; give float32 values of shape {expected} "
+                "(images scaled as in training)"
+            )
+        if (
+            arr.ndim != len(sig)
+            or any(d >= 0 and d != s for d, s in zip(sig[1:], arr.shape[1:]))
+            or (sig[0] >= 0 and arr.shape[0] != sig[0] and sig[0] != 1)
+        ):
+            raise DataError(
+                f"input shape {tuple(arr.shape)} does not match the model's input {expected}; "
+                "reshape the data (e.g. add the channel axis)"
+            )
         arr = arr.astype(np.float32, copy=False)
         finite = np.isfinite(arr)
         if not finite.all():
             bad = int(arr.size - np.count_nonzero(finite))
             first = tuple(int(i) for i in np.argwhere(~finite)[0])
-            raise DataError(f"input has {bad} NaN/Inf value(s) (first at index {first}); the interpreter "
-                            "would return plausible numbers for them: clean or drop those examples")
+            raise DataError(
+                f"input has {bad} NaN/Inf value(s) (first at index {first}); the interpreter "
+                "would return plausible numbers for them: clean or drop those examples"
+            )
         return arr
 
-    def quantize_input(self, x: np.ndarray, scale: float | None = None, zero_point: int | None = None) -> np.ndarray:
+    def quantize_input(
+        self, x: np.ndarray, scale: float | None = None, zero_point: int | None = None
+    ) -> np.ndarray:
         """Maps float values to the input tensor's type: ``round(x / scale + zero_point)``, clipped.
 
         ``scale`` / ``zero_point`` default to the tensor's own; passing others exists so that a
@@ -164,7 +201,9 @@ class TFLiteModel:
 
     def _resize(self, n: int) -> None:
         if n != self._batch:
-            self.interpreter.resize_tensor_input(self.input["index"], [n, *self.input_signature[1:]])
+            self.interpreter.resize_tensor_input(
+                self.input["index"], [n, *self.input_signature[1:]]
+            )
             self.interpreter.allocate_tensors()
             self.input = self.interpreter.get_input_details()[0]
             self.output = self.interpreter.get_output_details()[0]
@@ -177,8 +216,14 @@ class TFLiteModel:
         self.interpreter.invoke()
         return self.interpreter.get_tensor(self.output["index"])
 
-    def predict(self, x, *, batch_size: int = 256, input_scale: float | None = None,
-                input_zero_point: int | None = None) -> np.ndarray:
+    def predict(
+        self,
+        x,
+        *,
+        batch_size: int = 256,
+        input_scale: float | None = None,
+        input_zero_point: int | None = None,
+    ) -> np.ndarray:
         """Float outputs (dequantized) for a float input batch of any length.
 
         Raises:
@@ -189,15 +234,16 @@ class TFLiteModel:
             batch_size = self.input_signature[0]
         outs = []
         for start in range(0, arr.shape[0], batch_size):
-            q = self.quantize_input(arr[start:start + batch_size], input_scale, input_zero_point)
+            q = self.quantize_input(arr[start : start + batch_size], input_scale, input_zero_point)
             outs.append(self.dequantize_output(self.invoke_raw(q)))
         if not outs:
             raise DataError("input batch is empty; give at least one example")
         return np.concatenate(outs)
 
 
-def load_split(data_cfg: DataConfig, split: str = "test", limit: int = 0,
-               info: DatasetInfo | None = None) -> tuple[np.ndarray, np.ndarray]:
+def load_split(
+    data_cfg: DataConfig, split: str = "test", limit: int = 0, info: DatasetInfo | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Reads a held-out split into memory as ``(images float32, labels int64)``.
 
     Args:
@@ -215,7 +261,9 @@ def load_split(data_cfg: DataConfig, split: str = "test", limit: int = 0,
         if limit and n >= limit:
             break
     if not xs:
-        raise DataError(f"the {split!r} split of {data_cfg.dataset!r} is empty; nothing to evaluate on")
+        raise DataError(
+            f"the {split!r} split of {data_cfg.dataset!r} is empty; nothing to evaluate on"
+        )
     x, y = np.concatenate(xs), np.concatenate(ys)
     return (x[:limit], y[:limit]) if limit else (x, y)
 
@@ -237,9 +285,16 @@ class EvalResult:
         return dataclasses.asdict(self)
 
 
-def evaluate(model: TFLiteModel, x: np.ndarray, y: np.ndarray, reference: np.ndarray | None = None, *,
-             batch_size: int = 256, input_scale: float | None = None,
-             input_zero_point: int | None = None) -> EvalResult:
+def evaluate(
+    model: TFLiteModel,
+    x: np.ndarray,
+    y: np.ndarray,
+    reference: np.ndarray | None = None,
+    *,
+    batch_size: int = 256,
+    input_scale: float | None = None,
+    input_zero_point: int | None = None,
+) -> EvalResult:
     """Scores ``model`` on ``(x, y)``, and against the Keras outputs ``reference`` when given.
 
     Args:
@@ -256,17 +311,25 @@ def evaluate(model: TFLiteModel, x: np.ndarray, y: np.ndarray, reference: np.nda
     """
     y = np.asarray(y)
     if y.shape[0] != np.shape(x)[0]:
-        raise DataError(f"{np.shape(x)[0]} inputs but {y.shape[0]} labels; give one label per example")
+        raise DataError(
+            f"{np.shape(x)[0]} inputs but {y.shape[0]} labels; give one label per example"
+        )
     started = time.perf_counter()
-    out = model.predict(x, batch_size=batch_size, input_scale=input_scale, input_zero_point=input_zero_point)
+    out = model.predict(
+        x, batch_size=batch_size, input_scale=input_scale, input_zero_point=input_zero_point
+    )
     seconds = time.perf_counter() - started
     pred = out.argmax(axis=-1)
-    result = EvalResult(examples=int(y.shape[0]), accuracy=float(np.mean(pred == y)), seconds=round(seconds, 3))
+    result = EvalResult(
+        examples=int(y.shape[0]), accuracy=float(np.mean(pred == y)), seconds=round(seconds, 3)
+    )
     if reference is not None:
         reference = np.asarray(reference, dtype=np.float32)
         if reference.shape != out.shape:
-            raise DataError(f"reference outputs have shape {reference.shape}, the model gives {out.shape}; "
-                            "compare models with the same outputs")
+            raise DataError(
+                f"reference outputs have shape {reference.shape}, the model gives {out.shape}; "
+                "compare models with the same outputs"
+            )
         ref_pred = reference.argmax(axis=-1)
         result.keras_accuracy = float(np.mean(ref_pred == y))
         result.accuracy_delta_pt = round(100.0 * (result.accuracy - result.keras_accuracy), 4)
@@ -277,7 +340,8 @@ def evaluate(model: TFLiteModel, x: np.ndarray, y: np.ndarray, reference: np.nda
 
 def keras_outputs(model, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
     """The Keras model's outputs for ``x`` (inference mode), as float32."""
-    outs = [np.asarray(model(x[i:i + batch_size], training=False), dtype=np.float32)
-            for i in range(0, len(x), batch_size)]
+    outs = [
+        np.asarray(model(x[i : i + batch_size], training=False), dtype=np.float32)
+        for i in range(0, len(x), batch_size)
+    ]
     return np.concatenate(outs)
-

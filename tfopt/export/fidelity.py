@@ -8,6 +8,7 @@ error in units of their quantization step (RMSE / scale: about 0.29 for a well-b
 and re-quantizes with the worst 1, 2, ... layers left in float (``denylisted_nodes``) until the
 gate passes, recording size and fidelity of every step of the way.
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,10 +36,14 @@ class Thresholds:
 
     def __post_init__(self):
         if not 0.0 <= self.min_agreement <= 1.0:
-            raise ConfigError(f"min agreement {self.min_agreement} must be in [0, 1] (--min-agreement 0.99)")
+            raise ConfigError(
+                f"min agreement {self.min_agreement} must be in [0, 1] (--min-agreement 0.99)"
+            )
         if not (self.max_accuracy_drop_pt >= 0 and math.isfinite(self.max_accuracy_drop_pt)):
-            raise ConfigError(f"max accuracy drop {self.max_accuracy_drop_pt} must be >= 0 points "
-                              "(--max-accuracy-drop 0.5)")
+            raise ConfigError(
+                f"max accuracy drop {self.max_accuracy_drop_pt} must be >= 0 points "
+                "(--max-accuracy-drop 0.5)"
+            )
 
 
 @dataclass
@@ -56,12 +61,16 @@ class GateResult:
 def check(result: EvalResult, thresholds: Thresholds) -> GateResult:
     """Applies the gate to one evaluation (which must include the Keras comparison)."""
     if result.agreement is None or result.accuracy_delta_pt is None:
-        raise ConfigError("the fidelity gate needs the Keras model's outputs; evaluate with a reference")
+        raise ConfigError(
+            "the fidelity gate needs the Keras model's outputs; evaluate with a reference"
+        )
     reasons = []
     if result.agreement < thresholds.min_agreement:
         reasons.append(f"agreement {result.agreement:.4f} < {thresholds.min_agreement}")
     if -result.accuracy_delta_pt > thresholds.max_accuracy_drop_pt:
-        reasons.append(f"accuracy drop {-result.accuracy_delta_pt:.2f} pt > {thresholds.max_accuracy_drop_pt} pt")
+        reasons.append(
+            f"accuracy drop {-result.accuracy_delta_pt:.2f} pt > {thresholds.max_accuracy_drop_pt} pt"
+        )
     return GateResult(passed=not reasons, reasons=reasons)
 
 
@@ -87,8 +96,12 @@ class Trial:
 
     def to_dict(self) -> dict:
         """JSON-friendly dict."""
-        return {"float_layers": self.float_layers, "size_bytes": self.size_bytes,
-                "result": self.result.to_dict(), "gate": self.gate.to_dict()}
+        return {
+            "float_layers": self.float_layers,
+            "size_bytes": self.size_bytes,
+            "result": self.result.to_dict(),
+            "gate": self.gate.to_dict(),
+        }
 
 
 @dataclass
@@ -107,12 +120,17 @@ class SelectiveResult:
 
     def to_dict(self) -> dict:
         """JSON-friendly dict (without the model bytes)."""
-        return {"ranking": [asdict(r) for r in self.ranking], "trials": [t.to_dict() for t in self.trials],
-                "chosen": self.chosen, "passed": self.passed}
+        return {
+            "ranking": [asdict(r) for r in self.ranking],
+            "trials": [t.to_dict() for t in self.trials],
+            "chosen": self.chosen,
+            "passed": self.passed,
+        }
 
 
-def quantization_debugger(model: "keras.Model", calibration: Sequence[np.ndarray],
-                          debug_batches: Sequence[np.ndarray]):
+def quantization_debugger(
+    model: "keras.Model", calibration: Sequence[np.ndarray], debug_batches: Sequence[np.ndarray]
+):
     """A ``tf.lite.experimental.QuantizationDebugger`` for the int8 conversion of ``model``.
 
     Args:
@@ -120,11 +138,16 @@ def quantization_debugger(model: "keras.Model", calibration: Sequence[np.ndarray
         calibration: Representative batches (the int8 calibration).
         debug_batches: Batches the debugger runs through to collect per-layer error statistics.
     """
-    converter = make_converter(model, "int8", calibration=calibration, options=ConvertOptions(io="float"))
+    converter = make_converter(
+        model, "int8", calibration=calibration, options=ConvertOptions(io="float")
+    )
     with warnings.catch_warnings(), native_stderr.quiet():
-        warnings.simplefilter("ignore")  # the debugger drives the deprecated tf.lite interpreter internally
-        return tf.lite.experimental.QuantizationDebugger(converter=converter,
-                                                         debug_dataset=representative_fn(debug_batches))
+        warnings.simplefilter(
+            "ignore"
+        )  # the debugger drives the deprecated tf.lite interpreter internally
+        return tf.lite.experimental.QuantizationDebugger(
+            converter=converter, debug_dataset=representative_fn(debug_batches)
+        )
 
 
 def rank_layers(debugger) -> list[LayerError]:
@@ -148,7 +171,9 @@ def requantize(debugger, float_nodes: Sequence[str], io_type: str = "float") -> 
     """The int8 model with ``float_nodes`` (debugger tensor names) left in float."""
     with warnings.catch_warnings(), native_stderr.quiet():
         warnings.simplefilter("ignore")
-        debugger.options = tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=list(float_nodes))
+        debugger.options = tf.lite.experimental.QuantizationDebugOptions(
+            denylisted_nodes=list(float_nodes)
+        )
         return modify_io(bytes(debugger.get_nondebug_quantized_model()), io_type)
 
 
@@ -171,18 +196,33 @@ def nodes_for_layers(ranking: Sequence[LayerError], layers: Sequence[str]) -> li
     """
     nodes: list[str] = []
     for layer in layers:
-        found = [r.tensor_name for r in ranking
-                 if any(len(seg := part.split("/")) >= 3 and seg[1] == layer for part in r.tensor_name.split(";"))]
+        found = [
+            r.tensor_name
+            for r in ranking
+            if any(
+                len(seg := part.split("/")) >= 3 and seg[1] == layer
+                for part in r.tensor_name.split(";")
+            )
+        ]
         if not found:
-            raise ConfigError(f"layer {layer!r} is not a quantized layer of this model; choose from "
-                              f"{', '.join(layer_names(ranking))} (--float-layers)")
+            raise ConfigError(
+                f"layer {layer!r} is not a quantized layer of this model; choose from "
+                f"{', '.join(layer_names(ranking))} (--float-layers)"
+            )
         nodes.extend(n for n in found if n not in nodes)
     return nodes
 
 
-def selective_search(model: "keras.Model", calibration: Sequence[np.ndarray],
-                     evaluate_fn: Callable[[bytes], EvalResult], thresholds: Thresholds, *, io_type: str = "float",
-                     max_float_layers: int = 4, debug_steps: int = 8) -> SelectiveResult:
+def selective_search(
+    model: "keras.Model",
+    calibration: Sequence[np.ndarray],
+    evaluate_fn: Callable[[bytes], EvalResult],
+    thresholds: Thresholds,
+    *,
+    io_type: str = "float",
+    max_float_layers: int = 4,
+    debug_steps: int = 8,
+) -> SelectiveResult:
     """Keeps the worst-quantized layers in float until int8 passes the gate.
 
     Args:
@@ -204,7 +244,7 @@ def selective_search(model: "keras.Model", calibration: Sequence[np.ndarray],
     """
     if max_float_layers < 1:
         raise ConfigError(f"max float layers={max_float_layers} must be >= 1 (--max-float-layers)")
-    debugger = quantization_debugger(model, calibration, list(calibration)[:max(1, debug_steps)])
+    debugger = quantization_debugger(model, calibration, list(calibration)[: max(1, debug_steps)])
     ranking = rank_layers(debugger)
     trials: list[Trial] = []
     contents: list[bytes] = []
@@ -219,6 +259,9 @@ def selective_search(model: "keras.Model", calibration: Sequence[np.ndarray],
     if not trials:
         raise ConfigError("the quantization debugger found no quantized layer to leave in float")
     passing = [i for i, t in enumerate(trials) if t.gate.passed]
-    chosen = passing[0] if passing else max(range(len(trials)), key=lambda i: trials[i].result.agreement or 0.0)
+    chosen = (
+        passing[0]
+        if passing
+        else max(range(len(trials)), key=lambda i: trials[i].result.agreement or 0.0)
+    )
     return SelectiveResult(ranking=ranking, trials=trials, chosen=chosen, content=contents[chosen])
-

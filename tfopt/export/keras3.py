@@ -7,6 +7,7 @@ mode on unless the file is trusted), and that SavedModel is wrapped as a one-lay
 whose call is the SavedModel's ``serve`` function. The export stage then converts, evaluates and
 times it like any model: the TFLite flatbuffer is the Keras 3 model's graph.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,13 +32,19 @@ def to_saved_model(path: str, out_dir: str, *, trust_model: bool = False) -> str
         ModelError: Keras 3 cannot load or export it (the first line of its error, and the fix).
     """
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([sys.executable, "-c", _EXPORT, path, out_dir, "trust" if trust_model else "safe"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXPORT, path, out_dir, "trust" if trust_model else "safe"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         reason = lines[-1] if lines else f"exit code {proc.returncode}"
-        raise ModelError(f"Keras 3 could not export {path} as a SavedModel ({reason[:300]}); "
-                         "pass --trust-model for custom objects and Lambda layers you trust")
+        raise ModelError(
+            f"Keras 3 could not export {path} as a SavedModel ({reason[:300]}); "
+            "pass --trust-model for custom objects and Lambda layers you trust"
+        )
     return out_dir
 
 
@@ -61,9 +68,13 @@ def as_tf_keras(directory: str, name: str) -> "keras.Model":
     """
     loaded = tf.saved_model.load(directory)
     serve = getattr(loaded, "serve", None)
-    specs = serve.input_signature if serve is not None and hasattr(serve, "input_signature") else None
+    specs = (
+        serve.input_signature if serve is not None and hasattr(serve, "input_signature") else None
+    )
     if not specs or len(specs) != 1 or specs[0].shape.rank != 4:
-        raise ModelError(f"the SavedModel of {name} has no serve(images) function of one [N, H, W, C] input; "
-                         "export an image classifier with one input")
+        raise ModelError(
+            f"the SavedModel of {name} has no serve(images) function of one [N, H, W, C] input; "
+            "export an image classifier with one input"
+        )
     inputs = keras.Input(shape=specs[0].shape[1:], dtype=specs[0].dtype, name="image")
     return keras.Model(inputs, ServingLayer(directory, name="keras3_model")(inputs), name=name)

@@ -20,6 +20,7 @@ caller's own timings are over, so that nothing else runs while either measures. 
 has timed its model stays, idle, for the next Timer of the same process at the same thread
 count (a pipeline's later export stages skip TensorFlow's start); it stops with the process.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -73,10 +74,12 @@ def _time(fn, x, *, runs: int, warmup: int) -> dict:
     from tfopt._keras import tf
     from tfopt.timing import time_calls
 
-    return {**time_calls(lambda: fn(x), warmup=warmup, runs=runs),
-            "threads": int(tf.config.threading.get_intra_op_parallelism_threads()),
-            "inter_op_threads": int(tf.config.threading.get_inter_op_parallelism_threads()),
-            "tensorflow": tf.__version__}
+    return {
+        **time_calls(lambda: fn(x), warmup=warmup, runs=runs),
+        "threads": int(tf.config.threading.get_intra_op_parallelism_threads()),
+        "inter_op_threads": int(tf.config.threading.get_inter_op_parallelism_threads()),
+        "tensorflow": tf.__version__,
+    }
 
 
 def _serve(threads: int) -> int:
@@ -89,10 +92,16 @@ def _serve(threads: int) -> int:
         if "load" in request:
             fn = x = None
             keras.backend.clear_session()  # the previous model's graphs go
-            fn, x = _prepare(_load(request["load"], threads=threads, trust_model=request.get("trust_model", False)))
+            fn, x = _prepare(
+                _load(
+                    request["load"], threads=threads, trust_model=request.get("trust_model", False)
+                )
+            )
             print(json.dumps({"loaded": request["load"]}), flush=True)
         else:
-            print(json.dumps(_time(fn, x, runs=request["runs"], warmup=request["warmup"])), flush=True)
+            print(
+                json.dumps(_time(fn, x, runs=request["runs"], warmup=request["warmup"])), flush=True
+            )
     return 0  # stdin closed: the parent is done (or gone)
 
 
@@ -113,11 +122,27 @@ class _Child:
         env = dict(os.environ, TF_NUM_INTRAOP_THREADS=str(threads), TF_NUM_INTEROP_THREADS="1")
         # The child must import this tfopt, wherever the parent found it (a source checkout included).
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill and stall the child
-        self.proc = subprocess.Popen([sys.executable, "-m", "tfopt.export.keras_latency", "--serve", "--threads",
-                                      str(threads)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, bufsize=0)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH", "")) if p
+        )
+        self._stderr = tempfile.TemporaryFile(
+            mode="w+"
+        )  # a pipe nobody reads could fill and stall the child
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tfopt.export.keras_latency",
+                "--serve",
+                "--threads",
+                str(threads),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            bufsize=0,
+        )
         self._buffer = b""
 
     def alive(self) -> bool:
@@ -140,7 +165,9 @@ class _Child:
                 line, self._buffer = self._buffer.split(b"\n", 1)
                 if line.startswith(b"{"):
                     return json.loads(line)
-            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            ready, _, _ = select.select(
+                [self.proc.stdout], [], [], max(0.0, deadline - time.monotonic())
+            )
             if not ready:
                 return None
             chunk = os.read(self.proc.stdout.fileno(), 65536)
@@ -193,10 +220,24 @@ class Timer:
         ModelError: the child failed or timed out (from :meth:`ready` and :meth:`result`).
     """
 
-    def __init__(self, path: str, *, threads: int = 1, runs: int = 200, warmup: int = 20, trust_model: bool = False,
-                 timeout: float = _TIMEOUT_S):
+    def __init__(
+        self,
+        path: str,
+        *,
+        threads: int = 1,
+        runs: int = 200,
+        warmup: int = 20,
+        trust_model: bool = False,
+        timeout: float = _TIMEOUT_S,
+    ):
         _check(threads, runs, warmup)
-        self.path, self.threads, self.runs, self.warmup, self.timeout = path, threads, runs, warmup, timeout
+        self.path, self.threads, self.runs, self.warmup, self.timeout = (
+            path,
+            threads,
+            runs,
+            warmup,
+            timeout,
+        )
         self._child: _Child | None = _child_for(threads, {"load": path, "trust_model": trust_model})
         self._ready = False
 
@@ -244,17 +285,28 @@ class Timer:
             return message
         if message is None:
             self.close()
-            raise ModelError(f"{what} the Keras model {self.path} took over {self.timeout:.0f} s; lower --runs")
+            raise ModelError(
+                f"{what} the Keras model {self.path} took over {self.timeout:.0f} s; lower --runs"
+            )
         if self._child.alive():  # it answered something else: stop it
             self._child.proc.kill()
         self._child.proc.wait()  # its stderr is complete
         tail = self._child.last_error(f"exit code {self._child.proc.returncode}")
         self.close()
-        raise ModelError(f"timing the Keras model {self.path} at {self.threads} thread(s) failed: {tail}")
+        raise ModelError(
+            f"timing the Keras model {self.path} at {self.threads} thread(s) failed: {tail}"
+        )
 
 
-def measure(path: str, *, threads: int = 1, runs: int = 200, warmup: int = 20, trust_model: bool = False,
-            timeout: float = _TIMEOUT_S) -> dict:
+def measure(
+    path: str,
+    *,
+    threads: int = 1,
+    runs: int = 200,
+    warmup: int = 20,
+    trust_model: bool = False,
+    timeout: float = _TIMEOUT_S,
+) -> dict:
     """Times a Keras model at batch 1 in a fresh process with ``threads`` intra-op threads.
 
     Args:
@@ -273,29 +325,45 @@ def measure(path: str, *, threads: int = 1, runs: int = 200, warmup: int = 20, t
         ConfigError: ``threads``/``runs`` < 1 or ``warmup`` < 0.
         ModelError: the child failed (its last stderr line is quoted) or timed out.
     """
-    with Timer(path, threads=threads, runs=runs, warmup=warmup, trust_model=trust_model, timeout=timeout) as timer:
+    with Timer(
+        path, threads=threads, runs=runs, warmup=warmup, trust_model=trust_model, timeout=timeout
+    ) as timer:
         return timer.result()
 
 
 def _check(threads: int, runs: int, warmup: int) -> None:
     if threads < 1 or runs < 1 or warmup < 0:
-        raise ConfigError(f"threads={threads} and runs={runs} must be >= 1 and warmup={warmup} >= 0 "
-                          "(--threads, --runs, --warmup)")
+        raise ConfigError(
+            f"threads={threads} and runs={runs} must be >= 1 and warmup={warmup} >= 0 "
+            "(--threads, --runs, --warmup)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m tfopt.export.keras_latency``: prints one JSON line; returns the exit code."""
     from tfopt import cli
 
-    p = cli.ArgumentParser(prog="python -m tfopt.export.keras_latency",
-                           description="Batch-1 latency of a Keras model at a fixed TensorFlow thread count.")
+    p = cli.ArgumentParser(
+        prog="python -m tfopt.export.keras_latency",
+        description="Batch-1 latency of a Keras model at a fixed TensorFlow thread count.",
+    )
     p.add_argument("model", nargs="?", help="a .keras file")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     p.add_argument("--runs", type=int, default=200, help="timed calls (default 200)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed calls after tracing (default 20)")
-    p.add_argument("--trust-model", action="store_true", help="load a model file that can run code (only if trusted)")
-    p.add_argument("--serve", action="store_true", help="read JSON requests on stdin instead ({\"load\": PATH} "
-                   "loads and traces a model, {\"runs\": N, \"warmup\": W} times it): how Timer runs it")
+    p.add_argument(
+        "--warmup", type=int, default=20, help="untimed calls after tracing (default 20)"
+    )
+    p.add_argument(
+        "--trust-model",
+        action="store_true",
+        help="load a model file that can run code (only if trusted)",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help='read JSON requests on stdin instead ({"load": PATH} '
+        'loads and traces a model, {"runs": N, "warmup": W} times it): how Timer runs it',
+    )
     args = p.parse_args(argv)
 
     def body() -> int:
@@ -319,4 +387,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

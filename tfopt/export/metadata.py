@@ -12,6 +12,7 @@ Read them back with :func:`read` or with the standard library::
 
     zipfile.ZipFile("model_int8.tflite").read("labels.txt").decode().splitlines()
 """
+
 from __future__ import annotations
 
 import io
@@ -43,7 +44,9 @@ def pack(content: bytes, files: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in sorted(files.items()):
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # same content, same bytes
+            info = zipfile.ZipInfo(
+                name, date_time=(1980, 1, 1, 0, 0, 0)
+            )  # same content, same bytes
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, data)
     packed = buf.getvalue()
@@ -76,14 +79,16 @@ def _shift_offsets(archive: bytes, shift: int) -> bytes:
     """Re-writes a zip's central directory so that every offset is ``shift`` bytes further on."""
     out = bytearray(archive)
     end = out.rfind(b"PK\x05\x06")
-    entries = int.from_bytes(out[end + 10:end + 12], "little")
-    directory = int.from_bytes(out[end + 16:end + 20], "little")
-    out[end + 16:end + 20] = (directory + shift).to_bytes(4, "little")
+    entries = int.from_bytes(out[end + 10 : end + 12], "little")
+    directory = int.from_bytes(out[end + 16 : end + 20], "little")
+    out[end + 16 : end + 20] = (directory + shift).to_bytes(4, "little")
     pos = directory
     for _ in range(entries):
-        assert out[pos:pos + 4] == b"PK\x01\x02", "not a central directory entry"
-        local = int.from_bytes(out[pos + 42:pos + 46], "little")
-        out[pos + 42:pos + 46] = (local + shift).to_bytes(4, "little")
-        name, extra, comment = (int.from_bytes(out[pos + k:pos + k + 2], "little") for k in (28, 30, 32))
+        assert out[pos : pos + 4] == b"PK\x01\x02", "not a central directory entry"
+        local = int.from_bytes(out[pos + 42 : pos + 46], "little")
+        out[pos + 42 : pos + 46] = (local + shift).to_bytes(4, "little")
+        name, extra, comment = (
+            int.from_bytes(out[pos + k : pos + k + 2], "little") for k in (28, 30, 32)
+        )
         pos += 46 + name + extra + comment
     return bytes(out)

@@ -8,6 +8,7 @@ setting. ``int8_auto`` is searched, not converted (:mod:`tfopt.export.auto`: per
 candidates timed end to end and gated on the validation split); its row carries the timings and
 the decision. Then ``export.json``, ``export.md`` (the table) and ``export.png`` go next to the models.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,14 @@ from tfopt.data.sources import input_contract, prepare
 from tfopt.export import benchmark as bench
 from tfopt.export import auto, fidelity, keras3, metadata, summary, tflite
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
-from tfopt.export.evaluate import EvalResult, TFLiteModel, evaluate, keras_outputs, load_split, read_tflite
+from tfopt.export.evaluate import (
+    EvalResult,
+    TFLiteModel,
+    evaluate,
+    keras_outputs,
+    load_split,
+    read_tflite,
+)
 from tfopt.fileio import write_bytes, write_json, write_text
 from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.optimize.common import strip_wrappers
@@ -44,7 +52,9 @@ class BenchSettings:
     warmup: int = 20
     kernels: str = "xnnpack"  # xnnpack (LiteRT's default) | builtin (no delegate) | both
     litert_benchmark: bool = False  # also run the `litert-benchmark` command
-    keras: bool = True  # also time the Keras model (float baseline), one child process per thread count
+    keras: bool = (
+        True  # also time the Keras model (float baseline), one child process per thread count
+    )
 
     def __post_init__(self):
         check_choice("kernels", self.kernels, KERNELS, "--kernels")
@@ -54,7 +64,9 @@ class BenchSettings:
     def settings(self) -> list[tuple[str, bool, int]]:
         """``(key, xnnpack, threads)`` for every measurement, e.g. ``("xnnpack/1t", True, 1)``."""
         kinds = {"xnnpack": [True], "builtin": [False], "both": [True, False]}[self.kernels]
-        return [(f"{'xnnpack' if x else 'builtin'}/{t}t", x, t) for x in kinds for t in self.threads]
+        return [
+            (f"{'xnnpack' if x else 'builtin'}/{t}t", x, t) for x in kinds for t in self.threads
+        ]
 
 
 @dataclass(frozen=True)
@@ -89,28 +101,56 @@ def load_source_model(path: str, trust_model: bool = False) -> "keras.Model":
 def _latency(content: bytes, settings: BenchSettings, path: str) -> dict:
     out = {}
     for key, xnnpack, threads in settings.settings():
-        out[key] = bench.latency(content, threads=threads, warmup=settings.warmup, runs=settings.runs,
-                                 xnnpack=xnnpack)
+        out[key] = bench.latency(
+            content, threads=threads, warmup=settings.warmup, runs=settings.runs, xnnpack=xnnpack
+        )
     if settings.litert_benchmark:
         for t in settings.threads:
-            res = bench.litert_benchmark(path, threads=t, runs=settings.runs, warmup=settings.warmup)
+            res = bench.litert_benchmark(
+                path, threads=t, runs=settings.runs, warmup=settings.warmup
+            )
             if res is not None:
                 out[f"litert-benchmark/{t}t"] = res
     return out
 
 
-def _row(mode: str, converted_io: str, file: str, content: bytes, result: EvalResult,
-         gate: fidelity.GateResult | None, latency: dict, **extra) -> dict:
-    kernels = next((v["kernels"] for v in latency.values() if "kernels" in v and v["kernels"]["xnnpack"]), None)
-    return {"mode": mode, "io": converted_io, "file": file, **bench.file_sizes(content), "eval": result.to_dict(),
-            "gate": gate.to_dict() if gate else None,
-            "latency": {k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()},
-            "kernels": kernels, **extra}
+def _row(
+    mode: str,
+    converted_io: str,
+    file: str,
+    content: bytes,
+    result: EvalResult,
+    gate: fidelity.GateResult | None,
+    latency: dict,
+    **extra,
+) -> dict:
+    kernels = next(
+        (v["kernels"] for v in latency.values() if "kernels" in v and v["kernels"]["xnnpack"]), None
+    )
+    return {
+        "mode": mode,
+        "io": converted_io,
+        "file": file,
+        **bench.file_sizes(content),
+        "eval": result.to_dict(),
+        "gate": gate.to_dict() if gate else None,
+        "latency": {
+            k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()
+        },
+        "kernels": kernels,
+        **extra,
+    }
 
 
-def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str | None = None, *,
-        overwrite: bool = False, progress: Callable[[str], None] | None = None,
-        data: DataConfig | None = None) -> RunRecord:
+def run(
+    run_dir: str,
+    settings: ExportSettings = ExportSettings(),
+    out_dir: str | None = None,
+    *,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+    data: DataConfig | None = None,
+) -> RunRecord:
     """Exports one run (or model file) to .tflite in every requested mode, measures each and commits a new run directory.
 
     Args:
@@ -136,37 +176,69 @@ def run(run_dir: str, settings: ExportSettings = ExportSettings(), out_dir: str 
     pick = (lambda: fresh_dir(run.stem.rstrip(os.sep) + "-export")) if not out_dir else None
     out = os.path.abspath(out_dir or pick())
     if out == run.source:
-        raise ConfigError(f"-o {out!r} is the input run; a stage writes a NEW run directory: give another -o")
+        raise ConfigError(
+            f"-o {out!r} is the input run; a stage writes a NEW run directory: give another -o"
+        )
     options = {"source": run.source, "source_digest": run.digest, **_settings_dict(settings)}
-    rd = RunDir(out, fingerprint("export", options), {"export": options}, overwrite=overwrite, pick=pick)
+    rd = RunDir(
+        out, fingerprint("export", options), {"export": options}, overwrite=overwrite, pick=pick
+    )
     scratch = tempfile.mkdtemp(prefix="tfopt-export-")
     try:
         rd.check()
         if saved_by_keras3(run.model_path):
             say(f"{run.model_path} was saved by Keras 3: exporting it as a SavedModel with Keras 3")
-            model = keras3.as_tf_keras(keras3.to_saved_model(run.model_path, os.path.join(scratch, "keras3"),
-                                                             trust_model=settings.trust_model),
-                                       os.path.basename(run.model_path))
+            model = keras3.as_tf_keras(
+                keras3.to_saved_model(
+                    run.model_path,
+                    os.path.join(scratch, "keras3"),
+                    trust_model=settings.trust_model,
+                ),
+                os.path.basename(run.model_path),
+            )
             # tf_keras cannot load the file to time it, and the debugger's layers are one opaque call.
-            settings = dataclasses.replace(settings, bench=dataclasses.replace(settings.bench, keras=False),
-                                           selective=False, float_layers=())
+            settings = dataclasses.replace(
+                settings,
+                bench=dataclasses.replace(settings.bench, keras=False),
+                selective=False,
+                float_layers=(),
+            )
         else:
             model = load_source_model(run.model_path, settings.trust_model)
         qat = tflite.is_qat_model(model)
         tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
         b = settings.bench
         # The Keras baseline's timing children start TensorFlow while this process converts.
-        with (bench.KerasLatency(run.model_path, threads=b.threads, warmup=b.warmup, runs=b.runs,
-                                 trust_model=settings.trust_model) if b.keras else contextlib.nullcontext()) as keras, \
-                tflite.saved_models():
+        with (
+            (
+                bench.KerasLatency(
+                    run.model_path,
+                    threads=b.threads,
+                    warmup=b.warmup,
+                    runs=b.runs,
+                    trust_model=settings.trust_model,
+                )
+                if b.keras
+                else contextlib.nullcontext()
+            ) as keras,
+            tflite.saved_models(),
+        ):
             return _export(run, model, qat, modes, settings, rd, keras, say)
     finally:
         rd.release()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, rd: RunDir,
-            keras: "bench.KerasLatency | None", say: Callable[[str], None]) -> RunRecord:
+def _export(
+    run,
+    model,
+    qat: bool,
+    modes: list[str],
+    settings: ExportSettings,
+    rd: RunDir,
+    keras: "bench.KerasLatency | None",
+    say: Callable[[str], None],
+) -> RunRecord:
     data_cfg: DataConfig = run.config.data
     info = prepare(data_cfg)
     say(f"reading the test split of {data_cfg.dataset}")
@@ -191,8 +263,20 @@ def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, r
         if MODES.get(mode).latency_aware:
             if keras:
                 keras.ready()  # nothing else may run while this process times
-            rows.append(_auto(model, calibration, settings, validation, x_test, y_test, reference, out_dir,
-                              lambda msg, i=i: say(f"[{i}/{len(modes)}] {msg}"), notes))
+            rows.append(
+                _auto(
+                    model,
+                    calibration,
+                    settings,
+                    validation,
+                    x_test,
+                    y_test,
+                    reference,
+                    out_dir,
+                    lambda msg, i=i: say(f"[{i}/{len(modes)}] {msg}"),
+                    notes,
+                )
+            )
             continue
         say(f"[{i}/{len(modes)}] {mode}: converting")
         started = time.perf_counter()
@@ -207,33 +291,88 @@ def _export(run, model, qat: bool, modes: list[str], settings: ExportSettings, r
         if keras:
             keras.ready()
         latency = _latency(conv.content, settings.bench, os.path.join(out_dir, file))
-        rows.append(_row(mode, conv.io, file, conv.content, result, gate, latency, sparse=conv.sparse,
-                         qat=conv.qat, convert_seconds=round(convert_s, 2), notes=conv.notes))
+        rows.append(
+            _row(
+                mode,
+                conv.io,
+                file,
+                conv.content,
+                result,
+                gate,
+                latency,
+                sparse=conv.sparse,
+                qat=conv.qat,
+                convert_seconds=round(convert_s, 2),
+                notes=conv.notes,
+            )
+        )
         if mode == "int8" and not gate.passed and settings.selective and not qat:
-            rows.append(_selective(model, calibration, conv, result, settings, validation, x_test, y_test,
-                                   reference, out_dir, say, notes))
+            rows.append(
+                _selective(
+                    model,
+                    calibration,
+                    conv,
+                    result,
+                    settings,
+                    validation,
+                    x_test,
+                    y_test,
+                    reference,
+                    out_dir,
+                    say,
+                    notes,
+                )
+            )
         if mode == "int8" and settings.float_layers and not qat:
-            rows.append(_partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say))
+            rows.append(
+                _partial(
+                    model, calibration, conv, settings, x_test, y_test, reference, out_dir, say
+                )
+            )
     _pack_metadata(rows, out_dir, metadata.files_of(contract))
     keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
     table = summary.export_table(rows)
     write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.source}\n\n{table}\n")
     plot = None
     if settings.plot:
-        plot = summary.plot(rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.source}")
+        plot = summary.plot(
+            rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.source}"
+        )
     artifacts = {r["mode"]: r["file"] for r in rows if r.get("file")}
-    artifacts.update(table="export.md", input="input.json", **({"plot": os.path.basename(plot)} if plot else {}),
-                     **({"labels": "labels.txt"} if contract["class_names"] else {}))
+    artifacts.update(
+        table="export.md",
+        input="input.json",
+        **({"plot": os.path.basename(plot)} if plot else {}),
+        **({"labels": "labels.txt"} if contract["class_names"] else {}),
+    )
     record = run_record(
-        "export", run.config, rd.path,
+        "export",
+        run.config,
+        rd.path,
         data={"dataset": data_cfg.dataset, "test_examples": int(len(y_test)), "input": contract},
-        model={"name": run.config.model.name, "qat": qat, **cost,
-               "weight_sparsity": round(tflite.weight_sparsity(model), 4)},
-        metrics={"keras_test_accuracy": rows[0]["eval"]["keras_accuracy"] if rows else None,
-                 **{f"{r['mode']}_test_accuracy": r["eval"]["accuracy"] for r in rows}},
-        artifacts=artifacts, fingerprint=rd.fingerprint,
-        section={"source": run.source, "output": rd.path, "settings": _settings_dict(settings), "modes": rows,
-                 "keras": keras_figures, "notes": notes, "table": table, "gate_failures": gate_failures(rows)})
+        model={
+            "name": run.config.model.name,
+            "qat": qat,
+            **cost,
+            "weight_sparsity": round(tflite.weight_sparsity(model), 4),
+        },
+        metrics={
+            "keras_test_accuracy": rows[0]["eval"]["keras_accuracy"] if rows else None,
+            **{f"{r['mode']}_test_accuracy": r["eval"]["accuracy"] for r in rows},
+        },
+        artifacts=artifacts,
+        fingerprint=rd.fingerprint,
+        section={
+            "source": run.source,
+            "output": rd.path,
+            "settings": _settings_dict(settings),
+            "modes": rows,
+            "keras": keras_figures,
+            "notes": notes,
+            "table": table,
+            "gate_failures": gate_failures(rows),
+        },
+    )
     rd.commit(record)
     return record
 
@@ -259,21 +398,32 @@ def gate_failures(rows: list[dict]) -> dict[str, str]:
 
     A selective int8 that passes stands in for the plain int8 that failed.
     """
-    failed = {r["mode"]: "; ".join(r["gate"]["reasons"]) for r in rows if r["gate"] and not r["gate"]["passed"]}
-    if "int8" in failed and any(r["mode"] == "int8-selective" and r["gate"]["passed"] for r in rows):
+    failed = {
+        r["mode"]: "; ".join(r["gate"]["reasons"])
+        for r in rows
+        if r["gate"] and not r["gate"]["passed"]
+    }
+    if "int8" in failed and any(
+        r["mode"] == "int8-selective" and r["gate"]["passed"] for r in rows
+    ):
         del failed["int8"]
     return failed
 
 
-def _keras_figures(model, path: str, cost: dict, settings: ExportSettings, keras: "bench.KerasLatency | None",
-                   say) -> dict:
+def _keras_figures(
+    model, path: str, cost: dict, settings: ExportSettings, keras: "bench.KerasLatency | None", say
+) -> dict:
     """The float Keras model's own figures (the baseline of every .tflite): latency, bytes, params, FLOPs."""
     latency = {}
     if keras:
         say(f"timing the Keras model at {', '.join(map(str, settings.bench.threads))} thread(s)")
         latency = keras.result()
-    return {"latency": latency, "weights_bytes": bench.weights_bytes(model),
-            "file_bytes": os.path.getsize(path), **cost}
+    return {
+        "latency": latency,
+        "weights_bytes": bench.weights_bytes(model),
+        "file_bytes": os.path.getsize(path),
+        **cost,
+    }
 
 
 class _Validation:
@@ -299,37 +449,89 @@ class _Validation:
         return evaluate(TFLiteModel(content), x, y, ref)
 
 
-def _selective(model, calibration, conv, full: EvalResult, settings: ExportSettings, validation: _Validation,
-               x_test, y_test, reference, out_dir, say, notes) -> dict:
+def _selective(
+    model,
+    calibration,
+    conv,
+    full: EvalResult,
+    settings: ExportSettings,
+    validation: _Validation,
+    x_test,
+    y_test,
+    reference,
+    out_dir,
+    say,
+    notes,
+) -> dict:
     say("int8 failed the fidelity gate: ranking layers with the quantization debugger")
-    found = fidelity.selective_search(model, calibration, validation.score, settings.thresholds, io_type=conv.io,
-                                      max_float_layers=settings.max_float_layers)
+    found = fidelity.selective_search(
+        model,
+        calibration,
+        validation.score,
+        settings.thresholds,
+        io_type=conv.io,
+        max_float_layers=settings.max_float_layers,
+    )
     found.content = tflite.finish(found.content, settings.options)
     file = "model_int8_selective.tflite"
     write_bytes(os.path.join(out_dir, file), found.content)
     result = evaluate(TFLiteModel(found.content), x_test, y_test, reference)
     gate = fidelity.check(result, settings.thresholds)
     chosen = found.trials[found.chosen]
-    trade = (f"int8 failed the gate ({'; '.join(fidelity.check(full, settings.thresholds).reasons)}); leaving "
-             f"{len(chosen.float_layers)} layer(s) in float ({', '.join(chosen.float_layers)}) gives test agreement "
-             f"{result.agreement:.4f} and accuracy {100 * result.accuracy:.2f}% at {len(found.content) / 1024:.1f} KiB "
-             f"instead of {len(conv.content) / 1024:.1f} KiB: gate {'passed' if gate.passed else 'still failed'}")
+    trade = (
+        f"int8 failed the gate ({'; '.join(fidelity.check(full, settings.thresholds).reasons)}); leaving "
+        f"{len(chosen.float_layers)} layer(s) in float ({', '.join(chosen.float_layers)}) gives test agreement "
+        f"{result.agreement:.4f} and accuracy {100 * result.accuracy:.2f}% at {len(found.content) / 1024:.1f} KiB "
+        f"instead of {len(conv.content) / 1024:.1f} KiB: gate {'passed' if gate.passed else 'still failed'}"
+    )
     notes.append(trade)
     say(trade)
     latency = _latency(found.content, settings.bench, os.path.join(out_dir, file))
-    return _row("int8-selective", _io_of(found.content), file, found.content, result, gate, latency,
-                selective={**found.to_dict(), "search_split": "validation", "search_examples": validation.examples},
-                notes=[trade])
+    return _row(
+        "int8-selective",
+        _io_of(found.content),
+        file,
+        found.content,
+        result,
+        gate,
+        latency,
+        selective={
+            **found.to_dict(),
+            "search_split": "validation",
+            "search_examples": validation.examples,
+        },
+        notes=[trade],
+    )
 
 
-def _auto(model, calibration, settings: ExportSettings, validation: _Validation, x_test, y_test, reference,
-          out_dir, say, notes) -> dict:
+def _auto(
+    model,
+    calibration,
+    settings: ExportSettings,
+    validation: _Validation,
+    x_test,
+    y_test,
+    reference,
+    out_dir,
+    say,
+    notes,
+) -> dict:
     """int8_auto: the latency-aware search (timed at the first --threads count), then the usual row."""
     b = settings.bench
     started = time.perf_counter()
-    found = auto.search(model, calibration, validation.score, settings.thresholds, io_type=settings.options.io,
-                        threads=b.threads[0], rounds=settings.auto_rounds, runs=b.runs, warmup=b.warmup,
-                        max_candidates=settings.auto_candidates, progress=say)
+    found = auto.search(
+        model,
+        calibration,
+        validation.score,
+        settings.thresholds,
+        io_type=settings.options.io,
+        threads=b.threads[0],
+        rounds=settings.auto_rounds,
+        runs=b.runs,
+        warmup=b.warmup,
+        max_candidates=settings.auto_candidates,
+        progress=say,
+    )
     content = tflite.finish(found.content, settings.options)
     search_s = time.perf_counter() - started
     file = "model_int8_auto.tflite"
@@ -340,17 +542,36 @@ def _auto(model, calibration, settings: ExportSettings, validation: _Validation,
     chosen = found.candidates[found.chosen]
     plain = found.candidates[0]
     kept = ", ".join(chosen.float_nodes) or "no op"
-    why = "the fastest that passed the gate on validation" if found.passed else "no candidate passed the gate on validation"
-    trade = (f"int8_auto: int8 measured slower than float for {', '.join(found.slow) or 'no op'} "
-             f"({b.threads[0]} thread(s)); kept in float: {kept} ({why}; end to end {chosen.p50_ms:.3f} ms vs "
-             f"{plain.p50_ms:.3f} ms for plain int8)")
+    why = (
+        "the fastest that passed the gate on validation"
+        if found.passed
+        else "no candidate passed the gate on validation"
+    )
+    trade = (
+        f"int8_auto: int8 measured slower than float for {', '.join(found.slow) or 'no op'} "
+        f"({b.threads[0]} thread(s)); kept in float: {kept} ({why}; end to end {chosen.p50_ms:.3f} ms vs "
+        f"{plain.p50_ms:.3f} ms for plain int8)"
+    )
     notes.append(trade)
     say(trade)
     latency = _latency(content, b, os.path.join(out_dir, file))
-    return _row("int8_auto", _io_of(content), file, content, result, gate, latency, float_nodes=chosen.float_nodes,
-                search_seconds=round(search_s, 2),
-                auto={**found.to_dict(), "search_split": "validation", "search_examples": validation.examples},
-                notes=[trade])
+    return _row(
+        "int8_auto",
+        _io_of(content),
+        file,
+        content,
+        result,
+        gate,
+        latency,
+        float_nodes=chosen.float_nodes,
+        search_seconds=round(search_s, 2),
+        auto={
+            **found.to_dict(),
+            "search_split": "validation",
+            "search_examples": validation.examples,
+        },
+        notes=[trade],
+    )
 
 
 def _io_of(content: bytes) -> str:
@@ -359,7 +580,9 @@ def _io_of(content: bytes) -> str:
     return "float" if dtype.kind == "f" else str(dtype)
 
 
-def _partial(model, calibration, conv, settings: ExportSettings, x_test, y_test, reference, out_dir, say) -> dict:
+def _partial(
+    model, calibration, conv, settings: ExportSettings, x_test, y_test, reference, out_dir, say
+) -> dict:
     layers = list(settings.float_layers)
     say(f"int8 with {', '.join(layers)} kept in float")
     debugger = fidelity.quantization_debugger(model, calibration, calibration[:1])
@@ -369,8 +592,17 @@ def _partial(model, calibration, conv, settings: ExportSettings, x_test, y_test,
     write_bytes(os.path.join(out_dir, file), content)
     result = evaluate(TFLiteModel(content), x_test, y_test, reference)
     latency = _latency(content, settings.bench, os.path.join(out_dir, file))
-    return _row(f"int8+float:{','.join(layers)}", _io_of(content), file, content, result,
-                fidelity.check(result, settings.thresholds), latency, float_layers=layers, float_nodes=nodes)
+    return _row(
+        f"int8+float:{','.join(layers)}",
+        _io_of(content),
+        file,
+        content,
+        result,
+        fidelity.check(result, settings.thresholds),
+        latency,
+        float_layers=layers,
+        float_nodes=nodes,
+    )
 
 
 def _settings_dict(settings: ExportSettings) -> dict:
@@ -381,29 +613,51 @@ def _settings_dict(settings: ExportSettings) -> dict:
     return d
 
 
-def evaluate_file(path: str, data_cfg: DataConfig, *, limit: int = 0, split: str = "test",
-                  keras_path: str | None = None, trust_model: bool = False, threads: int | None = None) -> dict:
+def evaluate_file(
+    path: str,
+    data_cfg: DataConfig,
+    *,
+    limit: int = 0,
+    split: str = "test",
+    keras_path: str | None = None,
+    trust_model: bool = False,
+    threads: int | None = None,
+) -> dict:
     """``--evaluate``: scores one .tflite on a dataset split (and against a Keras model when given)."""
     content = read_tflite(path)
     model = TFLiteModel(content, num_threads=threads)
     x, y = load_split(data_cfg, split, limit)
     reference = keras_outputs(load_source_model(keras_path, trust_model), x) if keras_path else None
     result = evaluate(model, x, y, reference)
-    return {"mode": os.path.basename(path), "io": str(model.input_dtype), "file": os.path.abspath(path),
-            **bench.file_sizes(content), "eval": result.to_dict(), "gate": None, "latency": {},
-            "dataset": data_cfg.dataset, "split": split}
+    return {
+        "mode": os.path.basename(path),
+        "io": str(model.input_dtype),
+        "file": os.path.abspath(path),
+        **bench.file_sizes(content),
+        "eval": result.to_dict(),
+        "gate": None,
+        "latency": {},
+        "dataset": data_cfg.dataset,
+        "split": split,
+    }
 
 
-def benchmark_file(path: str, settings: BenchSettings, keras_path: str | None = None,
-                   trust_model: bool = False) -> dict:
+def benchmark_file(
+    path: str, settings: BenchSettings, keras_path: str | None = None, trust_model: bool = False
+) -> dict:
     """``--benchmark``: latency (per thread count and kernel setting) and sizes of one .tflite."""
     content = read_tflite(path)
     latency = _latency(content, settings, path)
-    out = {"mode": os.path.basename(path), "io": str(TFLiteModel(content).input_dtype),
-           "file": os.path.abspath(path), **bench.file_sizes(content),
-           "latency": {k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()},
-           "kernels": {k: v["kernels"] for k, v in latency.items() if "kernels" in v}}
+    out = {
+        "mode": os.path.basename(path),
+        "io": str(TFLiteModel(content).input_dtype),
+        "file": os.path.abspath(path),
+        **bench.file_sizes(content),
+        "latency": {
+            k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()
+        },
+        "kernels": {k: v["kernels"] for k, v in latency.items() if "kernels" in v},
+    }
     if keras_path:
         out["keras"] = bench.keras_cost(load_source_model(keras_path, trust_model))
     return out
-

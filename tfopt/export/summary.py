@@ -1,4 +1,5 @@
 """The export table (printed and stored as markdown) and the size / latency / accuracy plot."""
+
 from __future__ import annotations
 
 import io
@@ -42,25 +43,46 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def line(r):
         return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
 
-    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-                     + [line(r) for r in cells[1:]])
+    return "\n".join(
+        [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        + [line(r) for r in cells[1:]]
+    )
 
 
 def export_table(rows: Sequence[dict]) -> str:
     """One line per exported model: mode, size, gzip size, p50/p95 per setting, accuracy, delta, agreement."""
     keys = latency_keys(rows)
-    header = ["mode", "io", "size", "gzip", *[f"{p} {k} ms" for k in keys for p in ("p50", "p95")],
-              "accuracy", "Δ vs Keras (pt)", "agreement", "max |Δ|", "gate"]
+    header = [
+        "mode",
+        "io",
+        "size",
+        "gzip",
+        *[f"{p} {k} ms" for k in keys for p in ("p50", "p95")],
+        "accuracy",
+        "Δ vs Keras (pt)",
+        "agreement",
+        "max |Δ|",
+        "gate",
+    ]
     body = []
     for row in rows:
         ev = row.get("eval") or {}
         lat = row.get("latency", {})
         gate = row.get("gate")
-        body.append([row["mode"], row.get("io", "float"), _kib(row.get("size_bytes")), _kib(row.get("gzip_bytes")),
-                     *[_ms((lat.get(k) or {}).get(p)) for k in keys for p in ("p50_ms", "p95_ms")],
-                     _pct(ev.get("accuracy")), _signed(ev.get("accuracy_delta_pt")), _pct(ev.get("agreement")),
-                     "-" if ev.get("max_abs_error") is None else f"{ev['max_abs_error']:.4f}",
-                     "-" if gate is None else ("pass" if gate["passed"] else "FAIL")])
+        body.append(
+            [
+                row["mode"],
+                row.get("io", "float"),
+                _kib(row.get("size_bytes")),
+                _kib(row.get("gzip_bytes")),
+                *[_ms((lat.get(k) or {}).get(p)) for k in keys for p in ("p50_ms", "p95_ms")],
+                _pct(ev.get("accuracy")),
+                _signed(ev.get("accuracy_delta_pt")),
+                _pct(ev.get("agreement")),
+                "-" if ev.get("max_abs_error") is None else f"{ev['max_abs_error']:.4f}",
+                "-" if gate is None else ("pass" if gate["passed"] else "FAIL"),
+            ]
+        )
     return markdown_table(header, body)
 
 
@@ -77,15 +99,21 @@ def plot(rows: Sequence[dict], path: str, title: str = "") -> str | None:
     names = [r["mode"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     axes[0].bar(names, [r["size_bytes"] / 1024 for r in rows], color="tab:blue", label="file")
-    axes[0].bar(names, [r["gzip_bytes"] / 1024 for r in rows], color="tab:cyan", width=0.4, label="gzip")
+    axes[0].bar(
+        names, [r["gzip_bytes"] / 1024 for r in rows], color="tab:cyan", width=0.4, label="gzip"
+    )
     axes[0].set_ylabel("KiB")
     axes[0].set_title("size")
     axes[0].legend()
     width = 0.8 / max(1, len(keys))
     for i, key in enumerate(keys):
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))]
-        axes[1].bar(xs, [((r.get("latency", {}).get(key) or {}).get("p50_ms") or 0) for r in rows],
-                    width=width, label=key)
+        axes[1].bar(
+            xs,
+            [((r.get("latency", {}).get(key) or {}).get("p50_ms") or 0) for r in rows],
+            width=width,
+            label=key,
+        )
     axes[1].set_xticks(range(len(rows)), names)
     axes[1].set_ylabel("ms (batch 1)")
     axes[1].set_yscale("log")
@@ -94,8 +122,14 @@ def plot(rows: Sequence[dict], path: str, title: str = "") -> str | None:
         axes[1].legend(fontsize=8)
     accs = [100 * ((r.get("eval") or {}).get("accuracy") or 0) for r in rows]
     axes[2].bar(names, accs, color="tab:green")
-    keras_acc = next(((r.get("eval") or {}).get("keras_accuracy") for r in rows
-                      if (r.get("eval") or {}).get("keras_accuracy") is not None), None)
+    keras_acc = next(
+        (
+            (r.get("eval") or {}).get("keras_accuracy")
+            for r in rows
+            if (r.get("eval") or {}).get("keras_accuracy") is not None
+        ),
+        None,
+    )
     if keras_acc is not None:
         axes[2].axhline(100 * keras_acc, color="k", ls="--", lw=1, label="Keras")
         axes[2].legend()

@@ -20,6 +20,7 @@ The representative dataset is drawn deterministically from the run's own trainin
 Select TF ops; an op without a builtin kernel becomes a ``ConversionError`` naming the op and
 the layer it comes from.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,12 @@ from tfopt.optimize.common import tfmot_imported
 
 # TF 2.21: the MLIR converter's error class is not in tf.lite's public API; nor is editing a flatbuffer
 # or converting a Keras model without writing it to a SavedModel each time.
-from tfopt._compat import ConverterError, read_tflite_model, saved_model_converter, write_tflite_model  # noqa: E402
+from tfopt._compat import (
+    ConverterError,
+    read_tflite_model,
+    saved_model_converter,
+    write_tflite_model,
+)  # noqa: E402
 
 # Below this fraction of zero weights the sparse encoding costs more than it saves.
 SPARSITY_THRESHOLD = 0.5
@@ -108,11 +114,15 @@ def check_modes_for(model: "keras.Model", modes: Sequence[str]) -> None:
     if is_qat_model(model):
         others = [m for m in modes if m != "int8"]
         if others:
-            raise ConfigError(f"the model is quantization-aware trained (QAT): it converts to int8 only, not "
-                              f"{', '.join(others)}; use --modes int8 (export the float model for the other modes)")
+            raise ConfigError(
+                f"the model is quantization-aware trained (QAT): it converts to int8 only, not "
+                f"{', '.join(others)}; use --modes int8 (export the float model for the other modes)"
+            )
 
 
-def calibration_batches(data_cfg: DataConfig, steps: int, info: DatasetInfo | None = None) -> list[np.ndarray]:
+def calibration_batches(
+    data_cfg: DataConfig, steps: int, info: DatasetInfo | None = None
+) -> list[np.ndarray]:
     """Draws ``steps`` image batches from the run's training pipeline, deterministically.
 
     The pipeline is the one the run trained on (same source, batch size, seed and shuffle), with
@@ -170,8 +180,11 @@ def is_qat_model(model: "keras.Model") -> bool:
 
 
 def _is_mixed(model: "keras.Model") -> bool:
-    return any(getattr(getattr(layer, "dtype_policy", None), "compute_dtype", "float32") not in ("float32", None)
-               for layer in model.layers)
+    return any(
+        getattr(getattr(layer, "dtype_policy", None), "compute_dtype", "float32")
+        not in ("float32", None)
+        for layer in model.layers
+    )
 
 
 def float32_copy(model: "keras.Model") -> "keras.Model":
@@ -180,15 +193,27 @@ def float32_copy(model: "keras.Model") -> "keras.Model":
     TFLite has no bfloat16 kernels, and the float16 casts of a mixed_float16 model would end
     up in the graph; the float32 twin with the same weights converts cleanly.
     """
-    if not _is_mixed(model) or not isinstance(model, keras.Model) or not hasattr(model, "get_config"):
+    if (
+        not _is_mixed(model)
+        or not isinstance(model, keras.Model)
+        or not hasattr(model, "get_config")
+    ):
         return model
 
     def scrub(node):
         if isinstance(node, dict):
-            if node.get("class_name") in ("Policy", "DTypePolicy") and isinstance(node.get("config"), dict):
+            if node.get("class_name") in ("Policy", "DTypePolicy") and isinstance(
+                node.get("config"), dict
+            ):
                 return "float32"
-            return {k: ("float32" if k == "dtype" and isinstance(v, str) and v.startswith("mixed_") else scrub(v))
-                    for k, v in node.items()}
+            return {
+                k: (
+                    "float32"
+                    if k == "dtype" and isinstance(v, str) and v.startswith("mixed_")
+                    else scrub(v)
+                )
+                for k, v in node.items()
+            }
         if isinstance(node, list):
             return [scrub(v) for v in node]
         return node
@@ -198,7 +223,9 @@ def float32_copy(model: "keras.Model") -> "keras.Model":
     return copy
 
 
-_saved: dict | None = None  # the cache of saved_models(): {id(model): (model, SavedModel dir)} and its "dir"
+_saved: dict | None = (
+    None  # the cache of saved_models(): {id(model): (model, SavedModel dir)} and its "dir"
+)
 
 
 @contextlib.contextmanager
@@ -230,15 +257,25 @@ def _converter_for(model: "keras.Model") -> "tf.lite.TFLiteConverter":
     if hit is None:
         path = os.path.join(_saved["dir"], str(len(_saved)))
         try:  # as from_keras_model saves it
-            tf.saved_model.save(model, path, options=tf.saved_model.SaveOptions(save_debug_info=True))
+            tf.saved_model.save(
+                model, path, options=tf.saved_model.SaveOptions(save_debug_info=True)
+            )
         except Exception:  # noqa: BLE001 - from_keras_model then falls back to freezing the model: so do we
             path = None
         hit = _saved[id(model)] = (model, path)
-    return saved_model_converter(hit[1]) if hit[1] else tf.lite.TFLiteConverter.from_keras_model(model)
+    return (
+        saved_model_converter(hit[1]) if hit[1] else tf.lite.TFLiteConverter.from_keras_model(model)
+    )
 
 
-def make_converter(model: "keras.Model", mode: str, *, calibration: Sequence[np.ndarray] | None = None,
-                   options: ConvertOptions = ConvertOptions(), sparse: bool = False) -> "tf.lite.TFLiteConverter":
+def make_converter(
+    model: "keras.Model",
+    mode: str,
+    *,
+    calibration: Sequence[np.ndarray] | None = None,
+    options: ConvertOptions = ConvertOptions(),
+    sparse: bool = False,
+) -> "tf.lite.TFLiteConverter":
     """Returns a TFLiteConverter set up for ``mode`` (not yet run).
 
     Args:
@@ -266,8 +303,10 @@ def make_converter(model: "keras.Model", mode: str, *, calibration: Sequence[np.
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if spec.calibration and not qat:
         if not calibration:
-            raise ConfigError(f"mode {mode!r} needs calibration batches (the representative dataset); "
-                              "give calibration steps >= 1")
+            raise ConfigError(
+                f"mode {mode!r} needs calibration batches (the representative dataset); "
+                "give calibration steps >= 1"
+            )
         converter.representative_dataset = representative_fn(calibration)
     if spec.ops == "int16x8":
         ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
@@ -291,7 +330,10 @@ def flex_ops(model: "keras.Model") -> dict[str, list[str]]:
         (``model/<layer>/<Op>``).
     """
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+    converter.target_spec.supported_ops = [
+        tf.lite.OpsSet.TFLITE_BUILTINS,
+        tf.lite.OpsSet.SELECT_TF_OPS,
+    ]
     with native_stderr.quiet():
         content = converter.convert()
     buf = io.StringIO()
@@ -309,7 +351,9 @@ def flex_ops(model: "keras.Model") -> dict[str, list[str]]:
     return found
 
 
-def explain_error(error: Exception, model: "keras.Model", mode: str, options: ConvertOptions) -> str:
+def explain_error(
+    error: Exception, model: "keras.Model", mode: str, options: ConvertOptions
+) -> str:
     """Turns a converter failure into one line naming the unsupported op(s) and their layers."""
     text = str(error)
     ops = set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex op", text))
@@ -319,23 +363,35 @@ def explain_error(error: Exception, model: "keras.Model", mode: str, options: Co
     if not options.allow_select_tf_ops:
         try:  # the analyzer names the ops that need TF kernels, and (via tensor names) their layers
             layers = flex_ops(model)
-        except _CONVERTER_ERRORS as e:  # the analyzer path failed too; fall back to the converter's words
+        except (
+            _CONVERTER_ERRORS
+        ) as e:  # the analyzer path failed too; fall back to the converter's words
             if isinstance(e, _NOT_CONVERTER_ERRORS):
                 raise
             layers = {}
         ops.update(layers)
     if ops:
-        where = [f"{op} (layer {', '.join(map(repr, layers[op]))})" if layers.get(op) else op for op in sorted(ops)]
-        return (f"cannot convert to {mode!r} with TFLite builtin ops: {', '.join(where)} has no builtin TFLite "
-                "kernel; replace that layer, or pass --allow-select-tf-ops (the .tflite then needs the "
-                "TF Select/Flex delegate at run time)")
+        where = [
+            f"{op} (layer {', '.join(map(repr, layers[op]))})" if layers.get(op) else op
+            for op in sorted(ops)
+        ]
+        return (
+            f"cannot convert to {mode!r} with TFLite builtin ops: {', '.join(where)} has no builtin TFLite "
+            "kernel; replace that layer, or pass --allow-select-tf-ops (the .tflite then needs the "
+            "TF Select/Flex delegate at run time)"
+        )
     unsupported = re.findall(r"'(tf\.\w+|tfl\.\w+)' op ([^\n]+)", text)
     if unsupported:
         op, why = unsupported[0]
         return f"cannot convert to {mode!r}: op {op} {why.strip()}; change that layer or pick another mode"
     lines = [ln.strip() for ln in text.splitlines() if "error:" in ln]
-    detail = (lines[0].split("error:", 1)[1].strip() if lines else text.strip().splitlines()[0] if text.strip()
-              else type(error).__name__)
+    detail = (
+        lines[0].split("error:", 1)[1].strip()
+        if lines
+        else text.strip().splitlines()[0]
+        if text.strip()
+        else type(error).__name__
+    )
     return f"cannot convert to {mode!r}: {detail[:300]}"
 
 
@@ -350,7 +406,9 @@ def _run(converter, model, mode: str, options: ConvertOptions) -> bytes:
         with warnings.catch_warnings():
             # Says the float input has no min/max statistics: expected, the input is quantized by
             # the calibrated QUANTIZE op (or the int8 input type) instead.
-            warnings.filterwarnings("ignore", message="Statistics for quantized inputs were expected")
+            warnings.filterwarnings(
+                "ignore", message="Statistics for quantized inputs were expected"
+            )
             with native_stderr.quiet():
                 return converter.convert()
     except _CONVERTER_ERRORS as e:  # their text carries the op names
@@ -359,8 +417,13 @@ def _run(converter, model, mode: str, options: ConvertOptions) -> bytes:
         raise ConversionError(explain_error(e, model, mode, options)) from None
 
 
-def convert(model: "keras.Model", mode: str, *, calibration: Sequence[np.ndarray] | None = None,
-            options: ConvertOptions = ConvertOptions()) -> Converted:
+def convert(
+    model: "keras.Model",
+    mode: str,
+    *,
+    calibration: Sequence[np.ndarray] | None = None,
+    options: ConvertOptions = ConvertOptions(),
+) -> Converted:
     """Converts ``model`` to a .tflite flatbuffer for ``mode``.
 
     Args:
@@ -377,30 +440,46 @@ def convert(model: "keras.Model", mode: str, *, calibration: Sequence[np.ndarray
         ConversionError: the converter failed; the message names the unsupported op(s).
     """
     if MODES.get(check_choice("mode", mode, MODES.names(), "--modes")).latency_aware:
-        raise ConfigError(f"mode {mode!r} is chosen by measuring candidate models, not by one conversion: use "
-                          "tfopt.export.auto.search, or python -m tfopt.export --modes int8_auto")
+        raise ConfigError(
+            f"mode {mode!r} is chosen by measuring candidate models, not by one conversion: use "
+            "tfopt.export.auto.search, or python -m tfopt.export --modes int8_auto"
+        )
     model = float32_copy(model)
     qat = is_qat_model(model)
-    content = _run(make_converter(model, mode, calibration=calibration, options=options), model, mode, options)
+    content = _run(
+        make_converter(model, mode, calibration=calibration, options=options), model, mode, options
+    )
     notes: list[str] = []
     sparse = False
     zeros = weight_sparsity(model)
     if options.sparsity == "on" or (options.sparsity == "auto" and zeros >= SPARSITY_THRESHOLD):
-        sparse_content = _run(make_converter(model, mode, calibration=calibration, options=options, sparse=True),
-                              model, mode, options)
+        sparse_content = _run(
+            make_converter(model, mode, calibration=calibration, options=options, sparse=True),
+            model,
+            mode,
+            options,
+        )
         problem = _sparse_problem(sparse_content, content, model, calibration)
         if options.sparsity == "on" and problem:
-            raise ConversionError(f"the sparse-encoded {mode!r} model {problem}; use --sparsity off (or auto)")
+            raise ConversionError(
+                f"the sparse-encoded {mode!r} model {problem}; use --sparsity off (or auto)"
+            )
         if problem:
             notes.append(f"sparse encoding ({zeros:.0%} zero weights) not used: it {problem}")
         elif options.sparsity == "on" or len(sparse_content) < len(content):
-            notes.append(f"sparse encoding ({zeros:.0%} zero weights): {len(sparse_content)} bytes "
-                         f"instead of {len(content)}")
+            notes.append(
+                f"sparse encoding ({zeros:.0%} zero weights): {len(sparse_content)} bytes "
+                f"instead of {len(content)}"
+            )
             content, sparse = sparse_content, True
         else:
-            notes.append(f"sparse encoding tried ({zeros:.0%} zero weights) but not smaller; kept dense")
+            notes.append(
+                f"sparse encoding tried ({zeros:.0%} zero weights) but not smaller; kept dense"
+            )
     io_type = options.io if mode == "int8" else "float"
-    return Converted(mode=mode, content=finish(content, options), io=io_type, sparse=sparse, qat=qat, notes=notes)
+    return Converted(
+        mode=mode, content=finish(content, options), io=io_type, sparse=sparse, qat=qat, notes=notes
+    )
 
 
 def finish(content: bytes, options: ConvertOptions) -> bytes:
@@ -425,8 +504,9 @@ def strip_strings(content: bytes) -> bytes:
     return write_tflite_model(model)
 
 
-def _sparse_problem(sparse: bytes, dense: bytes, model: "keras.Model",
-                    calibration: Sequence[np.ndarray] | None) -> str | None:
+def _sparse_problem(
+    sparse: bytes, dense: bytes, model: "keras.Model", calibration: Sequence[np.ndarray] | None
+) -> str | None:
     """Why a sparse-encoded model cannot replace the dense one, or None when it can.
 
     LiteRT's default XNNPACK delegate refuses some sparse quantized kernels (e.g. dynamic-range
@@ -434,13 +514,20 @@ def _sparse_problem(sparse: bytes, dense: bytes, model: "keras.Model",
     """
     from tfopt.export.evaluate import TFLiteModel
 
-    sample = (np.asarray(calibration[0][:4]) if calibration else
-              np.random.default_rng(0).random((2, *model.input_shape[1:]), dtype=np.float32))
+    sample = (
+        np.asarray(calibration[0][:4])
+        if calibration
+        else np.random.default_rng(0).random((2, *model.input_shape[1:]), dtype=np.float32)
+    )
     try:
         got = TFLiteModel(sparse).predict(sample)
     except ModelError as e:
         op = re.search(r"failed to delegate (\w+)", str(e))
-        why = f"the XNNPACK delegate refuses its sparse {op.group(1)}" if op else str(e).split(": ", 1)[-1][:120]
+        why = (
+            f"the XNNPACK delegate refuses its sparse {op.group(1)}"
+            if op
+            else str(e).split(": ", 1)[-1][:120]
+        )
         return f"does not run in the LiteRT interpreter ({why})"
     want = TFLiteModel(dense).predict(sample)
     if not np.allclose(got, want, rtol=1e-3, atol=1e-3):
@@ -463,9 +550,13 @@ def modify_io(content: bytes, io_type: str) -> bytes:
     # It warns when the first op stays float and the input keeps float: the caller reads the type back.
     absl.setLevel(logging.ERROR)
     try:
-        return bytes(lite_util.modify_model_io_type(content, _IO_DTYPES[io_type], _IO_DTYPES[io_type]))
+        return bytes(
+            lite_util.modify_model_io_type(content, _IO_DTYPES[io_type], _IO_DTYPES[io_type])
+        )
     except (ValueError, RuntimeError) as e:
-        raise ConversionError(f"cannot give the model {io_type} inputs/outputs ({str(e).splitlines()[0]}); "
-                              "use --io float") from None
+        raise ConversionError(
+            f"cannot give the model {io_type} inputs/outputs ({str(e).splitlines()[0]}); "
+            "use --io float"
+        ) from None
     finally:
         absl.setLevel(level)

@@ -25,6 +25,7 @@ statistics never move) and ``fit`` verifies that their weights are unchanged aft
 ``export_student`` writes the student. The Distiller trains whatever student it is given; to
 compress while distilling, wrap the student with :func:`tfopt.optimize.student.wrap` first.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,13 +75,19 @@ def accuracy_weights(accuracies: Sequence[float], num_classes: int) -> list[floa
         chance = acc <= 1.0 / max(num_classes, 2)
         raw.append(0.0 if chance else math.log(acc / (1 - acc)) + math.log(max(num_classes - 1, 1)))
     if not sum(raw) > 0:
-        raise ConfigError(f"teacher accuracies {list(accuracies)} are all at or below chance (1/{num_classes}); "
-                          "train the teachers first or give fixed weights")
+        raise ConfigError(
+            f"teacher accuracies {list(accuracies)} are all at or below chance (1/{num_classes}); "
+            "train the teachers first or give fixed weights"
+        )
     return [r / sum(raw) for r in raw]
 
 
-def teacher_log_probs(teacher_logits: Sequence[tf.Tensor], weights: Sequence[float], temperature: float,
-                      combine: str = "probs") -> tf.Tensor:
+def teacher_log_probs(
+    teacher_logits: Sequence[tf.Tensor],
+    weights: Sequence[float],
+    temperature: float,
+    combine: str = "probs",
+) -> tf.Tensor:
     """The teachers' combined softened distribution, as log-probabilities ``[B, K]``.
 
     Args:
@@ -100,7 +107,9 @@ def teacher_log_probs(teacher_logits: Sequence[tf.Tensor], weights: Sequence[flo
     return tf.reduce_logsumexp(log_p + tf.math.log(w)[:, None, None], axis=0)
 
 
-def distillation_terms(labels, student_logits, teacher_logp, temperature: float) -> dict[str, tf.Tensor]:
+def distillation_terms(
+    labels, student_logits, teacher_logp, temperature: float
+) -> dict[str, tf.Tensor]:
     """Per-example loss terms (each ``[B]``).
 
     Returns:
@@ -111,10 +120,12 @@ def distillation_terms(labels, student_logits, teacher_logp, temperature: float)
     s = tf.cast(student_logits, tf.float32)
     p_t = tf.exp(teacher_logp)
     # multiply_no_nan: a zero-probability class contributes 0, even where log p_t = -inf.
-    kl = tf.reduce_sum(tf.math.multiply_no_nan(teacher_logp - tf.nn.log_softmax(s / temperature), p_t), axis=-1)
+    kl = tf.reduce_sum(
+        tf.math.multiply_no_nan(teacher_logp - tf.nn.log_softmax(s / temperature), p_t), axis=-1
+    )
     labels = tf.reshape(tf.cast(labels, tf.int64), [-1])
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=s)
-    return {"kl": kl, "distillation": temperature ** 2 * kl, "student": ce}
+    return {"kl": kl, "distillation": temperature**2 * kl, "student": ce}
 
 
 def _find_layer(model: "keras.Model", name: str, role: str) -> "keras.layers.Layer":
@@ -122,14 +133,18 @@ def _find_layer(model: "keras.Model", name: str, role: str) -> "keras.layers.Lay
         # A tfmot wrapper (prune_low_magnitude_conv0) stands for the layer it wraps.
         if layer.name == name or getattr(getattr(layer, "layer", None), "name", None) == name:
             return layer
-    raise ModelError(f"the {role} {model.name!r} has no layer {name!r}; choose one of "
-                     f"{', '.join(layer.name for layer in model.layers)}")
+    raise ModelError(
+        f"the {role} {model.name!r} has no layer {name!r}; choose one of "
+        f"{', '.join(layer.name for layer in model.layers)}"
+    )
 
 
 def _functional(model: "keras.Model", role: str) -> None:
     if not is_graph_network(model) or len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise ModelError(f"the {role} {model.name!r} must be a functional or Sequential tf_keras model with one "
-                         "input and one output (logits) for feature distillation; rebuild it functionally")
+        raise ModelError(
+            f"the {role} {model.name!r} must be a functional or Sequential tf_keras model with one "
+            "input and one output (logits) for feature distillation; rebuild it functionally"
+        )
 
 
 class Distiller(keras.Model):
@@ -150,32 +165,61 @@ class Distiller(keras.Model):
         verify_teachers: ``fit`` checks that the teachers' weights did not change.
     """
 
-    def __init__(self, student, teachers, *, temperature: float = _DEFAULTS.temperature,
-                 alpha: float = _DEFAULTS.alpha, teacher_weights: Sequence[float] | None = None,
-                 combine: str = _DEFAULTS.combine, features: Sequence = (),
-                 feature_weight: float = _DEFAULTS.feature_weight, verify_teachers: bool = True,
-                 name: str = "distiller"):
+    def __init__(
+        self,
+        student,
+        teachers,
+        *,
+        temperature: float = _DEFAULTS.temperature,
+        alpha: float = _DEFAULTS.alpha,
+        teacher_weights: Sequence[float] | None = None,
+        combine: str = _DEFAULTS.combine,
+        features: Sequence = (),
+        feature_weight: float = _DEFAULTS.feature_weight,
+        verify_teachers: bool = True,
+        name: str = "distiller",
+    ):
         super().__init__(name=name)
         teachers = [teachers] if isinstance(teachers, keras.Model) else list(teachers)
         for i, model in enumerate([student, *teachers]):
-            if not isinstance(ensure_tf_keras(model, "student" if i == 0 else "teacher"), keras.Model):
-                raise ModelError(f"{type(model).__name__} is not a tf_keras Model; give built tf_keras models")
+            if not isinstance(
+                ensure_tf_keras(model, "student" if i == 0 else "teacher"), keras.Model
+            ):
+                raise ModelError(
+                    f"{type(model).__name__} is not a tf_keras Model; give built tf_keras models"
+                )
         if not teachers:
             raise ConfigError("no teacher given; give at least one teacher model")
         if not temperature > 0:
             raise ConfigError(f"temperature={temperature} must be > 0 (Hinton et al. use 2-20)")
         if not 0.0 <= alpha <= 1.0:
-            raise ConfigError(f"alpha={alpha} must be in [0, 1] (0 = labels only, 1 = teacher only)")
+            raise ConfigError(
+                f"alpha={alpha} must be in [0, 1] (0 = labels only, 1 = teacher only)"
+            )
         if combine not in COMBINE_MODES:
-            raise ConfigError(f"combine={combine!r} is not valid; choose one of {', '.join(COMBINE_MODES)}")
-        weights = [1.0] * len(teachers) if teacher_weights is None else [float(w) for w in teacher_weights]
+            raise ConfigError(
+                f"combine={combine!r} is not valid; choose one of {', '.join(COMBINE_MODES)}"
+            )
+        weights = (
+            [1.0] * len(teachers)
+            if teacher_weights is None
+            else [float(w) for w in teacher_weights]
+        )
         if len(weights) != len(teachers) or min(weights) < 0 or not sum(weights) > 0:
-            raise ConfigError(f"teacher_weights={list(teacher_weights or [])} must be {len(teachers)} non-negative "
-                              "numbers with a positive sum, one per teacher")
-        classes = {m.name: m.outputs[0].shape[-1] for m in [student, *teachers] if getattr(m, "outputs", None)}
+            raise ConfigError(
+                f"teacher_weights={list(teacher_weights or [])} must be {len(teachers)} non-negative "
+                "numbers with a positive sum, one per teacher"
+            )
+        classes = {
+            m.name: m.outputs[0].shape[-1]
+            for m in [student, *teachers]
+            if getattr(m, "outputs", None)
+        }
         if len(set(classes.values())) > 1:
-            raise ModelError(f"student and teachers disagree on the number of classes {classes}; "
-                             "distil between models with the same output classes")
+            raise ModelError(
+                f"student and teachers disagree on the number of classes {classes}; "
+                "distil between models with the same output classes"
+            )
         for teacher in teachers:
             teacher.trainable = False
         self.student = student
@@ -203,22 +247,30 @@ class Distiller(keras.Model):
         self.projections = []
         self._projection_index: list[int] = []
         if not self.features:
-            self._student_net, self._teacher_nets, self._teacher_feature_slots = self.student, list(self.teachers), []
+            self._student_net, self._teacher_nets, self._teacher_feature_slots = (
+                self.student,
+                list(self.teachers),
+                [],
+            )
             return
         _functional(self.student, "student")
         s_outs, slots = [], []
         per_teacher: dict[int, list] = {}
         for k, pair in enumerate(self.features):
             if not 0 <= pair.teacher < len(self.teachers):
-                raise ConfigError(f"feature pair {pair} names teacher {pair.teacher}; there are {len(self.teachers)}")
+                raise ConfigError(
+                    f"feature pair {pair} names teacher {pair.teacher}; there are {len(self.teachers)}"
+                )
             teacher = self.teachers[pair.teacher]
             _functional(teacher, "teacher")
             s_out = _find_layer(self.student, pair.student_layer, "student").output
             t_out = _find_layer(teacher, pair.teacher_layer, "teacher").output
             s_shape, t_shape = tuple(s_out.shape), tuple(t_out.shape)
             if len(s_shape) != len(t_shape) or s_shape[1:-1] != t_shape[1:-1]:
-                raise ModelError(f"feature pair {pair.teacher_layer!r} {t_shape} / {pair.student_layer!r} {s_shape}: "
-                                 "ranks or spatial sizes differ; pair layers with the same spatial size")
+                raise ModelError(
+                    f"feature pair {pair.teacher_layer!r} {t_shape} / {pair.student_layer!r} {s_shape}: "
+                    "ranks or spatial sizes differ; pair layers with the same spatial size"
+                )
             s_outs.append(s_out)
             slots.append((pair.teacher, len(per_teacher.setdefault(pair.teacher, []))))
             per_teacher[pair.teacher].append(t_out)
@@ -233,11 +285,17 @@ class Distiller(keras.Model):
                 self.projections.append(proj)
             else:
                 self._projection_index.append(-1)
-        self._student_net = keras.Model(self.student.inputs, [self.student.outputs[0], *s_outs],
-                                        name=f"{self.student.name}_features")
+        self._student_net = keras.Model(
+            self.student.inputs,
+            [self.student.outputs[0], *s_outs],
+            name=f"{self.student.name}_features",
+        )
         self._teacher_nets = [
-            keras.Model(t.inputs, [t.outputs[0], *per_teacher[i]], name=f"{t.name}_features") if i in per_teacher else t
-            for i, t in enumerate(self.teachers)]
+            keras.Model(t.inputs, [t.outputs[0], *per_teacher[i]], name=f"{t.name}_features")
+            if i in per_teacher
+            else t
+            for i, t in enumerate(self.teachers)
+        ]
         self._teacher_feature_slots = slots
 
     def call(self, inputs, training=None):
@@ -255,9 +313,13 @@ class Distiller(keras.Model):
         out = out if isinstance(out, (list, tuple)) else [out]
         return out[0], list(out[1:]), t_logits, t_feats
 
-    def loss_terms(self, y, student_logits, teacher_logits, student_features=(), teacher_features=()) -> dict:
+    def loss_terms(
+        self, y, student_logits, teacher_logits, student_features=(), teacher_features=()
+    ) -> dict:
         """Per-example loss terms ``[B]``: distillation, student, feature (if any) and total."""
-        logp = teacher_log_probs(teacher_logits, self.teacher_weights, self.temperature, self.combine)
+        logp = teacher_log_probs(
+            teacher_logits, self.teacher_weights, self.temperature, self.combine
+        )
         terms = distillation_terms(y, student_logits, logp, self.temperature)
         total = self.alpha * terms["distillation"] + (1.0 - self.alpha) * terms["student"]
         if self.features:
@@ -268,7 +330,9 @@ class Distiller(keras.Model):
                 if self._projection_index[k] >= 0:
                     s = self.projections[self._projection_index[k]](s)
                 diff = s - tf.cast(teacher_features[teacher][slot], tf.float32)
-                feats.append(tf.reduce_mean(tf.reshape(tf.square(diff), [tf.shape(diff)[0], -1]), axis=1))
+                feats.append(
+                    tf.reduce_mean(tf.reshape(tf.square(diff), [tf.shape(diff)[0], -1]), axis=1)
+                )
             terms["feature"] = tf.add_n(feats)
             total = total + self.feature_weight * terms["feature"]
         terms["total"] = total
@@ -279,10 +343,14 @@ class Distiller(keras.Model):
     def compile(self, optimizer="adam", metrics=None, **kwargs):
         """Like ``Model.compile`` without a loss (the Distiller has its own); metrics default to accuracy."""
         if kwargs.get("loss") is not None:
-            raise ConfigError("Distiller.compile takes no loss: it computes the distillation loss itself; "
-                              "set temperature/alpha on the Distiller instead")
+            raise ConfigError(
+                "Distiller.compile takes no loss: it computes the distillation loss itself; "
+                "set temperature/alpha on the Distiller instead"
+            )
         kwargs.pop("loss", None)
-        super().compile(optimizer=optimizer, metrics=["accuracy"] if metrics is None else metrics, **kwargs)
+        super().compile(
+            optimizer=optimizer, metrics=["accuracy"] if metrics is None else metrics, **kwargs
+        )
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -308,10 +376,15 @@ class Distiller(keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         s_logits = self.student(x, training=False)
         labels = tf.reshape(tf.cast(y, tf.int64), [-1])
-        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(s_logits, tf.float32))
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=tf.cast(s_logits, tf.float32)
+        )
         self.loss_tracker.update_state(ce, sample_weight)
         self.compiled_metrics.update_state(y, s_logits, sample_weight)
-        return {"loss": self.loss_tracker.result(), **{m.name: m.result() for m in self.compiled_metrics.metrics}}
+        return {
+            "loss": self.loss_tracker.result(),
+            **{m.name: m.result() for m in self.compiled_metrics.metrics},
+        }
 
     def fit(self, *args, **kwargs):
         """``Model.fit``, then a check that the teachers' weights are bit-identical to before.
@@ -325,8 +398,10 @@ class Distiller(keras.Model):
             after = self.teacher_digests()
             changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
             if changed:
-                raise ModelError(f"teacher(s) {changed} changed during fit; teachers must stay frozen: do not "
-                                 "set teacher.trainable = True or assign their weights in callbacks")
+                raise ModelError(
+                    f"teacher(s) {changed} changed during fit; teachers must stay frozen: do not "
+                    "set teacher.trainable = True or assign their weights in callbacks"
+                )
         return history
 
     # -- weights and export --------------------------------------------------------------------

@@ -4,6 +4,7 @@ Keras model files can carry code: an ``.h5`` or SavedModel with a ``Lambda`` lay
 Python bytecode, and a ``.keras`` config may name any importable module. Those are refused
 unless the user trusts the file (``--trust-model``).
 """
+
 from __future__ import annotations
 
 import base64
@@ -30,7 +31,9 @@ _CODE_CLASSES = ("Lambda", "__lambda__")
 def _walk(node: Any) -> Iterator[Any]:
     """Every value of a parsed config: the objects, lists and strings of every nesting level."""
     yield node
-    for value in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
+    for value in (
+        node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    ):
         yield from _walk(value)
 
 
@@ -47,23 +50,32 @@ def _is_bytecode(text: str) -> bool:
 def _check_config(config: Any, path: str) -> None:
     """Refuses a parsed model config (nested models and every format's encoding included) that can run code."""
     if not isinstance(config, dict):
-        raise ModelError(f"{path}'s model config is a {type(config).__name__}, not an object; re-save the model")
+        raise ModelError(
+            f"{path}'s model config is a {type(config).__name__}, not an object; re-save the model"
+        )
     for node in _walk(config):
         if isinstance(node, str) and _is_bytecode(node):
-            raise ModelError(f"{path} holds a serialized Python function (e.g. a lambda activation), which runs on "
-                             f"load; {_FIX}")
+            raise ModelError(
+                f"{path} holds a serialized Python function (e.g. a lambda activation), which runs on "
+                f"load; {_FIX}"
+            )
         if not isinstance(node, dict):
             continue
         if node.get("class_name") in _CODE_CLASSES or "function_type" in node:
             inner = node.get("config")
             name = inner.get("name", "?") if isinstance(inner, dict) else node.get("name", "?")
-            kind = {"Lambda": "Lambda layer", "__lambda__": "lambda"}.get(node.get("class_name"), "function")
-            raise ModelError(f"{path} has a {kind} {name!r} holding stored Python code, which runs on load; {_FIX}")
+            kind = {"Lambda": "Lambda layer", "__lambda__": "lambda"}.get(
+                node.get("class_name"), "function"
+            )
+            raise ModelError(
+                f"{path} has a {kind} {name!r} holding stored Python code, which runs on load; {_FIX}"
+            )
         module = node.get("module")
         if isinstance(module, str) and module and not module.split(".")[0] in _SAFE_MODULE_PREFIXES:
             raise ModelError(
                 f"{path} names the module {module!r} (class {node.get('class_name')!r}), which would be "
-                f"imported on load; {_FIX}")
+                f"imported on load; {_FIX}"
+            )
 
 
 def saved_by_keras3(path: str) -> str | None:
@@ -88,10 +100,12 @@ def saved_by_keras3(path: str) -> str | None:
 def _refuse_keras3(path: str) -> None:
     found = saved_by_keras3(path)
     if found:
-        raise ModelError(f"{path} was saved by Keras 3 ({found}); tfopt trains with tf_keras (Keras 2), which tfmot "
-                         "needs: build the model with `import tf_keras as keras` (or TF_USE_LEGACY_KERAS=1 before "
-                         f"TensorFlow is imported) and save it again; to quantize it as it is: python -m tfopt.export "
-                         f"--from {path} --dataset ...")
+        raise ModelError(
+            f"{path} was saved by Keras 3 ({found}); tfopt trains with tf_keras (Keras 2), which tfmot "
+            "needs: build the model with `import tf_keras as keras` (or TF_USE_LEGACY_KERAS=1 before "
+            f"TensorFlow is imported) and save it again; to quantize it as it is: python -m tfopt.export "
+            f"--from {path} --dataset ..."
+        )
 
 
 def _inspect(path: str) -> None:
@@ -100,7 +114,9 @@ def _inspect(path: str) -> None:
             with zipfile.ZipFile(path) as z:
                 config = json.loads(z.read("config.json"))
         except (zipfile.BadZipFile, KeyError, ValueError) as e:
-            raise ModelError(f"{path} is not a valid .keras file ({e}); re-save the model") from None
+            raise ModelError(
+                f"{path} is not a valid .keras file ({e}); re-save the model"
+            ) from None
         _check_config(config, path)
     elif path.endswith((".h5", ".hdf5")):
         import h5py
@@ -109,29 +125,39 @@ def _inspect(path: str) -> None:
             with h5py.File(path, "r") as f:
                 raw = f.attrs.get("model_config")
         except OSError as e:
-            raise ModelError(f"{path} is not a valid .h5 model file ({str(e).splitlines()[0]}); re-save the model") from None
+            raise ModelError(
+                f"{path} is not a valid .h5 model file ({str(e).splitlines()[0]}); re-save the model"
+            ) from None
         if raw is None:
             raise ModelError(f"{path} holds no model config (weights only?); save the whole model")
         _check_config(json.loads(raw if isinstance(raw, str) else raw.decode()), path)
     elif os.path.isdir(path):
         if not os.path.exists(os.path.join(path, "keras_metadata.pb")):
-            raise ModelError(f"{path} is a SavedModel without Keras metadata; save it with tf_keras")
+            raise ModelError(
+                f"{path} is a SavedModel without Keras metadata; save it with tf_keras"
+            )
         from google.protobuf.message import DecodeError
 
         try:
             nodes = _compat.keras_saved_model_metadata(path)
         except (OSError, DecodeError) as e:
-            raise ModelError(f"{path}'s keras_metadata.pb cannot be read ({e}), so it cannot be checked for "
-                             f"stored code; re-save the model, or {_FIX}") from None
+            raise ModelError(
+                f"{path}'s keras_metadata.pb cannot be read ({e}), so it cannot be checked for "
+                f"stored code; re-save the model, or {_FIX}"
+            ) from None
         for node_path, metadata in nodes:
             try:
                 config = json.loads(metadata) if metadata else {}
             except ValueError:
-                raise ModelError(f"{path}: the metadata of {node_path!r} is not JSON, so it cannot be checked for "
-                                 f"stored code; re-save the model, or {_FIX}") from None
+                raise ModelError(
+                    f"{path}: the metadata of {node_path!r} is not JSON, so it cannot be checked for "
+                    f"stored code; re-save the model, or {_FIX}"
+                ) from None
             _check_config(config, path)
     else:
-        raise ModelError(f"{path} is not a model file; give a .keras file, an .h5 file or a SavedModel directory")
+        raise ModelError(
+            f"{path} is not a model file; give a .keras file, an .h5 file or a SavedModel directory"
+        )
 
 
 def _mentions(path: str, text: str) -> bool:
@@ -148,7 +174,9 @@ def _mentions(path: str, text: str) -> bool:
 
             with h5py.File(path, "r") as f:
                 raw = f.attrs.get("model_config")
-            return raw is not None and text in (raw if isinstance(raw, str) else raw.decode("utf-8", "replace"))
+            return raw is not None and text in (
+                raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+            )
     except (OSError, KeyError, zipfile.BadZipFile):
         return False
     return False
@@ -159,15 +187,23 @@ def tfmot_objects() -> dict:
     import tensorflow_model_optimization as tfmot
 
     custom: dict = {}
-    for scope in (tfmot.quantization.keras.quantize_scope(), tfmot.sparsity.keras.prune_scope(),
-                  tfmot.clustering.keras.cluster_scope()):
+    for scope in (
+        tfmot.quantization.keras.quantize_scope(),
+        tfmot.sparsity.keras.prune_scope(),
+        tfmot.clustering.keras.cluster_scope(),
+    ):
         for objects in scope.custom_objects:
             custom.update(objects)
     return custom
 
 
-def load_model(path: str, *, trust_model: bool = False, custom_objects: dict | None = None,
-               compile: bool = False) -> "keras.Model":
+def load_model(
+    path: str,
+    *,
+    trust_model: bool = False,
+    custom_objects: dict | None = None,
+    compile: bool = False,
+) -> "keras.Model":
     """Loads a tf_keras model, refusing files that can run code unless trusted.
 
     Models holding tfmot wrappers (a quantization-aware model, an unstripped pruned or
@@ -190,11 +226,18 @@ def load_model(path: str, *, trust_model: bool = False, custom_objects: dict | N
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "model.keras")):
         path = os.path.join(path, "model.keras")
     if not os.path.exists(path):
-        raise ModelError(f"model {path!r} does not exist; give a .keras/.h5 file, a SavedModel or a run directory")
-    if (os.path.isdir(path) and os.path.exists(os.path.join(path, "saved_model.pb"))
-            and not os.path.exists(os.path.join(path, "keras_metadata.pb"))):
-        raise ModelError(f"{path!r} is an inference SavedModel without Keras metadata (a run's saved_model/ is one, "
-                         "for serving); give the run directory or its model.keras, or load it with tf.saved_model.load")
+        raise ModelError(
+            f"model {path!r} does not exist; give a .keras/.h5 file, a SavedModel or a run directory"
+        )
+    if (
+        os.path.isdir(path)
+        and os.path.exists(os.path.join(path, "saved_model.pb"))
+        and not os.path.exists(os.path.join(path, "keras_metadata.pb"))
+    ):
+        raise ModelError(
+            f"{path!r} is an inference SavedModel without Keras metadata (a run's saved_model/ is one, "
+            "for serving); give the run directory or its model.keras, or load it with tf.saved_model.load"
+        )
     _refuse_keras3(path)
     if not trust_model:
         _inspect(path)
@@ -232,6 +275,8 @@ def save_model(model: "keras.Model", out_dir: str) -> dict[str, str]:
         model.save(tmp)
     sm_path = os.path.join(out_dir, "saved_model")
     with atomic_dir(sm_path) as tmp:
-        with contextlib.redirect_stdout(io.StringIO()):  # "Saved artifact at ..." and the endpoint's signature
+        with contextlib.redirect_stdout(
+            io.StringIO()
+        ):  # "Saved artifact at ..." and the endpoint's signature
             model.export(tmp)
     return {"keras": keras_path, "saved_model": sm_path}

@@ -3,6 +3,7 @@
 Every model ends in a float32 softmax-free logits layer (``dtype="float32"``) so it stays
 numerically safe under the mixed_float16 / mixed_bfloat16 policies.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -151,7 +152,9 @@ def mobilenet_tiny(input_shape, num_classes: int, dropout: float = 0.0) -> keras
     x = keras.layers.BatchNormalization(momentum=0.9, name="stem_bn")(x)
     x = keras.layers.ReLU(6.0, name="stem_relu")(x)
     for i, (filters, stride) in enumerate(((32, 1), (64, 2), (64, 1))):
-        x = keras.layers.DepthwiseConv2D(3, strides=stride, padding="same", use_bias=False, name=f"block{i}_dw")(x)
+        x = keras.layers.DepthwiseConv2D(
+            3, strides=stride, padding="same", use_bias=False, name=f"block{i}_dw"
+        )(x)
         x = keras.layers.BatchNormalization(momentum=0.9, name=f"block{i}_dw_bn")(x)
         x = keras.layers.ReLU(6.0, name=f"block{i}_dw_relu")(x)
         x = keras.layers.Conv2D(filters, 1, use_bias=False, name=f"block{i}_pw")(x)

@@ -19,6 +19,7 @@ described in the run record (``model`` section). A ``keras.applications`` model'
 ``preprocess_input`` becomes the data's ``data.normalize`` (see :func:`resolve_config`), so
 training, evaluation, calibration and the exported model's input contract all use it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,8 +59,10 @@ def check(cfg: ModelConfig) -> ModelSource:
     if source.form == "builtin":
         registry.check_model_name(source.target)
     elif source.form == "file" and not os.path.exists(source.target):
-        raise ModelError(f"model file {cfg.name!r} does not exist; give a .keras or .h5 file or a SavedModel "
-                         "directory (or a built-in name, keras.applications:NAME, package.module:function)")
+        raise ModelError(
+            f"model file {cfg.name!r} does not exist; give a .keras or .h5 file or a SavedModel "
+            "directory (or a built-in name, keras.applications:NAME, package.module:function)"
+        )
     return source
 
 
@@ -70,12 +73,15 @@ def describe(cfg: ModelConfig) -> dict:
     if source.form == "file":
         out.update(path=source.target, sha256=tree_digest(source.target))
     if cfg.args:
-        out["args"] = {k: repr(v) if not isinstance(v, (str, int, float, bool)) else v
-                       for k, v in parse_model_args(cfg.args).items()}
+        out["args"] = {
+            k: repr(v) if not isinstance(v, (str, int, float, bool)) else v
+            for k, v in parse_model_args(cfg.args).items()
+        }
     return out
 
 
 # -- keras.applications ------------------------------------------------------------------------
+
 
 def application(name: str):
     """The ``tf_keras.applications`` function called ``name``.
@@ -87,7 +93,11 @@ def application(name: str):
     if not name[:1].isupper() or not callable(fn):
         names = [n for n in dir(keras.applications) if n[:1].isupper()]
         near = difflib.get_close_matches(name, names, n=3)
-        hint = f"did you mean {', '.join(near)}?" if near else f"choose one of {', '.join(sorted(names)[:12])}, ..."
+        hint = (
+            f"did you mean {', '.join(near)}?"
+            if near
+            else f"choose one of {', '.join(sorted(names)[:12])}, ..."
+        )
         raise ModelError(f"keras.applications:{name} does not exist; {hint}")
     return fn
 
@@ -116,11 +126,15 @@ def preprocessing(name: str) -> str:
     if not np.allclose(f([[[probe]]]), scale * probe + bias, atol=1e-3):
         prefix = BGR_PREFIX  # caffe mode: RGB -> BGR, then the per-channel shift
         if not np.allclose(f([[[probe]]]), scale * probe[::-1] + bias, atol=1e-3):
-            raise ModelError(f"keras.applications:{name}'s preprocess_input is not a per-channel scale and shift; "
-                             "set the input scaling yourself with --set data.normalize=MEAN/STD")
+            raise ModelError(
+                f"keras.applications:{name}'s preprocess_input is not a per-channel scale and shift; "
+                "set the input scaling yourself with --set data.normalize=MEAN/STD"
+            )
     if np.any(scale <= 0):
-        raise ModelError(f"keras.applications:{name}'s preprocess_input inverts pixel values; "
-                         "set the input scaling yourself with --set data.normalize=MEAN/STD")
+        raise ModelError(
+            f"keras.applications:{name}'s preprocess_input inverts pixel values; "
+            "set the input scaling yourself with --set data.normalize=MEAN/STD"
+        )
     std = 1.0 / (255.0 * scale)
     mean = -bias * std
     if not prefix and np.allclose(std, 1.0) and np.allclose(mean, 0.0):
@@ -148,18 +162,25 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 
 # -- the builders, one per form (named by tfopt.specs.MODEL_SOURCES) -------------------------------
 
-def build_builtin(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
+
+def build_builtin(
+    source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int
+) -> "keras.Model":
     """A built-in model (:mod:`tfopt.models.registry`)."""
     return registry.build_model(source.target, input_shape, num_classes, cfg.dropout)
 
 
-def build_file(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
+def build_file(
+    source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int
+) -> "keras.Model":
     """A model file, loaded safely (``cfg.trust`` allows code) and rebuilt under the current precision policy."""
     model = io.load_model(source.target, trust_model=cfg.trust)
     return _rebuild(model, policy=keras.mixed_precision.global_policy().name)
 
 
-def build_application(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
+def build_application(
+    source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int
+) -> "keras.Model":
     """``keras.applications:NAME(**cfg.args)``; without ``include_top=True``, pooled features and a new logits layer."""
     fn = application(source.target)
     kwargs = parse_model_args(cfg.args)
@@ -170,12 +191,16 @@ def build_application(source: ModelSource, cfg: ModelConfig, input_shape, num_cl
     if kwargs.get("include_top"):
         kwargs.setdefault("classes", num_classes)
         kwargs.setdefault("classifier_activation", None)
-        return _short_run_statistics(_call(fn, kwargs, f"keras.applications:{source.target}"), kwargs["weights"])
+        return _short_run_statistics(
+            _call(fn, kwargs, f"keras.applications:{source.target}"), kwargs["weights"]
+        )
     kwargs.update(include_top=False)
     kwargs.setdefault("pooling", "avg")
     base = _call(fn, kwargs, f"keras.applications:{source.target}")
     outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(base.output)
-    return _short_run_statistics(keras.Model(base.inputs, outputs, name=base.name), kwargs["weights"])
+    return _short_run_statistics(
+        keras.Model(base.inputs, outputs, name=base.name), kwargs["weights"]
+    )
 
 
 # Keras's applications keep BatchNormalization statistics with momentum 0.99-0.999, tuned for
@@ -190,31 +215,44 @@ def _short_run_statistics(model: "keras.Model", weights) -> "keras.Model":
     as Keras sets it for pretrained ones); the model's ``tfopt_notes`` say what changed."""
     if weights is not None:
         return model
-    changed = sorted({float(l.momentum) for l in model.layers if isinstance(l, keras.layers.BatchNormalization)
-                      and l.momentum != SCRATCH_BN_MOMENTUM})
+    changed = sorted(
+        {
+            float(l.momentum)
+            for l in model.layers
+            if isinstance(l, keras.layers.BatchNormalization) and l.momentum != SCRATCH_BN_MOMENTUM
+        }
+    )
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             layer.momentum = SCRATCH_BN_MOMENTUM
     if changed:
-        model.tfopt_notes = [f"batch-norm momentum {', '.join(f'{m:g}' for m in changed)} -> {SCRATCH_BN_MOMENTUM:g} "
-                             "(random initial weights: statistics usable after a short run)"]
+        model.tfopt_notes = [
+            f"batch-norm momentum {', '.join(f'{m:g}' for m in changed)} -> {SCRATCH_BN_MOMENTUM:g} "
+            "(random initial weights: statistics usable after a short run)"
+        ]
     return model
 
 
-def build_factory(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> "keras.Model":
+def build_factory(
+    source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int
+) -> "keras.Model":
     """``package.module:function(input_shape, num_classes, **cfg.args)``."""
     try:
         fn = resolve(source.target)
     except (ImportError, AttributeError) as e:
-        raise ModelError(f"model factory {source.target!r} cannot be imported ({e}); give package.module:function "
-                         "importable from here (check PYTHONPATH)") from None
+        raise ModelError(
+            f"model factory {source.target!r} cannot be imported ({e}); give package.module:function "
+            "importable from here (check PYTHONPATH)"
+        ) from None
     kwargs = parse_model_args(cfg.args)
     _check_kwargs(fn, kwargs, source.target)
     model = fn(tuple(input_shape), num_classes, **kwargs)
     if not isinstance(model, keras.Model):
         ensure_tf_keras(model)
-        raise ModelError(f"model factory {source.target!r} returned {type(model).__name__}, not a tf_keras Model; "
-                         "return a keras.Model built with `import tf_keras as keras`")
+        raise ModelError(
+            f"model factory {source.target!r} returned {type(model).__name__}, not a tf_keras Model; "
+            "return a keras.Model built with `import tf_keras as keras`"
+        )
     return model
 
 
@@ -229,19 +267,26 @@ def _check_kwargs(fn, kwargs: dict, what: str, strict: bool = False) -> None:
         return
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
-        valid = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        raise ConfigError(f"{what} takes no argument {', '.join(map(repr, unknown))}; "
-                          f"--model-arg takes: {', '.join(valid)}")
+        valid = [
+            n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        raise ConfigError(
+            f"{what} takes no argument {', '.join(map(repr, unknown))}; "
+            f"--model-arg takes: {', '.join(valid)}"
+        )
 
 
 def _call(fn, kwargs: dict, what: str) -> "keras.Model":
     try:
         return fn(**kwargs)
     except ValueError as e:  # Keras's own argument checks (e.g. an input too small, a bad alpha)
-        raise ModelError(f"{what} refuses its arguments: {str(e).strip().splitlines()[0]}") from None
+        raise ModelError(
+            f"{what} refuses its arguments: {str(e).strip().splitlines()[0]}"
+        ) from None
 
 
 # -- what every model goes through ------------------------------------------------------------
+
 
 def build(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> Built:
     """Builds or loads the model ``cfg`` names for images of ``input_shape`` and ``num_classes`` classes.
@@ -263,13 +308,20 @@ def build(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> Bui
             another class count with ``model.head=keep``.
     """
     source = check(cfg)
-    model = built_model = ensure_tf_keras(resolve(source.spec.builder)(source, cfg, tuple(input_shape), num_classes))
+    model = built_model = ensure_tf_keras(
+        resolve(source.spec.builder)(source, cfg, tuple(input_shape), num_classes)
+    )
     check_input(model, input_shape, cfg.name)
     model, outputs = to_logits(model)
     fresh = source.form == "applications" and not parse_model_args(cfg.args).get("include_top")
     model, head = fit_head(model, num_classes, cfg.head, cfg.name, new=fresh)
-    description = {**describe(cfg), "outputs": outputs, "head": head, "notes": getattr(built_model, "tfopt_notes", []),
-                   "input_shape": [None if d is None else int(d) for d in model.input_shape[1:]]}
+    description = {
+        **describe(cfg),
+        "outputs": outputs,
+        "head": head,
+        "notes": getattr(built_model, "tfopt_notes", []),
+        "input_shape": [None if d is None else int(d) for d in model.input_shape[1:]],
+    }
     return Built(model, description)
 
 
@@ -285,19 +337,25 @@ def check_input(model: "keras.Model", input_shape: Sequence[int], name: str) -> 
         ModelError: several inputs, or a fixed dimension that differs from the images'.
     """
     if len(model.inputs) != 1:
-        raise ModelError(f"model {name!r} has {len(model.inputs)} inputs; tfopt trains image classifiers with one "
-                         "image input")
+        raise ModelError(
+            f"model {name!r} has {len(model.inputs)} inputs; tfopt trains image classifiers with one "
+            "image input"
+        )
     expected = tuple(model.input_shape[1:])
     given = tuple(int(d) for d in input_shape)
-    if len(expected) != len(given) or any(e is not None and e != g for e, g in zip(expected, given)):
+    if len(expected) != len(given) or any(
+        e is not None and e != g for e, g in zip(expected, given)
+    ):
         shown = "x".join("?" if e is None else str(e) for e in expected)
         fix = []
         if len(expected) == 3 and expected[0] is not None and expected[1] is not None:
             fix.append(f"--image-size {expected[0]}x{expected[1]}")
         if len(expected) == 3 and expected[2] in (1, 3) and expected[2] != given[-1]:
             fix.append(f"--channels {expected[2]}")
-        raise ModelError(f"model {name!r} takes {shown} images but the data gives {'x'.join(map(str, given))}; "
-                         f"{'resize them with ' + ' and '.join(fix) if fix else 'give a model for these images'}")
+        raise ModelError(
+            f"model {name!r} takes {shown} images but the data gives {'x'.join(map(str, given))}; "
+            f"{'resize them with ' + ' and '.join(fix) if fix else 'give a model for these images'}"
+        )
 
 
 def _output_layer(model: "keras.Model"):
@@ -308,7 +366,9 @@ def _is_softmax(layer) -> bool:
     if isinstance(layer, keras.layers.Softmax):
         return True
     activation = getattr(layer, "activation", None)
-    return activation is keras.activations.softmax or getattr(activation, "__name__", "") == "softmax"
+    return (
+        activation is keras.activations.softmax or getattr(activation, "__name__", "") == "softmax"
+    )
 
 
 def to_logits(model: "keras.Model") -> tuple["keras.Model", str]:
@@ -318,14 +378,20 @@ def to_logits(model: "keras.Model") -> tuple["keras.Model", str]:
         The model (``model`` itself when it already ends in logits) and what was done, for the record.
     """
     if len(model.outputs) != 1:
-        raise ModelError(f"model {model.name!r} has {len(model.outputs)} outputs; tfopt trains classifiers "
-                         "with one output of class scores")
+        raise ModelError(
+            f"model {model.name!r} has {len(model.outputs)} outputs; tfopt trains classifiers "
+            "with one output of class scores"
+        )
     layer = _output_layer(model)
     if not _is_softmax(layer):
         return model, "logits"
     if isinstance(layer, (keras.layers.Softmax, keras.layers.Activation)):
-        return keras.Model(model.inputs, layer.input, name=model.name), f"logits (softmax layer {layer.name!r} removed)"
-    return _rebuild(model, linear=layer.name), f"logits (softmax activation of {layer.name!r} removed)"
+        return keras.Model(
+            model.inputs, layer.input, name=model.name
+        ), f"logits (softmax layer {layer.name!r} removed)"
+    return _rebuild(
+        model, linear=layer.name
+    ), f"logits (softmax activation of {layer.name!r} removed)"
 
 
 def _rebuild(model: "keras.Model", *, linear: str = "", policy: str = "") -> "keras.Model":
@@ -339,7 +405,12 @@ def _rebuild(model: "keras.Model", *, linear: str = "", policy: str = "") -> "ke
         config = layer.get_config()
         if layer.name == linear:
             config["activation"] = "linear"
-        if policy and layer.name != output and "dtype" in config and not isinstance(layer, keras.layers.InputLayer):
+        if (
+            policy
+            and layer.name != output
+            and "dtype" in config
+            and not isinstance(layer, keras.layers.InputLayer)
+        ):
             config["dtype"] = policy
         return layer.__class__.from_config(config)
 
@@ -348,8 +419,9 @@ def _rebuild(model: "keras.Model", *, linear: str = "", policy: str = "") -> "ke
     return copy
 
 
-def fit_head(model: "keras.Model", num_classes: int, head: str, name: str, *, new: bool = False
-             ) -> tuple["keras.Model", str]:
+def fit_head(
+    model: "keras.Model", num_classes: int, head: str, name: str, *, new: bool = False
+) -> tuple["keras.Model", str]:
     """Gives the model a logits layer for ``num_classes`` classes as ``head`` says.
 
     ``auto`` keeps the model's own layer when it has ``num_classes`` outputs, else replaces it;
@@ -366,23 +438,31 @@ def fit_head(model: "keras.Model", num_classes: int, head: str, name: str, *, ne
         return model, "new"
     outputs = model.output_shape[-1]
     if len(model.output_shape) != 2:
-        raise ModelError(f"model {name!r} outputs {model.output_shape[1:]} per image, not one score per class; "
-                         "end it in a Dense layer, or give --head new to add one")
+        raise ModelError(
+            f"model {name!r} outputs {model.output_shape[1:]} per image, not one score per class; "
+            "end it in a Dense layer, or give --head new to add one"
+        )
     if head == "keep" or (head == "auto" and outputs == num_classes):
         if outputs != num_classes:
-            raise ModelError(f"model {name!r} has {outputs} outputs but the data has {num_classes} classes; give the "
-                             "data it was trained on, or train it on this data with --head new (a new classification layer)")
+            raise ModelError(
+                f"model {name!r} has {outputs} outputs but the data has {num_classes} classes; give the "
+                "data it was trained on, or train it on this data with --head new (a new classification layer)"
+            )
         return model, "kept"
     layer = _output_layer(model)
     taken = {l.name for l in model.layers}
     logits_name = "logits" if "logits" not in taken - {layer.name} else "head_logits"
     dense = lambda x: keras.layers.Dense(num_classes, dtype="float32", name=logits_name)(x)  # noqa: E731
     if isinstance(layer, keras.layers.Dense):
-        return keras.Model(model.inputs, dense(layer.input), name=model.name), f"replaced {layer.name!r}"
+        return keras.Model(
+            model.inputs, dense(layer.input), name=model.name
+        ), f"replaced {layer.name!r}"
     return keras.Model(model.inputs, dense(model.output), name=model.name), "added"
 
 
-def load_stage_input(run, input_shape: Sequence[int], num_classes: int, trust: bool = False) -> "keras.Model":
+def load_stage_input(
+    run, input_shape: Sequence[int], num_classes: int, trust: bool = False
+) -> "keras.Model":
     """The model a later stage (optimize, distill's teachers) starts from, ending in logits.
 
     Args:
@@ -398,4 +478,6 @@ def load_stage_input(run, input_shape: Sequence[int], num_classes: int, trust: b
     """
     if not run.model_file:
         return io.load_model(run.model_path, trust_model=trust)
-    return build(ModelConfig(name=run.model_file, trust=trust, head="keep"), input_shape, num_classes).model
+    return build(
+        ModelConfig(name=run.model_file, trust=trust, head="keep"), input_shape, num_classes
+    ).model

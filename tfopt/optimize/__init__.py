@@ -4,6 +4,7 @@ fine-tuned under any tf.distribute strategy and precision policy.
 The names below are re-exported lazily (PEP 562): importing the package stays cheap, so
 ``python -m tfopt.optimize --help`` and parameter-server task servers do not load tfmot.
 """
+
 import importlib
 
 _EXPORTS = {

@@ -1,4 +1,5 @@
 """``python -m tfopt.optimize``: see :mod:`tfopt.optimize.cli`."""
+
 import sys
 
 from tfopt.optimize.cli import main

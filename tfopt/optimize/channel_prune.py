@@ -19,6 +19,7 @@ widths are rounded up to a multiple of ``round_to``). The target is a share of c
 predicted from a table of timed layer widths, :mod:`tfopt.optimize.latency`); the last two are
 reached by a scan and bisection on the share removed.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,25 +72,46 @@ class ChannelSpec:
     def validate(self) -> "ChannelSpec":
         """Raises OptimizeError naming the bad value and the valid range."""
         if self.importance not in IMPORTANCE or self.ranking not in RANKING:
-            raise OptimizeError(f"importance={self.importance!r} / ranking={self.ranking!r} is not valid; choose "
-                                f"importance from {', '.join(IMPORTANCE)} and ranking from {', '.join(RANKING)}")
+            raise OptimizeError(
+                f"importance={self.importance!r} / ranking={self.ranking!r} is not valid; choose "
+                f"importance from {', '.join(IMPORTANCE)} and ranking from {', '.join(RANKING)}"
+            )
         if not 0 < self.flops <= 1 or not 0 <= self.ratio < 1:
-            raise OptimizeError(f"flops={self.flops} must be in (0, 1] and ratio={self.ratio} in [0, 1); e.g. "
-                                "flops=0.5 for half the multiply-adds, or ratio=0.3 to remove 30% of the channels")
-        if self.round_to < 1 or self.iterations < 1 or self.taylor_batches < 1 or self.latency_threads < 1:
-            raise OptimizeError(f"round_to={self.round_to}, iterations={self.iterations}, taylor_batches="
-                                f"{self.taylor_batches} and latency_threads={self.latency_threads} must be >= 1")
+            raise OptimizeError(
+                f"flops={self.flops} must be in (0, 1] and ratio={self.ratio} in [0, 1); e.g. "
+                "flops=0.5 for half the multiply-adds, or ratio=0.3 to remove 30% of the channels"
+            )
+        if (
+            self.round_to < 1
+            or self.iterations < 1
+            or self.taylor_batches < 1
+            or self.latency_threads < 1
+        ):
+            raise OptimizeError(
+                f"round_to={self.round_to}, iterations={self.iterations}, taylor_batches="
+                f"{self.taylor_batches} and latency_threads={self.latency_threads} must be >= 1"
+            )
         if not self.latency_us >= 0 or (self.latency_us and self.ratio):
-            raise OptimizeError(f"latency_us={self.latency_us} must be > 0 (a target in microseconds) or 0 (off), "
-                                f"and cannot be combined with ratio={self.ratio}; give one target")
+            raise OptimizeError(
+                f"latency_us={self.latency_us} must be > 0 (a target in microseconds) or 0 (off), "
+                f"and cannot be combined with ratio={self.ratio}; give one target"
+            )
         return self
 
     def to_dict(self) -> dict:
         """JSON-ready settings."""
-        return {"flops": self.flops, "ratio": self.ratio, "importance": self.importance, "ranking": self.ranking,
-                "round_to": self.round_to, "iterations": self.iterations, "taylor_batches": self.taylor_batches,
-                "latency_us": self.latency_us, "latency_threads": self.latency_threads,
-                "selection": self.selection.to_dict()}
+        return {
+            "flops": self.flops,
+            "ratio": self.ratio,
+            "importance": self.importance,
+            "ranking": self.ranking,
+            "round_to": self.round_to,
+            "iterations": self.iterations,
+            "taylor_batches": self.taylor_batches,
+            "latency_us": self.latency_us,
+            "latency_threads": self.latency_threads,
+            "selection": self.selection.to_dict(),
+        }
 
 
 @dataclass
@@ -108,23 +130,34 @@ class Plan:
 
     def to_dict(self) -> dict:
         """JSON-ready data (the run record's ``channel_prune`` phase info)."""
-        return {"widths": {n: list(w) for n, w in self.widths.items()}, "pinned": self.pinned,
-                "macs_before": self.macs_before, "macs_after": self.macs_after, "share_removed": round(self.share, 5),
-                "channels_removed": sum(b - a for b, a in self.widths.values()),
-                **({"latency": self.latency} if self.latency else {})}
+        return {
+            "widths": {n: list(w) for n, w in self.widths.items()},
+            "pinned": self.pinned,
+            "macs_before": self.macs_before,
+            "macs_after": self.macs_after,
+            "share_removed": round(self.share, 5),
+            "channels_removed": sum(b - a for b, a in self.widths.values()),
+            **({"latency": self.latency} if self.latency else {}),
+        }
 
 
 def _kernel_out(layer) -> np.ndarray:
     """The kernel whose last axis holds the layer's output channels."""
-    return (layer.pointwise_kernel if isinstance(layer, L.SeparableConv2D) else layer.kernel).numpy()
+    return (
+        layer.pointwise_kernel if isinstance(layer, L.SeparableConv2D) else layer.kernel
+    ).numpy()
 
 
 def _taylor(model: "keras.Model", names: list[str], batches) -> dict[str, np.ndarray]:
     """``(sum over the kernel slice of weight x gradient)^2`` per output channel, averaged over ``batches``."""
     from tfopt._keras import tf
 
-    kernels = [model.get_layer(n).pointwise_kernel if isinstance(model.get_layer(n), L.SeparableConv2D)
-               else model.get_layer(n).kernel for n in names]
+    kernels = [
+        model.get_layer(n).pointwise_kernel
+        if isinstance(model.get_layer(n), L.SeparableConv2D)
+        else model.get_layer(n).kernel
+        for n in names
+    ]
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     total = {n: np.zeros(int(k.shape[-1])) for n, k in zip(names, kernels)}
     count = 0
@@ -136,11 +169,15 @@ def _taylor(model: "keras.Model", names: list[str], batches) -> dict[str, np.nda
             total[n] += np.sum((w * g.numpy()).reshape(-1, w.shape[-1]), axis=0) ** 2
         count += 1
     if not count:
-        raise OptimizeError("taylor importance got no batch; give taylor_batches >= 1 and a non-empty training split")
+        raise OptimizeError(
+            "taylor importance got no batch; give taylor_batches >= 1 and a non-empty training split"
+        )
     return {n: t / count for n, t in total.items()}
 
 
-def importance(model: "keras.Model", producers: list[str], method: str, batches=None) -> dict[str, np.ndarray]:
+def importance(
+    model: "keras.Model", producers: list[str], method: str, batches=None
+) -> dict[str, np.ndarray]:
     """Producer -> importance of each of its output channels, divided by the layer's mean.
 
     Args:
@@ -153,9 +190,17 @@ def importance(model: "keras.Model", producers: list[str], method: str, batches=
     consumers: dict[str, list] = {}
     for layer in model.layers:
         for node in layer.inbound_nodes:
-            for inbound in (node.inbound_layers if isinstance(node.inbound_layers, list) else [node.inbound_layers]):
+            for inbound in (
+                node.inbound_layers
+                if isinstance(node.inbound_layers, list)
+                else [node.inbound_layers]
+            ):
                 consumers.setdefault(inbound.name, []).append(layer)
-    taylor = _taylor(model, producers, batches if batches is not None else []) if method == "taylor" else {}
+    taylor = (
+        _taylor(model, producers, batches if batches is not None else [])
+        if method == "taylor"
+        else {}
+    )
     out = {}
     for name in producers:
         layer = model.get_layer(name)
@@ -195,8 +240,11 @@ def _groups(ch: Channels, classes: dict[int, list[tuple[str, int]]]) -> list[lis
     return list(groups.values())
 
 
-def _choose(groups: list[list[int]], score: dict[int, float], share: float, ranking: str, round_to: int) -> set[int]:
+def _choose(
+    groups: list[list[int]], score: dict[int, float], share: float, ranking: str, round_to: int
+) -> set[int]:
     """The classes to remove at ``share``; every group keeps >= round_to and a multiple of it."""
+
     def keep_count(n: int, remove: int) -> int:
         kept = max(n - remove, min(n, round_to))
         return min(n, math.ceil(kept / round_to) * round_to)
@@ -205,14 +253,14 @@ def _choose(groups: list[list[int]], score: dict[int, float], share: float, rank
     if ranking == "uniform":
         for group in groups:
             ordered = sorted(group, key=lambda c: (score[c], c))
-            removed.update(ordered[:len(group) - keep_count(len(group), int(share * len(group)))])
+            removed.update(ordered[: len(group) - keep_count(len(group), int(share * len(group)))])
         return removed
     every = sorted((c for g in groups for c in g), key=lambda c: (score[c], c))
-    cut = set(every[:int(share * len(every))])
+    cut = set(every[: int(share * len(every))])
     for group in groups:
         ordered = sorted(group, key=lambda c: (score[c], c))
         gone = sum(c in cut for c in group)
-        removed.update(ordered[:len(group) - keep_count(len(group), gone)])
+        removed.update(ordered[: len(group) - keep_count(len(group), gone)])
     return removed
 
 
@@ -222,12 +270,16 @@ def _counts(model: "keras.Model", ch: Channels, removed: set[int]) -> dict[str, 
     config = {e["name"]: e for e in model.get_config()["layers"]}
     out = {}
     for layer in model.layers:
-        if layer.name not in ch.producers and not (isinstance(layer, L.DepthwiseConv2D)
-                                                   and layer.depth_multiplier == 1):
+        if layer.name not in ch.producers and not (
+            isinstance(layer, L.DepthwiseConv2D) and layer.depth_multiplier == 1
+        ):
             continue  # a layer kept whole (pinned) costs what it did
         refs = [ref for node in config[layer.name]["inbound_nodes"] for ref in node]
         cin = kept(ch.out[refs[0][0]]) if refs else 0
-        out[layer.name] = (cin, kept(ch.producers[layer.name]) if layer.name in ch.producers else cin)
+        out[layer.name] = (
+            cin,
+            kept(ch.producers[layer.name]) if layer.name in ch.producers else cin,
+        )
     return out
 
 
@@ -246,7 +298,9 @@ def _macs(layer, cin: int, cout: int) -> int:
     return positions * cin * cout
 
 
-def macs_after(model: "keras.Model", ch: Channels, removed: set[int], macs: dict | None = None) -> int:
+def macs_after(
+    model: "keras.Model", ch: Channels, removed: set[int], macs: dict | None = None
+) -> int:
     """The model's multiply-adds per example with the ``removed`` classes gone (counted from widths).
 
     ``macs``: the model's :func:`~tfopt.optimize.flops.model_macs`, when already counted.
@@ -279,12 +333,17 @@ def _latency_table(model, ch: Channels, pick, spec: ChannelSpec, measure) -> lat
     now = _counts(model, ch, set())
     grid = latency_lib.layer_grid(model, [now] + [_counts(model, ch, pick(s)) for s in (0.5, 1.0)])
     todo = latency_lib.entries(model, grid)
-    times = (measure(model, todo) if measure else
-             latency_lib.time_signatures(model, todo, threads=spec.latency_threads))
+    times = (
+        measure(model, todo)
+        if measure
+        else latency_lib.time_signatures(model, todo, threads=spec.latency_threads)
+    )
     return latency_lib.Table.measured(model, grid, times, now=now, threads=spec.latency_threads)
 
 
-def plan(model: "keras.Model", spec: ChannelSpec, batches=None, *, measure=None, steps_left: int = 1) -> Plan:
+def plan(
+    model: "keras.Model", spec: ChannelSpec, batches=None, *, measure=None, steps_left: int = 1
+) -> Plan:
     """Chooses the channels to remove under ``spec``.
 
     Args:
@@ -311,11 +370,15 @@ def plan(model: "keras.Model", spec: ChannelSpec, batches=None, *, measure=None,
     classes = ch.classes()
     total = sum(model_macs(model).values())
     if not classes:
-        raise OptimizeError(f"model {model.name!r} has no channel that can be pruned (pinned: "
-                            f"{', '.join(f'{n} ({w})' for n, w in ch.why.items()) or 'nothing'}); select other layers "
-                            "or use another technique")
+        raise OptimizeError(
+            f"model {model.name!r} has no channel that can be pruned (pinned: "
+            f"{', '.join(f'{n} ({w})' for n, w in ch.why.items()) or 'nothing'}); select other layers "
+            "or use another technique"
+        )
     scores = importance(model, list(ch.producers), spec.importance, batches)
-    score = {cls: float(np.mean([scores[p][i] for p, i in members])) for cls, members in classes.items()}
+    score = {
+        cls: float(np.mean([scores[p][i] for p, i in members])) for cls, members in classes.items()
+    }
     groups = _groups(ch, classes)
     pick = lambda share: _choose(groups, score, share, spec.ranking, spec.round_to)  # noqa: E731
     latency = None
@@ -332,23 +395,43 @@ def plan(model: "keras.Model", spec: ChannelSpec, batches=None, *, measure=None,
                 f"channel-pruning latency target {spec.latency_us:g} us is out of reach: the fastest widths (each "
                 f"group keeps >= {spec.round_to}) give {floor:.1f} us (LiteRT, {spec.latency_threads} thread(s); the "
                 f"model now {base:.1f} us; the unprunable layers hold the rest); give --target-latency-us >= "
-                f"{math.ceil(floor * 10) / 10:g}")
-        latency = {"target_us": spec.latency_us, "step_target_us": round(budget, 2), "before_us": round(base, 2),
-                   "predicted_us": round(cost(pick(share)), 2), "floor_us": round(floor, 2),
-                   "threads": spec.latency_threads, "table": table.to_dict()}
+                f"{math.ceil(floor * 10) / 10:g}"
+            )
+        latency = {
+            "target_us": spec.latency_us,
+            "step_target_us": round(budget, 2),
+            "before_us": round(base, 2),
+            "predicted_us": round(cost(pick(share)), 2),
+            "floor_us": round(floor, 2),
+            "threads": spec.latency_threads,
+            "table": table.to_dict(),
+        }
     else:
         budget = spec.flops * total
         macs = model_macs(model)
-        share, floor = _smallest_share(lambda removed: macs_after(model, ch, removed, macs), pick, budget)
+        share, floor = _smallest_share(
+            lambda removed: macs_after(model, ch, removed, macs), pick, budget
+        )
         if share is None:
             raise OptimizeError(
                 f"channel-pruning FLOPs target {spec.flops:g} of the model is out of reach: every group at its "
                 f"minimum width ({spec.round_to}) leaves {floor / total:.3f} of its multiply-adds ({floor} of {total}; "
-                f"the unprunable layers hold the rest); give flops >= {math.ceil(floor / total * 1000) / 1000:g}")
+                f"the unprunable layers hold the rest); give flops >= {math.ceil(floor / total * 1000) / 1000:g}"
+            )
     removed = pick(share)
     kept = lambda ids: sum(ch.find(i) not in removed for i in ids)  # noqa: E731
     widths = {name: (len(ids), kept(ids)) for name, ids in ch.producers.items()}
-    return Plan(model, ch, removed, widths, dict(ch.why), total, macs_after(model, ch, removed), share, latency)
+    return Plan(
+        model,
+        ch,
+        removed,
+        widths,
+        dict(ch.why),
+        total,
+        macs_after(model, ch, removed),
+        share,
+        latency,
+    )
 
 
 def prune_channels(decided: Plan) -> "keras.Model":
@@ -370,18 +453,35 @@ def prune_channels(decided: Plan) -> "keras.Model":
             dm = layer.depth_multiplier
             rows = [c * dm + m for c in ins for m in range(dm)]
             depthwise, pointwise, *bias = weights
-            graph.set_layer(name, [depthwise[:, :, ins, :], pointwise[:, :, rows, :][..., outs],
-                                   *[b[outs] for b in bias]], filters=len(outs))
-        elif isinstance(layer, L.DepthwiseConv2D) and ins is not None and len(ins) != weights[0].shape[2]:
+            graph.set_layer(
+                name,
+                [
+                    depthwise[:, :, ins, :],
+                    pointwise[:, :, rows, :][..., outs],
+                    *[b[outs] for b in bias],
+                ],
+                filters=len(outs),
+            )
+        elif (
+            isinstance(layer, L.DepthwiseConv2D)
+            and ins is not None
+            and len(ins) != weights[0].shape[2]
+        ):
             kernel, *bias = weights
             graph.set_layer(name, [kernel[:, :, ins, :], *[b[ins] for b in bias]])
         elif isinstance(layer, L.Conv2D) and name in ch.producers:
             kernel, *bias = weights
-            graph.set_layer(name, [kernel[:, :, ins, :][..., outs], *[b[outs] for b in bias]], filters=len(outs))
+            graph.set_layer(
+                name, [kernel[:, :, ins, :][..., outs], *[b[outs] for b in bias]], filters=len(outs)
+            )
         elif isinstance(layer, L.Dense) and name in ch.producers:
             kernel, *bias = weights
             graph.set_layer(name, [kernel[ins][:, outs], *[b[outs] for b in bias]], units=len(outs))
-        elif isinstance(layer, L.BatchNormalization) and ins is not None and len(ins) != weights[0].shape[0]:
+        elif (
+            isinstance(layer, L.BatchNormalization)
+            and ins is not None
+            and len(ins) != weights[0].shape[0]
+        ):
             graph.set_layer(name, [w[ins] for w in weights])
         elif isinstance(layer, L.Reshape):
             width = len(keep(ch.out[name]))
@@ -407,12 +507,23 @@ def check_widths(model: "keras.Model", spec: ChannelSpec, info: dict) -> dict:
         layer = model.get_layer(name)
         widths[name] = int(layer.units if isinstance(layer, L.Dense) else layer.filters)
     counted = sum(model_macs(model).values())
-    target = info["macs_before"] if spec.ratio or spec.latency_us else spec.flops * info["macs_before"]
+    target = (
+        info["macs_before"] if spec.ratio or spec.latency_us else spec.flops * info["macs_before"]
+    )
     wrong = sorted(n for n, w in widths.items() if w != info["widths"][n][1])
-    out = {"macs": counted, "planned": info["macs_after"], "target": int(target), "wrong_widths": wrong,
-           "ok": not wrong and counted == info["macs_after"] and counted <= target}
+    out = {
+        "macs": counted,
+        "planned": info["macs_after"],
+        "target": int(target),
+        "wrong_widths": wrong,
+        "ok": not wrong and counted == info["macs_after"] and counted <= target,
+    }
     if spec.latency_us:
         latency = info["latency"]
-        out.update(latency_target_us=spec.latency_us, predicted_us=latency["predicted_us"],
-                   measured_us=latency.get("measured_us"), ok=out["ok"] and latency["predicted_us"] <= spec.latency_us)
+        out.update(
+            latency_target_us=spec.latency_us,
+            predicted_us=latency["predicted_us"],
+            measured_us=latency.get("measured_us"),
+            ok=out["ok"] and latency["predicted_us"] <= spec.latency_us,
+        )
     return out

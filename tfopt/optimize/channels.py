@@ -8,6 +8,7 @@ dropout, a depthwise convolution) pass them on; ``Flatten`` repeats them once pe
 pruned as a whole. The model's inputs and outputs, and whatever a layer the tracer does not know
 takes or gives, are pinned: kept whole, with the layer named.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,9 +17,25 @@ from tfopt._keras import keras
 
 L = keras.layers
 PRODUCERS = (L.SeparableConv2D, L.DepthwiseConv2D, L.Conv2D, L.Dense)  # checked in this order
-ELEMENTWISE = (L.BatchNormalization, L.ReLU, L.LeakyReLU, L.ELU, L.Activation, L.Dropout, L.SpatialDropout2D,
-               L.MaxPooling2D, L.AveragePooling2D, L.GlobalAveragePooling2D, L.GlobalMaxPooling2D, L.ZeroPadding2D,
-               L.Cropping2D, L.UpSampling2D, L.GaussianNoise, L.GaussianDropout, L.ActivityRegularization)
+ELEMENTWISE = (
+    L.BatchNormalization,
+    L.ReLU,
+    L.LeakyReLU,
+    L.ELU,
+    L.Activation,
+    L.Dropout,
+    L.SpatialDropout2D,
+    L.MaxPooling2D,
+    L.AveragePooling2D,
+    L.GlobalAveragePooling2D,
+    L.GlobalMaxPooling2D,
+    L.ZeroPadding2D,
+    L.Cropping2D,
+    L.UpSampling2D,
+    L.GaussianNoise,
+    L.GaussianDropout,
+    L.ActivityRegularization,
+)
 JOINS = (L.Add, L.Subtract, L.Multiply, L.Maximum, L.Minimum, L.Average)
 
 
@@ -75,7 +92,9 @@ class Channels:
         by_root = {}
         for i in self.pinned:
             by_root.setdefault(self.find(i), self.pinned_by.get(i, "input"))
-        return sorted({by_root[self.find(i)] for i in self.producers[producer] if self.find(i) in by_root})
+        return sorted(
+            {by_root[self.find(i)] for i in self.producers[producer] if self.find(i) in by_root}
+        )
 
     def classes(self) -> dict[int, list[tuple[str, int]]]:
         """Prunable class -> its members ``(producer, channel index)``; pinned classes left out."""
@@ -146,14 +165,24 @@ def _through(ch: Channels, layer, inputs: list[list[int]], width: int) -> list[i
             return _unknown(ch, layer, inputs, width, "depth multiplier above 1")
         return list(first)
     if isinstance(layer, PRODUCERS):
-        if isinstance(layer, L.Conv2D) and not isinstance(layer, L.SeparableConv2D) and layer.groups != 1:
+        if (
+            isinstance(layer, L.Conv2D)
+            and not isinstance(layer, L.SeparableConv2D)
+            and layer.groups != 1
+        ):
             return _unknown(ch, layer, inputs, width, "grouped convolution")
         ids = ch.fresh(width)
         ch.producers[layer.name] = ids
         return ids
-    if isinstance(layer, L.BatchNormalization) and layer.axis not in ([-1], [len(layer.input_shape) - 1]):
+    if isinstance(layer, L.BatchNormalization) and layer.axis not in (
+        [-1],
+        [len(layer.input_shape) - 1],
+    ):
         return _unknown(ch, layer, inputs, width, "batch norm over another axis than the channels")
-    if isinstance(layer, L.Activation) and layer.get_config()["activation"] in ("softmax", "log_softmax"):
+    if isinstance(layer, L.Activation) and layer.get_config()["activation"] in (
+        "softmax",
+        "log_softmax",
+    ):
         return _unknown(ch, layer, inputs, width, "softmax mixes the channels")
     if isinstance(layer, ELEMENTWISE):
         return list(first)
@@ -166,7 +195,9 @@ def _through(ch: Channels, layer, inputs: list[list[int]], width: int) -> list[i
         return list(first)
     if isinstance(layer, L.Concatenate):
         if layer.axis not in (-1, len(layer.output_shape) - 1):
-            return _unknown(ch, layer, inputs, width, "concatenation over another axis than the channels")
+            return _unknown(
+                ch, layer, inputs, width, "concatenation over another axis than the channels"
+            )
         return [i for ids in inputs for i in ids]
     if isinstance(layer, L.Flatten) and layer.data_format == "channels_first":
         return _unknown(ch, layer, inputs, width, "channels_first flattening")

@@ -7,6 +7,7 @@
     python -m tfopt.launch --workers 2 -- python -m tfopt.optimize --from runs/mnist --technique qat \\
         --strategy multi_worker_mirrored
 """
+
 from __future__ import annotations
 
 import json
@@ -30,112 +31,273 @@ def _csv(text: str | None) -> tuple[str, ...]:
 
 def build_parser() -> cli.ArgumentParser:
     """The argument parser (no TensorFlow import: ``--help`` stays fast)."""
-    p = cli.ArgumentParser(prog="python -m tfopt.optimize", description=__doc__.splitlines()[0],
-                           epilog="techniques: " + ", ".join(TECHNIQUE_NAMES)
-                           + "; exit codes: 0 done, 1 a sparsity/cluster/2:4 check failed, 2 user error")
-    p.add_argument("--from", dest="source", required=True, metavar="RUN|MODEL",
-                   help="the trained run to optimize, or a model file (.keras, .h5, a SavedModel directory) with --dataset")
+    p = cli.ArgumentParser(
+        prog="python -m tfopt.optimize",
+        description=__doc__.splitlines()[0],
+        epilog="techniques: "
+        + ", ".join(TECHNIQUE_NAMES)
+        + "; exit codes: 0 done, 1 a sparsity/cluster/2:4 check failed, 2 user error",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="RUN|MODEL",
+        help="the trained run to optimize, or a model file (.keras, .h5, a SavedModel directory) with --dataset",
+    )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--technique", help="one technique, or several separated by commas (run in one job)")
-    what.add_argument("--inspect", action="store_true", help="list what each layer supports and exit")
-    p.add_argument("--output", "-o", help="new run directory (default <from>-<technique>); with several "
-                   "techniques, a parent directory holding one run per technique")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished run at the output directory")
-    p.add_argument("--trust-model", action="store_true", help="load a model file that can run code (only if trusted)")
-    p.add_argument("--layers", help="comma-separated layer names to optimize (default: every supported layer)")
-    p.add_argument("--layer-types", help="comma-separated layer classes to optimize, e.g. Conv2D,Dense")
+    what.add_argument(
+        "--technique", help="one technique, or several separated by commas (run in one job)"
+    )
+    what.add_argument(
+        "--inspect", action="store_true", help="list what each layer supports and exit"
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        help="new run directory (default <from>-<technique>); with several "
+        "techniques, a parent directory holding one run per technique",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a finished run at the output directory"
+    )
+    p.add_argument(
+        "--trust-model",
+        action="store_true",
+        help="load a model file that can run code (only if trusted)",
+    )
+    p.add_argument(
+        "--layers", help="comma-separated layer names to optimize (default: every supported layer)"
+    )
+    p.add_argument(
+        "--layer-types", help="comma-separated layer classes to optimize, e.g. Conv2D,Dense"
+    )
     g = p.add_argument_group("pruning")
-    g.add_argument("--sparsity", type=float, default=0.8, help="target share of zero weights (default 0.8)")
-    g.add_argument("--schedule", default="polynomial",
-                   help="polynomial (PolynomialDecay from --initial-sparsity, the default) or constant (ConstantSparsity)")
-    g.add_argument("--initial-sparsity", type=float, default=0.0, help="polynomial schedule start (default 0)")
+    g.add_argument(
+        "--sparsity", type=float, default=0.8, help="target share of zero weights (default 0.8)"
+    )
+    g.add_argument(
+        "--schedule",
+        default="polynomial",
+        help="polynomial (PolynomialDecay from --initial-sparsity, the default) or constant (ConstantSparsity)",
+    )
+    g.add_argument(
+        "--initial-sparsity", type=float, default=0.0, help="polynomial schedule start (default 0)"
+    )
     g.add_argument("--begin-step", type=int, default=0)
-    g.add_argument("--end-step", type=int, default=-1,
-                   help="-1 = end of the phase (constant) / two thirds into it (polynomial)")
-    g.add_argument("--frequency", type=int, default=0,
-                   help="mask update every N steps (default: ~20 per phase, at most every 100)")
-    g.add_argument("--block-size", default="1,1", metavar="ROWS,COLS",
-                   help="block sparsity of Dense kernels [in, out], e.g. 4,1 (runs of 4 inputs: contiguous in "
-                   "TFLite, smaller gzip); convolutions stay unstructured (default 1,1 = unstructured)")
+    g.add_argument(
+        "--end-step",
+        type=int,
+        default=-1,
+        help="-1 = end of the phase (constant) / two thirds into it (polynomial)",
+    )
+    g.add_argument(
+        "--frequency",
+        type=int,
+        default=0,
+        help="mask update every N steps (default: ~20 per phase, at most every 100)",
+    )
+    g.add_argument(
+        "--block-size",
+        default="1,1",
+        metavar="ROWS,COLS",
+        help="block sparsity of Dense kernels [in, out], e.g. 4,1 (runs of 4 inputs: contiguous in "
+        "TFLite, smaller gzip); convolutions stay unstructured (default 1,1 = unstructured)",
+    )
     g.add_argument("--policy", default="none", help="none or xnnpack (PruneForLatencyOnXNNPack)")
     g = p.add_argument_group("clustering")
     g.add_argument("--clusters", type=int, default=16, help="centroids per kernel (default 16)")
-    g.add_argument("--centroid-init", default="kmeans_plus_plus", help="kmeans_plus_plus, density, linear, random")
-    g.add_argument("--per-channel", action="store_true", help="one set of centroids per Conv2D output channel")
+    g.add_argument(
+        "--centroid-init",
+        default="kmeans_plus_plus",
+        help="kmeans_plus_plus, density, linear, random",
+    )
+    g.add_argument(
+        "--per-channel", action="store_true", help="one set of centroids per Conv2D output channel"
+    )
     g = p.add_argument_group("low-rank factorization")
-    g.add_argument("--low-rank-by", default="flops", choices=("flops", "energy"),
-                   help="choose each layer's rank by a FLOPs budget for the model or by the energy each kernel keeps "
-                        "(default flops)")
-    g.add_argument("--low-rank-flops", type=float, default=0.5,
-                   help="target multiply-adds as a share of the model's (default 0.5)")
-    g.add_argument("--low-rank-energy", type=float, default=0.9,
-                   help="share of each kernel's squared singular values kept (default 0.9)")
-    g.add_argument("--low-rank-round-to", type=int, default=1, help="ranks are multiples of N, e.g. 8 (default 1)")
-    g.add_argument("--low-rank-conv", default="pointwise", choices=("pointwise", "spatial"),
-                   help="a k x k Conv2D becomes k x k then 1 x 1 (pointwise) or k x 1 then 1 x k (spatial) "
-                        "(default pointwise)")
+    g.add_argument(
+        "--low-rank-by",
+        default="flops",
+        choices=("flops", "energy"),
+        help="choose each layer's rank by a FLOPs budget for the model or by the energy each kernel keeps "
+        "(default flops)",
+    )
+    g.add_argument(
+        "--low-rank-flops",
+        type=float,
+        default=0.5,
+        help="target multiply-adds as a share of the model's (default 0.5)",
+    )
+    g.add_argument(
+        "--low-rank-energy",
+        type=float,
+        default=0.9,
+        help="share of each kernel's squared singular values kept (default 0.9)",
+    )
+    g.add_argument(
+        "--low-rank-round-to",
+        type=int,
+        default=1,
+        help="ranks are multiples of N, e.g. 8 (default 1)",
+    )
+    g.add_argument(
+        "--low-rank-conv",
+        default="pointwise",
+        choices=("pointwise", "spatial"),
+        help="a k x k Conv2D becomes k x k then 1 x 1 (pointwise) or k x 1 then 1 x k (spatial) "
+        "(default pointwise)",
+    )
     g = p.add_argument_group("channel pruning")
-    g.add_argument("--channels-flops", type=float, default=0.5,
-                   help="target multiply-adds as a share of the model's (default 0.5)")
-    g.add_argument("--channels-ratio", type=float, default=0.0,
-                   help="remove this share of the prunable channels instead of aiming at --channels-flops")
-    g.add_argument("--target-latency-us", type=float, default=0.0, metavar="US",
-                   help="aim at this LiteRT p50 (microseconds, batch 1, float .tflite) instead of --channels-flops, "
-                        "predicted from a table of timed layer widths (default 0: off)")
-    g.add_argument("--latency-threads", type=int, default=1,
-                   help="interpreter threads --target-latency-us is measured with (default 1)")
-    g.add_argument("--importance", default="l1", choices=("l1", "l2", "bn", "taylor"),
-                   help="channel importance: kernel L1 or L2 norm, the following batch norm's |gamma|, or first-order "
-                        "Taylor on --taylor-batches training batches (default l1)")
-    g.add_argument("--taylor-batches", type=int, default=8, help="batches taylor importance averages (default 8)")
-    g.add_argument("--ranking", default="global", choices=("global", "uniform"),
-                   help="rank channels model-wide or remove the same share of every group (default global)")
-    g.add_argument("--round-to", type=int, default=1, help="round widths up to a multiple of N, e.g. 8 (default 1)")
-    g.add_argument("--prune-iterations", type=int, default=1,
-                   help="reach the target in N prune + fine-tune steps, each fine-tuning --epochs (default 1)")
+    g.add_argument(
+        "--channels-flops",
+        type=float,
+        default=0.5,
+        help="target multiply-adds as a share of the model's (default 0.5)",
+    )
+    g.add_argument(
+        "--channels-ratio",
+        type=float,
+        default=0.0,
+        help="remove this share of the prunable channels instead of aiming at --channels-flops",
+    )
+    g.add_argument(
+        "--target-latency-us",
+        type=float,
+        default=0.0,
+        metavar="US",
+        help="aim at this LiteRT p50 (microseconds, batch 1, float .tflite) instead of --channels-flops, "
+        "predicted from a table of timed layer widths (default 0: off)",
+    )
+    g.add_argument(
+        "--latency-threads",
+        type=int,
+        default=1,
+        help="interpreter threads --target-latency-us is measured with (default 1)",
+    )
+    g.add_argument(
+        "--importance",
+        default="l1",
+        choices=("l1", "l2", "bn", "taylor"),
+        help="channel importance: kernel L1 or L2 norm, the following batch norm's |gamma|, or first-order "
+        "Taylor on --taylor-batches training batches (default l1)",
+    )
+    g.add_argument(
+        "--taylor-batches",
+        type=int,
+        default=8,
+        help="batches taylor importance averages (default 8)",
+    )
+    g.add_argument(
+        "--ranking",
+        default="global",
+        choices=("global", "uniform"),
+        help="rank channels model-wide or remove the same share of every group (default global)",
+    )
+    g.add_argument(
+        "--round-to",
+        type=int,
+        default=1,
+        help="round widths up to a multiple of N, e.g. 8 (default 1)",
+    )
+    g.add_argument(
+        "--prune-iterations",
+        type=int,
+        default=1,
+        help="reach the target in N prune + fine-tune steps, each fine-tuning --epochs (default 1)",
+    )
     g = p.add_argument_group("data (a run directory brings its own)")
-    g.add_argument("--dataset", help="a model file's data: mnist, digits, folder:PATH, tfds:NAME, tfrecord:GLOB ...")
+    g.add_argument(
+        "--dataset",
+        help="a model file's data: mnist, digits, folder:PATH, tfds:NAME, tfrecord:GLOB ...",
+    )
     g.add_argument("--data-dir", help="dataset cache directory")
     g.add_argument("--image-size", metavar="HxW", help="resize images to HxW")
     g.add_argument("--channels", type=int, choices=(1, 3), help="convert images to 1 or 3 channels")
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--strategy", help=f"one of: {', '.join(STRATEGIES)} (default: the input run's)")
-    g.add_argument("--precision", help=f"one of: {', '.join(PRECISIONS)} (default: the input run's)")
-    g.add_argument("--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs")
-    g.add_argument("--collective", help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}")
-    g.add_argument("--epochs", type=int,
-                   help=f"epochs of every phase (default: {DEFAULT_PRUNE_EPOCHS} for pruning, low-rank and channel pruning, 1 for QAT and clustering)")
-    g.add_argument("--phase-epochs", metavar="KIND=N[,...]",
-                   help="epochs of some phase kinds, e.g. prune=3,qat=1 (overrides --epochs for them)")
-    g.add_argument("--steps-per-epoch", type=int, default=0, help="0 = one pass over the training split")
-    g.add_argument("--lr", type=float, default=5e-4,
-                   help="fine-tuning learning rate (default 5e-4; cosine-decayed over each phase when the input "
-                   "run's train.lr_schedule is cosine, the default)")
+    g.add_argument(
+        "--precision", help=f"one of: {', '.join(PRECISIONS)} (default: the input run's)"
+    )
+    g.add_argument(
+        "--cpu-replicas", type=int, help="logical CPU devices for `mirrored` without GPUs"
+    )
+    g.add_argument(
+        "--collective",
+        help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}",
+    )
+    g.add_argument(
+        "--epochs",
+        type=int,
+        help=f"epochs of every phase (default: {DEFAULT_PRUNE_EPOCHS} for pruning, low-rank and channel pruning, 1 for QAT and clustering)",
+    )
+    g.add_argument(
+        "--phase-epochs",
+        metavar="KIND=N[,...]",
+        help="epochs of some phase kinds, e.g. prune=3,qat=1 (overrides --epochs for them)",
+    )
+    g.add_argument(
+        "--steps-per-epoch", type=int, default=0, help="0 = one pass over the training split"
+    )
+    g.add_argument(
+        "--lr",
+        type=float,
+        default=5e-4,
+        help="fine-tuning learning rate (default 5e-4; cosine-decayed over each phase when the input "
+        "run's train.lr_schedule is cosine, the default)",
+    )
     g.add_argument("--batch-size", type=int, help="global batch size (default: the input run's)")
     g.add_argument("--limit", type=int, help="use only the first N records of each split")
-    g.add_argument("--backup-every", type=int, metavar="N",
-                   help="back up every N steps as well as at each epoch end (a restart resumes there)")
-    g.add_argument("--deterministic", action="store_true", default=None,
-                   help="op determinism and a deterministic input: reruns and resumes give identical weights")
-    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
-    g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard (pruning summaries) logs")
+    g.add_argument(
+        "--backup-every",
+        type=int,
+        metavar="N",
+        help="back up every N steps as well as at each epoch end (a restart resumes there)",
+    )
+    g.add_argument(
+        "--deterministic",
+        action="store_true",
+        default=None,
+        help="op determinism and a deterministic input: reruns and resumes give identical weights",
+    )
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value",
+    )
+    g.add_argument(
+        "--no-tensorboard", action="store_true", help="no TensorBoard (pruning summaries) logs"
+    )
     g.add_argument("--no-saved-model", action="store_true", help="write model.keras only (faster)")
-    g.add_argument("--report", metavar="FILE", help="also write a JSON list of each technique's outcome")
+    g.add_argument(
+        "--report", metavar="FILE", help="also write a JSON list of each technique's outcome"
+    )
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
-_FLAGS = {"strategy": ("runtime", "strategy"), "precision": ("runtime", "precision"),
-          "cpu_replicas": ("runtime", "cpu_replicas"), "collective": ("runtime", "collective"),
-          "batch_size": ("data", "global_batch_size"), "limit": ("data", "limit"),
-          "backup_every": ("train", "backup_every"), "deterministic": ("runtime", "deterministic")}
+_FLAGS = {
+    "strategy": ("runtime", "strategy"),
+    "precision": ("runtime", "precision"),
+    "cpu_replicas": ("runtime", "cpu_replicas"),
+    "collective": ("runtime", "collective"),
+    "batch_size": ("data", "global_batch_size"),
+    "limit": ("data", "limit"),
+    "backup_every": ("train", "backup_every"),
+    "deterministic": ("runtime", "deterministic"),
+}
 
 
 def _file_config(args) -> config_lib.RunConfig:
     """The config a model file is fine-tuned with: defaults, ``--set``, then the data flags."""
     cfg = config_lib.apply_overrides(config_lib.RunConfig(), args.set)
-    data = {key: getattr(args, key) for key in ("dataset", "data_dir", "image_size", "channels")
-            if getattr(args, key) is not None}
+    data = {
+        key: getattr(args, key)
+        for key in ("dataset", "data_dir", "image_size", "channels")
+        if getattr(args, key) is not None
+    }
     return config_lib.from_dict({"data": data}, cfg)
 
 
@@ -169,24 +331,55 @@ def settings_for(args, technique: str):
             # Pruning and factorization need time to recover (tfmot's guides fine-tune for a few epochs).
             phase_epochs += ((kind, DEFAULT_PRUNE_EPOCHS),)
     selection = Selection(_csv(args.layers), _csv(args.layer_types))
-    prune = PruneSpec(sparsity=args.sparsity, schedule=args.schedule, initial_sparsity=args.initial_sparsity,
-                      begin_step=args.begin_step, end_step=args.end_step, frequency=args.frequency,
-                      block_size=_pair(args.block_size, "--block-size"),
-                      policy=args.policy, selection=selection)
+    prune = PruneSpec(
+        sparsity=args.sparsity,
+        schedule=args.schedule,
+        initial_sparsity=args.initial_sparsity,
+        begin_step=args.begin_step,
+        end_step=args.end_step,
+        frequency=args.frequency,
+        block_size=_pair(args.block_size, "--block-size"),
+        policy=args.policy,
+        selection=selection,
+    )
     return OptimizeSettings(
-        technique=technique, prune=prune,
-        cluster=ClusterSpec(clusters=args.clusters, init=args.centroid_init, per_channel=args.per_channel,
-                            selection=selection),
-        low_rank=LowRankSpec(rank_by=args.low_rank_by, energy=args.low_rank_energy, flops=args.low_rank_flops,
-                             round_to=args.low_rank_round_to, conv=args.low_rank_conv, selection=selection),
-        channels=ChannelSpec(flops=args.channels_flops, ratio=args.channels_ratio, importance=args.importance,
-                             ranking=args.ranking, round_to=args.round_to, iterations=args.prune_iterations,
-                             taylor_batches=args.taylor_batches, latency_us=args.target_latency_us,
-                             latency_threads=args.latency_threads, selection=selection),
-        qat_selection=selection, epochs=1 if args.epochs is None else args.epochs, phase_epochs=phase_epochs,
+        technique=technique,
+        prune=prune,
+        cluster=ClusterSpec(
+            clusters=args.clusters,
+            init=args.centroid_init,
+            per_channel=args.per_channel,
+            selection=selection,
+        ),
+        low_rank=LowRankSpec(
+            rank_by=args.low_rank_by,
+            energy=args.low_rank_energy,
+            flops=args.low_rank_flops,
+            round_to=args.low_rank_round_to,
+            conv=args.low_rank_conv,
+            selection=selection,
+        ),
+        channels=ChannelSpec(
+            flops=args.channels_flops,
+            ratio=args.channels_ratio,
+            importance=args.importance,
+            ranking=args.ranking,
+            round_to=args.round_to,
+            iterations=args.prune_iterations,
+            taylor_batches=args.taylor_batches,
+            latency_us=args.target_latency_us,
+            latency_threads=args.latency_threads,
+            selection=selection,
+        ),
+        qat_selection=selection,
+        epochs=1 if args.epochs is None else args.epochs,
+        phase_epochs=phase_epochs,
         steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.lr,
-        tensorboard=not args.no_tensorboard, saved_model=not args.no_saved_model, trust_model=args.trust_model)
+        tensorboard=not args.no_tensorboard,
+        saved_model=not args.no_saved_model,
+        trust_model=args.trust_model,
+    )
 
 
 def _pair(text: str, flag: str) -> tuple[int, int]:
@@ -223,18 +416,28 @@ def _body(args) -> int:
 
         from tfopt.models.io import load_model
 
-        print(format_report(inspect_model(load_model(run.model_path, trust_model=args.trust_model))))
+        print(
+            format_report(inspect_model(load_model(run.model_path, trust_model=args.trust_model)))
+        )
         return 0
     names = _csv(args.technique)
     for name in names:
         if name not in TECHNIQUE_NAMES:
-            raise ConfigError(f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUE_NAMES)}")
+            raise ConfigError(
+                f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUE_NAMES)}"
+            )
     cfg = resolve_config(args, run.config)
     from tfopt.optimize.runner import run as run_optimize
 
     settings = [settings_for(args, t) for t in names]
-    results = run_optimize(args.source, cfg, settings, _outputs(args, names), keep_going=len(names) > 1,
-                           overwrite=args.overwrite)
+    results = run_optimize(
+        args.source,
+        cfg,
+        settings,
+        _outputs(args, names),
+        keep_going=len(names) > 1,
+        overwrite=args.overwrite,
+    )
     records = {}
     for res in results:
         if res.record:
@@ -248,14 +451,27 @@ def _body(args) -> int:
     if args.report and records:
         from tfopt.fileio import write_json
 
-        write_json(args.report, [{"technique": r.technique, "output": r.output, "ok": r.ok,
-                                  **({"error": r.error} if r.error else {})} | _summary(records.get(r.technique))
-                                 for r in results])
+        write_json(
+            args.report,
+            [
+                {
+                    "technique": r.technique,
+                    "output": r.output,
+                    "ok": r.ok,
+                    **({"error": r.error} if r.error else {}),
+                }
+                | _summary(records.get(r.technique))
+                for r in results
+            ],
+        )
     if not all(r.ok for r in results):
         return 2
     failed = [f"{r.technique}: {name}" for r in results for name in r.failed_checks]
     if failed:
-        print(f"{PROG}: check failed: {', '.join(failed)} (see run.json's optimize.checks)", file=sys.stderr)
+        print(
+            f"{PROG}: check failed: {', '.join(failed)} (see run.json's optimize.checks)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -264,11 +480,18 @@ def _summary(record: dict | None) -> dict:
     if not record:
         return {}
     opt = record["optimize"]
-    return {"weights_sha256": record["weights_sha256"], "test_accuracy": record["metrics"]["test_accuracy"],
-            "accuracy_delta": opt["accuracy_delta"], "sparsity": opt["sparsity"], "clusters": opt["clusters"],
-            "gzip_ratio": opt["gzip_ratio"],
-            "checks": {k: v["ok"] for k, v in opt["checks"].items()}, "precision_notes": opt["precision_notes"],
-            "strategy": record["strategy"], "precision": record["strategy"]["precision"]}
+    return {
+        "weights_sha256": record["weights_sha256"],
+        "test_accuracy": record["metrics"]["test_accuracy"],
+        "accuracy_delta": opt["accuracy_delta"],
+        "sparsity": opt["sparsity"],
+        "clusters": opt["clusters"],
+        "gzip_ratio": opt["gzip_ratio"],
+        "checks": {k: v["ok"] for k, v in opt["checks"].items()},
+        "precision_notes": opt["precision_notes"],
+        "strategy": record["strategy"],
+        "precision": record["strategy"]["precision"],
+    }
 
 
 def _print_result(record: dict, out: str) -> None:

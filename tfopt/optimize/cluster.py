@@ -6,12 +6,17 @@ tfmot initializes the centroids from the layer's weights as the wrapper reads th
 bfloat16/float16, and its k-means++ kernel accepts float32 only. The other layers keep the
 mixed policy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfopt._compat import (CLUSTER_WRAPPERS, StepCountingClusteringSummaries, cluster_registry_supports,
-                           clusterable_weight_names)
+from tfopt._compat import (
+    CLUSTER_WRAPPERS,
+    StepCountingClusteringSummaries,
+    cluster_registry_supports,
+    clusterable_weight_names,
+)
 from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError, Selection, check_model, weight_table
 
@@ -50,13 +55,20 @@ class ClusterSpec:
         if not 2 <= self.clusters <= 256:
             raise OptimizeError(f"clusters={self.clusters} must be in [2, 256], e.g. 16")
         if self.init not in INITS:
-            raise OptimizeError(f"centroid init {self.init!r} is not valid; choose one of {', '.join(INITS)}")
+            raise OptimizeError(
+                f"centroid init {self.init!r} is not valid; choose one of {', '.join(INITS)}"
+            )
         return self
 
     def to_dict(self) -> dict:
         """JSON-ready description (for run.json)."""
-        return {"clusters": self.clusters, "init": self.init, "per_channel": self.per_channel,
-                "preserve_sparsity": self.preserve_sparsity, "selection": self.selection.to_dict()}
+        return {
+            "clusters": self.clusters,
+            "init": self.init,
+            "per_channel": self.per_channel,
+            "preserve_sparsity": self.preserve_sparsity,
+            "selection": self.selection.to_dict(),
+        }
 
 
 def why_not_clusterable(layer, spec: ClusterSpec | None = None) -> str | None:
@@ -64,22 +76,30 @@ def why_not_clusterable(layer, spec: ClusterSpec | None = None) -> str | None:
     if isinstance(layer, _clustering.ClusterableLayer):
         return None
     if not cluster_registry_supports(layer):
-        return (f"tfmot has no clustering rule for {type(layer).__name__}; make the class a "
-                "tfmot.clustering.keras.ClusterableLayer (get_clusterable_weights) or leave it out of the selection")
+        return (
+            f"tfmot has no clustering rule for {type(layer).__name__}; make the class a "
+            "tfmot.clustering.keras.ClusterableLayer (get_clusterable_weights) or leave it out of the selection"
+        )
     clusters = spec.clusters if spec else 16
     per_channel = bool(spec and spec.per_channel)
     if isinstance(layer, keras.layers.Conv2D) and layer.trainable_weights:
         # The same count tfmot makes before it silently leaves a Conv2D unclustered: it takes the
         # number of channels from the layer's last trainable weight (the bias, or the kernel).
         kernel = layer.kernel.shape.num_elements()
-        channels = layer.trainable_weights[1 if layer.data_format == "channels_first" else -1].shape.num_elements()
+        channels = layer.trainable_weights[
+            1 if layer.data_format == "channels_first" else -1
+        ].shape.num_elements()
         per = kernel // channels if per_channel else kernel
         if per <= clusters:
             if per_channel and not layer.use_bias:
-                return ("tfmot skips per-channel clustering of a Conv2D without bias (it counts channels on the "
-                        "kernel); cluster it per tensor or give it a bias")
-            return (f"{'each channel of ' if per_channel else ''}the kernel holds {per} weights, not more than "
-                    f"clusters={clusters}; use fewer clusters or leave the layer out")
+                return (
+                    "tfmot skips per-channel clustering of a Conv2D without bias (it counts channels on the "
+                    "kernel); cluster it per tensor or give it a bias"
+                )
+            return (
+                f"{'each channel of ' if per_channel else ''}the kernel holds {per} weights, not more than "
+                f"clusters={clusters}; use fewer clusters or leave the layer out"
+            )
     return None
 
 
@@ -99,7 +119,11 @@ def clusterable_names(model: "keras.Model", spec: ClusterSpec) -> list[str]:
     spec.selection.check(model)
     names = []
     for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer) or not spec.selection.matches(layer) or not layer.weights:
+        if (
+            isinstance(layer, keras.layers.InputLayer)
+            or not spec.selection.matches(layer)
+            or not layer.weights
+        ):
             continue
         reason = why_not_clusterable(layer, spec)
         if reason and not spec.selection.everything:
@@ -107,13 +131,19 @@ def clusterable_names(model: "keras.Model", spec: ClusterSpec) -> list[str]:
         if reason is None and _has_weights(layer):
             names.append(layer.name)
     if not names:
-        raise OptimizeError(f"nothing to cluster in model {model.name!r} with selection {spec.selection.to_dict()}; "
-                            "run `python -m tfopt.optimize --inspect` to see what can be")
+        raise OptimizeError(
+            f"nothing to cluster in model {model.name!r} with selection {spec.selection.to_dict()}; "
+            "run `python -m tfopt.optimize --inspect` to see what can be"
+        )
     return names
 
 
-def wrap(model: "keras.Model", spec: ClusterSpec, names: list[str] | None = None,
-         wrapper_dtype: str | None = None) -> "keras.Model":
+def wrap(
+    model: "keras.Model",
+    spec: ClusterSpec,
+    names: list[str] | None = None,
+    wrapper_dtype: str | None = None,
+) -> "keras.Model":
     """Wraps the chosen layers with ``ClusterWeights``; call inside ``strategy.scope()``.
 
     Args:
@@ -143,8 +173,11 @@ def wrap(model: "keras.Model", spec: ClusterSpec, names: list[str] | None = None
 
     wrapped = keras.models.clone_model(model, clone_function=clone)
     # tfmot leaves a layer it finds too small unclustered with a mere warning: make it an error.
-    skipped = [layer.name for layer in wrapped.layers if layer.name in names
-               and not isinstance(layer, CLUSTER_WRAPPERS)]
+    skipped = [
+        layer.name
+        for layer in wrapped.layers
+        if layer.name in names and not isinstance(layer, CLUSTER_WRAPPERS)
+    ]
     if skipped:
         reason = why_not_clusterable(model.get_layer(skipped[0]), spec) or "see tfmot's warning"
         raise OptimizeError(f"tfmot did not cluster layer {skipped[0]!r}: {reason}")
@@ -161,7 +194,9 @@ def strip(model: "keras.Model") -> "keras.Model":
     return _clustering.strip_clustering(model)
 
 
-def check_clusters(model: "keras.Model", spec: ClusterSpec, layers: list[str], conv_per_channel: bool = False) -> dict:
+def check_clusters(
+    model: "keras.Model", spec: ClusterSpec, layers: list[str], conv_per_channel: bool = False
+) -> dict:
     """Verifies, from a stripped model's weights, that each clustered kernel holds <= clusters values.
 
     Args:
@@ -180,7 +215,12 @@ def check_clusters(model: "keras.Model", spec: ClusterSpec, layers: list[str], c
             continue
         per_channel = (spec.per_channel or conv_per_channel) and row.type == "Conv2D"
         value = row.unique_per_channel_max if per_channel else row.unique
-        out["layers"][row.layer] = {"unique": row.unique, "unique_per_channel_max": row.unique_per_channel_max,
-                                    "limit": spec.clusters, "per_channel": per_channel, "ok": value <= spec.clusters}
+        out["layers"][row.layer] = {
+            "unique": row.unique,
+            "unique_per_channel_max": row.unique_per_channel_max,
+            "limit": spec.clusters,
+            "per_channel": per_channel,
+            "ok": value <= spec.clusters,
+        }
     out["ok"] = bool(out["layers"]) and all(v["ok"] for v in out["layers"].values())
     return out

@@ -4,6 +4,7 @@ inside a strategy scope under a precision policy, and the per-layer weight stati
 The weight statistics (zeros, unique values, gzip size) are always computed from the weights a
 model really holds, never from what a tfmot wrapper says it would do.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -37,12 +38,15 @@ def check_model(model, what: str = "model") -> "keras.Model":
     """
     ensure_tf_keras(model, what)
     if not isinstance(model, keras.Model):
-        raise OptimizeError(f"the {what} is a {type(model).__name__}, not a keras.Model; give a functional "
-                            "or Sequential tf_keras model")
+        raise OptimizeError(
+            f"the {what} is a {type(model).__name__}, not a keras.Model; give a functional "
+            "or Sequential tf_keras model"
+        )
     if not (isinstance(model, keras.Sequential) or is_graph_network(model)):
         raise OptimizeError(
             f"the {what} {model.name!r} is a subclassed model ({type(model).__name__}), which tfmot cannot "
-            "rewrite; optimize its functional parts instead (e.g. the student of a Distiller, not the Distiller)")
+            "rewrite; optimize its functional parts instead (e.g. the student of a Distiller, not the Distiller)"
+        )
     return model
 
 
@@ -68,10 +72,14 @@ class Selection:
         types = sorted({type(layer).__name__ for layer in model.layers})
         for name in self.names:
             if name not in names:
-                raise OptimizeError(f"layer {name!r} is not in model {model.name!r}; layers: {', '.join(names)}")
+                raise OptimizeError(
+                    f"layer {name!r} is not in model {model.name!r}; layers: {', '.join(names)}"
+                )
         for typ in self.types:
             if typ not in types:
-                raise OptimizeError(f"layer type {typ!r} is not in model {model.name!r}; types: {', '.join(types)}")
+                raise OptimizeError(
+                    f"layer type {typ!r} is not in model {model.name!r}; types: {', '.join(types)}"
+                )
 
     def to_dict(self) -> dict:
         """Returns the selection as JSON-ready data."""
@@ -83,7 +91,9 @@ def output_layer_names(model: "keras.Model") -> set[str]:
     return {producing_layer(t).name for t in model.outputs}
 
 
-def rebuild(model: "keras.Model", policy: str = "float32", float32_layers: Iterable[str] = ()) -> "keras.Model":
+def rebuild(
+    model: "keras.Model", policy: str = "float32", float32_layers: Iterable[str] = ()
+) -> "keras.Model":
     """Builds a fresh copy of ``model`` with its weights, in the current (strategy) scope.
 
     tfmot wrappers must be applied to layers whose variables were created in the same strategy
@@ -114,15 +124,20 @@ def rebuild(model: "keras.Model", policy: str = "float32", float32_layers: Itera
 
 def compile_for_eval(model: "keras.Model") -> "keras.Model":
     """Compiles ``model`` with the loss and metric every tfopt stage reports (logits in, accuracy out)."""
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
     _compat.build_step_state(model)
     return model
 
 
 def compute_dtypes(model: "keras.Model") -> dict[str, str]:
     """Layer name -> the dtype it computes in (a wrapper reports its own policy)."""
-    return {layer.name: layer.dtype_policy.compute_dtype for layer in model.layers
-            if not isinstance(layer, keras.layers.InputLayer)}
+    return {
+        layer.name: layer.dtype_policy.compute_dtype
+        for layer in model.layers
+        if not isinstance(layer, keras.layers.InputLayer)
+    }
 
 
 def kernel_variables(layer) -> list:
@@ -178,8 +193,11 @@ class LayerRow:
     extra: dict = field(default_factory=dict)
 
 
-def weight_table(model: "keras.Model", m_by_n: tuple[int, int] | None = None,
-                 inner: Callable = lambda layer: getattr(layer, "layer", layer)) -> list[LayerRow]:
+def weight_table(
+    model: "keras.Model",
+    m_by_n: tuple[int, int] | None = None,
+    inner: Callable = lambda layer: getattr(layer, "layer", layer),
+) -> list[LayerRow]:
     """Per-layer statistics of the kernels ``model`` holds right now.
 
     Args:
@@ -197,11 +215,20 @@ def weight_table(model: "keras.Model", m_by_n: tuple[int, int] | None = None,
         for var in kernels:
             value = np.asarray(var.numpy())
             zeros = int((value == 0).sum())
-            per_channel = max((len(np.unique(value[..., c])) for c in range(value.shape[-1])), default=0)
-            row = LayerRow(layer=base.name, type=type(base).__name__, weight=var.name.split("/")[-1].split(":")[0],
-                           shape=list(value.shape), params=int(value.size), zeros=zeros,
-                           sparsity=round(zeros / max(1, value.size), 4), unique=int(len(np.unique(value))),
-                           unique_per_channel_max=int(per_channel))
+            per_channel = max(
+                (len(np.unique(value[..., c])) for c in range(value.shape[-1])), default=0
+            )
+            row = LayerRow(
+                layer=base.name,
+                type=type(base).__name__,
+                weight=var.name.split("/")[-1].split(":")[0],
+                shape=list(value.shape),
+                params=int(value.size),
+                zeros=zeros,
+                sparsity=round(zeros / max(1, value.size), 4),
+                unique=int(len(np.unique(value))),
+                unique_per_channel_max=int(per_channel),
+            )
             if m_by_n and value.ndim in (2, 4):
                 row.m_by_n_violations, row.m_by_n_groups = m_by_n_violations(value, *m_by_n)
             rows.append(row)
@@ -228,10 +255,19 @@ def format_table(rows: list[LayerRow]) -> str:
         header.append("m:n bad")
     body = []
     for r in rows:
-        line = [r.layer, r.type, r.weight, str(r.params), f"{r.sparsity:.3f}", str(r.unique),
-                str(r.unique_per_channel_max)]
+        line = [
+            r.layer,
+            r.type,
+            r.weight,
+            str(r.params),
+            f"{r.sparsity:.3f}",
+            str(r.unique),
+            str(r.unique_per_channel_max),
+        ]
         if has_mn:
-            line.append("-" if r.m_by_n_groups is None else f"{r.m_by_n_violations}/{r.m_by_n_groups}")
+            line.append(
+                "-" if r.m_by_n_groups is None else f"{r.m_by_n_violations}/{r.m_by_n_groups}"
+            )
         body.append(line)
     widths = [max(len(x) for x in col) for col in zip(header, *body)]
     fmt = "  ".join("{:<%d}" % w for w in widths)

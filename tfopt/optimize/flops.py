@@ -4,6 +4,7 @@ Counted from the layers' static shapes, as a FLOPs budget or a structured-compre
 them layer by layer; batch normalization, activations and pooling are left out (a converter folds
 the first, the others cost little). One multiply-add = 2 FLOPs.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,12 @@ def layer_macs(layer, model: "keras.Model | None" = None) -> int:
     """Multiply-adds per example of ``layer`` over its calls in ``model`` (all calls without one; 0 for
     layers without a kernel)."""
     total = 0
-    calls = model_node_indices(model, layer) if model is not None else range(len(layer.inbound_nodes))
-    for shape_in, shape_out in ((layer.get_input_shape_at(i), layer.get_output_shape_at(i)) for i in calls):
+    calls = (
+        model_node_indices(model, layer) if model is not None else range(len(layer.inbound_nodes))
+    )
+    for shape_in, shape_out in (
+        (layer.get_input_shape_at(i), layer.get_output_shape_at(i)) for i in calls
+    ):
         if isinstance(shape_in, list) or isinstance(shape_out, list):
             continue
         fmt = getattr(layer, "data_format", "channels_last")
@@ -38,7 +43,14 @@ def layer_macs(layer, model: "keras.Model | None" = None) -> int:
             total += _positions(shape_out, fmt) * (kh * kw * depth + depth * shape_out[channel])
         elif isinstance(layer, keras.layers.Conv2D):
             kh, kw = layer.kernel_size
-            total += _positions(shape_out, fmt) * kh * kw * shape_in[channel] // layer.groups * shape_out[channel]
+            total += (
+                _positions(shape_out, fmt)
+                * kh
+                * kw
+                * shape_in[channel]
+                // layer.groups
+                * shape_out[channel]
+            )
         elif isinstance(layer, keras.layers.Dense):
             total += _positions(shape_out) * shape_in[-1] * shape_out[-1]
     return int(total)

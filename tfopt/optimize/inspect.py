@@ -9,6 +9,7 @@ remove its output channels (or which layer keeps them whole).
 A subclassed model or a Keras 3 model gets one sentence (what it is, why tfmot cannot rewrite it,
 what to do), never a traceback.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -50,7 +51,11 @@ class Report:
 
     def to_dict(self) -> dict:
         """JSON-ready data."""
-        return {"model": self.model, "problem": self.problem, "layers": [asdict(r) for r in self.layers]}
+        return {
+            "model": self.model,
+            "problem": self.problem,
+            "layers": [asdict(r) for r in self.layers],
+        }
 
 
 def _verdict(reason: str | None, has_weights: bool) -> str:
@@ -84,8 +89,14 @@ def inspect_model(model) -> Report:
     channels = {}
     for producer in ch.producers:
         pins = ch.kept_whole(producer)
-        channels[producer] = ("no: kept whole, its channels reach " + "; ".join(f"{p} ({ch.why.get(p, 'model input')})"
-                                                                          for p in pins)) if pins else "yes"
+        channels[producer] = (
+            (
+                "no: kept whole, its channels reach "
+                + "; ".join(f"{p} ({ch.why.get(p, 'model input')})" for p in pins)
+            )
+            if pins
+            else "yes"
+        )
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
             continue
@@ -93,13 +104,20 @@ def inspect_model(model) -> Report:
         cluster_reason = cluster_lib.why_not_clusterable(layer) if layer.trainable_weights else None
         prunable = prune_reason is None and prune_lib._has_prunable_weights(layer)
         clusterable = cluster_reason is None and cluster_lib._has_weights(layer)
-        rows.append(LayerSupport(
-            layer=layer.name, type=type(layer).__name__, params=int(layer.count_params()),
-            prune=_verdict(prune_reason, prunable),
-            # Layers without weights still get their activations quantized.
-            quantize=_verdict(quantize_lib.why_not_quantizable(layer), True),
-            cluster=_verdict(cluster_reason, clusterable), macs=macs.get(layer.name, 0),
-            low_rank=low_rank.get(layer.name, "-"), channels=channels.get(layer.name, "-")))
+        rows.append(
+            LayerSupport(
+                layer=layer.name,
+                type=type(layer).__name__,
+                params=int(layer.count_params()),
+                prune=_verdict(prune_reason, prunable),
+                # Layers without weights still get their activations quantized.
+                quantize=_verdict(quantize_lib.why_not_quantizable(layer), True),
+                cluster=_verdict(cluster_reason, clusterable),
+                macs=macs.get(layer.name, 0),
+                low_rank=low_rank.get(layer.name, "-"),
+                channels=channels.get(layer.name, "-"),
+            )
+        )
     return Report(model=str(name), layers=rows)
 
 
@@ -107,20 +125,51 @@ def format_report(report: Report) -> str:
     """Text for the terminal: a table, then the reasons and fixes for every ``no``."""
     if report.problem:
         return report.problem
-    header = ("layer", "type", "params", "macs", "prune", "quantize", "cluster", "low_rank", "channels")
-    short = [(r.layer, r.type, str(r.params), str(r.macs),
-              *(v if not v.startswith("no: ") else "NO" for v in (r.prune, r.quantize, r.cluster)),
-              r.low_rank.replace("yes: rank ", "r ").replace(" of ", "/") if not r.low_rank.startswith("no: ")
-              else "NO", "NO" if r.channels.startswith("no: ") else r.channels) for r in report.layers]
+    header = (
+        "layer",
+        "type",
+        "params",
+        "macs",
+        "prune",
+        "quantize",
+        "cluster",
+        "low_rank",
+        "channels",
+    )
+    short = [
+        (
+            r.layer,
+            r.type,
+            str(r.params),
+            str(r.macs),
+            *(v if not v.startswith("no: ") else "NO" for v in (r.prune, r.quantize, r.cluster)),
+            r.low_rank.replace("yes: rank ", "r ").replace(" of ", "/")
+            if not r.low_rank.startswith("no: ")
+            else "NO",
+            "NO" if r.channels.startswith("no: ") else r.channels,
+        )
+        for r in report.layers
+    ]
     widths = [max(len(x) for x in col) for col in zip(header, *short)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
-    lines = [f"model {report.model!r}: what each technique can do with each layer (macs: multiply-adds per "
-             "example; low_rank: the largest rank that saves, of the full rank)", fmt.format(*header)]
+    lines = [
+        f"model {report.model!r}: what each technique can do with each layer (macs: multiply-adds per "
+        "example; low_rank: the largest rank that saves, of the full rank)",
+        fmt.format(*header),
+    ]
     lines += [fmt.format(*row) for row in short]
-    notes = [f"  {r.layer} ({kind}): {v[4:]}" for r in report.layers
-             for kind, v in (("prune", r.prune), ("quantize", r.quantize), ("cluster", r.cluster),
-                             ("low_rank", r.low_rank), ("channels", r.channels))
-             if v.startswith("no: ")]
+    notes = [
+        f"  {r.layer} ({kind}): {v[4:]}"
+        for r in report.layers
+        for kind, v in (
+            ("prune", r.prune),
+            ("quantize", r.quantize),
+            ("cluster", r.cluster),
+            ("low_rank", r.low_rank),
+            ("channels", r.channels),
+        )
+        if v.startswith("no: ")
+    ]
     if notes:
         lines += ["", "why not, and the fix:"] + notes
     return "\n".join(lines)

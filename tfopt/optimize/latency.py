@@ -16,6 +16,7 @@ the median of the passes is kept. Between grid points the time is interpolated b
 pruned model's predicted latency is the whole model's measured p50 minus its layers' times at
 their widths now plus their times at the new widths.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ class Entry:
     cout: int
 
 
-def layer_grid(model: "keras.Model", counts: list[dict[str, tuple[int, int]]]) -> dict[str, tuple[list, list]]:
+def layer_grid(
+    model: "keras.Model", counts: list[dict[str, tuple[int, int]]]
+) -> dict[str, tuple[list, list]]:
     """Layer -> (input widths, output widths) to time: every width any of ``counts`` gives it.
 
     Args:
@@ -64,7 +67,11 @@ def entries(model: "keras.Model", grid: dict[str, tuple[list, list]]) -> list[En
     out = []
     for name, (cins, couts) in grid.items():
         depthwise = isinstance(model.get_layer(name), L.DepthwiseConv2D)
-        out.extend(Entry(name, cin, cin if depthwise else cout) for cin in cins for cout in ([0] if depthwise else couts))
+        out.extend(
+            Entry(name, cin, cin if depthwise else cout)
+            for cin in cins
+            for cout in ([0] if depthwise else couts)
+        )
     return out
 
 
@@ -95,14 +102,22 @@ def _convert(functions: list, keep) -> bytes:
 def _contents(model: "keras.Model", todo: list[Entry]):
     """``(.tflite, signature keys)``: the whole model's, then ``CHUNK`` entries' each (``t<i>``)."""
     spec = tf.TensorSpec((1, *[int(d) for d in model.input_shape[1:]]), tf.float32, name="x")
-    yield _convert([_signature(lambda x: {"y": model(x, training=False)}, MODEL_KEY, spec)], model), [MODEL_KEY]
+    yield (
+        _convert([_signature(lambda x: {"y": model(x, training=False)}, MODEL_KEY, spec)], model),
+        [MODEL_KEY],
+    )
     for start in range(0, len(todo), CHUNK):
         functions, layers = [], []
-        for i, entry in enumerate(todo[start:start + CHUNK], start):
+        for i, entry in enumerate(todo[start : start + CHUNK], start):
             layer, shape = _alone(model.get_layer(entry.layer), entry.cin, entry.cout)
             layers.append(layer)
-            functions.append(_signature(lambda x, layer=layer: {"y": layer(x)}, f"t{i}",
-                                        tf.TensorSpec(shape, tf.float32, name="x")))
+            functions.append(
+                _signature(
+                    lambda x, layer=layer: {"y": layer(x)},
+                    f"t{i}",
+                    tf.TensorSpec(shape, tf.float32, name="x"),
+                )
+            )
         keep = tf.Module()
         keep.layers = layers
         yield _convert(functions, keep), [f"t{i}" for i in range(start, start + len(layers))]
@@ -112,11 +127,18 @@ def _same(model: "keras.Model", entry: Entry) -> tuple:
     """What decides an entry's time: the layer's type and settings, its input size and its widths."""
     layer = model.get_layer(entry.layer)
     config = {k: v for k, v in layer.get_config().items() if k != "name"}
-    return type(layer).__name__, repr(sorted(config.items())), tuple(layer.input_shape[1:-1]), entry.cin, entry.cout
+    return (
+        type(layer).__name__,
+        repr(sorted(config.items())),
+        tuple(layer.input_shape[1:-1]),
+        entry.cin,
+        entry.cout,
+    )
 
 
-def time_signatures(model: "keras.Model", todo: list[Entry], *, threads: int = 1, passes: int = 3,
-                    runs: int = 20) -> np.ndarray:
+def time_signatures(
+    model: "keras.Model", todo: list[Entry], *, threads: int = 1, passes: int = 3, runs: int = 20
+) -> np.ndarray:
     """The p50 in microseconds of the whole model, then of each entry, in LiteRT.
 
     Entries that differ only in their layer's name are timed once.
@@ -139,7 +161,9 @@ def time_signatures(model: "keras.Model", todo: list[Entry], *, threads: int = 1
     invokes = []
     rng = np.random.default_rng(0)
     for content, keys in _contents(model, unique):
-        with native_stderr.filtered():  # LiteRT announces its XNNPACK delegate on fd 2 at the first invoke
+        with (
+            native_stderr.filtered()
+        ):  # LiteRT announces its XNNPACK delegate on fd 2 at the first invoke
             interpreter = Interpreter(model_content=content, num_threads=threads)
             if len(keys) == 1:  # a lone signature is the converter's serving_default
                 keys = list(interpreter.get_signature_list())
@@ -172,31 +196,56 @@ class Table:
     threads: int
 
     @classmethod
-    def measured(cls, model: "keras.Model", grid: dict[str, tuple[list, list]], times: np.ndarray, *,
-                 now: dict[str, tuple[int, int]], threads: int) -> "Table":
+    def measured(
+        cls,
+        model: "keras.Model",
+        grid: dict[str, tuple[list, list]],
+        times: np.ndarray,
+        *,
+        now: dict[str, tuple[int, int]],
+        threads: int,
+    ) -> "Table":
         """The table of ``times`` (from :func:`time_signatures` over :func:`entries` of ``grid``)."""
         index = {entry: i + 1 for i, entry in enumerate(entries(model, grid))}
         depthwise = {n for n in grid if isinstance(model.get_layer(n), L.DepthwiseConv2D)}
         out = {}
         for name, (cins, couts) in grid.items():
-            out[name] = (cins, couts, np.array([[times[index[Entry(name, a, a if name in depthwise else b)]]
-                                                  for b in couts] for a in cins]))
+            out[name] = (
+                cins,
+                couts,
+                np.array(
+                    [
+                        [times[index[Entry(name, a, a if name in depthwise else b)]] for b in couts]
+                        for a in cins
+                    ]
+                ),
+            )
         return cls(float(times[0]), dict(now), out, threads)
 
     def layer_us(self, name: str, cin: int, cout: int) -> float:
         """The layer's time at these widths (bilinear between grid points, held at the edges)."""
         cins, couts, t = self.grid[name]
-        row = [np.interp(cout, couts, t[i]) if len(couts) > 1 else t[i][0] for i in range(len(cins))]
+        row = [
+            np.interp(cout, couts, t[i]) if len(couts) > 1 else t[i][0] for i in range(len(cins))
+        ]
         return float(np.interp(cin, cins, row) if len(cins) > 1 else row[0])
 
     def predict(self, counts: dict[str, tuple[int, int]]) -> float:
         """The model's p50 in microseconds with its layers at ``counts``' widths."""
-        return self.base_us + sum(self.layer_us(n, *counts[n]) - self.layer_us(n, *self.now[n]) for n in self.grid)
+        return self.base_us + sum(
+            self.layer_us(n, *counts[n]) - self.layer_us(n, *self.now[n]) for n in self.grid
+        )
 
     def to_dict(self) -> dict:
         """JSON-ready: the base and each layer's grid (the run record's ``latency.table``)."""
-        return {"base_us": round(self.base_us, 2), "threads": self.threads,
-                "layers": {n: {"cin": c, "cout": o, "us": np.round(t, 2).tolist()} for n, (c, o, t) in self.grid.items()}}
+        return {
+            "base_us": round(self.base_us, 2),
+            "threads": self.threads,
+            "layers": {
+                n: {"cin": c, "cout": o, "us": np.round(t, 2).tolist()}
+                for n, (c, o, t) in self.grid.items()
+            },
+        }
 
 
 def model_us(model: "keras.Model", *, threads: int = 1, passes: int = 3, runs: int = 50) -> float:

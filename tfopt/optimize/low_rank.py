@@ -17,6 +17,7 @@ from a FLOPs budget for the whole model, met greedily by dropping the singular v
 the least energy per multiply-add saved. A layer the factorization would not make cheaper is
 left whole and named.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -57,21 +58,35 @@ class LowRankSpec:
     def validate(self) -> "LowRankSpec":
         """Raises OptimizeError naming the bad value and the valid range."""
         if self.rank_by not in RANK_BY:
-            raise OptimizeError(f"rank_by={self.rank_by!r} is not valid; choose one of {', '.join(RANK_BY)}")
+            raise OptimizeError(
+                f"rank_by={self.rank_by!r} is not valid; choose one of {', '.join(RANK_BY)}"
+            )
         if self.conv not in CONV:
-            raise OptimizeError(f"conv={self.conv!r} is not valid; choose one of {', '.join(CONV)} "
-                                "(--low-rank-conv)")
+            raise OptimizeError(
+                f"conv={self.conv!r} is not valid; choose one of {', '.join(CONV)} "
+                "(--low-rank-conv)"
+            )
         if self.round_to < 1:
-            raise OptimizeError(f"round_to={self.round_to} must be >= 1 (1 = any rank, 8 = multiples of 8)")
+            raise OptimizeError(
+                f"round_to={self.round_to} must be >= 1 (1 = any rank, 8 = multiples of 8)"
+            )
         if not 0 < self.energy <= 1 or not 0 < self.flops <= 1:
-            raise OptimizeError(f"energy={self.energy} and flops={self.flops} must be in (0, 1], e.g. energy=0.9 "
-                                "(keep 90% of each kernel's energy) or flops=0.5 (half the model's multiply-adds)")
+            raise OptimizeError(
+                f"energy={self.energy} and flops={self.flops} must be in (0, 1], e.g. energy=0.9 "
+                "(keep 90% of each kernel's energy) or flops=0.5 (half the model's multiply-adds)"
+            )
         return self
 
     def to_dict(self) -> dict:
         """JSON-ready settings."""
-        return {"rank_by": self.rank_by, "energy": self.energy, "flops": self.flops, "round_to": self.round_to,
-                "conv": self.conv, "selection": self.selection.to_dict()}
+        return {
+            "rank_by": self.rank_by,
+            "energy": self.energy,
+            "flops": self.flops,
+            "round_to": self.round_to,
+            "conv": self.conv,
+            "selection": self.selection.to_dict(),
+        }
 
 
 @dataclass
@@ -84,7 +99,9 @@ class Candidate:
     u: np.ndarray
     s: np.ndarray
     vt: np.ndarray
-    first_positions: int = 0  # the first layer's output positions (0: ``positions``; spatial: H_out x W_in)
+    first_positions: int = (
+        0  # the first layer's output positions (0: ``positions``; spatial: H_out x W_in)
+    )
 
     @property
     def macs(self) -> int:
@@ -107,7 +124,7 @@ class Candidate:
 
     def energy_loss(self, rank: int) -> float:
         """Share of the kernel's squared singular values dropped at ``rank``."""
-        total = float(np.sum(self.s ** 2))
+        total = float(np.sum(self.s**2))
         return float(np.sum(self.s[rank:] ** 2)) / total if total else 0.0
 
 
@@ -123,8 +140,11 @@ def _why_not(layer) -> str | None:
 
 def _spatial(layer) -> bool:
     """A channels-last Conv2D whose kernel is at least 2 x 2: split into k x 1 then 1 x k."""
-    return (isinstance(layer, keras.layers.Conv2D) and layer.data_format == "channels_last"
-            and min(layer.kernel_size) > 1)
+    return (
+        isinstance(layer, keras.layers.Conv2D)
+        and layer.data_format == "channels_last"
+        and min(layer.kernel_size) > 1
+    )
 
 
 def _matrix(kernel: np.ndarray, spatial: bool) -> np.ndarray:
@@ -157,8 +177,10 @@ def candidates(model: "keras.Model", spec: LowRankSpec) -> tuple[list[Candidate]
         first = int(layer.output_shape[1]) * int(layer.input_shape[2]) if spatial else 0
         cand = Candidate(layer.name, matrix, positions, u, s, vt, first)
         if cand.max_rank < 1:
-            skipped[layer.name] = (f"too small to gain: {matrix.shape[0]}x{matrix.shape[1]} kernel costs "
-                                   f"{cand.macs} multiply-adds, a rank-1 pair {cand.macs_at(1)}")
+            skipped[layer.name] = (
+                f"too small to gain: {matrix.shape[0]}x{matrix.shape[1]} kernel costs "
+                f"{cand.macs} multiply-adds, a rank-1 pair {cand.macs_at(1)}"
+            )
             continue
         found.append(cand)
     return found, skipped
@@ -168,13 +190,15 @@ def energy_ranks(cands: list[Candidate], energy: float, multiple: int = 1) -> di
     """The smallest rank (a multiple of ``multiple``) keeping ``energy`` of each kernel; 0 where it would not save."""
     ranks = {}
     for c in (c for c in cands if c.max_rank >= multiple):
-        kept = np.cumsum(c.s ** 2) / max(float(np.sum(c.s ** 2)), 1e-30)
+        kept = np.cumsum(c.s**2) / max(float(np.sum(c.s**2)), 1e-30)
         rank = -(-int(np.searchsorted(kept, energy - 1e-12) + 1) // multiple) * multiple
         ranks[c.name] = rank if rank <= c.max_rank else 0
     return ranks
 
 
-def budget_ranks(cands: list[Candidate], total_macs: int, share: float, multiple: int = 1) -> dict[str, int]:
+def budget_ranks(
+    cands: list[Candidate], total_macs: int, share: float, multiple: int = 1
+) -> dict[str, int]:
     """Ranks (multiples of ``multiple``) that bring the model to ``share`` of ``total_macs`` losing the
     least energy; 0 = whole.
 
@@ -185,13 +209,17 @@ def budget_ranks(cands: list[Candidate], total_macs: int, share: float, multiple
     cands = [c for c in cands if c.max_rank >= multiple]
     floor = total_macs - sum(c.macs - c.macs_at(multiple) for c in cands)
     if budget < floor:
-        raise OptimizeError(f"low-rank FLOPs budget {share:g} of the model is out of reach: rank {multiple} "
-                            f"everywhere gives {floor / total_macs:.3f} of its multiply-adds ({floor} of "
-                            f"{total_macs}); give flops >= {np.ceil(floor / total_macs * 1000) / 1000:g}")
+        raise OptimizeError(
+            f"low-rank FLOPs budget {share:g} of the model is out of reach: rank {multiple} "
+            f"everywhere gives {floor / total_macs:.3f} of its multiply-adds ({floor} of "
+            f"{total_macs}); give flops >= {np.ceil(floor / total_macs * 1000) / 1000:g}"
+        )
     ranks = {c.name: 0 for c in cands}
     current = float(total_macs)
 
-    def step(c: Candidate) -> tuple[float, int, int]:  # (energy lost per multiply-add saved, new rank, saved)
+    def step(
+        c: Candidate,
+    ) -> tuple[float, int, int]:  # (energy lost per multiply-add saved, new rank, saved)
         rank = ranks[c.name]
         new = c.max_rank // multiple * multiple if rank == 0 else rank - multiple
         saved = (c.macs if rank == 0 else c.macs_at(rank)) - c.macs_at(new)
@@ -208,7 +236,9 @@ def budget_ranks(cands: list[Candidate], total_macs: int, share: float, multiple
     return ranks
 
 
-def factorize(model: "keras.Model", ranks: dict[str, int], conv: str = "pointwise") -> "keras.Model":
+def factorize(
+    model: "keras.Model", ranks: dict[str, int], conv: str = "pointwise"
+) -> "keras.Model":
     """``model`` with each layer of ``ranks`` (rank > 0) replaced by its rank-r pair.
 
     Args:
@@ -234,23 +264,66 @@ def factorize(model: "keras.Model", ranks: dict[str, int], conv: str = "pointwis
             cfg = layer.get_config()
             common = {"padding": cfg["padding"], "data_format": cfg["data_format"], "groups": 1}
             if spatial:
-                (kh, kw), (sh, sw), (dh, dw) = cfg["kernel_size"], cfg["strides"], cfg["dilation_rate"]
+                (kh, kw), (sh, sw), (dh, dw) = (
+                    cfg["kernel_size"],
+                    cfg["strides"],
+                    cfg["dilation_rate"],
+                )
                 cin = kernel.shape[2]
-                graph.insert_before(name, f"{name}_lr", "Conv2D", {
-                    **common, "filters": rank, "kernel_size": (kh, 1), "strides": (sh, 1), "dilation_rate": (dh, 1),
-                    "activation": "linear", "use_bias": False}, [first.reshape(kh, 1, cin, rank)])
-                graph.set_layer(name, [second.reshape(rank, kw, -1).transpose(1, 0, 2)[None], *rest],
-                                kernel_size=(1, kw), strides=(1, sw), dilation_rate=(1, dw))
+                graph.insert_before(
+                    name,
+                    f"{name}_lr",
+                    "Conv2D",
+                    {
+                        **common,
+                        "filters": rank,
+                        "kernel_size": (kh, 1),
+                        "strides": (sh, 1),
+                        "dilation_rate": (dh, 1),
+                        "activation": "linear",
+                        "use_bias": False,
+                    },
+                    [first.reshape(kh, 1, cin, rank)],
+                )
+                graph.set_layer(
+                    name,
+                    [second.reshape(rank, kw, -1).transpose(1, 0, 2)[None], *rest],
+                    kernel_size=(1, kw),
+                    strides=(1, sw),
+                    dilation_rate=(1, dw),
+                )
                 continue
-            graph.insert_before(name, f"{name}_lr", "Conv2D", {
-                **common, "filters": rank, "kernel_size": cfg["kernel_size"], "strides": cfg["strides"],
-                "dilation_rate": cfg["dilation_rate"], "activation": "linear", "use_bias": False},
-                [first.reshape(*kernel.shape[:-1], rank)])
-            graph.set_layer(name, [second.reshape(1, 1, rank, -1), *rest], kernel_size=(1, 1), strides=(1, 1),
-                            padding="valid", dilation_rate=(1, 1))
+            graph.insert_before(
+                name,
+                f"{name}_lr",
+                "Conv2D",
+                {
+                    **common,
+                    "filters": rank,
+                    "kernel_size": cfg["kernel_size"],
+                    "strides": cfg["strides"],
+                    "dilation_rate": cfg["dilation_rate"],
+                    "activation": "linear",
+                    "use_bias": False,
+                },
+                [first.reshape(*kernel.shape[:-1], rank)],
+            )
+            graph.set_layer(
+                name,
+                [second.reshape(1, 1, rank, -1), *rest],
+                kernel_size=(1, 1),
+                strides=(1, 1),
+                padding="valid",
+                dilation_rate=(1, 1),
+            )
         else:
-            graph.insert_before(name, f"{name}_lr", "Dense", {"units": rank, "activation": "linear",
-                                                             "use_bias": False}, [first])
+            graph.insert_before(
+                name,
+                f"{name}_lr",
+                "Dense",
+                {"units": rank, "activation": "linear", "use_bias": False},
+                [first],
+            )
             graph.set_layer(name, [second, *rest])
     return graph.build()
 
@@ -268,8 +341,14 @@ class Plan:
 
     def to_dict(self) -> dict:
         """JSON-ready data (the run record's ``low_rank`` section)."""
-        return {"ranks": self.ranks, "skipped": self.skipped, "macs_before": self.macs_before,
-                "macs_after": self.macs_after, "energy_kept": self.energy_kept, "conv": self.conv}
+        return {
+            "ranks": self.ranks,
+            "skipped": self.skipped,
+            "macs_before": self.macs_before,
+            "macs_after": self.macs_after,
+            "energy_kept": self.energy_kept,
+            "conv": self.conv,
+        }
 
 
 def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
@@ -289,16 +368,28 @@ def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
     by_name = {c.name: c for c in cands}
     for c in cands:
         if c.name not in ranks:
-            skipped[c.name] = f"no rank that is a multiple of {spec.round_to} costs less than the layer"
+            skipped[c.name] = (
+                f"no rank that is a multiple of {spec.round_to} costs less than the layer"
+            )
     for name, rank in ranks.items():
         if rank == 0:
             c = by_name[name]
-            skipped[name] = (f"would not save: {spec.energy:g} of its energy needs rank > {c.max_rank}, the largest "
-                             "that costs less" if spec.rank_by == "energy" else "cheaper whole within the budget")
+            skipped[name] = (
+                f"would not save: {spec.energy:g} of its energy needs rank > {c.max_rank}, the largest "
+                "that costs less"
+                if spec.rank_by == "energy"
+                else "cheaper whole within the budget"
+            )
     kept = {n: r for n, r in ranks.items() if r > 0}
     after = total - sum(by_name[n].macs - by_name[n].macs_at(r) for n, r in kept.items())
-    return Plan(kept, skipped, total, after,
-                {n: round(1 - by_name[n].energy_loss(r), 5) for n, r in kept.items()}, spec.conv)
+    return Plan(
+        kept,
+        skipped,
+        total,
+        after,
+        {n: round(1 - by_name[n].energy_loss(r), 5) for n, r in kept.items()},
+        spec.conv,
+    )
 
 
 def check_flops(model: "keras.Model", spec: LowRankSpec, info: dict) -> dict:
@@ -311,5 +402,9 @@ def check_flops(model: "keras.Model", spec: LowRankSpec, info: dict) -> dict:
     """
     counted = sum(model_macs(model).values())
     target = spec.flops * info["macs_before"] if spec.rank_by == "flops" else info["macs_before"]
-    return {"macs": counted, "planned": info["macs_after"], "target": int(target),
-            "ok": counted == info["macs_after"] and counted <= target}
+    return {
+        "macs": counted,
+        "planned": info["macs_after"],
+        "target": int(target),
+        "ok": counted == info["macs_after"] and counted <= target,
+    }

@@ -6,6 +6,7 @@ is a strategy-free float32 model (or a default-scheme QAT model), which the next
 evaluation and the saving start from. Under MultiWorkerMirroredStrategy every worker runs every
 line here: reading the weights is a collective.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,9 +57,12 @@ class Context:
 def _compile(model, ctx: Context, ft: FineTune) -> None:
     # The run's schedule over this phase; loss scaling under mixed_float16 (QAT models are built
     # float32 and may still hold float16 layers, so compile() would not add it).
-    model.compile(optimizer=ctx.job.optimizer(ft.learning_rate, ft.total_steps),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], steps_per_execution=ft.steps_per_execution)
+    model.compile(
+        optimizer=ctx.job.optimizer(ft.learning_rate, ft.total_steps),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        steps_per_execution=ft.steps_per_execution,
+    )
 
 
 class _NoUnusedKernelWarning(logging.Filter):
@@ -74,18 +78,27 @@ class _NoUnusedKernelWarning(logging.Filter):
 
 def _fit(ctx: Context, ft: FineTune, model, callbacks: list, kind: str) -> dict:
     started = time.perf_counter()
-    clustered = kind == "cluster" or any("Cluster" in type(layer).__name__ for layer in model.submodules)
+    clustered = kind == "cluster" or any(
+        "Cluster" in type(layer).__name__ for layer in model.submodules
+    )
     quiet = _NoUnusedKernelWarning()
     if clustered:
         tf.get_logger().addFilter(quiet)
     try:
-        history = ctx.job.fit(model, callbacks, epochs=ft.epochs, steps_per_epoch=ft.steps_per_epoch)
+        history = ctx.job.fit(
+            model, callbacks, epochs=ft.epochs, steps_per_epoch=ft.steps_per_epoch
+        )
     finally:
         tf.get_logger().removeFilter(quiet)
     last = {k: float(v[-1]) for k, v in history.history.items() if v}
-    return {"phase": kind, "epochs": ft.epochs, "steps": ft.total_steps,
-            "seconds": round(time.perf_counter() - started, 3), **{f"train_{k}": round(v, 5) for k, v in last.items()},
-            "compute_dtypes": compute_dtypes(model)}
+    return {
+        "phase": kind,
+        "epochs": ft.epochs,
+        "steps": ft.total_steps,
+        "seconds": round(time.perf_counter() - started, 3),
+        **{f"train_{k}": round(v, 5) for k, v in last.items()},
+        "compute_dtypes": compute_dtypes(model),
+    }
 
 
 def _log_dir(ctx: Context, kind: str) -> str | None:
@@ -107,22 +120,39 @@ def _strip_phase(ctx: Context, ft: FineTune, src, kind: str, names: list[str], w
     with ctx.job.strategy.scope():
         stripped = lib.strip(wrapped)
     info["layers"] = names
-    return rebuild(stripped, "float32"), info  # every worker reads the weights (a collective under MWMS)
+    return rebuild(
+        stripped, "float32"
+    ), info  # every worker reads the weights (a collective under MWMS)
 
 
 def prune_phase(ctx: Context, ft: FineTune, src, spec: prune_lib.PruneSpec):
     """Prunes ``src`` (strategy-free); returns ``(stripped float32 copy, phase info)``."""
     names = prune_lib.prunable_names(src, spec)
-    return _strip_phase(ctx, ft, src, "prune", names,
-                        lambda model, dtype: prune_lib.wrap(model, spec, ft.total_steps, names, wrapper_dtype=dtype),
-                        prune_lib)
+    return _strip_phase(
+        ctx,
+        ft,
+        src,
+        "prune",
+        names,
+        lambda model, dtype: prune_lib.wrap(
+            model, spec, ft.total_steps, names, wrapper_dtype=dtype
+        ),
+        prune_lib,
+    )
 
 
 def cluster_phase(ctx: Context, ft: FineTune, src, spec: cluster_lib.ClusterSpec):
     """Clusters ``src``; returns ``(stripped float32 copy, phase info)``."""
     names = cluster_lib.clusterable_names(src, spec)
-    return _strip_phase(ctx, ft, src, "cluster", names,
-                        lambda model, dtype: cluster_lib.wrap(model, spec, names, wrapper_dtype=dtype), cluster_lib)
+    return _strip_phase(
+        ctx,
+        ft,
+        src,
+        "cluster",
+        names,
+        lambda model, dtype: cluster_lib.wrap(model, spec, names, wrapper_dtype=dtype),
+        cluster_lib,
+    )
 
 
 def qat_phase(ctx: Context, ft: FineTune, src, spec: quantize_lib.QatSpec):
@@ -145,7 +175,9 @@ def _tune(ctx: Context, ft: FineTune, src, kind: str):
         model = rebuild(src, ctx.job.cfg.runtime.precision)
         _compile(model, ctx, ft)
     info = _fit(ctx, ft, model, [], kind)
-    return rebuild(model, "float32"), info  # every worker reads the weights (a collective under MWMS)
+    return rebuild(
+        model, "float32"
+    ), info  # every worker reads the weights (a collective under MWMS)
 
 
 def low_rank_phase(ctx: Context, ft: FineTune, src, spec: low_rank_lib.LowRankSpec):
@@ -173,39 +205,87 @@ def channel_prune_phase(ctx: Context, ft: FineTune, src, spec: channel_lib.Chann
     for k in range(1, spec.iterations + 1):
         current = sum(model_macs(model).values())
         share = 1 - (1 - spec.flops) * k / spec.iterations
-        step = dataclasses.replace(spec, flops=min(1.0, share * original / current), iterations=1,
-                                   ratio=1 - (1 - spec.ratio) ** (1 / spec.iterations) if spec.ratio else 0.0)
-        batches = (list(ctx.job.dataset("train").take(spec.taylor_batches)) if spec.importance == "taylor"
-                   else None)  # read deterministically: every worker scores the same batches
-        decided = channel_lib.plan(model, step, batches, measure=_chief_measures(ctx, spec),
-                                   steps_left=spec.iterations - k + 1)
+        step = dataclasses.replace(
+            spec,
+            flops=min(1.0, share * original / current),
+            iterations=1,
+            ratio=1 - (1 - spec.ratio) ** (1 / spec.iterations) if spec.ratio else 0.0,
+        )
+        batches = (
+            list(ctx.job.dataset("train").take(spec.taylor_batches))
+            if spec.importance == "taylor"
+            else None
+        )  # read deterministically: every worker scores the same batches
+        decided = channel_lib.plan(
+            model,
+            step,
+            batches,
+            measure=_chief_measures(ctx, spec),
+            steps_left=spec.iterations - k + 1,
+        )
         model, info = _tune(ctx, ft, channel_lib.prune_channels(decided), "channel_prune")
         steps.append(decided.to_dict())
         fits.append(info)
-    widths = {name: [before, steps[-1]["widths"][name][1]] for name, (before, _) in steps[0]["widths"].items()}
-    info = dict(fits[-1], epochs=sum(f["epochs"] for f in fits), steps=sum(f["steps"] for f in fits),
-                seconds=round(sum(f["seconds"] for f in fits), 3))
-    info.update(layers=sorted(n for n, (b, a) in widths.items() if a < b), widths=widths, pinned=steps[0]["pinned"],
-                macs_before=original, macs_after=steps[-1]["macs_after"], iterations=steps)
+    widths = {
+        name: [before, steps[-1]["widths"][name][1]]
+        for name, (before, _) in steps[0]["widths"].items()
+    }
+    info = dict(
+        fits[-1],
+        epochs=sum(f["epochs"] for f in fits),
+        steps=sum(f["steps"] for f in fits),
+        seconds=round(sum(f["seconds"] for f in fits), 3),
+    )
+    info.update(
+        layers=sorted(n for n, (b, a) in widths.items() if a < b),
+        widths=widths,
+        pinned=steps[0]["pinned"],
+        macs_before=original,
+        macs_after=steps[-1]["macs_after"],
+        iterations=steps,
+    )
     if spec.latency_us:
-        info["latency"] = {"target_us": spec.latency_us, "threads": spec.latency_threads,
-                           "before_us": steps[0]["latency"]["before_us"],
-                           "predicted_us": steps[-1]["latency"]["predicted_us"],
-                           "measured_us": round(float(from_chief(ctx.job.strategy, ctx.job.chief, 1, lambda: [
-                               latency_lib.model_us(model, threads=spec.latency_threads)])[0]), 2)}
+        info["latency"] = {
+            "target_us": spec.latency_us,
+            "threads": spec.latency_threads,
+            "before_us": steps[0]["latency"]["before_us"],
+            "predicted_us": steps[-1]["latency"]["predicted_us"],
+            "measured_us": round(
+                float(
+                    from_chief(
+                        ctx.job.strategy,
+                        ctx.job.chief,
+                        1,
+                        lambda: [latency_lib.model_us(model, threads=spec.latency_threads)],
+                    )[0]
+                ),
+                2,
+            ),
+        }
     return model, info
 
 
 def _chief_measures(ctx: Context, spec: channel_lib.ChannelSpec):
     """The latency table's timings: measured by the chief alone, the same on every worker."""
+
     def measure(model, entries):
-        return from_chief(ctx.job.strategy, ctx.job.chief, len(entries) + 1,
-                          lambda: latency_lib.time_signatures(model, entries, threads=spec.latency_threads))
+        return from_chief(
+            ctx.job.strategy,
+            ctx.job.chief,
+            len(entries) + 1,
+            lambda: latency_lib.time_signatures(model, entries, threads=spec.latency_threads),
+        )
+
     return measure
 
 
-_RUN = {"prune": prune_phase, "cluster": cluster_phase, "qat": qat_phase, "low_rank": low_rank_phase,
-        "channel_prune": channel_prune_phase}
+_RUN = {
+    "prune": prune_phase,
+    "cluster": cluster_phase,
+    "qat": qat_phase,
+    "low_rank": low_rank_phase,
+    "channel_prune": channel_prune_phase,
+}
 
 
 def run_chain(ctx: Context, fine_tunes: dict[str, FineTune], base, chain: list[tuple[str, object]]):

@@ -14,6 +14,7 @@ Under a mixed precision policy the pruned layers compute in float32 (their wrapp
 mask update assigns a mixed-dtype product to the float32 variable under MirroredStrategy
 (tensorflow/model-optimization#409). The other layers keep the mixed policy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,7 +23,13 @@ import numpy as np
 
 from tfopt._compat import prunable_weight_names, prune_registry_supports
 from tfopt._keras import keras
-from tfopt.optimize.common import (OptimizeError, Selection, check_model, kernel_variables, m_by_n_violations)
+from tfopt.optimize.common import (
+    OptimizeError,
+    Selection,
+    check_model,
+    kernel_variables,
+    m_by_n_violations,
+)
 
 import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
 
@@ -67,7 +74,9 @@ class PruneSpec:
     initial_sparsity: float = 0.0
     begin_step: int = 0
     end_step: int = -1
-    frequency: int = 0  # 0: about 20 updates per phase, at most every 100 steps (the command line's default)
+    frequency: int = (
+        0  # 0: about 20 updates per phase, at most every 100 steps (the command line's default)
+    )
     m_by_n: tuple[int, int] | None = None
     block_size: tuple[int, int] = (1, 1)
     policy: str = "none"
@@ -76,47 +85,80 @@ class PruneSpec:
     def validate(self) -> "PruneSpec":
         """Raises OptimizeError naming the bad value and the valid range."""
         if not 0.0 <= self.sparsity < 1.0:
-            raise OptimizeError(f"sparsity={self.sparsity} must be in [0, 1), e.g. 0.8 for 80% zeros")
+            raise OptimizeError(
+                f"sparsity={self.sparsity} must be in [0, 1), e.g. 0.8 for 80% zeros"
+            )
         if self.schedule not in SCHEDULES:
-            raise OptimizeError(f"pruning schedule {self.schedule!r} is not valid; "
-                                f"choose one of {', '.join(SCHEDULES)}")
+            raise OptimizeError(
+                f"pruning schedule {self.schedule!r} is not valid; "
+                f"choose one of {', '.join(SCHEDULES)}"
+            )
         if not 0.0 <= self.initial_sparsity <= self.sparsity:
-            raise OptimizeError(f"initial_sparsity={self.initial_sparsity} must be in [0, sparsity={self.sparsity}]")
+            raise OptimizeError(
+                f"initial_sparsity={self.initial_sparsity} must be in [0, sparsity={self.sparsity}]"
+            )
         if self.begin_step < 0 or self.frequency < 0:
-            raise OptimizeError(f"begin_step={self.begin_step} must be >= 0 and frequency={self.frequency} >= 0 "
-                                "(0 = about 20 mask updates per phase)")
+            raise OptimizeError(
+                f"begin_step={self.begin_step} must be >= 0 and frequency={self.frequency} >= 0 "
+                "(0 = about 20 mask updates per phase)"
+            )
         if self.end_step != -1 and self.end_step <= self.begin_step:
-            raise OptimizeError(f"end_step={self.end_step} must be > begin_step={self.begin_step} (or -1 = to the end)")
+            raise OptimizeError(
+                f"end_step={self.end_step} must be > begin_step={self.begin_step} (or -1 = to the end)"
+            )
         if self.policy not in POLICIES:
-            raise OptimizeError(f"pruning policy {self.policy!r} is not valid; choose one of {', '.join(POLICIES)}")
+            raise OptimizeError(
+                f"pruning policy {self.policy!r} is not valid; choose one of {', '.join(POLICIES)}"
+            )
         if self.m_by_n is not None:
             m, n = self.m_by_n
             if not 0 < m < n:
                 raise OptimizeError(f"m_by_n={self.m_by_n} needs 0 < m < n, e.g. (2, 4)")
         if len(self.block_size) != 2 or min(self.block_size) < 1:
-            raise OptimizeError(f"block_size={self.block_size} must be two integers >= 1, e.g. 4,1 (1,1 = unstructured)")
+            raise OptimizeError(
+                f"block_size={self.block_size} must be two integers >= 1, e.g. 4,1 (1,1 = unstructured)"
+            )
         if self.m_by_n is not None and tuple(self.block_size) != (1, 1):
-            raise OptimizeError(f"block_size={self.block_size} and m_by_n={self.m_by_n} exclude each other; give one")
+            raise OptimizeError(
+                f"block_size={self.block_size} and m_by_n={self.m_by_n} exclude each other; give one"
+            )
         return self
 
     def make_schedule(self, total_steps: int):
         """The tfmot pruning schedule; ``total_steps`` (the phase length) fills in ``end_step=-1``."""
         recover = (total_steps - self.begin_step) // 3
-        end = self.end_step if self.end_step != -1 else max(self.begin_step + 1, total_steps - recover)
+        end = (
+            self.end_step
+            if self.end_step != -1
+            else max(self.begin_step + 1, total_steps - recover)
+        )
         frequency = self.frequency or auto_frequency(total_steps)
         if self.schedule == "polynomial":
-            return _sparsity.PolynomialDecay(self.initial_sparsity, self.sparsity, begin_step=self.begin_step,
-                                             end_step=end, frequency=frequency)
-        return _sparsity.ConstantSparsity(self.sparsity, begin_step=self.begin_step, end_step=self.end_step,
-                                          frequency=frequency)
+            return _sparsity.PolynomialDecay(
+                self.initial_sparsity,
+                self.sparsity,
+                begin_step=self.begin_step,
+                end_step=end,
+                frequency=frequency,
+            )
+        return _sparsity.ConstantSparsity(
+            self.sparsity, begin_step=self.begin_step, end_step=self.end_step, frequency=frequency
+        )
 
     def to_dict(self) -> dict:
         """JSON-ready description (for run.json)."""
-        return {"sparsity": self.sparsity, "schedule": self.schedule, "initial_sparsity": self.initial_sparsity,
-                "begin_step": self.begin_step, "end_step": self.end_step, "frequency": self.frequency,
-                "m_by_n": list(self.m_by_n) if self.m_by_n else None, "block_size": list(self.block_size),
-                "policy": self.policy,
-                "selection": self.selection.to_dict()}
+        return {
+            "sparsity": self.sparsity,
+            "schedule": self.schedule,
+            "initial_sparsity": self.initial_sparsity,
+            "begin_step": self.begin_step,
+            "end_step": self.end_step,
+            "frequency": self.frequency,
+            "m_by_n": list(self.m_by_n) if self.m_by_n else None,
+            "block_size": list(self.block_size),
+            "policy": self.policy,
+            "selection": self.selection.to_dict(),
+        }
 
 
 def why_not_prunable(layer) -> str | None:
@@ -125,8 +167,10 @@ def why_not_prunable(layer) -> str | None:
         return None
     if prune_registry_supports(layer):
         return None
-    return (f"tfmot has no pruning rule for {type(layer).__name__}; make the class a "
-            "tfmot.sparsity.keras.PrunableLayer (get_prunable_weights) or leave it out of --layers/--layer-types")
+    return (
+        f"tfmot has no pruning rule for {type(layer).__name__}; make the class a "
+        "tfmot.sparsity.keras.PrunableLayer (get_prunable_weights) or leave it out of --layers/--layer-types"
+    )
 
 
 def _has_prunable_weights(layer) -> bool:
@@ -158,8 +202,10 @@ def prunable_names(model: "keras.Model", spec: PruneSpec) -> list[str]:
             continue
         names.append(layer.name)
     if not names:
-        raise OptimizeError(f"nothing to prune in model {model.name!r} with selection {spec.selection.to_dict()} "
-                            f"and policy {spec.policy!r}; run `python -m tfopt.optimize --inspect` to see what can be")
+        raise OptimizeError(
+            f"nothing to prune in model {model.name!r} with selection {spec.selection.to_dict()} "
+            f"and policy {spec.policy!r}; run `python -m tfopt.optimize --inspect` to see what can be"
+        )
     return names
 
 
@@ -173,12 +219,18 @@ def _policy(model, spec: PruneSpec):
         raise OptimizeError(
             f"pruning policy 'xnnpack' does not fit model {model.name!r}: {e}; XNNPACK sparse inference needs "
             "ZeroPadding2D(1) -> Conv2D 3x3/stride 2 on 3 input channels, supported ops, and GlobalAveragePooling2D "
-            "(keepdims) at the end; use --policy none") from None
+            "(keepdims) at the end; use --policy none"
+        ) from None
     return policy
 
 
-def wrap(model: "keras.Model", spec: PruneSpec, total_steps: int, names: list[str] | None = None,
-         wrapper_dtype: str | None = None) -> "keras.Model":
+def wrap(
+    model: "keras.Model",
+    spec: PruneSpec,
+    total_steps: int,
+    names: list[str] | None = None,
+    wrapper_dtype: str | None = None,
+) -> "keras.Model":
     """Wraps the chosen layers of ``model`` with ``PruneLowMagnitude``; call inside ``strategy.scope()``.
 
     Args:
@@ -202,7 +254,9 @@ def wrap(model: "keras.Model", spec: PruneSpec, total_steps: int, names: list[st
         if layer.name not in names:
             return layer
         kwargs = dict(params)
-        if tuple(spec.block_size) != (1, 1) and all(len(w.shape) == 2 for w in kernel_variables(layer)):
+        if tuple(spec.block_size) != (1, 1) and all(
+            len(w.shape) == 2 for w in kernel_variables(layer)
+        ):
             kwargs["block_size"] = tuple(spec.block_size)
         return _sparsity.prune_low_magnitude(layer, **kwargs)
 
@@ -245,8 +299,8 @@ def check_blocks(model: "keras.Model", block_size: tuple[int, int], layers: list
                 continue
             h, w = -(-kernel.shape[0] // rows) * rows, -(-kernel.shape[1] // cols) * cols
             zero, real = np.zeros((h, w), np.int64), np.zeros((h, w), np.int64)
-            zero[:kernel.shape[0], :kernel.shape[1]] = kernel == 0
-            real[:kernel.shape[0], :kernel.shape[1]] = 1  # edge blocks are partial
+            zero[: kernel.shape[0], : kernel.shape[1]] = kernel == 0
+            real[: kernel.shape[0], : kernel.shape[1]] = 1  # edge blocks are partial
 
             def per_block(a):
                 return a.reshape(h // rows, rows, w // cols, cols).sum(axis=(1, 3))
@@ -258,7 +312,9 @@ def check_blocks(model: "keras.Model", block_size: tuple[int, int], layers: list
     return out
 
 
-def check_m_by_n(model: "keras.Model", m_by_n: tuple[int, int], layers: list[str] | None = None) -> dict:
+def check_m_by_n(
+    model: "keras.Model", m_by_n: tuple[int, int], layers: list[str] | None = None
+) -> dict:
     """Verifies structured sparsity on a stripped model's weights.
 
     Args:

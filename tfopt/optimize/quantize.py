@@ -36,6 +36,7 @@ Saving: tf_keras' ``.keras`` format cannot reload a QAT model as tfmot 0.8.1 bui
 inner layer's weights once more). :func:`savable_copy` returns a default-scheme QAT model whose
 layers save the variables a reload creates, so ``model.keras`` round-trips.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -55,7 +56,9 @@ SCHEMES = ("default", "prune_preserve", "cluster_preserve", "sparsity_cluster_pr
 _CUSTOM_CONFIGS: dict[type, Callable[[], "_q.QuantizeConfig"]] = {}
 
 
-def register_quantize_config(layer_class: type, config_factory: Callable[[], "_q.QuantizeConfig"]) -> None:
+def register_quantize_config(
+    layer_class: type, config_factory: Callable[[], "_q.QuantizeConfig"]
+) -> None:
     """Tells every QAT technique how to quantize ``layer_class`` (e.g. a custom layer tfmot lacks).
 
     Args:
@@ -69,8 +72,10 @@ def register_quantize_config(layer_class: type, config_factory: Callable[[], "_q
     """
     probe = config_factory()
     if not isinstance(probe, _q.QuantizeConfig):
-        raise OptimizeError(f"register_quantize_config({layer_class.__name__}, ...) needs a factory of "
-                            f"tfmot.quantization.keras.QuantizeConfig, got {type(probe).__name__}")
+        raise OptimizeError(
+            f"register_quantize_config({layer_class.__name__}, ...) needs a factory of "
+            f"tfmot.quantization.keras.QuantizeConfig, got {type(probe).__name__}"
+        )
     _CUSTOM_CONFIGS[layer_class] = config_factory
 
 
@@ -116,15 +121,21 @@ def why_not_quantizable(layer) -> str | None:
         # tfmot quantizes batch norm only as part of a linear Conv2D/DepthwiseConv2D/Dense + BN
         # pattern, which the converter folds into the producing layer.
         producers = _producers(layer)
-        if producers and all(type(p).__name__ in _BN_FOLDED_AFTER
-                             and getattr(p, "activation", None) in (None, keras.activations.linear)
-                             for p in producers):
+        if producers and all(
+            type(p).__name__ in _BN_FOLDED_AFTER
+            and getattr(p, "activation", None) in (None, keras.activations.linear)
+            for p in producers
+        ):
             return None
-        return ("tfmot quantizes BatchNormalization only right after a Conv2D/DepthwiseConv2D/Dense without "
-                "activation (folded into it); move it there or leave it out of the selection (it then stays float)")
-    return (f"the default 8-bit scheme has no QuantizeConfig for {type(layer).__name__}; give it one with "
-            "tfopt.optimize.register_quantize_config(cls, config_factory) or leave it out of the selection "
-            "(it then stays float)")
+        return (
+            "tfmot quantizes BatchNormalization only right after a Conv2D/DepthwiseConv2D/Dense without "
+            "activation (folded into it); move it there or leave it out of the selection (it then stays float)"
+        )
+    return (
+        f"the default 8-bit scheme has no QuantizeConfig for {type(layer).__name__}; give it one with "
+        "tfopt.optimize.register_quantize_config(cls, config_factory) or leave it out of the selection "
+        "(it then stays float)"
+    )
 
 
 @dataclass(frozen=True)
@@ -143,7 +154,9 @@ class QatSpec:
     def validate(self) -> "QatSpec":
         """Raises OptimizeError for an unknown scheme."""
         if self.scheme not in SCHEMES:
-            raise OptimizeError(f"QAT scheme {self.scheme!r} is not valid; choose one of {', '.join(SCHEMES)}")
+            raise OptimizeError(
+                f"QAT scheme {self.scheme!r} is not valid; choose one of {', '.join(SCHEMES)}"
+            )
         return self
 
     def to_dict(self) -> dict:
@@ -157,7 +170,8 @@ def make_scheme(name: str):
         return _q.collab_opts.Default8BitPrunePreserveQuantizeScheme()
     if name in ("cluster_preserve", "sparsity_cluster_preserve"):
         return tfmot.experimental.combine.Default8BitClusterPreserveQuantizeScheme(
-            preserve_sparsity=name == "sparsity_cluster_preserve")
+            preserve_sparsity=name == "sparsity_cluster_preserve"
+        )
     return _q.default_8bit.Default8BitQuantizeScheme()
 
 
@@ -179,8 +193,10 @@ def quantizable_names(model: "keras.Model", spec: QatSpec) -> list[str]:
         if reason is None:
             names.append(layer.name)
     if not names:
-        raise OptimizeError(f"nothing to quantize in model {model.name!r} with selection "
-                            f"{spec.selection.to_dict()}; run `python -m tfopt.optimize --inspect`")
+        raise OptimizeError(
+            f"nothing to quantize in model {model.name!r} with selection "
+            f"{spec.selection.to_dict()}; run `python -m tfopt.optimize --inspect`"
+        )
     return names
 
 
@@ -213,12 +229,18 @@ def wrap(model: "keras.Model", spec: QatSpec, names: list[str] | None = None) ->
             try:
                 return _q.quantize_apply(annotated, make_scheme(spec.scheme))
             except (ValueError, TypeError, RuntimeError) as e:
-                raise OptimizeError(f"tfmot cannot quantize model {model.name!r} with scheme {spec.scheme!r}: "
-                                    f"{str(e).splitlines()[0]}; run `python -m tfopt.optimize --inspect`") from None
+                raise OptimizeError(
+                    f"tfmot cannot quantize model {model.name!r} with scheme {spec.scheme!r}: "
+                    f"{str(e).splitlines()[0]}; run `python -m tfopt.optimize --inspect`"
+                ) from None
 
 
-def savable_copy(trained: "keras.Model", float_model: "keras.Model", names: list[str],
-                 weights: dict | None = None) -> "keras.Model":
+def savable_copy(
+    trained: "keras.Model",
+    float_model: "keras.Model",
+    names: list[str],
+    weights: dict | None = None,
+) -> "keras.Model":
     """A strategy-free, default-scheme QAT copy of ``trained`` that evaluates, exports and saves.
 
     The copy is ``float_model`` annotated like ``trained`` and quantized with the default 8-bit
@@ -245,7 +267,9 @@ def savable_copy(trained: "keras.Model", float_model: "keras.Model", names: list
         weights = read_named_weights(trained)
     copy = wrap(float_model, QatSpec("default"), names)
     if len(copy.layers) != len(trained.layers):
-        raise OptimizeError(f"QAT copy has {len(copy.layers)} layers, the trained model {len(trained.layers)}")
+        raise OptimizeError(
+            f"QAT copy has {len(copy.layers)} layers, the trained model {len(trained.layers)}"
+        )
     values = []
     for mine, theirs in zip(copy.layers, trained.layers):
         for var in mine.weights:
@@ -253,7 +277,9 @@ def savable_copy(trained: "keras.Model", float_model: "keras.Model", names: list
             # models: match a variable by its name relative to its layer.
             key = _relative(var.name, mine.name, theirs.name)
             if key not in weights:
-                raise OptimizeError(f"QAT copy: variable {var.name!r} has no counterpart in the trained model")
+                raise OptimizeError(
+                    f"QAT copy: variable {var.name!r} has no counterpart in the trained model"
+                )
             values.append(weights[key])
     copy.set_weights(values)
     fix_for_keras_format(copy)
@@ -262,8 +288,14 @@ def savable_copy(trained: "keras.Model", float_model: "keras.Model", names: list
 
 def _relative(name: str, own_layer: str, other_layer: str) -> str:
     parts = name.split("/")
-    return "/".join(other_layer if p == own_layer else p.replace(own_layer + "_", other_layer + "_", 1)
-                    if p.startswith(own_layer + "_") else p for p in parts)
+    return "/".join(
+        other_layer
+        if p == own_layer
+        else p.replace(own_layer + "_", other_layer + "_", 1)
+        if p.startswith(own_layer + "_")
+        else p
+        for p in parts
+    )
 
 
 def read_named_weights(model: "keras.Model") -> dict:
@@ -293,7 +325,9 @@ def inner_float_model(qat_model: "keras.Model", float_model: "keras.Model") -> "
     by_layer = {}
     for layer in qat_model.layers:
         inner = layer.layer if isinstance(layer, _q.QuantizeWrapper) else layer
-        variables = list(layer.weights) + [w for w in inner.weights if all(w is not v for v in layer.weights)]
+        variables = list(layer.weights) + [
+            w for w in inner.weights if all(w is not v for v in layer.weights)
+        ]
         by_layer[inner.name] = variables
     values = []
     for layer in float_model.layers:
@@ -301,8 +335,10 @@ def inner_float_model(qat_model: "keras.Model", float_model: "keras.Model") -> "
         for var in layer.weights:
             match = candidates.get(var.name.split("/")[-1])
             if match is None:
-                raise OptimizeError(f"QAT model lacks the float weight {var.name!r} of layer {layer.name!r}; "
-                                    "was it built from this model?")
+                raise OptimizeError(
+                    f"QAT model lacks the float weight {var.name!r} of layer {layer.name!r}; "
+                    "was it built from this model?"
+                )
             values.append(match.numpy())
     float_model.set_weights(values)
     return float_model

@@ -7,6 +7,7 @@ result on the held-out test split, computes the per-layer table from the strippe
 commits a new run directory per technique (model.keras + saved_model, layers.json/.txt, run.json
 with the ``optimize`` section, TensorBoard pruning/clustering summaries).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,17 @@ from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize import techniques
-from tfopt.optimize.common import (OptimizeError, Selection, check_model, compile_for_eval, format_table, rebuild,
-                                   total_sparsity, weight_table, weights_gzip_bytes)
+from tfopt.optimize.common import (
+    OptimizeError,
+    Selection,
+    check_model,
+    compile_for_eval,
+    format_table,
+    rebuild,
+    total_sparsity,
+    weight_table,
+    weights_gzip_bytes,
+)
 from tfopt.optimize.phases import Context, FineTune, run_chain
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
 from tfopt.runtime import precision as precision_lib
@@ -47,7 +57,9 @@ class OptimizeSettings:
     channels: channel_lib.ChannelSpec = field(default_factory=channel_lib.ChannelSpec)
     qat_selection: Selection = field(default_factory=Selection)
     epochs: int = 1  # per phase
-    phase_epochs: tuple[tuple[str, int], ...] = ()  # e.g. (("prune", 3),): overrides ``epochs`` per phase kind
+    phase_epochs: tuple[
+        tuple[str, int], ...
+    ] = ()  # e.g. (("prune", 3),): overrides ``epochs`` per phase kind
     steps_per_epoch: int = 0  # 0 = one pass over the training split
     learning_rate: float = 5e-4
     tensorboard: bool = True
@@ -62,20 +74,32 @@ class OptimizeSettings:
         self.low_rank.validate()
         self.channels.validate()
         if self.epochs < 1 or self.steps_per_epoch < 0 or self.learning_rate <= 0:
-            raise OptimizeError(f"epochs={self.epochs} must be >= 1, steps_per_epoch={self.steps_per_epoch} >= 0 "
-                                f"and learning_rate={self.learning_rate} > 0")
+            raise OptimizeError(
+                f"epochs={self.epochs} must be >= 1, steps_per_epoch={self.steps_per_epoch} >= 0 "
+                f"and learning_rate={self.learning_rate} > 0"
+            )
         for kind, epochs in self.phase_epochs:
             if kind not in techniques.PHASE_KINDS or epochs < 1:
-                raise OptimizeError(f"phase epochs {kind}={epochs} is not valid; give "
-                                    f"{'|'.join(techniques.PHASE_KINDS)}=N with N >= 1")
+                raise OptimizeError(
+                    f"phase epochs {kind}={epochs} is not valid; give "
+                    f"{'|'.join(techniques.PHASE_KINDS)}=N with N >= 1"
+                )
         return self
 
     def to_dict(self) -> dict:
         """The settings as JSON-ready data (what the resume fingerprint covers)."""
-        return {"technique": self.technique, "prune": self.prune.to_dict(), "cluster": self.cluster.to_dict(),
-                "low_rank": self.low_rank.to_dict(), "channels": self.channels.to_dict(), "qat_selection": self.qat_selection.to_dict(), "epochs": self.epochs,
-                "phase_epochs": dict(self.phase_epochs), "steps_per_epoch": self.steps_per_epoch,
-                "learning_rate": self.learning_rate}
+        return {
+            "technique": self.technique,
+            "prune": self.prune.to_dict(),
+            "cluster": self.cluster.to_dict(),
+            "low_rank": self.low_rank.to_dict(),
+            "channels": self.channels.to_dict(),
+            "qat_selection": self.qat_selection.to_dict(),
+            "epochs": self.epochs,
+            "phase_epochs": dict(self.phase_epochs),
+            "steps_per_epoch": self.steps_per_epoch,
+            "learning_rate": self.learning_rate,
+        }
 
     def epochs_of(self, kind: str) -> int:
         """Fine-tuning epochs of a phase kind (``phase_epochs`` first, then ``epochs``)."""
@@ -86,10 +110,18 @@ class OptimizeSettings:
         tech = techniques.get(self.technique)
         prune_spec = replace(self.prune, m_by_n=tech.m_by_n) if tech.m_by_n else self.prune
         # PCQAT's clustering must keep the zeros pruning made.
-        cluster_spec = replace(self.cluster, preserve_sparsity=True) if "prune" in tech.phases else self.cluster
-        specs = {"prune": prune_spec, "cluster": cluster_spec, "low_rank": self.low_rank,
-                 "channel_prune": self.channels,
-                 "qat": quantize_lib.QatSpec(tech.qat_scheme, self.qat_selection)}
+        cluster_spec = (
+            replace(self.cluster, preserve_sparsity=True)
+            if "prune" in tech.phases
+            else self.cluster
+        )
+        specs = {
+            "prune": prune_spec,
+            "cluster": cluster_spec,
+            "low_rank": self.low_rank,
+            "channel_prune": self.channels,
+            "qat": quantize_lib.QatSpec(tech.qat_scheme, self.qat_selection),
+        }
         return [(kind, specs[kind].validate()) for kind in tech.phases]
 
 
@@ -99,8 +131,13 @@ def default_output(from_dir: str, technique: str, cluster: str | None = None) ->
     return fresh_dir(os.path.abspath(from_dir).rstrip(os.sep) + "-" + technique, cluster)
 
 
-def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir: str | None = None,
-             overwrite: bool = False) -> RunRecord | None:
+def optimize(
+    from_dir: str,
+    cfg: RunConfig,
+    settings: OptimizeSettings,
+    out_dir: str | None = None,
+    overwrite: bool = False,
+) -> RunRecord | None:
     """Fine-tunes the model of run ``from_dir`` with ``settings.technique`` and writes a new run.
 
     Args:
@@ -120,7 +157,9 @@ def optimize(from_dir: str, cfg: RunConfig, settings: OptimizeSettings, out_dir:
     Raises:
         TfoptError: bad input run, TF_CONFIG or settings, or a layer tfmot cannot handle.
     """
-    return run(from_dir, cfg, [settings], [out_dir], keep_going=False, overwrite=overwrite)[0].record
+    return run(from_dir, cfg, [settings], [out_dir], keep_going=False, overwrite=overwrite)[
+        0
+    ].record
 
 
 @dataclass
@@ -153,8 +192,14 @@ class Outcome:
         return [name for name, check in checks.items() if not check["ok"]]
 
 
-def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], out_dirs: list[str | None],
-        keep_going: bool = True, overwrite: bool = False) -> list[Outcome]:
+def run(
+    from_dir: str,
+    cfg: RunConfig,
+    settings_list: list[OptimizeSettings],
+    out_dirs: list[str | None],
+    keep_going: bool = True,
+    overwrite: bool = False,
+) -> list[Outcome]:
     """Runs several techniques on one input run in one job (one strategy, one model load).
 
     A multi-worker strategy can be created once per process, so comparing techniques under
@@ -172,20 +217,39 @@ def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], ou
     Returns:
         One :class:`Outcome` per technique, in order.
     """
-    source = load_input(from_dir, cfg)  # reads JSON (or hashes a file) only: no TensorFlow op before MultiWorkerMirrored exists
+    source = load_input(
+        from_dir, cfg
+    )  # reads JSON (or hashes a file) only: no TensorFlow op before MultiWorkerMirrored exists
     job = Job(cfg, "optimize", out_dir=False)
     cluster = cluster_id(job.cluster)
     dirs = []
     try:
         for settings, out in zip(settings_list, out_dirs):
             settings.validate()
-            pick = (lambda t=settings.technique: default_output(source.stem, t, cluster)) if not out else None
+            pick = (
+                (lambda t=settings.technique: default_output(source.stem, t, cluster))
+                if not out
+                else None
+            )
             path = os.path.abspath(out or pick())
             if path == source.source:
-                raise OptimizeError(f"output {path!r} is the input run; give a new directory with -o")
-            options = {"source": source.source, "source_digest": source.digest, **settings.to_dict()}
-            rd = RunDir(path, fingerprint("optimize", result_config(cfg), options), {"optimize": options},
-                        overwrite=overwrite, chief=job.chief, cluster=cluster, pick=pick)
+                raise OptimizeError(
+                    f"output {path!r} is the input run; give a new directory with -o"
+                )
+            options = {
+                "source": source.source,
+                "source_digest": source.digest,
+                **settings.to_dict(),
+            }
+            rd = RunDir(
+                path,
+                fingerprint("optimize", result_config(cfg), options),
+                {"optimize": options},
+                overwrite=overwrite,
+                chief=job.chief,
+                cluster=cluster,
+                pick=pick,
+            )
             dirs.append(rd)
             rd.check()
         return _run_all(job, source, from_dir, settings_list, dirs, keep_going)
@@ -194,17 +258,29 @@ def run(from_dir: str, cfg: RunConfig, settings_list: list[OptimizeSettings], ou
             rd.release()
 
 
-def _run_all(job: Job, source, from_dir: str, settings_list: list[OptimizeSettings], dirs: list[RunDir],
-             keep_going: bool) -> list[Outcome]:
+def _run_all(
+    job: Job,
+    source,
+    from_dir: str,
+    settings_list: list[OptimizeSettings],
+    dirs: list[RunDir],
+    keep_going: bool,
+) -> list[Outcome]:
     results = []
     with job:
-        base = check_model(sources.load_stage_input(source, job.info.image_shape, job.info.num_classes,
-                                                    settings_list[0].trust_model), f"model of {from_dir!r}")
+        base = check_model(
+            sources.load_stage_input(
+                source, job.info.image_shape, job.info.num_classes, settings_list[0].trust_model
+            ),
+            f"model of {from_dir!r}",
+        )
         ctx = Context(job=job)
         for settings, rd in zip(settings_list, dirs):
             outcome = Outcome(settings.technique, rd.path)
             try:
-                outcome.record, outcome.weights_sha256 = _optimize_one(ctx, source, base, settings, rd)
+                outcome.record, outcome.weights_sha256 = _optimize_one(
+                    ctx, source, base, settings, rd
+                )
             except TfoptError as e:
                 if not keep_going:
                     raise
@@ -216,8 +292,10 @@ def _run_all(job: Job, source, from_dir: str, settings_list: list[OptimizeSettin
 def _fine_tunes(ctx: Context, settings: OptimizeSettings) -> dict[str, FineTune]:
     steps = ctx.job.steps_per_epoch(settings.steps_per_epoch)
     spe = ctx.job.steps_per_execution(steps)
-    return {kind: FineTune(settings.epochs_of(kind), steps, settings.learning_rate, spe)
-            for kind in techniques.PHASE_KINDS}
+    return {
+        kind: FineTune(settings.epochs_of(kind), steps, settings.learning_rate, spe)
+        for kind in techniques.PHASE_KINDS
+    }
 
 
 def _resolved(settings: OptimizeSettings, fine_tunes: dict[str, FineTune]) -> OptimizeSettings:
@@ -228,7 +306,9 @@ def _resolved(settings: OptimizeSettings, fine_tunes: dict[str, FineTune]) -> Op
     return replace(settings, prune=replace(settings.prune, frequency=frequency))
 
 
-def _optimize_one(ctx: Context, source, base, settings: OptimizeSettings, rd: RunDir) -> tuple[RunRecord | None, str]:
+def _optimize_one(
+    ctx: Context, source, base, settings: OptimizeSettings, rd: RunDir
+) -> tuple[RunRecord | None, str]:
     job = ctx.job
     scratch = tempfile.mkdtemp(prefix="tfopt-optimize-")
     try:
@@ -244,8 +324,12 @@ def _optimize_one(ctx: Context, source, base, settings: OptimizeSettings, rd: Ru
         digest = weights_digest(final)  # equal on every worker when the replicas stayed in sync
         if not job.chief:
             return None, digest
-        keras.mixed_precision.set_global_policy("float32")  # evaluation copies and saved models are float32
-        return _write(ctx, source, base, settings, (final, entered), infos, rd, seconds, digest), digest
+        keras.mixed_precision.set_global_policy(
+            "float32"
+        )  # evaluation copies and saved models are float32
+        return _write(
+            ctx, source, base, settings, (final, entered), infos, rd, seconds, digest
+        ), digest
     finally:
         ctx.log_dir = None
         shutil.rmtree(scratch, ignore_errors=True)
@@ -254,7 +338,9 @@ def _optimize_one(ctx: Context, source, base, settings: OptimizeSettings, rd: Ru
 def _baseline(ctx: Context, base, test) -> dict:
     # The input model's own test metrics, once per job: every technique is compared with them.
     if "baseline" not in ctx.cache:
-        ctx.cache["baseline"] = compile_for_eval(rebuild(base, "float32")).evaluate(test, return_dict=True, verbose=0)
+        ctx.cache["baseline"] = compile_for_eval(rebuild(base, "float32")).evaluate(
+            test, return_dict=True, verbose=0
+        )
     return ctx.cache["baseline"]
 
 
@@ -271,30 +357,50 @@ def _checks(float_model, chain, infos) -> dict:
             low = [r.layer for r in rows if r.sparsity < spec.sparsity - 0.01]  # rounding aside
             checks["sparsity"] = {"target": spec.sparsity, "ok": not low, "below_target": low}
             if tuple(spec.block_size) != (1, 1):
-                checks["blocks"] = prune_lib.check_blocks(float_model, spec.block_size, layers["prune"])
+                checks["blocks"] = prune_lib.check_blocks(
+                    float_model, spec.block_size, layers["prune"]
+                )
     if "cluster" in specs:
         # tfmot's cluster-preserving QAT re-clusters a Conv2D per output channel when every
         # channel uses about as many values; the clusters then survive per channel.
-        checks["clusters"] = cluster_lib.check_clusters(float_model, specs["cluster"], layers["cluster"],
-                                                        conv_per_channel="qat" in specs)
+        checks["clusters"] = cluster_lib.check_clusters(
+            float_model, specs["cluster"], layers["cluster"], conv_per_channel="qat" in specs
+        )
     if "low_rank" in specs:
-        checks["flops"] = low_rank_lib.check_flops(float_model, specs["low_rank"],
-                                                   next(i for i in infos if i["phase"] == "low_rank"))
+        checks["flops"] = low_rank_lib.check_flops(
+            float_model, specs["low_rank"], next(i for i in infos if i["phase"] == "low_rank")
+        )
     if "channel_prune" in specs:
-        checks["channels"] = channel_lib.check_widths(float_model, specs["channel_prune"],
-                                                      next(i for i in infos if i["phase"] == "channel_prune"))
+        checks["channels"] = channel_lib.check_widths(
+            float_model,
+            specs["channel_prune"],
+            next(i for i in infos if i["phase"] == "channel_prune"),
+        )
     return checks
 
 
-def _write(ctx: Context, source, base, settings: OptimizeSettings, result, infos: list, rd: RunDir,
-           seconds: float, digest: str) -> RunRecord:
+def _write(
+    ctx: Context,
+    source,
+    base,
+    settings: OptimizeSettings,
+    result,
+    infos: list,
+    rd: RunDir,
+    seconds: float,
+    digest: str,
+) -> RunRecord:
     job = ctx.job
-    final, entered = result  # the model, and the one its last phase started from (a QAT model's float twin)
+    final, entered = (
+        result  # the model, and the one its last phase started from (a QAT model's float twin)
+    )
     test = job.dataset("test")
     baseline = _baseline(ctx, base, test)
     metrics = compile_for_eval(final).evaluate(test, return_dict=True, verbose=0)
     is_qat = quantize_lib.is_qat_model(final)
-    float_model = quantize_lib.inner_float_model(final, rebuild(entered, "float32")) if is_qat else final
+    float_model = (
+        quantize_lib.inner_float_model(final, rebuild(entered, "float32")) if is_qat else final
+    )
     chain = settings.chain()
     specs = dict(chain)
     rows = weight_table(float_model, m_by_n=specs["prune"].m_by_n if "prune" in specs else None)
@@ -305,18 +411,28 @@ def _write(ctx: Context, source, base, settings: OptimizeSettings, result, infos
     gz, gz_base = weights_gzip_bytes(float_model), ctx.cache["base_gzip"]
     precision = job.cfg.runtime.precision
     section = {
-        "source": {"run": source.source, "form": "file" if source.model_file else "run", "digest": source.digest,
-                   "test_accuracy": float(baseline["accuracy"]),
-                   "test_loss": float(baseline["loss"])},
-        "technique": settings.technique, "description": techniques.get(settings.technique).description,
-        "phases": infos, "seconds": round(seconds, 3), "learning_rate": settings.learning_rate,
+        "source": {
+            "run": source.source,
+            "form": "file" if source.model_file else "run",
+            "digest": source.digest,
+            "test_accuracy": float(baseline["accuracy"]),
+            "test_loss": float(baseline["loss"]),
+        },
+        "technique": settings.technique,
+        "description": techniques.get(settings.technique).description,
+        "phases": infos,
+        "seconds": round(seconds, 3),
+        "learning_rate": settings.learning_rate,
         **{kind: spec.to_dict() for kind, spec in chain},
         "precision_notes": techniques.mixed_notes(settings.technique, precision),
         "sparsity": total_sparsity([r for r in rows if r.layer in pruned] if pruned else rows),
         "model_sparsity": total_sparsity(rows),
         "clusters": {r.layer: r.unique for r in rows if r.layer in clustered},
-        "clusters_per_channel_max": {r.layer: r.unique_per_channel_max for r in rows if r.layer in clustered},
-        "weights_gzip_bytes": gz, "source_weights_gzip_bytes": gz_base,
+        "clusters_per_channel_max": {
+            r.layer: r.unique_per_channel_max for r in rows if r.layer in clustered
+        },
+        "weights_gzip_bytes": gz,
+        "source_weights_gzip_bytes": gz_base,
         "gzip_ratio": round(gz_base / gz, 3) if gz else None,
         "checks": _checks(float_model, chain, infos),
         # QAT results are saved as default-scheme QAT models (see quantize.savable_copy).
@@ -333,13 +449,31 @@ def _write(ctx: Context, source, base, settings: OptimizeSettings, result, infos
     artifacts.update(layers="layers.json", layers_text="layers.txt")
     epochs = sum(i["epochs"] for i in infos if not i.get("reused"))
     record = run_record(
-        "optimize", job.cfg, rd.path, strategy=job.strategy_section(), data=job.data_section(),
-        model={"name": source.config.model.name, "params": int(float_model.count_params()),
-               "keras_bytes": os.path.getsize(os.path.join(rd.work, "model.keras"))},
-        train={"epochs": epochs, "seconds": round(seconds, 3), "global_batch_size": job.cfg.data.global_batch_size},
-        history=[{k: v for k, v in i.items() if k.startswith("train_") or k in ("phase", "epochs")} for i in infos],
-        metrics={f"test_{k}": float(v) for k, v in metrics.items()}, artifacts=artifacts, section=section,
-        weights_sha256=digest, fingerprint=rd.fingerprint)
+        "optimize",
+        job.cfg,
+        rd.path,
+        strategy=job.strategy_section(),
+        data=job.data_section(),
+        model={
+            "name": source.config.model.name,
+            "params": int(float_model.count_params()),
+            "keras_bytes": os.path.getsize(os.path.join(rd.work, "model.keras")),
+        },
+        train={
+            "epochs": epochs,
+            "seconds": round(seconds, 3),
+            "global_batch_size": job.cfg.data.global_batch_size,
+        },
+        history=[
+            {k: v for k, v in i.items() if k.startswith("train_") or k in ("phase", "epochs")}
+            for i in infos
+        ],
+        metrics={f"test_{k}": float(v) for k, v in metrics.items()},
+        artifacts=artifacts,
+        section=section,
+        weights_sha256=digest,
+        fingerprint=rd.fingerprint,
+    )
     rd.commit(record)
     return record
 

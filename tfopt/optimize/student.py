@@ -7,6 +7,7 @@ made savable (it reloads with :func:`tfopt.optimize.load_quantized_model` and co
 from its learned ranges). :func:`measured` reads sparsity or cluster counts back from the saved
 weights, never from what a wrapper says it would do.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,13 @@ from tfopt._keras import keras
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
-from tfopt.optimize.common import OptimizeError, rebuild, strip_wrappers, total_sparsity, weight_table
+from tfopt.optimize.common import (
+    OptimizeError,
+    rebuild,
+    strip_wrappers,
+    total_sparsity,
+    weight_table,
+)
 from tfopt.optimize.techniques import ONE_PHASE
 from tfopt.runtime import precision
 
@@ -31,8 +38,14 @@ class Compression:
     info: dict | None = None
 
 
-def wrap(model: "keras.Model", technique: str, total_steps: int, *, sparsity: float = 0.75,
-         clusters: int = 16) -> Compression:
+def wrap(
+    model: "keras.Model",
+    technique: str,
+    total_steps: int,
+    *,
+    sparsity: float = 0.75,
+    clusters: int = 16,
+) -> Compression:
     """Wraps ``model`` for ``technique`` (call inside the strategy scope that built it).
 
     Args:
@@ -46,7 +59,9 @@ def wrap(model: "keras.Model", technique: str, total_steps: int, *, sparsity: fl
         OptimizeError: unknown technique or a bad sparsity / cluster count.
     """
     if technique not in ONE_PHASE:
-        raise OptimizeError(f"technique {technique!r} is not valid here; choose one of {', '.join(ONE_PHASE)}")
+        raise OptimizeError(
+            f"technique {technique!r} is not valid here; choose one of {', '.join(ONE_PHASE)}"
+        )
     if technique == "none":
         return Compression(model)
     policy = precision.policy_name()
@@ -61,11 +76,18 @@ def wrap(model: "keras.Model", technique: str, total_steps: int, *, sparsity: fl
         # every `frequency` steps; end_step is a multiple of it so the last update reaches the target.
         frequency = max(1, total_steps // 50)
         end_step = max(frequency, int(0.7 * total_steps) // frequency * frequency)
-        spec = prune_lib.PruneSpec(sparsity=sparsity, schedule="polynomial", end_step=end_step,
-                                   frequency=frequency).validate()
+        spec = prune_lib.PruneSpec(
+            sparsity=sparsity, schedule="polynomial", end_step=end_step, frequency=frequency
+        ).validate()
         names = prune_lib.prunable_names(model, spec)
-        wrapped = prune_lib.wrap(float32_for(names), spec, total_steps, names, wrapper_dtype=wrapper_dtype)
-        return Compression(wrapped, prune_lib.callbacks(None), {"technique": "prune", **spec.to_dict(), "layers": names})
+        wrapped = prune_lib.wrap(
+            float32_for(names), spec, total_steps, names, wrapper_dtype=wrapper_dtype
+        )
+        return Compression(
+            wrapped,
+            prune_lib.callbacks(None),
+            {"technique": "prune", **spec.to_dict(), "layers": names},
+        )
     if technique == "cluster":
         spec = cluster_lib.ClusterSpec(clusters=clusters).validate()
         names = cluster_lib.clusterable_names(model, spec)
@@ -73,8 +95,11 @@ def wrap(model: "keras.Model", technique: str, total_steps: int, *, sparsity: fl
         return Compression(wrapped, [], {"technique": "cluster", **spec.to_dict(), "layers": names})
     spec = quantize_lib.QatSpec().validate()
     names = quantize_lib.quantizable_names(model, spec)
-    return Compression(quantize_lib.wrap(float32_for(names), spec, names), [],
-                       {"technique": "qat", **spec.to_dict(), "layers": names})
+    return Compression(
+        quantize_lib.wrap(float32_for(names), spec, names),
+        [],
+        {"technique": "qat", **spec.to_dict(), "layers": names},
+    )
 
 
 def plain_weights(model: "keras.Model") -> list:
@@ -98,7 +123,9 @@ def plain_copy(model: "keras.Model") -> "keras.Model":
             clone = keras.models.clone_model(stripped)
         clone.set_weights(weights)
         if qat:
-            quantize_lib.fix_for_keras_format(clone)  # so that model.keras reloads (tfmot 0.8.1 saves duplicates)
+            quantize_lib.fix_for_keras_format(
+                clone
+            )  # so that model.keras reloads (tfmot 0.8.1 saves duplicates)
         return clone
 
     with ThreadPoolExecutor(1) as pool:
@@ -111,5 +138,8 @@ def measured(plain: "keras.Model", info: dict) -> dict:
     if info["technique"] == "prune":
         return {"overall": total_sparsity(rows), "layers": {r.layer: r.sparsity for r in rows}}
     if info["technique"] == "cluster":
-        return {"unique_max": max(r.unique for r in rows), "layers": {r.layer: r.unique for r in rows}}
+        return {
+            "unique_max": max(r.unique for r in rows),
+            "layers": {r.layer: r.unique for r in rows},
+        }
     return {"quantized_layers": len(info["layers"])}

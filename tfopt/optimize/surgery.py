@@ -10,6 +10,7 @@ plain, flat tf_keras model from it: QAT, PTQ, distillation and export take it li
     graph.set_layer("fc", weights=[b, bias])
     smaller = graph.build()
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,12 +31,16 @@ def functional(model: "keras.Model") -> "keras.Model":
     """
     if isinstance(model, keras.Sequential):
         if not model.built or not model.inputs:
-            raise OptimizeError(f"Sequential model {model.name!r} has no input shape; start it with "
-                                "keras.Input(shape=...) so its graph can be rewritten")
+            raise OptimizeError(
+                f"Sequential model {model.name!r} has no input shape; start it with "
+                "keras.Input(shape=...) so its graph can be rewritten"
+            )
         return keras.Model(model.inputs, model.outputs, name=model.name)
     if not is_graph_network(model):
-        raise OptimizeError(f"model {model.name!r} is a subclassed keras.Model, whose graph is Python code; "
-                            "structured compression needs a functional or Sequential model")
+        raise OptimizeError(
+            f"model {model.name!r} is a subclassed keras.Model, whose graph is Python code; "
+            "structured compression needs a functional or Sequential model"
+        )
     return model
 
 
@@ -63,7 +68,9 @@ class Graph:
         self.config = copy.deepcopy(self.model.get_config())
         self.entries: dict[str, dict] = {entry["name"]: entry for entry in self.config["layers"]}
         self.layers = {layer.name: layer for layer in self.model.layers}
-        self.weights: dict[str, list[np.ndarray]] = {name: layer.get_weights() for name, layer in self.layers.items()}
+        self.weights: dict[str, list[np.ndarray]] = {
+            name: layer.get_weights() for name, layer in self.layers.items()
+        }
 
     def inbound(self, name: str) -> list[str]:
         """Names of the layers whose outputs ``name`` takes (over all its calls)."""
@@ -71,8 +78,11 @@ class Graph:
 
     def consumers(self, name: str) -> list[str]:
         """Names of the layers that take an output of ``name``, in config order."""
-        return [other for other, entry in self.entries.items()
-                if any(ref[0] == name for node in entry["inbound_nodes"] for ref in node)]
+        return [
+            other
+            for other, entry in self.entries.items()
+            if any(ref[0] == name for node in entry["inbound_nodes"] for ref in node)
+        ]
 
     def calls(self, name: str) -> int:
         """How many times the model calls layer ``name`` (a shared layer: more than once)."""
@@ -84,8 +94,14 @@ class Graph:
         if weights is not None:
             self.weights[name] = list(weights)
 
-    def insert_before(self, name: str, new_name: str, class_name: str, config: dict[str, Any],
-                      weights: list[np.ndarray]) -> None:
+    def insert_before(
+        self,
+        name: str,
+        new_name: str,
+        class_name: str,
+        config: dict[str, Any],
+        weights: list[np.ndarray],
+    ) -> None:
         """Inserts layer ``new_name`` between layer ``name`` and its inputs.
 
         The new layer takes what ``name`` took; ``name`` takes the new layer's output. The
@@ -95,13 +111,23 @@ class Graph:
             OptimizeError: ``name`` is called more than once or ``new_name`` is taken.
         """
         if self.calls(name) != 1:
-            raise OptimizeError(f"layer {name!r} is shared ({self.calls(name)} calls); it cannot be rewritten")
+            raise OptimizeError(
+                f"layer {name!r} is shared ({self.calls(name)} calls); it cannot be rewritten"
+            )
         if new_name in self.entries:
             raise OptimizeError(f"layer name {new_name!r} is taken; rename that layer")
         template = self.entries[name]
-        entry = {"class_name": class_name, "name": new_name, "inbound_nodes": template["inbound_nodes"],
-                 "config": {"name": new_name, "trainable": template["config"].get("trainable", True),
-                            "dtype": template["config"].get("dtype", "float32"), **config}}
+        entry = {
+            "class_name": class_name,
+            "name": new_name,
+            "inbound_nodes": template["inbound_nodes"],
+            "config": {
+                "name": new_name,
+                "trainable": template["config"].get("trainable", True),
+                "dtype": template["config"].get("dtype", "float32"),
+                **config,
+            },
+        }
         if "module" in template:
             entry["module"] = template["module"]
             entry["registered_name"] = None
@@ -119,7 +145,9 @@ class Graph:
         """
         config = copy.deepcopy(self.config)
         for entry in config["layers"]:
-            entry.pop("build_config", None)  # input shapes change; each layer builds on its new inputs
+            entry.pop(
+                "build_config", None
+            )  # input shapes change; each layer builds on its new inputs
         model = keras.Model.from_config(config)
         for layer in model.layers:
             weights = self.weights.get(layer.name)

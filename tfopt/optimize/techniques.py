@@ -19,6 +19,7 @@ Every technique runs under every strategy and precision policy; where tfmot alon
 works around it (``MIXED_NOTES``). The test matrix records what really happens for every cell into
 ``docs/compatibility.md``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,23 +38,56 @@ class Technique:
     description: str = ""
 
 
-TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
-    Technique("prune", ("prune",), description="magnitude pruning to --sparsity"),
-    Technique("prune_2of4", ("prune",), m_by_n=(2, 4), description="structured pruning: 2 zeros in every 4 weights"),
-    Technique("qat", ("qat",), description="quantization-aware training, default 8-bit scheme"),
-    Technique("cluster", ("cluster",), description="weight clustering to --clusters values per kernel"),
-    Technique("pqat", ("prune", "qat"), qat_scheme="prune_preserve", description="prune, then prune-preserving QAT"),
-    Technique("cqat", ("cluster", "qat"), qat_scheme="cluster_preserve",
-              description="cluster, then cluster-preserving QAT"),
-    Technique("pcqat", ("prune", "cluster", "qat"), qat_scheme="sparsity_cluster_preserve",
-              description="prune, sparsity-preserving clustering, then sparsity-and-cluster-preserving QAT"),
-    Technique("low_rank", ("low_rank",),
-              description="truncated SVD of Dense/Conv2D kernels into two smaller layers, to --low-rank-flops"),
-    Technique("low_rank_qat", ("low_rank", "qat"), description="low-rank factorization, then QAT"),
-    Technique("channel_prune", ("channel_prune",),
-              description="structured pruning of whole channels into a smaller dense model, to --channels-flops"),
-    Technique("channel_prune_qat", ("channel_prune", "qat"), description="channel pruning, then QAT"),
-)}
+TECHNIQUES: dict[str, Technique] = {
+    t.name: t
+    for t in (
+        Technique("prune", ("prune",), description="magnitude pruning to --sparsity"),
+        Technique(
+            "prune_2of4",
+            ("prune",),
+            m_by_n=(2, 4),
+            description="structured pruning: 2 zeros in every 4 weights",
+        ),
+        Technique("qat", ("qat",), description="quantization-aware training, default 8-bit scheme"),
+        Technique(
+            "cluster", ("cluster",), description="weight clustering to --clusters values per kernel"
+        ),
+        Technique(
+            "pqat",
+            ("prune", "qat"),
+            qat_scheme="prune_preserve",
+            description="prune, then prune-preserving QAT",
+        ),
+        Technique(
+            "cqat",
+            ("cluster", "qat"),
+            qat_scheme="cluster_preserve",
+            description="cluster, then cluster-preserving QAT",
+        ),
+        Technique(
+            "pcqat",
+            ("prune", "cluster", "qat"),
+            qat_scheme="sparsity_cluster_preserve",
+            description="prune, sparsity-preserving clustering, then sparsity-and-cluster-preserving QAT",
+        ),
+        Technique(
+            "low_rank",
+            ("low_rank",),
+            description="truncated SVD of Dense/Conv2D kernels into two smaller layers, to --low-rank-flops",
+        ),
+        Technique(
+            "low_rank_qat", ("low_rank", "qat"), description="low-rank factorization, then QAT"
+        ),
+        Technique(
+            "channel_prune",
+            ("channel_prune",),
+            description="structured pruning of whole channels into a smaller dense model, to --channels-flops",
+        ),
+        Technique(
+            "channel_prune_qat", ("channel_prune", "qat"), description="channel pruning, then QAT"
+        ),
+    )
+}
 
 #: Phase kinds that change the model's structure (a plain model comes out; no wrapper to strip).
 STRUCTURAL = ("low_rank", "channel_prune")
@@ -61,17 +95,20 @@ STRUCTURAL = ("low_rank", "channel_prune")
 PHASE_KINDS = ("channel_prune", "low_rank", "prune", "cluster", "qat")
 
 #: Techniques another stage can train a model under in one phase, with its own loss ("none" = plain).
-ONE_PHASE = ("none",) + tuple(name for name, t in TECHNIQUES.items()
-                              if len(t.phases) == 1 and t.m_by_n is None and t.phases[0] not in STRUCTURAL)
+ONE_PHASE = ("none",) + tuple(
+    name
+    for name, t in TECHNIQUES.items()
+    if len(t.phases) == 1 and t.m_by_n is None and t.phases[0] not in STRUCTURAL
+)
 
 # What tfopt does under a mixed policy, per phase kind (recorded in run.json and the matrix).
 MIXED_NOTES = {
     "prune": "pruned layers compute in float32 (tfmot's mask update breaks on mixed dtypes, "
-             "model-optimization#409); the others in the mixed dtype",
+    "model-optimization#409); the others in the mixed dtype",
     "cluster": "clustered layers compute in float32 (tfmot's centroid init rejects bfloat16/float16); "
-               "the others in the mixed dtype",
+    "the others in the mixed dtype",
     "qat": "quantized layers compute in float32 (fake-quant kernels are float32-only, model-optimization#367); "
-           "layers left unquantized keep the mixed dtype",
+    "layers left unquantized keep the mixed dtype",
     "low_rank": "the factorized model computes in the mixed dtype, its output layer in float32, like any model",
     "channel_prune": "the narrower model computes in the mixed dtype, its output layer in float32, like any model",
 }
@@ -84,7 +121,9 @@ def get(name: str) -> Technique:
         OptimizeError: unknown name (the message lists the valid ones).
     """
     if name not in TECHNIQUES:
-        raise OptimizeError(f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUES)}")
+        raise OptimizeError(
+            f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUES)}"
+        )
     return TECHNIQUES[name]
 
 

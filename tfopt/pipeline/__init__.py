@@ -4,14 +4,21 @@
 ``load_pipeline(path, variant)`` reads a pipeline file's ``get_config(variant)``. Names are
 imported lazily so that the command line rejects a bad flag before TensorFlow starts.
 """
+
 import importlib
 
 _EXPORTS = {
-    "PipelineConfig": "tfopt.pipeline.config", "TeacherSpec": "tfopt.pipeline.config",
-    "StudentSpec": "tfopt.pipeline.config", "CompressSpec": "tfopt.pipeline.config",
-    "ExportSpec": "tfopt.pipeline.config", "LaunchSpec": "tfopt.pipeline.config",
-    "load_pipeline": "tfopt.pipeline.config", "apply_overrides": "tfopt.pipeline.config",
-    "from_dict": "tfopt.pipeline.config", "plan": "tfopt.pipeline.stages", "run_pipeline": "tfopt.pipeline.runner",
+    "PipelineConfig": "tfopt.pipeline.config",
+    "TeacherSpec": "tfopt.pipeline.config",
+    "StudentSpec": "tfopt.pipeline.config",
+    "CompressSpec": "tfopt.pipeline.config",
+    "ExportSpec": "tfopt.pipeline.config",
+    "LaunchSpec": "tfopt.pipeline.config",
+    "load_pipeline": "tfopt.pipeline.config",
+    "apply_overrides": "tfopt.pipeline.config",
+    "from_dict": "tfopt.pipeline.config",
+    "plan": "tfopt.pipeline.stages",
+    "run_pipeline": "tfopt.pipeline.runner",
 }
 __all__ = sorted(_EXPORTS)
 

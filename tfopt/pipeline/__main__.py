@@ -1,4 +1,5 @@
 """``python -m tfopt.pipeline``: see :mod:`tfopt.pipeline.cli`."""
+
 import sys
 
 from tfopt.pipeline.cli import main

@@ -7,6 +7,7 @@ overrides either: ``data.limit=2048`` and ``runtime.strategy=one_device`` go to 
 ``teacher.epochs=1``, ``student.alpha=0.5``, ``compress.techniques=pqat,prune_2of4``,
 ``export.modes=float32,int8`` and ``select=acc_drop<=1`` to the pipeline's own specs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +29,9 @@ MULTI_PROCESS = ("multi_worker_mirrored", "parameter_server")
 class TeacherSpec:
     """The teacher, trained from scratch or fine-tuned (``tfopt.train``): any model source."""
 
-    model: str = "cnn"  # a built-in name, a model file, keras.applications:NAME, package.module:function
+    model: str = (
+        "cnn"  # a built-in name, a model file, keras.applications:NAME, package.module:function
+    )
     args: str = ""  # KEY=VALUE,... of keras.applications:NAME or a factory
     epochs: int = 3
     learning_rate: float = 1e-3
@@ -42,7 +45,9 @@ class StudentSpec:
     args: str = ""
     epochs: int = 3
     learning_rate: float = 1e-3
-    temperature: float = config_lib.DistillConfig.temperature  # the loss's defaults are tfopt.distill's
+    temperature: float = (
+        config_lib.DistillConfig.temperature
+    )  # the loss's defaults are tfopt.distill's
     alpha: float = config_lib.DistillConfig.alpha
 
 
@@ -52,7 +57,9 @@ class CompressSpec:
 
     techniques: tuple[str, ...] = ("pqat",)
     sparsity: float = 0.5
-    flops: float = 0.5  # low_rank, channel_prune: the result's multiply-adds as a share of the student's
+    flops: float = (
+        0.5  # low_rank, channel_prune: the result's multiply-adds as a share of the student's
+    )
     epochs: int = 1  # fine-tuning epochs per phase
     learning_rate: float = 5e-4
 
@@ -87,7 +94,9 @@ class LaunchSpec:
     workers: int = 2
     ps: int = 1  # parameter servers (parameter_server only; it also gets a chief)
     max_restarts: int = 2
-    isolate: str = "auto"  # a private network namespace per launch: auto (where possible), on (or fail), off
+    isolate: str = (
+        "auto"  # a private network namespace per launch: auto (where possible), on (or fail), off
+    )
 
 
 @dataclass(frozen=True)
@@ -126,53 +135,87 @@ class PipelineConfig:
         from tfopt.optimize.techniques import TECHNIQUES
 
         if not self.name or os.sep in self.name:
-            raise ConfigError(f"pipeline name {self.name!r} must be a non-empty word (it names the run directory)")
+            raise ConfigError(
+                f"pipeline name {self.name!r} must be a non-empty word (it names the run directory)"
+            )
         for what, spec in (("teacher", self.teacher), ("student", self.student)):
             check_model(config_lib.ModelConfig(name=spec.model, args=spec.args))
             if spec.epochs < 1 or spec.learning_rate <= 0:
-                raise ConfigError(f"{what}.epochs={spec.epochs} must be >= 1 and {what}.learning_rate="
-                                  f"{spec.learning_rate} > 0")
+                raise ConfigError(
+                    f"{what}.epochs={spec.epochs} must be >= 1 and {what}.learning_rate="
+                    f"{spec.learning_rate} > 0"
+                )
         if not self.student.temperature > 0 or not 0 <= self.student.alpha <= 1:
-            raise ConfigError(f"student.temperature={self.student.temperature} must be > 0 and student.alpha="
-                              f"{self.student.alpha} in [0, 1]")
+            raise ConfigError(
+                f"student.temperature={self.student.temperature} must be > 0 and student.alpha="
+                f"{self.student.alpha} in [0, 1]"
+            )
         bad = [t for t in self.compress.techniques if t not in TECHNIQUES]
         if bad or len(set(self.compress.techniques)) != len(self.compress.techniques):
-            raise ConfigError(f"compress.techniques={','.join(self.compress.techniques)!r} is not valid; give distinct "
-                              f"names from {', '.join(TECHNIQUES)} (or nothing to skip compression)")
-        if not 0 <= self.compress.sparsity < 1 or self.compress.epochs < 1 or self.compress.learning_rate <= 0:
-            raise ConfigError(f"compress.sparsity={self.compress.sparsity} must be in [0, 1), compress.epochs="
-                              f"{self.compress.epochs} >= 1 and compress.learning_rate > 0")
+            raise ConfigError(
+                f"compress.techniques={','.join(self.compress.techniques)!r} is not valid; give distinct "
+                f"names from {', '.join(TECHNIQUES)} (or nothing to skip compression)"
+            )
+        if (
+            not 0 <= self.compress.sparsity < 1
+            or self.compress.epochs < 1
+            or self.compress.learning_rate <= 0
+        ):
+            raise ConfigError(
+                f"compress.sparsity={self.compress.sparsity} must be in [0, 1), compress.epochs="
+                f"{self.compress.epochs} >= 1 and compress.learning_rate > 0"
+            )
         if not 0 < self.compress.flops <= 1:
-            raise ConfigError(f"compress.flops={self.compress.flops} must be in (0, 1], e.g. 0.5 for half the "
-                              "student's multiply-adds")
+            raise ConfigError(
+                f"compress.flops={self.compress.flops} must be in (0, 1], e.g. 0.5 for half the "
+                "student's multiply-adds"
+            )
         parse_modes(self.export.modes)
         parse_threads(self.export.threads)
-        if (self.export.eval_limit < 0 or self.export.runs < 1 or self.export.warmup < 0
-                or self.export.calibration_steps < 1):
-            raise ConfigError(f"export.eval_limit={self.export.eval_limit} must be >= 0, export.runs="
-                              f"{self.export.runs} >= 1, export.warmup={self.export.warmup} >= 0 and "
-                              f"export.calibration_steps={self.export.calibration_steps} >= 1")
+        if (
+            self.export.eval_limit < 0
+            or self.export.runs < 1
+            or self.export.warmup < 0
+            or self.export.calibration_steps < 1
+        ):
+            raise ConfigError(
+                f"export.eval_limit={self.export.eval_limit} must be >= 0, export.runs="
+                f"{self.export.runs} >= 1, export.warmup={self.export.warmup} >= 0 and "
+                f"export.calibration_steps={self.export.calibration_steps} >= 1"
+            )
         if self.probe.steps < 0:
             raise ConfigError(f"probe.steps={self.probe.steps} must be >= 0 (0 skips the probe)")
         if self.launch.workers < 1 or self.launch.ps < 1 or self.launch.max_restarts < 0:
-            raise ConfigError(f"launch.workers={self.launch.workers} and launch.ps={self.launch.ps} must be >= 1, "
-                              f"launch.max_restarts={self.launch.max_restarts} >= 0")
+            raise ConfigError(
+                f"launch.workers={self.launch.workers} and launch.ps={self.launch.ps} must be >= 1, "
+                f"launch.max_restarts={self.launch.max_restarts} >= 0"
+            )
         if self.launch.isolate not in ISOLATE_CHOICES:
-            raise ConfigError(f"launch.isolate={self.launch.isolate!r} is not valid; choose one of "
-                              f"{', '.join(ISOLATE_CHOICES)}")
+            raise ConfigError(
+                f"launch.isolate={self.launch.isolate!r} is not valid; choose one of "
+                f"{', '.join(ISOLATE_CHOICES)}"
+            )
         from tfopt.report.select import parse_rule
 
         parse_rule(self.select)
         return self
 
 
-_SPECS = {f.name: f for f in dataclasses.fields(PipelineConfig) if f.name not in ("name", "base", "select")}
+_SPECS = {
+    f.name: f
+    for f in dataclasses.fields(PipelineConfig)
+    if f.name not in ("name", "base", "select")
+}
 
 
 def _coerce(where: str, value: Any, typ: Any) -> Any:
     if typing.get_origin(typ) is tuple:
         item = typing.get_args(typ)[0]
-        parts = value if isinstance(value, (list, tuple)) else [p for p in str(value).split(",") if p.strip()]
+        parts = (
+            value
+            if isinstance(value, (list, tuple))
+            else [p for p in str(value).split(",") if p.strip()]
+        )
         return tuple(_coerce(where, p.strip() if isinstance(p, str) else p, item) for p in parts)
     section, _, key = where.partition(".")
     return config_lib._coerce(section, key, value, typ)  # noqa: SLF001 - the one coercion rule of all configs
@@ -183,7 +226,9 @@ def _replace_spec(spec: Any, section: str, values: Mapping[str, Any]) -> Any:
     updates = {}
     for key, value in values.items():
         if key not in types:
-            raise ConfigError(f"unknown key {section}.{key}; valid keys in {section!r}: {', '.join(types)}")
+            raise ConfigError(
+                f"unknown key {section}.{key}; valid keys in {section!r}: {', '.join(types)}"
+            )
         updates[key] = _coerce(f"{section}.{key}", value, types[key])
     return dataclasses.replace(spec, **updates)
 
@@ -208,10 +253,14 @@ def from_dict(raw: Mapping[str, Any], base: PipelineConfig | None = None) -> Pip
     valid = ("name", "base", "select", *RUN_SECTIONS, *_SPECS)
     for key, value in raw.items():
         if key not in valid:
-            raise ConfigError(f"unknown pipeline section {key!r}; valid sections: {', '.join(valid)}")
+            raise ConfigError(
+                f"unknown pipeline section {key!r}; valid sections: {', '.join(valid)}"
+            )
         if key in _SPECS:
             if not isinstance(value, Mapping):
-                raise ConfigError(f"pipeline section {key!r} must be a mapping of keys, got {value!r}")
+                raise ConfigError(
+                    f"pipeline section {key!r} must be a mapping of keys, got {value!r}"
+                )
             updates[key] = _replace_spec(getattr(cfg, key), key, value)
         elif key in ("name", "select"):
             updates[key] = str(value)
@@ -233,8 +282,10 @@ def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig
             continue
         section, dot, key = name.partition(".")
         if not sep or not dot or not key:
-            raise ConfigError(f"override {item!r} is not of the form section.key=value (e.g. teacher.epochs=1 "
-                              "or data.limit=2048) or select=RULE")
+            raise ConfigError(
+                f"override {item!r} is not of the form section.key=value (e.g. teacher.epochs=1 "
+                "or data.limit=2048) or select=RULE"
+            )
         raw.setdefault(section, {})[key] = value.strip()
     return from_dict(raw, cfg)
 
@@ -247,15 +298,23 @@ def load_pipeline(path: str, variant: str = "default") -> PipelineConfig:
     """
     if not os.path.isfile(path) or not path.endswith(".py"):
         raise ConfigError(f"pipeline {path!r} is not a .py file; give e.g. pipelines/mnist_edge.py")
-    spec = importlib.util.spec_from_file_location(f"tfopt_pipeline_{os.path.basename(path)[:-3]}", path)
+    spec = importlib.util.spec_from_file_location(
+        f"tfopt_pipeline_{os.path.basename(path)[:-3]}", path
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not callable(getattr(module, "get_config", None)):
-        raise ConfigError(f"pipeline {path!r} defines no get_config(variant); see pipelines/README.md")
+        raise ConfigError(
+            f"pipeline {path!r} defines no get_config(variant); see pipelines/README.md"
+        )
     variants = tuple(getattr(module, "VARIANTS", ("default",)))
     if variant not in variants:
-        raise ConfigError(f"--variant {variant!r} is not one of {path}'s variants: {', '.join(variants)}")
+        raise ConfigError(
+            f"--variant {variant!r} is not one of {path}'s variants: {', '.join(variants)}"
+        )
     cfg = module.get_config(variant)
     if not isinstance(cfg, PipelineConfig):
-        raise ConfigError(f"{path}: get_config({variant!r}) returned {type(cfg).__name__}, not a PipelineConfig")
+        raise ConfigError(
+            f"{path}: get_config({variant!r}) returned {type(cfg).__name__}, not a PipelineConfig"
+        )
     return cfg.validate()

@@ -5,6 +5,7 @@ In the pipeline's own process for one-process strategies and for exports; for
 ``python -m tfopt.pipeline.execute RUN STAGE``, which reads the resolved config from the run's
 ``pipeline.json`` and calls the same entry (the chief writes the stage's run directory).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,14 @@ from tfopt.pipeline.stages import Stage, plan, replace_output, stage_dir, stage_
 STATE_FILE = "pipeline.json"
 
 
-def run_stage(cfg: PipelineConfig, stage: Stage, run_dir: str, *, verbose: int = 1,
-              say: Callable[[str], None] = print) -> None:
+def run_stage(
+    cfg: PipelineConfig,
+    stage: Stage,
+    run_dir: str,
+    *,
+    verbose: int = 1,
+    say: Callable[[str], None] = print,
+) -> None:
     """Runs ``stage`` of the pipeline run ``run_dir`` and commits its run directory.
 
     Args:
@@ -39,15 +46,18 @@ def run_stage(cfg: PipelineConfig, stage: Stage, run_dir: str, *, verbose: int =
         from tfopt.train.stage import run
 
         t = cfg.teacher
-        run(replace_output(stage_run_config(cfg, t, out), out, verbose),
-            overwrite=True)
+        run(replace_output(stage_run_config(cfg, t, out), out, verbose), overwrite=True)
     elif stage.kind == "distill":
         from tfopt.distill.options import DistillOptions
         from tfopt.distill.stage import run
 
         s = cfg.student
         run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
-        run(run_cfg, DistillOptions(teachers=(source,), temperature=s.temperature, alpha=s.alpha), overwrite=True)
+        run(
+            run_cfg,
+            DistillOptions(teachers=(source,), temperature=s.temperature, alpha=s.alpha),
+            overwrite=True,
+        )
     elif stage.kind == "optimize":
         from tfopt.optimize.channel_prune import ChannelSpec
         from tfopt.optimize.low_rank import LowRankSpec
@@ -56,18 +66,25 @@ def run_stage(cfg: PipelineConfig, stage: Stage, run_dir: str, *, verbose: int =
 
         s, c = cfg.student, cfg.compress
         run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
-        settings = OptimizeSettings(technique=stage.settings["technique"], prune=PruneSpec(sparsity=c.sparsity),
-                                    low_rank=LowRankSpec(flops=c.flops), channels=ChannelSpec(flops=c.flops),
-                                    epochs=c.epochs,
-                                    learning_rate=c.learning_rate)
+        settings = OptimizeSettings(
+            technique=stage.settings["technique"],
+            prune=PruneSpec(sparsity=c.sparsity),
+            low_rank=LowRankSpec(flops=c.flops),
+            channels=ChannelSpec(flops=c.flops),
+            epochs=c.epochs,
+            learning_rate=c.learning_rate,
+        )
         run(source, run_cfg, [settings], [out], keep_going=False, overwrite=True)
     elif stage.kind == "export":
         from tfopt.export.runner import BenchSettings, ExportSettings, run
 
         x = stage.settings
-        settings = ExportSettings(modes=tuple(x["modes"]), eval_limit=x["eval_limit"],
-                                  calibration_steps=x["calibration_steps"],
-                                  bench=BenchSettings(threads=tuple(x["threads"]), runs=x["runs"], warmup=x["warmup"]))
+        settings = ExportSettings(
+            modes=tuple(x["modes"]),
+            eval_limit=x["eval_limit"],
+            calibration_steps=x["calibration_steps"],
+            bench=BenchSettings(threads=tuple(x["threads"]), runs=x["runs"], warmup=x["warmup"]),
+        )
         run(source, settings, out, overwrite=True, progress=say)
     else:  # pragma: no cover - plan() makes only the kinds above
         raise ValueError(f"unknown stage kind {stage.kind!r}")
@@ -90,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         state = read_state(run_dir)
-        if state.get("file") and os.path.isfile(state["file"]):  # what it registers (e.g. its own models)
+        if state.get("file") and os.path.isfile(
+            state["file"]
+        ):  # what it registers (e.g. its own models)
             pipeline_config.load_pipeline(state["file"], state.get("variant", "default"))
         cfg = pipeline_config.from_dict(state["config"])
         stage = next(s for s in plan(cfg) if s.name == name)

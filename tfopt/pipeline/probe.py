@@ -6,6 +6,7 @@ same step fed one cached batch over and over (no input work: the tf.data perform
 "synthetic data" control). The input-bound fraction is the share of the real step the
 synthetic one does not need: ``max(0, 1 - synthetic / real)``.
 """
+
 from __future__ import annotations
 
 import time
@@ -61,7 +62,9 @@ def measure(cfg: RunConfig, teacher_dir: str, *, steps: int = 32, warmup: int = 
         ``step_ms_synthetic``, ``input_bound_fraction``, ``batch``, ``steps``, ``device``.
     """
     teacher = load_run(teacher_dir)
-    data = teacher.config.data  # the teacher's input: its model's own scaling (data.normalize) included
+    data = (
+        teacher.config.data
+    )  # the teacher's input: its model's own scaling (data.normalize) included
     info = prepare(data)
     batch = data.global_batch_size
     stream = make_dataset(data, "train", training=True, info=info)
@@ -69,13 +72,21 @@ def measure(cfg: RunConfig, teacher_dir: str, *, steps: int = 32, warmup: int = 
     synthetic = stream.take(1).cache().repeat()
     # One compiled model for both: the same traced step, fed by one stream or the other.
     model = load_model(teacher.model_path)
-    model.compile(optimizer=keras.optimizers.Adam(cfg.train.learning_rate), steps_per_execution=steps,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(cfg.train.learning_rate),
+        steps_per_execution=steps,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     build_step_state(model)  # one trace of the step, not two
     real_ms = _step_ms(model, stream, steps)
     synthetic_ms = _step_ms(model, synthetic, steps)
-    return {"input_examples_per_sec": round(input_rate, 1),
-            "train_examples_per_sec": round(1000 * batch / real_ms, 1),
-            "step_ms_real": round(real_ms, 2), "step_ms_synthetic": round(synthetic_ms, 2),
-            "input_bound_fraction": round(max(0.0, 1.0 - synthetic_ms / real_ms), 4),
-            "batch": batch, "steps": steps, "device": "one device, the default strategy"}
+    return {
+        "input_examples_per_sec": round(input_rate, 1),
+        "train_examples_per_sec": round(1000 * batch / real_ms, 1),
+        "step_ms_real": round(real_ms, 2),
+        "step_ms_synthetic": round(synthetic_ms, 2),
+        "input_bound_fraction": round(max(0.0, 1.0 - synthetic_ms / real_ms), 4),
+        "batch": batch,
+        "steps": steps,
+        "device": "one device, the default strategy",
+    }

@@ -7,6 +7,7 @@ skips finished stages and reruns the first unfinished one (its own backups resum
 and every stage after a rerun one that reads it. Training stages of ``multi_worker_mirrored``
 and ``parameter_server`` run as ``tfopt.launch`` process groups, with restarts.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,15 +32,25 @@ def _bar(done: int, total: int, width: int = 24) -> str:
 
 def _finished(stage: Stage, run_dir: str, previous: dict) -> bool:
     old = previous.get(stage.name, {})
-    return (old.get("status") == "done" and old.get("fingerprint") == stage.fingerprint
-            and os.path.isfile(os.path.join(stage_dir(run_dir, stage), "run.json")))
+    return (
+        old.get("status") == "done"
+        and old.get("fingerprint") == stage.fingerprint
+        and os.path.isfile(os.path.join(stage_dir(run_dir, stage), "run.json"))
+    )
 
 
 def launch_command(cfg: PipelineConfig, stage: Stage, run_dir: str) -> list[str]:
     """The ``tfopt.launch`` command that runs a training stage as a process group (one entry for every task)."""
     launch = cfg.launch
-    cmd = [sys.executable, "-m", "tfopt.launch", "--workers", str(launch.workers),
-           "--max-restarts", str(launch.max_restarts)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        "--workers",
+        str(launch.workers),
+        "--max-restarts",
+        str(launch.max_restarts),
+    ]
     if cfg.base.runtime.strategy == "parameter_server":
         cmd += ["--chief", "--ps", str(launch.ps)]
     cmd += {"auto": [], "on": ["--isolate"], "off": ["--no-isolate"]}[launch.isolate]
@@ -50,8 +61,10 @@ def _launch(cfg: PipelineConfig, stage: Stage, run_dir: str) -> None:
     """Runs a training stage under ``tfopt.launch``; raises TfoptError when it fails."""
     code = run_child(launch_command(cfg, stage, run_dir))
     if code != 0 or not os.path.isfile(os.path.join(stage_dir(run_dir, stage), "run.json")):
-        raise TfoptError(f"stage {stage.name!r} ({stage.kind}) failed under tfopt.launch (exit {code}); its tasks' "
-                         "output is above; run the pipeline again to resume from the stage's last backup")
+        raise TfoptError(
+            f"stage {stage.name!r} ({stage.kind}) failed under tfopt.launch (exit {code}); its tasks' "
+            "output is above; run the pipeline again to resume from the stage's last backup"
+        )
 
 
 def check_run_dir(cfg: PipelineConfig, run_dir: str) -> dict:
@@ -66,17 +79,29 @@ def check_run_dir(cfg: PipelineConfig, run_dir: str) -> dict:
     state = read_state(run_dir)
     if state is None:
         if os.path.isdir(run_dir) and os.listdir(run_dir):
-            raise ConfigError(f"-o {run_dir!r} is a non-empty directory without {STATE_FILE}; give a new directory "
-                              "or the run directory of this pipeline")
+            raise ConfigError(
+                f"-o {run_dir!r} is a non-empty directory without {STATE_FILE}; give a new directory "
+                "or the run directory of this pipeline"
+            )
         return {}
     if state.get("pipeline") != cfg.name:
-        raise ConfigError(f"-o {run_dir!r} holds a run of pipeline {state.get('pipeline')!r}, not {cfg.name!r}; "
-                          "give another -o")
+        raise ConfigError(
+            f"-o {run_dir!r} holds a run of pipeline {state.get('pipeline')!r}, not {cfg.name!r}; "
+            "give another -o"
+        )
     return state
 
 
-def run_pipeline(cfg: PipelineConfig, run_dir: str, *, variant: str = "default", file: str = "",
-                 verbose: int = 1, report: bool = True, say: Callable[[str], None] = print) -> dict:
+def run_pipeline(
+    cfg: PipelineConfig,
+    run_dir: str,
+    *,
+    variant: str = "default",
+    file: str = "",
+    verbose: int = 1,
+    report: bool = True,
+    say: Callable[[str], None] = print,
+) -> dict:
     """Runs (or resumes) a pipeline into ``run_dir`` and builds its report.
 
     Args:
@@ -100,11 +125,28 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str, *, variant: str = "default",
     os.makedirs(run_dir, exist_ok=True)
     stages = plan(cfg)
     multi = cfg.base.runtime.strategy in MULTI_PROCESS
-    state = {"schema": SCHEMA, "pipeline": cfg.name, "variant": variant, "file": os.path.abspath(file) if file else "",
-             "config": cfg.to_dict(), "select": cfg.select, "strategy": cfg.base.runtime.strategy,
-             "verbose": 2 if multi else verbose,
-             "stages": [{"name": s.name, "kind": s.kind, "dir": s.name, "inputs": list(s.inputs),
-                         "fingerprint": s.fingerprint, "status": "pending", "seconds": None} for s in stages]}
+    state = {
+        "schema": SCHEMA,
+        "pipeline": cfg.name,
+        "variant": variant,
+        "file": os.path.abspath(file) if file else "",
+        "config": cfg.to_dict(),
+        "select": cfg.select,
+        "strategy": cfg.base.runtime.strategy,
+        "verbose": 2 if multi else verbose,
+        "stages": [
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "dir": s.name,
+                "inputs": list(s.inputs),
+                "fingerprint": s.fingerprint,
+                "status": "pending",
+                "seconds": None,
+            }
+            for s in stages
+        ],
+    }
     entries = {e["name"]: e for e in state["stages"]}
     for stage in stages:  # a kill mid-run must not lose the marks of stages that stay valid
         if _finished(stage, run_dir, previous):
@@ -129,14 +171,20 @@ def run_pipeline(cfg: PipelineConfig, run_dir: str, *, variant: str = "default",
         if multi and stage.trains:
             _launch(cfg, stage, run_dir)
         else:
-            run_stage(cfg, stage, run_dir, verbose=verbose, say=lambda m, n=stage.name: say(f"  {n}: {m}"))
+            run_stage(
+                cfg, stage, run_dir, verbose=verbose, say=lambda m, n=stage.name: say(f"  {n}: {m}")
+            )
         entry.update(status="done", seconds=round(time.perf_counter() - t0, 1))
         rerun.add(stage.name)
         write_json(os.path.join(run_dir, STATE_FILE), state)
     say(f"pipeline {cfg.name} {_bar(len(stages), len(stages))} every stage finished")
     if cfg.probe.steps:
         old = old_state.get("probe")
-        state["probe"] = old if old and not rerun and old.get("steps") == cfg.probe.steps else _probe(cfg, run_dir, say)
+        state["probe"] = (
+            old
+            if old and not rerun and old.get("steps") == cfg.probe.steps
+            else _probe(cfg, run_dir, say)
+        )
     state["wall_seconds"] = round(time.perf_counter() - started, 1)
     write_json(os.path.join(run_dir, STATE_FILE), state)
     if report:

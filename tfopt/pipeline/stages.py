@@ -5,6 +5,7 @@
 stage's fingerprint covers its own inputs and the fingerprints of the stages it reads, so a
 changed setting reruns that stage and every stage after it, and nothing else.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,9 @@ from tfopt.pipeline.config import PipelineConfig
 from tfopt.optimize.techniques import STRUCTURAL, TECHNIQUES
 from tfopt.runs import fingerprint
 
-QAT_TECHNIQUES = tuple(name for name, t in TECHNIQUES.items() if t.phases[-1] == "qat")  # these convert to int8 only
+QAT_TECHNIQUES = tuple(
+    name for name, t in TECHNIQUES.items() if t.phases[-1] == "qat"
+)  # these convert to int8 only
 
 
 @dataclass(frozen=True)
@@ -47,14 +50,24 @@ class Stage:
 def stage_run_config(cfg: PipelineConfig, spec, output_dir: str) -> RunConfig:
     """The RunConfig of one training stage: the pipeline's base with that stage's model (a
     ``TeacherSpec`` or ``StudentSpec``: any model source and its arguments) and schedule."""
-    return config_lib.from_dict({"model": {"name": spec.model, "args": spec.args},
-                                 "train": {"epochs": spec.epochs, "learning_rate": spec.learning_rate,
-                                           "output_dir": output_dir}}, cfg.base)
+    return config_lib.from_dict(
+        {
+            "model": {"name": spec.model, "args": spec.args},
+            "train": {
+                "epochs": spec.epochs,
+                "learning_rate": spec.learning_rate,
+                "output_dir": output_dir,
+            },
+        },
+        cfg.base,
+    )
 
 
 def _result_part(run_cfg: RunConfig) -> dict:
     out = run_cfg.to_dict()
-    out["train"] = {k: v for k, v in out["train"].items() if k not in ("output_dir", "verbose", "tensorboard")}
+    out["train"] = {
+        k: v for k, v in out["train"].items() if k not in ("output_dir", "verbose", "tensorboard")
+    }
     return out
 
 
@@ -68,20 +81,50 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
 
     t, s, c, e = cfg.teacher, cfg.student, cfg.compress, cfg.export
     add("teacher", "train", (), {"run": _result_part(stage_run_config(cfg, t, ""))})
-    add("student", "distill", ("teacher",),
-        {"run": _result_part(stage_run_config(cfg, s, "")),
-         "temperature": s.temperature, "alpha": s.alpha})
+    add(
+        "student",
+        "distill",
+        ("teacher",),
+        {
+            "run": _result_part(stage_run_config(cfg, s, "")),
+            "temperature": s.temperature,
+            "alpha": s.alpha,
+        },
+    )
     for technique in c.techniques:
-        add(f"student-{technique}", "optimize", ("student",),
-            {"run": _result_part(stage_run_config(cfg, s, "")),
-             "technique": technique, "sparsity": c.sparsity, "epochs": c.epochs, "learning_rate": c.learning_rate,
-             **({"flops": c.flops} if set(STRUCTURAL) & set(TECHNIQUES[technique].phases) else {})})
+        add(
+            f"student-{technique}",
+            "optimize",
+            ("student",),
+            {
+                "run": _result_part(stage_run_config(cfg, s, "")),
+                "technique": technique,
+                "sparsity": c.sparsity,
+                "epochs": c.epochs,
+                "learning_rate": c.learning_rate,
+                **(
+                    {"flops": c.flops}
+                    if set(STRUCTURAL) & set(TECHNIQUES[technique].phases)
+                    else {}
+                ),
+            },
+        )
     for source in ["teacher", "student", *[f"student-{x}" for x in c.techniques]]:
-        qat = source.startswith("student-") and source[len("student-"):] in QAT_TECHNIQUES
+        qat = source.startswith("student-") and source[len("student-") :] in QAT_TECHNIQUES
         modes = ["int8"] if qat else list(e.modes)
-        add(f"{source}-export", "export", (source,),
-            {"modes": modes, "eval_limit": e.eval_limit, "runs": e.runs, "warmup": e.warmup,
-             "threads": list(e.threads), "calibration_steps": e.calibration_steps})
+        add(
+            f"{source}-export",
+            "export",
+            (source,),
+            {
+                "modes": modes,
+                "eval_limit": e.eval_limit,
+                "runs": e.runs,
+                "warmup": e.warmup,
+                "threads": list(e.threads),
+                "calibration_steps": e.calibration_steps,
+            },
+        )
     return list(stages.values())
 
 
@@ -92,5 +135,6 @@ def stage_dir(run_dir: str, stage: Stage | str) -> str:
 
 def replace_output(run_cfg: RunConfig, output_dir: str, verbose: int) -> RunConfig:
     """``run_cfg`` writing to ``output_dir`` with Keras progress ``verbose``."""
-    return dataclasses.replace(run_cfg, train=dataclasses.replace(run_cfg.train, output_dir=output_dir,
-                                                                  verbose=verbose))
+    return dataclasses.replace(
+        run_cfg, train=dataclasses.replace(run_cfg.train, output_dir=output_dir, verbose=verbose)
+    )

@@ -9,6 +9,7 @@
 ``content`` (what the report says), ``render`` (markdown, HTML) and ``builder`` (all of it,
 written atomically).
 """
+
 from tfopt.report.builder import build
 
 __all__ = ["build"]

@@ -1,4 +1,5 @@
 """``python -m tfopt.report``: see :mod:`tfopt.report.cli`."""
+
 import sys
 
 from tfopt.report.cli import main

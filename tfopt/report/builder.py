@@ -10,6 +10,7 @@ Nothing is measured again: every figure comes from ``pipeline.json`` and the sta
 except the CPU description (read where the report is built) and the TFLite analyzer's op list of
 the chosen model (read from its file).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,14 +34,21 @@ def _stage_rows(run: collect_lib.PipelineRun) -> list[dict]:
         row = s.to_dict()
         if rec is not None:
             train = rec.train or {}
-            row.update(epochs=train.get("epochs"), examples_per_sec=train.get("examples_per_sec"),
-                       test_accuracy=rec.metrics.get("test_accuracy"), model=rec.model.get("name"),
-                       strategy=(rec.strategy or {}).get("name"), replicas=(rec.strategy or {}).get("num_replicas"))
+            row.update(
+                epochs=train.get("epochs"),
+                examples_per_sec=train.get("examples_per_sec"),
+                test_accuracy=rec.metrics.get("test_accuracy"),
+                model=rec.model.get("name"),
+                strategy=(rec.strategy or {}).get("name"),
+                replicas=(rec.strategy or {}).get("num_replicas"),
+            )
         rows.append(row)
     return rows
 
 
-def build(run_dir: str, select: str | None = None, *, progress: Callable[[str], None] | None = None) -> dict:
+def build(
+    run_dir: str, select: str | None = None, *, progress: Callable[[str], None] | None = None
+) -> dict:
     """Builds (or rebuilds) the report of a pipeline run into ``<run_dir>/report/``.
 
     Args:
@@ -64,8 +72,10 @@ def build(run_dir: str, select: str | None = None, *, progress: Callable[[str], 
     run = collect_lib.collect(run_dir)
     selection = choose(run.variants, rule)
     chosen = run.variant(selection.chosen) if selection.chosen else None
-    fronts = {"gzip_bytes": pareto.variant_frontier(run.variants, "gzip_bytes"),
-              "p50_us": pareto.variant_frontier(run.variants, "p50_us")}
+    fronts = {
+        "gzip_bytes": pareto.variant_frontier(run.variants, "gzip_bytes"),
+        "p50_us": pareto.variant_frontier(run.variants, "p50_us"),
+    }
     b8 = targets.b8(run.variant(run.baseline) if run.baseline else None, chosen)
     curves = collect_lib.training_curves(run)
     from tfopt.report import content, environment, hparams, plots, render
@@ -76,32 +86,66 @@ def build(run_dir: str, select: str | None = None, *, progress: Callable[[str], 
         say(f"analyzing {chosen.name} with the TFLite model analyzer")
         analyzer = environment.analyze_tflite(chosen.file)
     final = os.path.join(run_dir, REPORT_DIR)
-    paths = {"dir": final, "md": os.path.join(final, "report.md"), "html": os.path.join(final, "report.html"),
-             "json": os.path.join(final, "report.json"), "hparams": os.path.join(final, "hparams"), "images": {}}
+    paths = {
+        "dir": final,
+        "md": os.path.join(final, "report.md"),
+        "html": os.path.join(final, "report.html"),
+        "json": os.path.join(final, "report.json"),
+        "hparams": os.path.join(final, "hparams"),
+        "images": {},
+    }
     report = {
-        "schema": SCHEMA, "pipeline": state.get("pipeline"), "variant": state.get("variant"), "run_dir": run_dir,
-        "pipeline_file": state.get("file"), "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "summary": {"chosen": selection.chosen, "statement": selection.statement, "rule": selection.rule,
-                    "b8_passed": b8["passed"]},
-        "environment": env, "config": state.get("config"), "strategy": state.get("strategy"),
-        "stages": _stage_rows(run), "wall_seconds": state.get("wall_seconds"), "probe": state.get("probe"),
-        "training": curves, "baseline": run.baseline, "variants": [v.to_dict() for v in run.variants],
-        "pareto": fronts, "selection": selection.to_dict(), "b8": b8,
-        "quantization_debugger": debugger.findings(run), "analyzer": analyzer,
-        "hparams": {"dir": paths["hparams"], "runs": []}, "warnings": list(run.warnings), "paths": paths,
+        "schema": SCHEMA,
+        "pipeline": state.get("pipeline"),
+        "variant": state.get("variant"),
+        "run_dir": run_dir,
+        "pipeline_file": state.get("file"),
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "summary": {
+            "chosen": selection.chosen,
+            "statement": selection.statement,
+            "rule": selection.rule,
+            "b8_passed": b8["passed"],
+        },
+        "environment": env,
+        "config": state.get("config"),
+        "strategy": state.get("strategy"),
+        "stages": _stage_rows(run),
+        "wall_seconds": state.get("wall_seconds"),
+        "probe": state.get("probe"),
+        "training": curves,
+        "baseline": run.baseline,
+        "variants": [v.to_dict() for v in run.variants],
+        "pareto": fronts,
+        "selection": selection.to_dict(),
+        "b8": b8,
+        "quantization_debugger": debugger.findings(run),
+        "analyzer": analyzer,
+        "hparams": {"dir": paths["hparams"], "runs": []},
+        "warnings": list(run.warnings),
+        "paths": paths,
     }
     say("drawing the figures")
-    images = {"training": plots.training_curves(curves),
-              "pareto": plots.pareto(run.variants, fronts["gzip_bytes"], fronts["p50_us"], selection.chosen)}
+    images = {
+        "training": plots.training_curves(curves),
+        "pareto": plots.pareto(
+            run.variants, fronts["gzip_bytes"], fronts["p50_us"], selection.chosen
+        ),
+    }
     with atomic_dir(final) as tmp:
         for key, png in images.items():
             if png is not None:
                 write_bytes(os.path.join(tmp, IMAGES[key]), png)
                 paths["images"][key] = os.path.join(final, IMAGES[key])
         say("writing the TensorBoard HParams summaries")
-        report["hparams"]["runs"] = hparams.write(os.path.join(tmp, "hparams"), run.variants, selection.chosen)
+        report["hparams"]["runs"] = hparams.write(
+            os.path.join(tmp, "hparams"), run.variants, selection.chosen
+        )
         blocks = content.blocks(report)
         write_text(os.path.join(tmp, "report.md"), render.markdown(blocks))
-        write_text(os.path.join(tmp, "report.html"), render.html(blocks, {k: v for k, v in images.items() if v}))
+        write_text(
+            os.path.join(tmp, "report.html"),
+            render.html(blocks, {k: v for k, v in images.items() if v}),
+        )
         write_json(os.path.join(tmp, "report.json"), report)
     return report

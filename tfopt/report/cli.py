@@ -7,6 +7,7 @@ Writes ``<RUN>/report/`` (report.md, report.html, report.json, the figures, hpar
 where. Exit codes: 0 done; 2 a user error (no such run, no pipeline.json, a bad rule: one line
 on stderr).
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,13 +20,21 @@ PROG = "tfopt.report"
 def _parser() -> cli.ArgumentParser:
     from tfopt.report.select import EXAMPLE, KEYS, OPS
 
-    p = cli.ArgumentParser(prog="python -m tfopt.report", description=__doc__.splitlines()[0],
-                           epilog="exit codes: 0 done, 2 user error")
-    p.add_argument("run", metavar="RUN", help="a pipeline run directory (the -o of python -m tfopt.pipeline)")
-    p.add_argument("--select", metavar="RULE",
-                   help=f"choose the edge model by this rule instead of the pipeline's, e.g. '{EXAMPLE}' "
-                        f"(keys: {', '.join(KEYS)}; operators: {' '.join(OPS)}; objective min:KEY or max:KEY, "
-                        "default min:gzip_kb: the best of the variants that satisfy every constraint wins)")
+    p = cli.ArgumentParser(
+        prog="python -m tfopt.report",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 done, 2 user error",
+    )
+    p.add_argument(
+        "run", metavar="RUN", help="a pipeline run directory (the -o of python -m tfopt.pipeline)"
+    )
+    p.add_argument(
+        "--select",
+        metavar="RULE",
+        help=f"choose the edge model by this rule instead of the pipeline's, e.g. '{EXAMPLE}' "
+        f"(keys: {', '.join(KEYS)}; operators: {' '.join(OPS)}; objective min:KEY or max:KEY, "
+        "default min:gzip_kb: the best of the variants that satisfy every constraint wins)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -52,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         state = read_state(args.run)
         parse_rule(args.select if args.select is not None else state.get("select"))
         _start_tensorflow()
-        say = None if args.quiet else (lambda msg: print(f"{PROG}: {msg}", file=sys.stderr, flush=True))
+        say = (
+            None
+            if args.quiet
+            else (lambda msg: print(f"{PROG}: {msg}", file=sys.stderr, flush=True))
+        )
         report = build(args.run, args.select, progress=say)
         sel = report["selection"]
         print(sel["statement"])

@@ -15,6 +15,7 @@ from the records the stages wrote; nothing is measured again here:
   Keras variant, ``model(x, training=False)`` in a ``tf.function`` with that many TensorFlow
   intra-op threads (the export's ``keras`` section).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,15 @@ class StageInfo:
 
     def to_dict(self) -> dict:
         """The JSON-friendly part (without the record)."""
-        return {"name": self.name, "kind": self.kind, "dir": self.dir, "inputs": self.inputs, "status": self.status,
-                "seconds": self.seconds, "has_record": self.record is not None}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "dir": self.dir,
+            "inputs": self.inputs,
+            "status": self.status,
+            "seconds": self.seconds,
+            "has_record": self.record is not None,
+        }
 
 
 @dataclass
@@ -130,18 +138,26 @@ def read_state(run_dir: str) -> dict:
         ConfigError: no such directory, no ``pipeline.json``, or not a readable one.
     """
     if not os.path.isdir(run_dir):
-        raise ConfigError(f"pipeline run directory {run_dir!r} does not exist; give the -o directory of "
-                          "`python -m tfopt.pipeline`")
+        raise ConfigError(
+            f"pipeline run directory {run_dir!r} does not exist; give the -o directory of "
+            "`python -m tfopt.pipeline`"
+        )
     path = os.path.join(run_dir, STATE_FILE)
     if not os.path.isfile(path):
-        raise ConfigError(f"{run_dir!r} has no {STATE_FILE}; give the -o directory of `python -m tfopt.pipeline`")
+        raise ConfigError(
+            f"{run_dir!r} has no {STATE_FILE}; give the -o directory of `python -m tfopt.pipeline`"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             state = json.load(f)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} cannot be read ({e}); run the pipeline again to rewrite it") from None
+        raise ConfigError(
+            f"{path} cannot be read ({e}); run the pipeline again to rewrite it"
+        ) from None
     if not isinstance(state, dict) or not isinstance(state.get("stages"), list):
-        raise ConfigError(f"{path} is not a pipeline state (no 'stages' list); run the pipeline again")
+        raise ConfigError(
+            f"{path} is not a pipeline state (no 'stages' list); run the pipeline again"
+        )
     return state
 
 
@@ -178,8 +194,14 @@ def _pct(fraction: float | None) -> float | None:
 
 def _keras_variant(stage: StageInfo, export: StageInfo | None, technique: str) -> Variant:
     rec = stage.record
-    v = Variant(name=f"{stage.name}/{KERAS}", model=stage.name, format=KERAS, arch=rec.config.get("model", {}).get(
-        "name", rec.model.get("name", "")), technique=technique, file=os.path.join(stage.dir, "model.keras"))
+    v = Variant(
+        name=f"{stage.name}/{KERAS}",
+        model=stage.name,
+        format=KERAS,
+        arch=rec.config.get("model", {}).get("name", rec.model.get("name", "")),
+        technique=technique,
+        file=os.path.join(stage.dir, "model.keras"),
+    )
     v.params = rec.model.get("params")
     rows = (export.record.section.get("modes") or []) if export and export.record else []
     ev = (rows[0].get("eval") or {}) if rows else {}
@@ -206,16 +228,31 @@ def _keras_variant(stage: StageInfo, export: StageInfo | None, technique: str) -
     return v
 
 
-def _tflite_variant(stage: StageInfo, export: StageInfo, row: dict, technique: str, keras: Variant) -> Variant:
+def _tflite_variant(
+    stage: StageInfo, export: StageInfo, row: dict, technique: str, keras: Variant
+) -> Variant:
     ev = row.get("eval") or {}
     lat = row.get("latency") or {}
-    v = Variant(name=f"{stage.name}/{row['mode']}", model=stage.name, format=row["mode"], arch=keras.arch,
-                technique=technique, accuracy_pct=_pct(ev.get("accuracy")), agreement_pct=_pct(ev.get("agreement")),
-                examples=ev.get("examples"), params=keras.params, flops=keras.flops, size_bytes=row.get("size_bytes"),
-                gzip_bytes=row.get("gzip_bytes"), p50_us=_us(lat, "xnnpack/1t", "p50_ms"),
-                p95_us=_us(lat, "xnnpack/1t", "p95_ms"), p50_us_2t=_us(lat, "xnnpack/2t", "p50_ms"),
-                p95_us_2t=_us(lat, "xnnpack/2t", "p95_ms"), gate=row.get("gate"),
-                file=os.path.join(export.dir, row["file"]) if row.get("file") else None)
+    v = Variant(
+        name=f"{stage.name}/{row['mode']}",
+        model=stage.name,
+        format=row["mode"],
+        arch=keras.arch,
+        technique=technique,
+        accuracy_pct=_pct(ev.get("accuracy")),
+        agreement_pct=_pct(ev.get("agreement")),
+        examples=ev.get("examples"),
+        params=keras.params,
+        flops=keras.flops,
+        size_bytes=row.get("size_bytes"),
+        gzip_bytes=row.get("gzip_bytes"),
+        p50_us=_us(lat, "xnnpack/1t", "p50_ms"),
+        p95_us=_us(lat, "xnnpack/1t", "p95_ms"),
+        p50_us_2t=_us(lat, "xnnpack/2t", "p50_ms"),
+        p95_us_2t=_us(lat, "xnnpack/2t", "p95_ms"),
+        gate=row.get("gate"),
+        file=os.path.join(export.dir, row["file"]) if row.get("file") else None,
+    )
     return v
 
 
@@ -245,13 +282,23 @@ def collect(run_dir: str) -> PipelineRun:
             record = _load_record(path)
         except (OSError, ValueError, TypeError) as e:
             record = None
-            warnings.append(f"stage {entry['name']}: {os.path.join(path, 'run.json')} cannot be read ({e})")
-        info = StageInfo(name=entry["name"], kind=entry.get("kind", "?"), dir=path,
-                         inputs=list(entry.get("inputs", [])),
-                         status=entry.get("status", "?"), seconds=entry.get("seconds"), record=record)
+            warnings.append(
+                f"stage {entry['name']}: {os.path.join(path, 'run.json')} cannot be read ({e})"
+            )
+        info = StageInfo(
+            name=entry["name"],
+            kind=entry.get("kind", "?"),
+            dir=path,
+            inputs=list(entry.get("inputs", [])),
+            status=entry.get("status", "?"),
+            seconds=entry.get("seconds"),
+            record=record,
+        )
         if record is None and not any(w.startswith(f"stage {info.name}:") for w in warnings):
-            warnings.append(f"stage {info.name} ({info.kind}) has no run.json yet (status {info.status}): "
-                            "its figures are missing")
+            warnings.append(
+                f"stage {info.name} ({info.kind}) has no run.json yet (status {info.status}): "
+                "its figures are missing"
+            )
         stages.append(info)
     by_name = {s.name: s for s in stages}
     variants: list[Variant] = []
@@ -277,10 +324,18 @@ def collect(run_dir: str) -> PipelineRun:
                 v.delta_pt = v.accuracy_pct - base.accuracy_pct
         counts = {v.examples for v in variants if v.examples is not None}
         if len(counts) > 1:
-            warnings.append(f"variants were scored on different numbers of test examples ({sorted(counts)}): "
-                            "deltas mix example sets")
-    return PipelineRun(path=run_dir, state=state, stages=stages, variants=variants, baseline=baseline,
-                       warnings=warnings)
+            warnings.append(
+                f"variants were scored on different numbers of test examples ({sorted(counts)}): "
+                "deltas mix example sets"
+            )
+    return PipelineRun(
+        path=run_dir,
+        state=state,
+        stages=stages,
+        variants=variants,
+        baseline=baseline,
+        warnings=warnings,
+    )
 
 
 def training_curves(run: PipelineRun) -> list[dict]:
@@ -296,8 +351,17 @@ def training_curves(run: PipelineRun) -> list[dict]:
     for stage in run.stages:
         if stage.kind not in MODEL_KINDS or stage.record is None or not stage.record.history:
             continue
-        series: dict = {"stage": stage.name, "kind": stage.kind, "epoch": [], "loss": [], "accuracy": [],
-                        "val_loss": [], "val_accuracy": [], "phase": [], "loss_name": "loss"}
+        series: dict = {
+            "stage": stage.name,
+            "kind": stage.kind,
+            "epoch": [],
+            "loss": [],
+            "accuracy": [],
+            "val_loss": [],
+            "val_accuracy": [],
+            "phase": [],
+            "loss_name": "loss",
+        }
         done = 0
         for i, row in enumerate(stage.record.history):
             if not isinstance(row, dict):

@@ -4,6 +4,7 @@ When full-integer int8 fails the gate, the export stage ranks quantized tensors 
 quantization steps (RMSE / scale; about 0.29 for a well-behaved layer) and retries with the worst
 ones left in float (``int8-selective``). This module turns those rows into the report's tables.
 """
+
 from __future__ import annotations
 
 from tfopt.report.collect import PipelineRun
@@ -50,23 +51,50 @@ def findings(run: PipelineRun, top: int = 12) -> list[dict]:
                 continue
             trials = sel.get("trials") or []
             chosen = sel.get("chosen")
-            floated = set(trials[chosen]["float_layers"]) if trials and chosen is not None else set()
+            floated = (
+                set(trials[chosen]["float_layers"]) if trials and chosen is not None else set()
+            )
             ranking = sel.get("ranking") or []
-            worst = [{"layer": layer_of(r["tensor_name"]), "op": r.get("op_name"),
-                      "rmse_over_scale": r.get("rmse_over_scale"), "mse": r.get("mean_squared_error"),
-                      "scale": r.get("scale"), "in_float": r["tensor_name"] in floated,
-                      "tensor": r["tensor_name"]} for r in ranking[:top]]
+            worst = [
+                {
+                    "layer": layer_of(r["tensor_name"]),
+                    "op": r.get("op_name"),
+                    "rmse_over_scale": r.get("rmse_over_scale"),
+                    "mse": r.get("mean_squared_error"),
+                    "scale": r.get("scale"),
+                    "in_float": r["tensor_name"] in floated,
+                    "tensor": r["tensor_name"],
+                }
+                for r in ranking[:top]
+            ]
             ev = row.get("eval") or {}
-            out.append({"model": model, "mode": row["mode"], "int8_gate": (plain or {}).get("gate"),
-                        "test_gate": row.get("gate"), "test_accuracy": ev.get("accuracy"),
-                        "test_agreement": ev.get("agreement"), "test_examples": ev.get("examples"),
-                        "passed": sel.get("passed"), "chosen_trial": chosen,
-                        "float_layers": sorted({layer_of(t) for t in floated}),
-                        "search_split": sel.get("search_split"), "search_examples": sel.get("search_examples"),
-                        "trials": [{"float_layers": [layer_of(t) for t in tr.get("float_layers", [])],
-                                    "size_bytes": tr.get("size_bytes"),
-                                    "accuracy": (tr.get("result") or {}).get("accuracy"),
-                                    "agreement": (tr.get("result") or {}).get("agreement"),
-                                    "gate": tr.get("gate")} for tr in trials],
-                        "ranking": ranking, "worst": worst, "ranked_tensors": len(ranking)})
+            out.append(
+                {
+                    "model": model,
+                    "mode": row["mode"],
+                    "int8_gate": (plain or {}).get("gate"),
+                    "test_gate": row.get("gate"),
+                    "test_accuracy": ev.get("accuracy"),
+                    "test_agreement": ev.get("agreement"),
+                    "test_examples": ev.get("examples"),
+                    "passed": sel.get("passed"),
+                    "chosen_trial": chosen,
+                    "float_layers": sorted({layer_of(t) for t in floated}),
+                    "search_split": sel.get("search_split"),
+                    "search_examples": sel.get("search_examples"),
+                    "trials": [
+                        {
+                            "float_layers": [layer_of(t) for t in tr.get("float_layers", [])],
+                            "size_bytes": tr.get("size_bytes"),
+                            "accuracy": (tr.get("result") or {}).get("accuracy"),
+                            "agreement": (tr.get("result") or {}).get("agreement"),
+                            "gate": tr.get("gate"),
+                        }
+                        for tr in trials
+                    ],
+                    "ranking": ranking,
+                    "worst": worst,
+                    "ranked_tensors": len(ranking),
+                }
+            )
     return out

@@ -5,6 +5,7 @@ machine building the report, which is the machine that ran the pipeline when the
 the report at its end. Latency on a CPU depends on its SIMD extensions (AVX2, AVX-512, AVX-VNNI,
 AMX), so those flags are listed apart from the rest.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,28 @@ from collections import Counter
 from tfopt.report.collect import PipelineRun
 
 # The flags that decide which XNNPACK / oneDNN kernels run.
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-              "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "sve", "i8mm", "bf16")
+SIMD_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "sve",
+    "i8mm",
+    "bf16",
+)
 
 
 def _proc_cpuinfo(path: str = "/proc/cpuinfo") -> dict:
@@ -40,8 +61,16 @@ def _proc_cpuinfo(path: str = "/proc/cpuinfo") -> dict:
 
 def _lscpu() -> dict:
     out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=True).stdout
-    fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in out.splitlines()) if v}
-    return {"model": fields.get("model name", ""), "flags": fields.get("flags", "").split(), "source": "lscpu"}
+    fields = {
+        k.strip().lower(): v.strip()
+        for k, _, v in (ln.partition(":") for ln in out.splitlines())
+        if v
+    }
+    return {
+        "model": fields.get("model name", ""),
+        "flags": fields.get("flags", "").split(),
+        "source": "lscpu",
+    }
 
 
 def cpu_info() -> dict:
@@ -82,10 +111,14 @@ def environment(run: PipelineRun) -> dict:
             versions.setdefault(k, set()).add(str(v))
         if not strategy and rec.strategy and stage.kind == "train":
             strategy = dict(rec.strategy)
-    return {"versions": {k: ", ".join(sorted(v)) for k, v in versions.items()},
-            "versions_differ": sorted(k for k, v in versions.items() if len(v) > 1),
-            "strategy": strategy or {"name": run.state.get("strategy")},
-            "platform": platform.platform(), "python": platform.python_version(), "cpu": cpu_info()}
+    return {
+        "versions": {k: ", ".join(sorted(v)) for k, v in versions.items()},
+        "versions_differ": sorted(k for k, v in versions.items() if len(v) > 1),
+        "strategy": strategy or {"name": run.state.get("strategy")},
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu_info(),
+    }
 
 
 _OP = re.compile(r"^\s*Op#(\d+)\s+([A-Z0-9_]+)\((.*)\)\s*->\s*\[(.*)\]\s*$")
@@ -116,8 +149,16 @@ def parse_ops(text: str) -> list[dict]:
         ins = [int(t) for t in _REF.findall(m.group(3))]
         name, shape, dtype = tensors.get(outs[0], ("", "", "")) if outs else ("", "", "")
         in_types = sorted({tensors[t][2] for t in ins if t in tensors})
-        ops.append({"index": int(m.group(1)), "op": m.group(2), "output": _short(name), "shape": shape,
-                    "type": dtype, "input_types": in_types})
+        ops.append(
+            {
+                "index": int(m.group(1)),
+                "op": m.group(2),
+                "output": _short(name),
+                "shape": shape,
+                "type": dtype,
+                "input_types": in_types,
+            }
+        )
     return ops
 
 
@@ -142,7 +183,11 @@ def analyze_tflite(path: str) -> dict:
     ops = parse_ops(text)
     counts = Counter(op["op"] for op in ops)
     size = re.search(r"Model size:\s*(\d+) bytes", text)
-    return {"file": path, "text": text, "ops": ops,
-            "op_counts": dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "subgraphs": len(re.findall(r"^Subgraph#\d+", text, flags=re.M)),
-            "model_bytes": int(size.group(1)) if size else None}
+    return {
+        "file": path,
+        "text": text,
+        "ops": ops,
+        "op_counts": dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "subgraphs": len(re.findall(r"^Subgraph#\d+", text, flags=re.M)),
+        "model_bytes": int(size.group(1)) if size else None,
+    }

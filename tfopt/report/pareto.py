@@ -1,4 +1,5 @@
 """Pareto frontiers: the variants no other variant beats on both cost and accuracy."""
+
 from __future__ import annotations
 
 from typing import Hashable, Sequence
@@ -37,6 +38,9 @@ def variant_frontier(variants: Sequence[Variant], cost: str) -> list[str]:
 
     Variants without the cost or the accuracy measured are left out.
     """
-    points = [(v.name, float(getattr(v, cost)), float(v.accuracy_pct)) for v in variants
-              if v.is_tflite and getattr(v, cost) is not None and v.accuracy_pct is not None]
+    points = [
+        (v.name, float(getattr(v, cost)), float(v.accuracy_pct))
+        for v in variants
+        if v.is_tflite and getattr(v, cost) is not None and v.accuracy_pct is not None
+    ]
     return [str(k) for k in frontier(points)]

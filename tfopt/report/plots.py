@@ -2,6 +2,7 @@
 
 Every function returns PNG bytes; the caller writes them (atomically) and inlines them in HTML.
 """
+
 from __future__ import annotations
 
 import io
@@ -10,7 +11,16 @@ from typing import Sequence
 from tfopt.report.collect import Variant
 
 _DPI = 110
-_PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+_PALETTE = (
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+)
 
 
 def _pyplot():
@@ -58,11 +68,25 @@ def training_curves(curves: Sequence[dict]) -> bytes | None:
                 label = f"{c['stage']} {'validation' if prefix else 'training'}"
                 if key == "loss" and not prefix and c.get("loss_name") == "student_loss":
                     label += " (student CE)"
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=4, color=color, label=label)
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    style,
+                    marker="o",
+                    ms=4,
+                    color=color,
+                    label=label,
+                )
         for x, phase, acc in zip(c["epoch"], c["phase"], c["accuracy"]):
             if phase and acc is not None:  # optimize: name the phase each point ends
-                ax_acc.annotate(phase, (x, 100.0 * acc), fontsize=7, xytext=(4, -10), textcoords="offset points",
-                                color=color)
+                ax_acc.annotate(
+                    phase,
+                    (x, 100.0 * acc),
+                    fontsize=7,
+                    xytext=(4, -10),
+                    textcoords="offset points",
+                    color=color,
+                )
     ax_loss.set_title("loss (cross-entropy)")
     ax_acc.set_title("accuracy (%)")
     for ax in (ax_loss, ax_acc):
@@ -84,8 +108,20 @@ def _log_ticks(ax) -> None:
 
 
 # Candidate label positions around a point (offsets in points), tried in order.
-_OFFSETS = ((6, 5), (6, -12), (-6, 5), (-6, -12), (6, 15), (6, -22), (-6, 15), (-6, -22), (6, 25), (-6, 25),
-            (6, -32), (-6, -32))
+_OFFSETS = (
+    (6, 5),
+    (6, -12),
+    (-6, 5),
+    (-6, -12),
+    (6, 15),
+    (6, -22),
+    (-6, 15),
+    (-6, -22),
+    (6, 25),
+    (-6, 25),
+    (6, -32),
+    (-6, -32),
+)
 
 
 def _place_labels(ax, points: Sequence[tuple[float, float, str]], fontsize: float = 7.5) -> None:
@@ -108,22 +144,49 @@ def _place_labels(ax, points: Sequence[tuple[float, float, str]], fontsize: floa
         for dx, dy in _OFFSETS:
             left = cx + dx * px if dx >= 0 else cx + dx * px - width
             box = (left, cy + dy * px, left + width, cy + dy * px + height)
-            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken):
+            if not any(
+                box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken
+            ):
                 chosen = (dx, dy)
                 taken.append(box)
                 break
         # A label moved away from its point gets a thin leader line back to it.
-        leader = None if chosen == _OFFSETS[0] else {"arrowstyle": "-", "lw": 0.5, "color": "#999",
-                                                       "shrinkA": 0, "shrinkB": 3}
-        ax.annotate(text, (x, y), fontsize=fontsize, color="#333", xytext=chosen, textcoords="offset points",
-                    ha="left" if chosen[0] >= 0 else "right", arrowprops=leader)
+        leader = (
+            None
+            if chosen == _OFFSETS[0]
+            else {"arrowstyle": "-", "lw": 0.5, "color": "#999", "shrinkA": 0, "shrinkB": 3}
+        )
+        ax.annotate(
+            text,
+            (x, y),
+            fontsize=fontsize,
+            color="#333",
+            xytext=chosen,
+            textcoords="offset points",
+            ha="left" if chosen[0] >= 0 else "right",
+            arrowprops=leader,
+        )
 
 
-def _panel(ax, variants: Sequence[Variant], cost: str, scale: float, front: Sequence[str], chosen: str | None,
-           colors: dict[str, str], xlabel: str, references: bool) -> list[tuple[float, float, str]]:
+def _panel(
+    ax,
+    variants: Sequence[Variant],
+    cost: str,
+    scale: float,
+    front: Sequence[str],
+    chosen: str | None,
+    colors: dict[str, str],
+    xlabel: str,
+    references: bool,
+) -> list[tuple[float, float, str]]:
     """Draws one panel; returns the labels to place once the figure's layout is final."""
-    pts = [v for v in variants if getattr(v, cost) is not None and v.accuracy_pct is not None
-           and (v.is_tflite or references)]
+    pts = [
+        v
+        for v in variants
+        if getattr(v, cost) is not None
+        and v.accuracy_pct is not None
+        and (v.is_tflite or references)
+    ]
     if not pts:
         ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(xlabel)
@@ -131,9 +194,13 @@ def _panel(ax, variants: Sequence[Variant], cost: str, scale: float, front: Sequ
     for v in pts:
         x, y = getattr(v, cost) * scale, v.accuracy_pct
         if v.is_tflite:
-            ax.scatter([x], [y], s=46, color=colors[v.model], edgecolor="black", linewidth=0.5, zorder=3)
+            ax.scatter(
+                [x], [y], s=46, color=colors[v.model], edgecolor="black", linewidth=0.5, zorder=3
+            )
         else:
-            ax.scatter([x], [y], s=46, facecolor="none", edgecolor=colors[v.model], linewidth=1.5, zorder=3)
+            ax.scatter(
+                [x], [y], s=46, facecolor="none", edgecolor=colors[v.model], linewidth=1.5, zorder=3
+            )
     ax.set_xscale("log")
     ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
     _log_ticks(ax)
@@ -142,21 +209,46 @@ def _panel(ax, variants: Sequence[Variant], cost: str, scale: float, front: Sequ
     if fpts:
         xs = [getattr(v, cost) * scale for v in fpts]
         ys = [v.accuracy_pct for v in fpts]
-        ax.step(xs, ys, where="post", color="black", lw=1, ls="--", alpha=0.7, zorder=2, label="Pareto frontier")
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            color="black",
+            lw=1,
+            ls="--",
+            alpha=0.7,
+            zorder=2,
+            label="Pareto frontier",
+        )
         ax.scatter(xs, ys, s=120, facecolor="none", edgecolor="black", linewidth=0.8, zorder=2)
     if chosen in by_name:
         v = by_name[chosen]
-        ax.scatter([getattr(v, cost) * scale], [v.accuracy_pct], s=260, marker="*", color="red", edgecolor="black",
-                   linewidth=0.6, zorder=4, label=f"chosen: {chosen}")
+        ax.scatter(
+            [getattr(v, cost) * scale],
+            [v.accuracy_pct],
+            s=260,
+            marker="*",
+            color="red",
+            edgecolor="black",
+            linewidth=0.6,
+            zorder=4,
+            label=f"chosen: {chosen}",
+        )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy (%)")
     ax.grid(alpha=0.3, which="both")
-    return [(getattr(v, cost) * scale, v.accuracy_pct, v.format if v.is_tflite else "Keras")
-            for v in sorted(pts, key=lambda v: (-v.accuracy_pct, getattr(v, cost)))]
+    return [
+        (getattr(v, cost) * scale, v.accuracy_pct, v.format if v.is_tflite else "Keras")
+        for v in sorted(pts, key=lambda v: (-v.accuracy_pct, getattr(v, cost)))
+    ]
 
 
-def pareto(variants: Sequence[Variant], front_size: Sequence[str], front_latency: Sequence[str],
-           chosen: str | None) -> bytes | None:
+def pareto(
+    variants: Sequence[Variant],
+    front_size: Sequence[str],
+    front_latency: Sequence[str],
+    chosen: str | None,
+) -> bytes | None:
     """Accuracy vs gzip size and accuracy vs p50 latency (1 thread), frontier dashed, chosen starred.
 
     Colours are the models; filled dots are .tflite variants (labelled with their mode), hollow
@@ -172,18 +264,47 @@ def pareto(variants: Sequence[Variant], front_size: Sequence[str], front_latency
 
     colors = _colors([v.model for v in variants])
     fig, (ax_s, ax_l) = plt.subplots(1, 2, figsize=(12, 4.6))
-    labels_s = _panel(ax_s, variants, "gzip_bytes", 1 / 1024, front_size, chosen, colors, "gzip -9 size (KiB, log)",
-                      False)
+    labels_s = _panel(
+        ax_s,
+        variants,
+        "gzip_bytes",
+        1 / 1024,
+        front_size,
+        chosen,
+        colors,
+        "gzip -9 size (KiB, log)",
+        False,
+    )
     ax_s.set_title("accuracy vs download size")
-    labels_l = _panel(ax_l, variants, "p50_us", 1.0, front_latency, chosen, colors, "p50 latency, 1 thread (us, log)",
-                      True)
+    labels_l = _panel(
+        ax_l,
+        variants,
+        "p50_us",
+        1.0,
+        front_latency,
+        chosen,
+        colors,
+        "p50 latency, 1 thread (us, log)",
+        True,
+    )
     ax_l.set_title("accuracy vs latency (XNNPACK; hollow: Keras)")
-    handles = [Line2D([], [], marker="o", ls="", color=c, markeredgecolor="black", label=m) for m, c in colors.items()]
+    handles = [
+        Line2D([], [], marker="o", ls="", color=c, markeredgecolor="black", label=m)
+        for m, c in colors.items()
+    ]
     handles.append(Line2D([], [], ls="--", color="black", label="Pareto frontier"))
     if chosen:
-        handles.append(Line2D([], [], marker="*", ls="", color="red", markersize=12, label=f"chosen: {chosen}"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, -0.04))
+        handles.append(
+            Line2D([], [], marker="*", ls="", color="red", markersize=12, label=f"chosen: {chosen}")
+        )
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=(0.5, -0.04),
+    )
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     _place_labels(ax_s, labels_s)
     _place_labels(ax_l, labels_l)

@@ -3,6 +3,7 @@
 The HTML file needs nothing beside it: images are inlined as base64 ``data:`` URIs and the style
 sheet is in the page, so it can be mailed or attached to a CI run as is.
 """
+
 from __future__ import annotations
 
 import base64
@@ -29,8 +30,10 @@ def _md_text(text: str, cell: bool = False) -> str:
     a table ``cell``, its ``|`` is escaped too, as GitHub's tables need).
     """
     parts = _MD_CODE.split(str(text).replace("\n", " "))
-    return "".join((p.replace("|", "\\|") if cell else p) if i % 2 else _MD_SPECIAL.sub(r"\\\1", p)
-                   for i, p in enumerate(parts))
+    return "".join(
+        (p.replace("|", "\\|") if cell else p) if i % 2 else _MD_SPECIAL.sub(r"\\\1", p)
+        for i, p in enumerate(parts)
+    )
 
 
 def _md_cell(text: str) -> str:
@@ -58,8 +61,12 @@ def markdown(items: Sequence[dict]) -> str:
             out.append("\n".join(f"- {_md_text(item)}" for item in b["items"]))
         elif t == "table":
             if b["rows"]:
-                out.append(markdown_table([_md_cell(h) for h in b["header"]],
-                                          [[_md_cell(c) for c in r] for r in b["rows"]]))
+                out.append(
+                    markdown_table(
+                        [_md_cell(h) for h in b["header"]],
+                        [[_md_cell(c) for c in r] for r in b["rows"]],
+                    )
+                )
             else:
                 out.append("(no rows)")
             if b.get("note"):
@@ -70,8 +77,10 @@ def markdown(items: Sequence[dict]) -> str:
             continue
         elif t == "pre":
             fence = _fence(b["text"])
-            out.append(f"<details><summary>{html_lib.escape(b['summary'], quote=False)}</summary>\n\n{fence}text\n"
-                       f"{b['text']}\n{fence}\n\n</details>")
+            out.append(
+                f"<details><summary>{html_lib.escape(b['summary'], quote=False)}</summary>\n\n{fence}text\n"
+                f"{b['text']}\n{fence}\n\n</details>"
+            )
         else:
             raise ValueError(f"unknown block type {t!r}")
     return "\n\n".join(out) + "\n"
@@ -84,7 +93,14 @@ def _inline(text: str) -> str:
     return _BOLD.sub(lambda m: f"<strong>{m.group(1)}</strong>", escaped)
 
 
-_STATUS = {"PASS": "pass", "pass": "pass", "MISS": "miss", "FAIL": "miss", "n/a": "na", "chosen": "pass"}
+_STATUS = {
+    "PASS": "pass",
+    "pass": "pass",
+    "MISS": "miss",
+    "FAIL": "miss",
+    "n/a": "na",
+    "chosen": "pass",
+}
 
 CSS = """
 :root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --band: #f6f8fa; --accent: #0969da;
@@ -142,15 +158,24 @@ def _table_html(b: dict) -> str:
     for row, cls in zip(b["rows"], b.get("row_classes") or [""] * len(b["rows"])):
         cells = []
         for i, c in enumerate(row):
-            classes = [k for k in (("num" if i < len(numeric) and numeric[i] else ""), _STATUS.get(str(c), "")) if k]
+            classes = [
+                k
+                for k in (
+                    ("num" if i < len(numeric) and numeric[i] else ""),
+                    _STATUS.get(str(c), ""),
+                )
+                if k
+            ]
             attr = f' class="{" ".join(classes)}"' if classes else ""
             cells.append(f"<td{attr}>{_inline(c)}</td>")
-        body.append(f'<tr{f" class={chr(34)}{cls}{chr(34)}" if cls else ""}>{"".join(cells)}</tr>')
+        body.append(f"<tr{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}>{''.join(cells)}</tr>")
     if not body:
         body.append(f'<tr><td colspan="{len(b["header"])}">(no rows)</td></tr>')
     note = f'<p class="note">{_inline(b["note"])}</p>' if b.get("note") else ""
-    return (f'<div class="scroll"><table id="{html_lib.escape(b["id"])}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>{note}')
+    return (
+        f'<div class="scroll"><table id="{html_lib.escape(b["id"])}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>{note}"
+    )
 
 
 def html(items: Sequence[dict], images: Mapping[str, bytes]) -> str:
@@ -173,12 +198,19 @@ def html(items: Sequence[dict], images: Mapping[str, bytes]) -> str:
             first_p = False
             parts.append(f"<p{cls}>{_inline(b['text'])}</p>")
         elif t == "callout":
-            parts.append('<div class="callout">' + "".join(f"<p>{_inline(i)}</p>" for i in b["items"]) + "</div>")
+            parts.append(
+                '<div class="callout">'
+                + "".join(f"<p>{_inline(i)}</p>" for i in b["items"])
+                + "</div>"
+            )
         elif t == "list":
             parts.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b["items"]) + "</ul>")
         elif t == "toc":
-            parts.append('<nav class="toc">' + " · ".join(f'<a href="#{a}">{_inline(text)}</a>' for text, a in heads)
-                         + "</nav>")
+            parts.append(
+                '<nav class="toc">'
+                + " · ".join(f'<a href="#{a}">{_inline(text)}</a>' for text, a in heads)
+                + "</nav>"
+            )
         elif t == "table":
             parts.append(_table_html(b))
         elif t == "img":
@@ -186,14 +218,21 @@ def html(items: Sequence[dict], images: Mapping[str, bytes]) -> str:
             if png is None:
                 continue
             data = base64.b64encode(png).decode("ascii")
-            parts.append(f'<figure><img alt="{html_lib.escape(b["alt"])}" src="data:image/png;base64,{data}">'
-                         f"<figcaption>{_inline(b['alt'])}</figcaption></figure>")
+            parts.append(
+                f'<figure><img alt="{html_lib.escape(b["alt"])}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{_inline(b['alt'])}</figcaption></figure>"
+            )
         elif t == "pre":
-            parts.append(f"<details><summary>{_inline(b['summary'])}</summary><pre>{html_lib.escape(b['text'])}</pre>"
-                         "</details>")
+            parts.append(
+                f"<details><summary>{_inline(b['summary'])}</summary><pre>{html_lib.escape(b['text'])}</pre>"
+                "</details>"
+            )
         else:
             raise ValueError(f"unknown block type {t!r}")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{html_lib.escape(title)}</title><style>{CSS}</style></head>\n<body><main>\n"
-            + "\n".join(parts) + "\n</main></body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html_lib.escape(title)}</title><style>{CSS}</style></head>\n<body><main>\n"
+        + "\n".join(parts)
+        + "\n</main></body></html>\n"
+    )

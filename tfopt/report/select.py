@@ -9,6 +9,7 @@ since two timings of one model on a shared machine differ by that much: among th
 gzip size wins. Every other variant gets the reason it lost: the first constraint it fails with its
 value, or that it passes but has a worse objective. Keras variants are references, never chosen.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,23 +24,42 @@ from tfopt.report.collect import Variant
 # key -> (what it is, unit, how to read it from a variant)
 KEYS: dict[str, tuple[str, str, Callable[[Variant], float | None]]] = {
     "acc": ("test accuracy", "%", lambda v: v.accuracy_pct),
-    "acc_drop": ("accuracy lost against the teacher's Keras model", "pt",
-                 lambda v: None if v.delta_pt is None else -v.delta_pt),
+    "acc_drop": (
+        "accuracy lost against the teacher's Keras model",
+        "pt",
+        lambda v: None if v.delta_pt is None else -v.delta_pt,
+    ),
     "agreement": ("top-1 agreement with its own Keras model", "%", lambda v: v.agreement_pct),
-    "size_kb": (".tflite size", "KiB", lambda v: None if v.size_bytes is None else v.size_bytes / 1024),
-    "gzip_kb": ("gzip -9 size", "KiB", lambda v: None if v.gzip_bytes is None else v.gzip_bytes / 1024),
+    "size_kb": (
+        ".tflite size",
+        "KiB",
+        lambda v: None if v.size_bytes is None else v.size_bytes / 1024,
+    ),
+    "gzip_kb": (
+        "gzip -9 size",
+        "KiB",
+        lambda v: None if v.gzip_bytes is None else v.gzip_bytes / 1024,
+    ),
     "p50_us": ("p50 latency at 1 thread", "us", lambda v: v.p50_us),
     "p95_us": ("p95 latency at 1 thread", "us", lambda v: v.p95_us),
     "p50_us_2t": ("p50 latency at 2 threads", "us", lambda v: v.p50_us_2t),
     "params": ("parameters", "", lambda v: None if v.params is None else float(v.params)),
 }
-OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
-                                                   ">": operator.gt}
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+}
 EXAMPLE = "acc_drop<=0.5,p50_us<=50,min:gzip_kb"
 LATENCY_KEYS = ("p50_us", "p95_us", "p50_us_2t")
-LATENCY_TIE = 0.05  # relative: latencies this close to the best are ties (timing noise), broken by gzip size
+LATENCY_TIE = (
+    0.05  # relative: latencies this close to the best are ties (timing noise), broken by gzip size
+)
 DEFAULT_OBJECTIVE = ("min", "gzip_kb")
-_TOKEN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+_TOKEN = re.compile(
+    r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +85,10 @@ class Constraint:
 
 def _help() -> str:
     keys = ", ".join(f"{k} ({unit})" if unit else k for k, (_, unit, _) in KEYS.items())
-    return (f"valid keys: {keys}; operators: {', '.join(OPS)}; objective: min:KEY or max:KEY; "
-            f"example: --select '{EXAMPLE}'")
+    return (
+        f"valid keys: {keys}; operators: {', '.join(OPS)}; objective: min:KEY or max:KEY; "
+        f"example: --select '{EXAMPLE}'"
+    )
 
 
 def parse_objective(rule: str | None) -> tuple[str, str]:
@@ -81,10 +103,14 @@ def parse_objective(rule: str | None) -> tuple[str, str]:
         if not colon:
             continue
         if direction not in ("min", "max") or key.strip() not in KEYS:
-            raise ConfigError(f"selection rule objective {token.strip()!r} is not min:KEY or max:KEY; " + _help())
+            raise ConfigError(
+                f"selection rule objective {token.strip()!r} is not min:KEY or max:KEY; " + _help()
+            )
         found.append((direction, key.strip()))
     if len(found) > 1:
-        raise ConfigError(f"selection rule {rule!r} has {len(found)} objectives; give at most one; " + _help())
+        raise ConfigError(
+            f"selection rule {rule!r} has {len(found)} objectives; give at most one; " + _help()
+        )
     return found[0] if found else DEFAULT_OBJECTIVE
 
 
@@ -103,19 +129,27 @@ def parse_rule(rule: str | None) -> list[Constraint]:
     out: list[Constraint] = []
     for token in rule.split(","):
         if not token.strip():
-            raise ConfigError(f"selection rule {rule!r} has an empty constraint (two commas or a trailing comma); "
-                              + _help())
+            raise ConfigError(
+                f"selection rule {rule!r} has an empty constraint (two commas or a trailing comma); "
+                + _help()
+            )
         if ":" in token:
             continue
         m = _TOKEN.match(token)
         if not m:
-            raise ConfigError(f"selection rule constraint {token.strip()!r} is not KEY OP NUMBER; " + _help())
+            raise ConfigError(
+                f"selection rule constraint {token.strip()!r} is not KEY OP NUMBER; " + _help()
+            )
         key, op, number = m.groups()
         if key not in KEYS:
-            raise ConfigError(f"selection rule constraint {token.strip()!r}: unknown key {key!r}; " + _help())
+            raise ConfigError(
+                f"selection rule constraint {token.strip()!r}: unknown key {key!r}; " + _help()
+            )
         value = float(number)
         if not math.isfinite(value):
-            raise ConfigError(f"selection rule constraint {token.strip()!r}: the number is not finite; " + _help())
+            raise ConfigError(
+                f"selection rule constraint {token.strip()!r}: the number is not finite; " + _help()
+            )
         out.append(Constraint(key, op, value))
     return out
 
@@ -162,7 +196,11 @@ def _order(objective: tuple[str, str]) -> Callable[[Variant], tuple]:
 
     def order(v: Variant) -> tuple:
         value = KEYS[key][2](v)
-        return (sign * value if value is not None else inf, v.p50_us if v.p50_us is not None else inf, v.name)
+        return (
+            sign * value if value is not None else inf,
+            v.p50_us if v.p50_us is not None else inf,
+            v.name,
+        )
 
     return order
 
@@ -188,15 +226,20 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
     passing: list[Variant] = []
     for v in variants:
         if not v.is_tflite:
-            rejected[v.name] = "a Keras model: the reference, not an edge model (only .tflite variants are chosen)"
+            rejected[v.name] = (
+                "a Keras model: the reference, not an edge model (only .tflite variants are chosen)"
+            )
             continue
         failed = next((c for c in constraints if not c.holds(v)), None)
         if failed is None:
             passing.append(v)
         else:
             value = failed.measure(v)
-            rejected[v.name] = (f"fails {failed}: {failed.key} is {_fmt(value, failed.key)}" if value is not None
-                                else f"fails {failed}: {failed.key} not measured")
+            rejected[v.name] = (
+                f"fails {failed}: {failed.key} is {_fmt(value, failed.key)}"
+                if value is not None
+                else f"fails {failed}: {failed.key} not measured"
+            )
     passing.sort(key=_order(objective))
     tied = _latency_ties(passing, objective)
     if len(tied) > 1:  # the smallest of the tied first, then the rest in objective order
@@ -206,33 +249,53 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
     where = f"the rule {text!r}" if text else "no rule (every .tflite variant passes)"
     if not passing:
         count = sum(1 for v in variants if v.is_tflite)
-        statement = (f"No .tflite variant satisfies {where}: all {count} fail a constraint (reasons below); "
-                     "nothing is chosen. Relax the rule (--select) or improve the models.")
-        return Selection(text, [str(c) for c in constraints], f"{direction}:{key}", None, statement, [], rejected)
+        statement = (
+            f"No .tflite variant satisfies {where}: all {count} fail a constraint (reasons below); "
+            "nothing is chosen. Relax the rule (--select) or improve the models."
+        )
+        return Selection(
+            text, [str(c) for c in constraints], f"{direction}:{key}", None, statement, [], rejected
+        )
     best = passing[0]
     measure = KEYS[key][2]
     what = KEYS[key][0]
     for v in passing[1:]:
         same = measure(v) == measure(best)
         if v in tied:
-            rejected[v.name] = (f"passes and its {what} ({_fmt(measure(v), key)}) ties with the chosen one's "
-                                f"({_fmt(measure(best), key)}: within {LATENCY_TIE:.0%}), but its gzip -9 size is "
-                                f"larger ({_kib(v.gzip_bytes)} vs {_kib(best.gzip_bytes)})")
+            rejected[v.name] = (
+                f"passes and its {what} ({_fmt(measure(v), key)}) ties with the chosen one's "
+                f"({_fmt(measure(best), key)}: within {LATENCY_TIE:.0%}), but its gzip -9 size is "
+                f"larger ({_kib(v.gzip_bytes)} vs {_kib(best.gzip_bytes)})"
+            )
         else:
-            rejected[v.name] = (f"passes but has the same {what} and a higher p50 latency than the chosen one" if same
-                                else f"passes but its {what} is {'higher' if direction == 'min' else 'lower'} than "
-                                f"the chosen one's ({_fmt(measure(v), key)} vs {_fmt(measure(best), key)})")
+            rejected[v.name] = (
+                f"passes but has the same {what} and a higher p50 latency than the chosen one"
+                if same
+                else f"passes but its {what} is {'higher' if direction == 'min' else 'lower'} than "
+                f"the chosen one's ({_fmt(measure(v), key)} vs {_fmt(measure(best), key)})"
+            )
     if len(tied) > 1:
         leader = min(tied, key=_order(objective))
-        statement = (f"{best.name} is chosen: its {what} ({_fmt(measure(best), key)}) ties with the {best_word} "
-                     f"({_fmt(measure(leader), key)}, {leader.name}; within {LATENCY_TIE:.0%}, timing noise) and it "
-                     f"is the smallest of the {len(tied)} tied by gzip -9 size ({_kib(best.gzip_bytes)}), among "
-                     f"the {len(passing)} .tflite variant(s) satisfying {where}.")
+        statement = (
+            f"{best.name} is chosen: its {what} ({_fmt(measure(best), key)}) ties with the {best_word} "
+            f"({_fmt(measure(leader), key)}, {leader.name}; within {LATENCY_TIE:.0%}, timing noise) and it "
+            f"is the smallest of the {len(tied)} tied by gzip -9 size ({_kib(best.gzip_bytes)}), among "
+            f"the {len(passing)} .tflite variant(s) satisfying {where}."
+        )
     else:
-        statement = (f"{best.name} is chosen: the {best_word} {what} ({_fmt(measure(best), key)}) of the "
-                     f"{len(passing)} .tflite variant(s) satisfying {where}.")
-    return Selection(text, [str(c) for c in constraints], f"{direction}:{key}", best.name, statement, [v.name for v in passing],
-                     {v.name: rejected[v.name] for v in variants if v.name in rejected})
+        statement = (
+            f"{best.name} is chosen: the {best_word} {what} ({_fmt(measure(best), key)}) of the "
+            f"{len(passing)} .tflite variant(s) satisfying {where}."
+        )
+    return Selection(
+        text,
+        [str(c) for c in constraints],
+        f"{direction}:{key}",
+        best.name,
+        statement,
+        [v.name for v in passing],
+        {v.name: rejected[v.name] for v in variants if v.name in rejected},
+    )
 
 
 def tie_rule(objective: str) -> str:
@@ -250,8 +313,12 @@ def _latency_ties(ranked: list[Variant], objective: tuple[str, str]) -> list[Var
     if key not in LATENCY_KEYS or best is None:
         return ranked[:1]
     bound = best * (1 + LATENCY_TIE) if direction == "min" else best / (1 + LATENCY_TIE)
-    return [v for v in ranked if measure(v) is not None
-            and (measure(v) <= bound if direction == "min" else measure(v) >= bound)]
+    return [
+        v
+        for v in ranked
+        if measure(v) is not None
+        and (measure(v) <= bound if direction == "min" else measure(v) >= bound)
+    ]
 
 
 def _kib(n: int | None) -> str:

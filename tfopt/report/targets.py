@@ -6,6 +6,7 @@
 - accuracy: the teacher's accuracy minus the chosen model's, on the same test examples, target
   <= 0.5 points lost.
 """
+
 from __future__ import annotations
 
 from tfopt.report.collect import Variant
@@ -19,9 +20,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else float(a) / float(b)
 
 
-def _row(name: str, value: float | None, target: str, ok: bool | None, detail: str, unit: str) -> dict:
-    return {"name": name, "value": value, "unit": unit, "target": target,
-            "status": "n/a" if ok is None else ("PASS" if ok else "MISS"), "detail": detail}
+def _row(
+    name: str, value: float | None, target: str, ok: bool | None, detail: str, unit: str
+) -> dict:
+    return {
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "target": target,
+        "status": "n/a" if ok is None else ("PASS" if ok else "MISS"),
+        "detail": detail,
+    }
 
 
 def b8(teacher: Variant | None, chosen: Variant | None) -> dict:
@@ -34,8 +43,11 @@ def b8(teacher: Variant | None, chosen: Variant | None) -> dict:
     t, c = teacher, chosen
     size = _ratio(t and t.size_bytes, c and c.size_bytes)
     speed = _ratio(t and t.p50_us, c and c.p50_us)
-    loss = None if not t or not c or t.accuracy_pct is None or c.accuracy_pct is None else (
-        t.accuracy_pct - c.accuracy_pct)
+    loss = (
+        None
+        if not t or not c or t.accuracy_pct is None or c.accuracy_pct is None
+        else (t.accuracy_pct - c.accuracy_pct)
+    )
 
     def kib(v):
         return "?" if v is None else f"{v / 1024:.1f} KiB"
@@ -47,15 +59,36 @@ def b8(teacher: Variant | None, chosen: Variant | None) -> dict:
         return "?" if v is None else f"{v:.2f}%"
 
     rows = [
-        _row("size: teacher float32 weights / chosen .tflite", size, f">= {SIZE_TARGET:g}x",
-             None if size is None else size >= SIZE_TARGET,
-             f"{kib(t and t.size_bytes)} / {kib(c and c.size_bytes)}", "x"),
-        _row("latency: teacher Keras p50 / chosen p50 (1 thread)", speed, f">= {SPEED_TARGET:g}x",
-             None if speed is None else speed >= SPEED_TARGET, f"{us(t and t.p50_us)} / {us(c and c.p50_us)}", "x"),
-        _row("accuracy lost (teacher - chosen)", loss, f"<= {ACC_LOSS_TARGET_PT:g} pt",
-             None if loss is None else loss <= ACC_LOSS_TARGET_PT,
-             f"{pct(t and t.accuracy_pct)} - {pct(c and c.accuracy_pct)}", "pt"),
+        _row(
+            "size: teacher float32 weights / chosen .tflite",
+            size,
+            f">= {SIZE_TARGET:g}x",
+            None if size is None else size >= SIZE_TARGET,
+            f"{kib(t and t.size_bytes)} / {kib(c and c.size_bytes)}",
+            "x",
+        ),
+        _row(
+            "latency: teacher Keras p50 / chosen p50 (1 thread)",
+            speed,
+            f">= {SPEED_TARGET:g}x",
+            None if speed is None else speed >= SPEED_TARGET,
+            f"{us(t and t.p50_us)} / {us(c and c.p50_us)}",
+            "x",
+        ),
+        _row(
+            "accuracy lost (teacher - chosen)",
+            loss,
+            f"<= {ACC_LOSS_TARGET_PT:g} pt",
+            None if loss is None else loss <= ACC_LOSS_TARGET_PT,
+            f"{pct(t and t.accuracy_pct)} - {pct(c and c.accuracy_pct)}",
+            "pt",
+        ),
     ]
     statuses = [r["status"] for r in rows]
     passed = None if "n/a" in statuses else all(s == "PASS" for s in statuses)
-    return {"teacher": t.name if t else None, "chosen": c.name if c else None, "rows": rows, "passed": passed}
+    return {
+        "teacher": t.name if t else None,
+        "chosen": c.name if c else None,
+        "rows": rows,
+        "passed": passed,
+    }

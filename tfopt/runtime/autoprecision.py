@@ -38,6 +38,7 @@ backups hold float32 variables, valid under any policy).
 What it does not see: distillation's teacher passes and tfmot's wrappers (the probe times the
 plain registered model), and the run's steps per execution (one step per call here).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -129,10 +130,17 @@ def choose(examples_per_sec: Mapping[str, float], margin: float = MARGIN) -> tup
     return "float32", f"{best} is {ratio:.2f}x float32, not above {1 + margin:.2f}x"
 
 
-def measure(steps: Mapping[str, Callable[[], None]], *, warmup: int = WARMUP_STEPS, min_rounds: int = MIN_ROUNDS,
-            max_rounds: int = MAX_ROUNDS, enough_seconds: float = ENOUGH_SECONDS, clear_ratio: float = CLEAR_RATIO,
-            timer: Callable[[], float] = time.perf_counter, agree: Callable[[list[float]], list[float]] | None = None,
-            ) -> tuple[dict[str, list[float]], dict[str, float]]:
+def measure(
+    steps: Mapping[str, Callable[[], None]],
+    *,
+    warmup: int = WARMUP_STEPS,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+    enough_seconds: float = ENOUGH_SECONDS,
+    clear_ratio: float = CLEAR_RATIO,
+    timer: Callable[[], float] = time.perf_counter,
+    agree: Callable[[list[float]], list[float]] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Times rounds of one step per policy, after ``warmup`` untimed ones, until the answer is clear.
 
     The policies take turns and the order rotates every round, so drifting load on a shared
@@ -164,7 +172,9 @@ def measure(steps: Mapping[str, Callable[[], None]], *, warmup: int = WARMUP_STE
             start = timer()
             steps[p]()
             seconds[p].append(timer() - start)
-        values = [statistics.median(seconds[p]) for p in order] + [sum(sum(v) for v in seconds.values())]
+        values = [statistics.median(seconds[p]) for p in order] + [
+            sum(sum(v) for v in seconds.values())
+        ]
         if agree is not None:
             values = agree(values)
         medians, spent = dict(zip(order, values[:-1])), values[-1]
@@ -174,13 +184,17 @@ def measure(steps: Mapping[str, Callable[[], None]], *, warmup: int = WARMUP_STE
     return seconds, medians
 
 
-def decide(medians: Mapping[str, float], examples_per_step: int) -> tuple[str, str, dict[str, float]]:
+def decide(
+    medians: Mapping[str, float], examples_per_step: int
+) -> tuple[str, str, dict[str, float]]:
     """Throughput per policy from its median step time, and the decision of :func:`choose`.
 
     Returns:
         ``(policy, reason, examples_per_sec)``.
     """
-    rates = {p: round(examples_per_step / s, 1) if s > 0 else float("inf") for p, s in medians.items()}
+    rates = {
+        p: round(examples_per_step / s, 1) if s > 0 else float("inf") for p, s in medians.items()
+    }
     policy, reason = choose(rates)
     return policy, reason, rates
 
@@ -199,9 +213,15 @@ def resolve(job: "Job") -> Probe:
     policies = candidates(gpu="GPU" in precision.accelerators())
     local = job.spec.needs_servers  # parameter servers: the chief probes on its own CPU (see above)
     strategy = tf.distribute.get_strategy() if local else job.strategy
-    data = dataclasses.replace(cfg.data, service="", deterministic=cfg.data.deterministic or cfg.runtime.deterministic)
+    data = dataclasses.replace(
+        cfg.data, service="", deterministic=cfg.data.deterministic or cfg.runtime.deterministic
+    )
     fn = pipeline.dataset_fn(data, "train", training=True, info=job.info)
-    dataset = fn(tf.distribute.InputContext()) if local else strategy.distribute_datasets_from_function(fn)
+    dataset = (
+        fn(tf.distribute.InputContext())
+        if local
+        else strategy.distribute_datasets_from_function(fn)
+    )
     iterator = iter(dataset)
     models = {}
     try:
@@ -210,9 +230,11 @@ def resolve(job: "Job") -> Probe:
             with strategy.scope():
                 # ConfigError for a name the registry lacks, before any step ran
                 model = build(cfg.model, job.info.image_shape, job.info.num_classes)
-                model.compile(optimizer=keras.optimizers.Adam(job.learning_rate()),
-                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                              metrics=["accuracy"])
+                model.compile(
+                    optimizer=keras.optimizers.Adam(job.learning_rate()),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    metrics=["accuracy"],
+                )
                 _compat.build_step_state(model)
             models[policy] = model
     finally:
@@ -227,17 +249,30 @@ def resolve(job: "Job") -> Probe:
 
         return step
 
-    workers = 1 if local else job.cluster.num_workers if (job.cluster and job.spec.multi_process) else 1
+    workers = (
+        1 if local else job.cluster.num_workers if (job.cluster and job.spec.multi_process) else 1
+    )
     agree = None if workers == 1 else (lambda values: _mean_over_workers(strategy, values))
     seconds, medians = measure({p: step_of(m) for p, m in models.items()}, agree=agree)
     policy, reason, rates = decide(medians, cfg.data.global_batch_size)
     del models, iterator, dataset
     gc.collect()
-    return Probe(policy, reason, rates, {p: [round(s, 7) for s in v] for p, v in seconds.items()},
-                 cfg.data.global_batch_size, WARMUP_STEPS, round(time.perf_counter() - started, 3), workers)
+    return Probe(
+        policy,
+        reason,
+        rates,
+        {p: [round(s, 7) for s in v] for p, v in seconds.items()},
+        cfg.data.global_batch_size,
+        WARMUP_STEPS,
+        round(time.perf_counter() - started, 3),
+        workers,
+    )
 
 
 def _mean_over_workers(strategy: "tf.distribute.Strategy", values: list[float]) -> list[float]:
     """The element-wise mean of ``values`` over every replica of ``strategy`` (an all-reduce)."""
     per_replica = strategy.run(lambda: tf.constant(values, tf.float32))
-    return [float(v) for v in strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None).numpy()]
+    return [
+        float(v)
+        for v in strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None).numpy()
+    ]

@@ -26,6 +26,7 @@ the data position mid-epoch and writes nothing mid-epoch under ParameterServerSt
 - **NaN guard:** a non-finite loss (or non-finite weights about to be backed up) raises
   :class:`NonFinite`; weights that are not finite are never backed up. The Job rolls back.
 """
+
 from __future__ import annotations
 
 import glob
@@ -59,7 +60,9 @@ def remove_debris(directory: str) -> None:
 
 def finite(model: "keras.Model") -> bool:
     """True when every weight of ``model`` is finite."""
-    return all(np.isfinite(w).all() for w in model.get_weights() if np.issubdtype(w.dtype, np.floating))
+    return all(
+        np.isfinite(w).all() for w in model.get_weights() if np.issubdtype(w.dtype, np.floating)
+    )
 
 
 def _reason(error: Exception) -> str:
@@ -70,7 +73,11 @@ def _reason(error: Exception) -> str:
     """
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
-    lines = [ln.strip() for ln in (getattr(error, "message", None) or str(error)).splitlines() if ln.strip()]
+    lines = [
+        ln.strip()
+        for ln in (getattr(error, "message", None) or str(error)).splitlines()
+        if ln.strip()
+    ]
     marker = next((i for i, ln in enumerate(lines) if ln.startswith("[[")), None)
     return lines[marker - 1] if marker else (lines[0] if lines else type(error).__name__)
 
@@ -89,17 +96,31 @@ class Backup(keras.callbacks.Callback):
         lr_scale: The optimizer's learning-rate scale variable (saved with the backup).
     """
 
-    def __init__(self, model: "keras.Model", directory: str, *, steps_per_epoch: int, every: int, chief: bool,
-                 scratch: str, strategy, lr_scale=None):
+    def __init__(
+        self,
+        model: "keras.Model",
+        directory: str,
+        *,
+        steps_per_epoch: int,
+        every: int,
+        chief: bool,
+        scratch: str,
+        strategy,
+        lr_scale=None,
+    ):
         super().__init__()
         _compat.accept_remote_logs(self)  # ParameterServerStrategy allows batch hooks only then
         self.directory, self.spe, self.every, self.chief = directory, steps_per_epoch, every, chief
         self.strategy = strategy
         self.ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
-        self.synced = getattr(strategy.extended, "_num_workers", 1) > 1 and not self.ps  # MultiWorkerMirrored
+        self.synced = (
+            getattr(strategy.extended, "_num_workers", 1) > 1 and not self.ps
+        )  # MultiWorkerMirrored
         self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="backup_step")
         items = {"model": model, "step": self.step_var}
-        with strategy.scope():  # dropout's random state (a variable only under runtime.deterministic)
+        with (
+            strategy.scope()
+        ):  # dropout's random state (a variable only under runtime.deterministic)
             items.update({f"rng{i}": g for i, g in enumerate(_compat.random_generators(model))})
         if lr_scale is not None:
             items["lr_scale"] = lr_scale
@@ -130,8 +151,10 @@ class Backup(keras.callbacks.Callback):
             # restore: backups are written with write(), which keeps no save counter.)
             self.checkpoint.read(latest).expect_partial().assert_existing_objects_matched()
         except (AssertionError, ValueError) as e:  # unmatched objects; a variable of another shape
-            raise TrainingError(f"the backup {latest!r} does not match this run's model ({str(e).splitlines()[0][:200]})"
-                                "; re-run with --overwrite to start over") from None
+            raise TrainingError(
+                f"the backup {latest!r} does not match this run's model ({str(e).splitlines()[0][:200]})"
+                "; re-run with --overwrite to start over"
+            ) from None
         self.step = self.saved_step = int(self.step_var.numpy())
         return self.step
 
@@ -165,8 +188,10 @@ class Backup(keras.callbacks.Callback):
             raise NonFinite(self.step, f"the loss ({float(logs['loss'])})")
         if self._should_stop():
             self.save()
-            raise Preempted(f"stopped by SIGTERM at step {self.step}: backup written to {self.directory}; "
-                            "run the same command again to resume")
+            raise Preempted(
+                f"stopped by SIGTERM at step {self.step}: backup written to {self.directory}; "
+                "run the same command again to resume"
+            )
         if self.every and self.step // self.every > self.saved_step // self.every:
             self.save()
 
@@ -186,7 +211,9 @@ class Backup(keras.callbacks.Callback):
 
             @tf.function
             def agree(flag):
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None)
+                return strategy.reduce(
+                    tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(flag)), axis=None
+                )
 
             self._agree = agree
         return bool(self._agree(tf.constant(1 if self._preempted else 0, tf.int32)).numpy())
@@ -208,9 +235,11 @@ class Backup(keras.callbacks.Callback):
         try:
             self._write_files()
         except (OSError, tf.errors.OpError) as e:
-            raise TfoptError(f"cannot write a backup to {self.directory} at step {self.step} "
-                             f"({_reason(e)}); free space or fix permissions there; "
-                             "the previous backup is intact") from None
+            raise TfoptError(
+                f"cannot write a backup to {self.directory} at step {self.step} "
+                f"({_reason(e)}); free space or fix permissions there; "
+                "the previous backup is intact"
+            ) from None
         finally:
             if not self.chief:
                 shutil.rmtree(self.write_to, ignore_errors=True)
@@ -219,7 +248,9 @@ class Backup(keras.callbacks.Callback):
     def _write_files(self) -> None:
         """Writes ``ckpt-<step>``, records it as the newest in the state file, keeps the ``KEEP`` newest."""
         name = f"ckpt-{self.step}"
-        os.makedirs(self.write_to, exist_ok=True)  # a worker's scratch copy is deleted after each backup
+        os.makedirs(
+            self.write_to, exist_ok=True
+        )  # a worker's scratch copy is deleted after each backup
         path = os.path.join(self.write_to, name)  # written under *_temp names, then renamed
         if not self.every:  # epoch-end backups only: too few to repay tracing the write (~0.1 s)
             self.checkpoint.write(path)
@@ -232,9 +263,13 @@ class Backup(keras.callbacks.Callback):
         older = [n for n in older if n != name]
         kept = (older + [name])[-KEEP:]
         # The state file tf.train.latest_checkpoint reads, with paths relative to the directory.
-        write_text(os.path.join(self.write_to, "checkpoint"),
-                   f'model_checkpoint_path: "{name}"\n'
-                   + "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in kept))
-        for old in older[:len(older) + 1 - KEEP]:
-            for file in glob.glob(os.path.join(glob.escape(self.write_to), glob.escape(old) + ".*")):
+        write_text(
+            os.path.join(self.write_to, "checkpoint"),
+            f'model_checkpoint_path: "{name}"\n'
+            + "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in kept),
+        )
+        for old in older[: len(older) + 1 - KEEP]:
+            for file in glob.glob(
+                os.path.join(glob.escape(self.write_to), glob.escape(old) + ".*")
+            ):
                 os.unlink(file)

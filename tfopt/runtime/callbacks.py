@@ -1,4 +1,5 @@
 """Keras callbacks tfopt adds to every fit: per-epoch metrics files and epoch timing."""
+
 from __future__ import annotations
 
 import csv
@@ -35,12 +36,20 @@ class MetricsLogger(keras.callbacks.Callback):
     ``metrics.json``, so the history covers the whole run.
     """
 
-    def __init__(self, out_dir: str, enabled: bool = True, timer: EpochTimer | None = None, first_epoch: int = 0):
+    def __init__(
+        self,
+        out_dir: str,
+        enabled: bool = True,
+        timer: EpochTimer | None = None,
+        first_epoch: int = 0,
+    ):
         super().__init__()
         self.out_dir = out_dir
         self.timer = timer
         self.enabled = enabled
-        self.first_epoch = first_epoch  # epochs of the run before this fit (a later phase of one run)
+        self.first_epoch = (
+            first_epoch  # epochs of the run before this fit (a later phase of one run)
+        )
         self.rows: list[dict] = self._earlier_rows() if enabled else []
 
     def _earlier_rows(self) -> list[dict]:
@@ -100,7 +109,9 @@ class PlainValidation(keras.callbacks.Callback):
         """Evaluates ``model``'s current weights (through ``weights_fn`` when given) on the split."""
         self.copy.set_weights(self.weights_fn() if self.weights_fn else model.get_weights())
         with ThreadPoolExecutor(1) as pool:
-            return pool.submit(self.copy.evaluate, self.dataset, return_dict=True, verbose=0).result()
+            return pool.submit(
+                self.copy.evaluate, self.dataset, return_dict=True, verbose=0
+            ).result()
 
     def on_epoch_end(self, epoch, logs=None):
         # Every worker reads the weights: reading sync-on-read variables (batch-norm statistics)
@@ -110,5 +121,7 @@ class PlainValidation(keras.callbacks.Callback):
             return
         self.copy.set_weights(weights)
         with ThreadPoolExecutor(1) as pool:
-            results = pool.submit(self.copy.evaluate, self.dataset, return_dict=True, verbose=0).result()
+            results = pool.submit(
+                self.copy.evaluate, self.dataset, return_dict=True, verbose=0
+            ).result()
         logs.update({f"val_{k}": float(v) for k, v in results.items()})

@@ -1,4 +1,5 @@
 """Logical CPU devices, so `mirrored` runs several replicas on a machine without GPUs."""
+
 from tfopt._keras import tf
 from tfopt.errors import ConfigError
 
@@ -26,11 +27,13 @@ def setup_cpu_replicas(n: int) -> int:
         return n
     try:
         tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
     except RuntimeError:
         have = len(tf.config.list_logical_devices("CPU"))
         if have != n:
             raise ConfigError(
                 f"cpu_replicas={n} cannot be applied: TensorFlow's devices are already initialized "
-                f"with {have} CPU device(s); set it before any TensorFlow work") from None
+                f"with {have} CPU device(s); set it before any TensorFlow work"
+            ) from None
     return n

@@ -15,6 +15,7 @@ start-up under a watchdog and a first all-reduce), the precision policy set (and
 exit: nothing else touches the global policy), the data prepared once (its ``DatasetInfo`` is
 passed down), the work directory opened (see :mod:`tfopt.runtime.rundir`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,22 +42,38 @@ from tfopt.errors import PeerLost, TrainingError
 from tfopt.runtime.backup import Backup, NonFinite
 from tfopt.runtime.callbacks import EpochTimer, MetricsLogger, PlainValidation
 from tfopt.runtime.rundir import RunDir
-from tfopt.runtime.tf_config import ClusterInfo, exposure_warning, parse_tf_config, validate_for_strategy
+from tfopt.runtime.tf_config import (
+    ClusterInfo,
+    exposure_warning,
+    parse_tf_config,
+    validate_for_strategy,
+)
 from tfopt.runtime.watchdog import StartupWatchdog
 from tfopt.specs import AUTO_PRECISION, PRECISIONS, STRATEGIES
 
 # Settings that change where or how loudly a run writes, not what it computes.
-_NOT_FINGERPRINTED = {("train", "output_dir"), ("train", "verbose"), ("train", "tensorboard"),
-                      ("data", "data_dir"), ("data", "verify"), ("runtime", "startup_timeout"),
-                      ("train", "backup_every")}
+_NOT_FINGERPRINTED = {
+    ("train", "output_dir"),
+    ("train", "verbose"),
+    ("train", "tensorboard"),
+    ("data", "data_dir"),
+    ("data", "verify"),
+    ("runtime", "startup_timeout"),
+    ("train", "backup_every"),
+}
 
 
 def versions() -> dict:
     """Versions of tfopt, Python and the TensorFlow stack, for run.json."""
     import numpy
 
-    out = {"tfopt": __version__, "python": platform.python_version(), "tensorflow": tf.__version__,
-           "tf_keras": keras.__version__, "numpy": numpy.__version__}
+    out = {
+        "tfopt": __version__,
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "tf_keras": keras.__version__,
+        "numpy": numpy.__version__,
+    }
     try:
         out["tensorflow_model_optimization"] = version("tensorflow-model-optimization")
     except PackageNotFoundError:  # not installed: nothing to report
@@ -92,7 +109,9 @@ def plain_copy(model: "keras.Model") -> "keras.Model":
     """A copy of ``model`` outside any strategy, compiled for evaluation: what gets validated and saved."""
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
-    copy.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    copy.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
     _compat.build_step_state(copy)
     return copy
 
@@ -115,7 +134,9 @@ def result_config(cfg: RunConfig) -> dict:
 def connect(cfg: RunConfig, cluster: ClusterInfo | None):
     """Creates the strategy; multi-worker start-up is guarded by a watchdog and a first all-reduce."""
     spec = STRATEGIES.get(cfg.runtime.strategy)
-    if cluster is not None and cluster.is_evaluator:  # takes no part in the training: no collective, no server
+    if (
+        cluster is not None and cluster.is_evaluator
+    ):  # takes no part in the training: no collective, no server
         return tf.distribute.get_strategy()
     if cluster is None or len(cluster.peers()) == 0:
         return strategy_lib.make_strategy(cfg.runtime, cluster)
@@ -144,8 +165,15 @@ class Job:
             it before TensorFlow starts a device or a server.
     """
 
-    def __init__(self, cfg: RunConfig, stage: str, *, out_dir: str | None | bool = None,
-                 options: dict | None = None, overwrite: bool = False):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        stage: str,
+        *,
+        out_dir: str | None | bool = None,
+        options: dict | None = None,
+        overwrite: bool = False,
+    ):
         self.cfg = cfg
         self.stage = stage
         self.spec = STRATEGIES.get(cfg.runtime.strategy)
@@ -164,10 +192,15 @@ class Job:
         if out_dir is not False:
             cluster = cluster_id(self.cluster)
             explicit = out_dir or cfg.train.output_dir
-            self.run_dir = RunDir(explicit or default_output(stage, cluster=cluster), self.fingerprint,
-                                  {"config": result_config(cfg), stage: self.options}, overwrite=overwrite,
-                                  chief=self.chief, cluster=cluster,
-                                  pick=None if explicit else lambda: default_output(stage, cluster=cluster))
+            self.run_dir = RunDir(
+                explicit or default_output(stage, cluster=cluster),
+                self.fingerprint,
+                {"config": result_config(cfg), stage: self.options},
+                overwrite=overwrite,
+                chief=self.chief,
+                cluster=cluster,
+                pick=None if explicit else lambda: default_output(stage, cluster=cluster),
+            )
             self.run_dir.check()
         self.strategy = None
         self.info = None
@@ -178,7 +211,9 @@ class Job:
         self._resumed = False  # a work directory of this config was there when the Job started
         self.resumed_from_step = 0  # the global step the last fit resumed at (0: from the start)
         self.rollbacks = 0
-        self.optimizer_steps = 0  # steps the optimizer applied in the last fit (all of them, resumed or not)
+        self.optimizer_steps = (
+            0  # steps the optimizer applied in the last fit (all of them, resumed or not)
+        )
         self._fits = 0
         self._unopened = False  # an attached run directory not opened yet
         self._lr_scale = None
@@ -188,15 +223,23 @@ class Job:
     @property
     def serves(self) -> bool:
         """True for a parameter-server ``worker``/``ps`` task, which only runs a TensorFlow server."""
-        return self.spec.needs_servers and self.cluster is not None and self.cluster.task_type in ("worker", "ps")
+        return (
+            self.spec.needs_servers
+            and self.cluster is not None
+            and self.cluster.task_type in ("worker", "ps")
+        )
 
     def __enter__(self) -> "Job":
         if self.serves:
-            strategy_lib.run_server(self.cluster)  # serves until the launcher (or Kubernetes) ends the process
+            strategy_lib.run_server(
+                self.cluster
+            )  # serves until the launcher (or Kubernetes) ends the process
         self._previous_policy = precision.policy_name()
         self.scratch = tempfile.mkdtemp(prefix=f"tfopt-{self.stage}-")
         try:
-            self.strategy = connect(self.cfg, self.cluster)  # the first TensorFlow work (MultiWorkerMirrored)
+            self.strategy = connect(
+                self.cfg, self.cluster
+            )  # the first TensorFlow work (MultiWorkerMirrored)
             requested = self.cfg.runtime.precision
             precision.set_policy("float32" if requested == AUTO_PRECISION else requested)
             # The same initial weights on every worker and in every run of this config.
@@ -231,7 +274,9 @@ class Job:
         self.cfg = replace_config(self.cfg, runtime={"precision": chosen})
         self.precision = PRECISIONS.get(chosen)
         precision.set_policy(chosen)
-        keras.utils.set_random_seed(self.cfg.train.seed)  # the probe drew from the generators: same start as without it
+        keras.utils.set_random_seed(
+            self.cfg.train.seed
+        )  # the probe drew from the generators: same start as without it
         # Every process says what it runs under (multi-worker: the same averaged numbers, the same choice).
         print(f"{prog}: {self.precision_probe.log_line()}", file=sys.stderr, flush=True)
 
@@ -258,7 +303,11 @@ class Job:
     def steps_per_epoch(self, override: int = 0) -> int:
         """``override``, else ``train.steps_per_epoch``, else one pass over the training split."""
         n_train = self.info.splits["train"].num_records
-        return override or self.cfg.train.steps_per_epoch or max(1, n_train // self.cfg.data.global_batch_size)
+        return (
+            override
+            or self.cfg.train.steps_per_epoch
+            or max(1, n_train // self.cfg.data.global_batch_size)
+        )
 
     def steps_per_execution(self, steps_per_epoch: int) -> int:
         """Steps per ``tf.function`` call: the configured value, else up to 32 (never more than an
@@ -306,7 +355,9 @@ class Job:
         if self.spec.needs_servers:
             start_step //= max(1, self.cluster.num_workers if self.cluster else 1)
         name = service.job_name(self.stage, "train", self.fingerprint, data) if data.service else ""
-        fn = pipeline.dataset_fn(data, "train", training=True, info=self.info, start_step=start_step, service_job=name)
+        fn = pipeline.dataset_fn(
+            data, "train", training=True, info=self.info, start_step=start_step, service_job=name
+        )
         if self.spec.needs_servers:
             return keras.utils.experimental.DatasetCreator(fn)
         return self.strategy.distribute_datasets_from_function(fn)
@@ -329,7 +380,9 @@ class Job:
             return 0
         return 2 if self.spec.needs_servers else self.cfg.train.verbose
 
-    def callbacks(self, validation: "keras.callbacks.Callback", extra: list | tuple = (), first_epoch: int = 0) -> list:
+    def callbacks(
+        self, validation: "keras.callbacks.Callback", extra: list | tuple = (), first_epoch: int = 0
+    ) -> list:
         """The callbacks every training stage uses, in order: ``extra`` (e.g. tfmot's), epoch timer,
         validation, progress, metrics.csv/json and TensorBoard (optional); ``fit`` adds the backup.
 
@@ -338,10 +391,20 @@ class Job:
         """
         if not first_epoch or self.timer is None:
             self.timer = EpochTimer()
-        self.logger = MetricsLogger(self.write_dir, enabled=self.chief and self.run_dir is not None, timer=self.timer,
-                                    first_epoch=first_epoch)
+        self.logger = MetricsLogger(
+            self.write_dir,
+            enabled=self.chief and self.run_dir is not None,
+            timer=self.timer,
+            first_epoch=first_epoch,
+        )
         # Order matters: validation adds val_* to the logs before the progress bar and loggers read them.
-        cbs: list = [*extra, self.timer, validation, keras.callbacks.ProgbarLogger(count_mode="steps"), self.logger]
+        cbs: list = [
+            *extra,
+            self.timer,
+            validation,
+            keras.callbacks.ProgbarLogger(count_mode="steps"),
+            self.logger,
+        ]
         if self.cfg.train.tensorboard:
             cbs.append(keras.callbacks.TensorBoard(os.path.join(self.write_dir, "tensorboard")))
         return cbs
@@ -366,10 +429,16 @@ class Job:
             if self._unopened:
                 self.run_dir.open()
                 self._unopened = False
-            backup = Backup(model, os.path.join(self.run_dir.work, "backup", str(slot)), steps_per_epoch=steps_per_epoch,
-                            every=self.cfg.train.backup_every, chief=self.chief,
-                            scratch=os.path.join(self.scratch, f"backup-{slot}"), strategy=self.strategy,
-                            lr_scale=self._lr_scale)
+            backup = Backup(
+                model,
+                os.path.join(self.run_dir.work, "backup", str(slot)),
+                steps_per_epoch=steps_per_epoch,
+                every=self.cfg.train.backup_every,
+                chief=self.chief,
+                scratch=os.path.join(self.scratch, f"backup-{slot}"),
+                strategy=self.strategy,
+                lr_scale=self._lr_scale,
+            )
         # The optimizer's slots and the compiled metrics exist before the first step: traced once.
         _compat.build_step_state(model, predictions=getattr(model, "step_predictions", None))
         started = time.perf_counter()
@@ -382,23 +451,38 @@ class Job:
                 self.resumed_from_step = start
                 if start and self.chief:
                     epoch, step = divmod(start, steps_per_epoch)
-                    print(f"tfopt.{self.stage}: resuming at step {start} (epoch {epoch + 1}, step {step}) "
-                          f"from {backup.directory}", file=sys.stderr, flush=True)
+                    print(
+                        f"tfopt.{self.stage}: resuming at step {start} (epoch {epoch + 1}, step {step}) "
+                        f"from {backup.directory}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 try:
                     with _compat.fit_resumes_at(model, *divmod(start, steps_per_epoch)):
-                        history = model.fit(self.train_input(start), epochs=epochs, steps_per_epoch=steps_per_epoch,
-                                            callbacks=[*callbacks, *([backup] if backup else [])], verbose=self.verbose)
+                        history = model.fit(
+                            self.train_input(start),
+                            epochs=epochs,
+                            steps_per_epoch=steps_per_epoch,
+                            callbacks=[*callbacks, *([backup] if backup else [])],
+                            verbose=self.verbose,
+                        )
                     self.optimizer_steps = int(model.optimizer.iterations.numpy())
                     return history
                 except NonFinite as e:
                     lowered = self._roll_back(e, backup)
-                except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError) as e:
+                except (
+                    tf.errors.UnavailableError,
+                    tf.errors.DeadlineExceededError,
+                    tf.errors.AbortedError,
+                ) as e:
                     if not self.spec.multi_process:
                         raise
                     first = (e.message or type(e).__name__).strip().splitlines()[0][:200]
-                    raise PeerLost(f"lost a peer task during training ({type(e).__name__}: {first}); restart the "
-                                   "job (the launcher's --max-restarts or Kubernetes does) to resume from the "
-                                   "last backup") from None
+                    raise PeerLost(
+                        f"lost a peer task during training ({type(e).__name__}: {first}); restart the "
+                        "job (the launcher's --max-restarts or Kubernetes does) to resume from the "
+                        "last backup"
+                    ) from None
         finally:
             if backup is not None:  # fit skips on_train_end when it raises
                 backup.release()
@@ -410,7 +494,11 @@ class Job:
         fits that follow, counted from 0, so a killed job resumes in the run and phase it stopped in.
         """
         self._resumed = run_dir.resuming
-        self.run_dir, self._fits, self._unopened = run_dir, 0, True  # opened by the first fit: a mistake
+        self.run_dir, self._fits, self._unopened = (
+            run_dir,
+            0,
+            True,
+        )  # opened by the first fit: a mistake
         # found while the model is wrapped leaves nothing behind
 
     @property
@@ -428,45 +516,79 @@ class Job:
         work, record = self.run_dir.work, os.path.join(self.run_dir.path, "run.json")
         started = time.time()
 
-        def committed() -> bool:  # by the chief, after this evaluator started (not an older run's record)
-            return not os.path.isdir(work) and os.path.isfile(record) and os.path.getmtime(record) >= started - 1
+        def committed() -> (
+            bool
+        ):  # by the chief, after this evaluator started (not an older run's record)
+            return (
+                not os.path.isdir(work)
+                and os.path.isfile(record)
+                and os.path.getmtime(record) >= started - 1
+            )
 
         rows = sidecar.evaluate_backups(
-            model, os.path.join(work, "backup", str(slot)), lambda: validation.evaluate(model), final_step=final_step,
-            out_dirs=(work, self.run_dir.path), finished=committed, prog=f"tfopt.{self.stage}")
+            model,
+            os.path.join(work, "backup", str(slot)),
+            lambda: validation.evaluate(model),
+            final_step=final_step,
+            out_dirs=(work, self.run_dir.path),
+            finished=committed,
+            prog=f"tfopt.{self.stage}",
+        )
         history = keras.callbacks.History()
-        history.history = {f"evaluation_{k}": [r[k] for r in rows] for k in (rows[0] if rows else {}) if k != "step"}
+        history.history = {
+            f"evaluation_{k}": [r[k] for r in rows]
+            for k in (rows[0] if rows else {})
+            if k != "step"
+        }
         return history
 
     def _roll_back(self, error: NonFinite, backup: Backup | None) -> float:
         """Counts a roll-back (or gives up); returns the learning-rate factor to apply after the restore."""
         retries = self.cfg.train.nan_retries
         if backup is None or self.rollbacks >= retries:
-            raise TrainingError(f"{error.what} is not finite at step {error.step} after {self.rollbacks} roll-back(s) "
-                                f"(train.nan_retries={retries}); lower --lr, or raise train.nan_retries") from None
+            raise TrainingError(
+                f"{error.what} is not finite at step {error.step} after {self.rollbacks} roll-back(s) "
+                f"(train.nan_retries={retries}); lower --lr, or raise train.nan_retries"
+            ) from None
         self.rollbacks += 1
         factor = self.cfg.train.nan_lr_factor
         if self.chief:
-            print(f"tfopt.{self.stage}: {error.what} is not finite at step {error.step}; rolling back to the last "
-                  f"backup with the learning rate x{factor} ({self.rollbacks}/{retries})", file=sys.stderr, flush=True)
+            print(
+                f"tfopt.{self.stage}: {error.what} is not finite at step {error.step}; rolling back to the last "
+                f"backup with the learning rate x{factor} ({self.rollbacks}/{retries})",
+                file=sys.stderr,
+                flush=True,
+            )
         return factor
 
     # -- the record -----------------------------------------------------------------------------
 
     def strategy_section(self) -> dict:
         """Strategy name, class, replicas and workers."""
-        return {"name": self.cfg.runtime.strategy, "class": type(self.strategy).__name__,
-                "num_replicas": self.replicas, "num_workers": self.cluster.num_workers if self.cluster else 1,
-                "precision": self.cfg.runtime.precision,
-                **({"precision_auto": self.precision_probe.to_dict()} if self.precision_probe else {})}
+        return {
+            "name": self.cfg.runtime.strategy,
+            "class": type(self.strategy).__name__,
+            "num_replicas": self.replicas,
+            "num_workers": self.cluster.num_workers if self.cluster else 1,
+            "precision": self.cfg.runtime.precision,
+            **({"precision_auto": self.precision_probe.to_dict()} if self.precision_probe else {}),
+        }
 
     def data_section(self) -> dict:
         """Dataset name, image shape, classes, records per split, and the input contract: how pixels
         reach the model (resized to ``image_shape``, scaled to [0, 1], then ``data.normalize``)."""
         info = self.info
-        out = {"name": info.name, "image_shape": list(info.image_shape), "num_classes": info.num_classes,
-               "splits": {k: v.num_records for k, v in info.splits.items()},
-               "input": {k: v for k, v in sources.input_contract(self.cfg.data, info).items() if k != "class_names"}}
+        out = {
+            "name": info.name,
+            "image_shape": list(info.image_shape),
+            "num_classes": info.num_classes,
+            "splits": {k: v.num_records for k, v in info.splits.items()},
+            "input": {
+                k: v
+                for k, v in sources.input_contract(self.cfg.data, info).items()
+                if k != "class_names"
+            },
+        }
         if info.stored_shape:
             out["stored_shape"] = list(info.stored_shape)
         if info.class_names:
@@ -479,19 +601,38 @@ class Job:
         seconds = [r["epoch_seconds"] for r in rows if "epoch_seconds" in r]
         steady = seconds[1:] or seconds  # the first epoch includes tracing
         batch = self.cfg.data.global_batch_size
-        return {"epochs": len(rows), "steps_per_epoch": steps_per_epoch, "steps_per_execution": steps_per_execution,
-                "global_batch_size": batch, "per_replica_batch_size": batch // self.replicas, "learning_rate": lr,
-                "seconds": round(self.train_seconds, 3), "epoch_seconds": seconds,
-                "examples_per_sec": round(steps_per_epoch * batch / statistics.median(steady), 1) if steady else None,
-                "resumed": self.resuming, "resumed_from_step": self.resumed_from_step, "nan_rollbacks": self.rollbacks,
-                "optimizer_steps": self.optimizer_steps}
+        return {
+            "epochs": len(rows),
+            "steps_per_epoch": steps_per_epoch,
+            "steps_per_execution": steps_per_execution,
+            "global_batch_size": batch,
+            "per_replica_batch_size": batch // self.replicas,
+            "learning_rate": lr,
+            "seconds": round(self.train_seconds, 3),
+            "epoch_seconds": seconds,
+            "examples_per_sec": round(steps_per_epoch * batch / statistics.median(steady), 1)
+            if steady
+            else None,
+            "resumed": self.resuming,
+            "resumed_from_step": self.resumed_from_step,
+            "nan_rollbacks": self.rollbacks,
+            "optimizer_steps": self.optimizer_steps,
+        }
 
     def record(self, **fields) -> RunRecord:
         """A RunRecord of this job (:func:`run_record`): the common sections filled in, ``fields`` on top."""
-        base = {"strategy": self.strategy_section(), "data": self.data_section(),
-                "history": list(self.logger.rows) if self.logger else [], "fingerprint": self.fingerprint}
-        return run_record(self.stage, self.cfg, self.run_dir.path if self.run_dir is not None else None,
-                          **{**base, **fields})
+        base = {
+            "strategy": self.strategy_section(),
+            "data": self.data_section(),
+            "history": list(self.logger.rows) if self.logger else [],
+            "fingerprint": self.fingerprint,
+        }
+        return run_record(
+            self.stage,
+            self.cfg,
+            self.run_dir.path if self.run_dir is not None else None,
+            **{**base, **fields},
+        )
 
     def relative(self, artifacts: dict[str, str]) -> dict[str, str]:
         """Artifact paths relative to the run directory (where they will be once committed)."""
@@ -530,15 +671,26 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self) -> dict:
         base = keras.optimizers.schedules.serialize(self.base) if callable(self.base) else self.base
-        return {"base": base, "scale": float(self.scale.numpy()) if hasattr(self.scale, "numpy") else self.scale}
+        return {
+            "base": base,
+            "scale": float(self.scale.numpy()) if hasattr(self.scale, "numpy") else self.scale,
+        }
 
     @classmethod
     def from_config(cls, config):
         base = config["base"]
-        return cls(keras.optimizers.schedules.deserialize(base) if isinstance(base, dict) else base, config["scale"])
+        return cls(
+            keras.optimizers.schedules.deserialize(base) if isinstance(base, dict) else base,
+            config["scale"],
+        )
 
 
 def replace_config(cfg: RunConfig, **sections) -> RunConfig:
     """``cfg`` with some keys of its sections replaced, e.g. ``replace_config(cfg, train={"epochs": 2})``."""
-    return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **values)
-                                       for name, values in sections.items()})
+    return dataclasses.replace(
+        cfg,
+        **{
+            name: dataclasses.replace(getattr(cfg, name), **values)
+            for name, values in sections.items()
+        },
+    )

@@ -18,6 +18,7 @@ this machine (:mod:`tfopt.runtime.autoprecision`) before anything calls :func:`s
 An explicit ``mixed_bfloat16`` on a machine without bf16 hardware gets a one-line warning
 (:func:`bf16_warning`): there TensorFlow emulates bfloat16 math, which is slower than float32.
 """
+
 from __future__ import annotations
 
 import sys
@@ -45,7 +46,9 @@ def set_policy(name: str) -> None:
     """
     PRECISIONS.get(name)
     if name == AUTO_PRECISION:
-        raise ValueError("precision 'auto' is not a Keras policy; the Job resolves it before the model is built")
+        raise ValueError(
+            "precision 'auto' is not a Keras policy; the Job resolves it before the model is built"
+        )
     keras.mixed_precision.set_global_policy(name)
 
 
@@ -93,8 +96,10 @@ def bf16_warning(policy: str, flags: set[str], devices: list[str]) -> str | None
     """
     if policy != "mixed_bfloat16" or devices or flags & set(BF16_CPU_FLAGS):
         return None
-    return ("warning: mixed_bfloat16 on a CPU without bf16 hardware (no avx512_bf16 or amx_bf16 flag, no GPU or "
-            "TPU) likely trains slower than float32; use --precision auto to measure both, or float32")
+    return (
+        "warning: mixed_bfloat16 on a CPU without bf16 hardware (no avx512_bf16 or amx_bf16 flag, no GPU or "
+        "TPU) likely trains slower than float32; use --precision auto to measure both, or float32"
+    )
 
 
 def warn_without_bf16_hardware(policy: str, prog: str) -> None:

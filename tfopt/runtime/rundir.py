@@ -9,6 +9,7 @@ replaces only a directory that holds a run. The work directory carries
 the fingerprint of the config that made it; re-running the same command resumes from its
 backup, a different config is refused unless the user asks to start over (``--overwrite``).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,10 @@ from tfopt.runs import PARTIAL_SUFFIX, RunRecord, update_latest
 
 FINGERPRINT_FILE = "fingerprint.json"
 OLD_SUFFIX = ".old"  # the previous run while a commit replaces it
-_LEFTOVERS = ("backup", FINGERPRINT_FILE)  # what a finished run must not carry (it is never resumed)
+_LEFTOVERS = (
+    "backup",
+    FINGERPRINT_FILE,
+)  # what a finished run must not carry (it is never resumed)
 
 
 def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -50,8 +54,17 @@ class RunDir:
         pick: For a default name: picks the next free directory when another run took this one.
     """
 
-    def __init__(self, path: str, fingerprint: str, described: dict, *, overwrite: bool = False, chief: bool = True,
-                 cluster: str | None = None, pick: Callable[[], str] | None = None):
+    def __init__(
+        self,
+        path: str,
+        fingerprint: str,
+        described: dict,
+        *,
+        overwrite: bool = False,
+        chief: bool = True,
+        cluster: str | None = None,
+        pick: Callable[[], str] | None = None,
+    ):
         self.fingerprint = fingerprint
         self.described = described
         self.overwrite = overwrite
@@ -73,10 +86,14 @@ class RunDir:
                 return
             except Locked as e:
                 if self.pick is None:
-                    raise ConfigError(f"-o {self.path!r} is being written by another run ({e.describe()}); wait for "
-                                      "it to finish or give another -o (--overwrite never replaces a live run)") from None
+                    raise ConfigError(
+                        f"-o {self.path!r} is being written by another run ({e.describe()}); wait for "
+                        "it to finish or give another -o (--overwrite never replaces a live run)"
+                    ) from None
                 self._at(self.pick())
-        raise ConfigError(f"no free run directory near {self.path!r}: every name is being written; give -o")
+        raise ConfigError(
+            f"no free run directory near {self.path!r}: every name is being written; give -o"
+        )
 
     def release(self) -> None:
         """Drops the directory's lock (after a commit, or when the run ends without one)."""
@@ -106,18 +123,30 @@ class RunDir:
     def _refuse(self) -> None:
         recovered = self.recover() if self.chief else None
         if os.path.exists(os.path.join(self.path, "run.json")) and not self.overwrite:
-            raise ConfigError(f"-o {self.path!r} holds a finished run{recovered or ''}; give another -o, or "
-                              "--overwrite to replace it")
-        if os.path.isdir(self.path) and os.listdir(self.path) and not os.path.exists(
-                os.path.join(self.path, "run.json")):
-            raise ConfigError(f"-o {self.path!r} is a non-empty directory that is not a tfopt run (no run.json), "
-                              "which --overwrite never replaces; give another -o")
+            raise ConfigError(
+                f"-o {self.path!r} holds a finished run{recovered or ''}; give another -o, or "
+                "--overwrite to replace it"
+            )
+        if (
+            os.path.isdir(self.path)
+            and os.listdir(self.path)
+            and not os.path.exists(os.path.join(self.path, "run.json"))
+        ):
+            raise ConfigError(
+                f"-o {self.path!r} is a non-empty directory that is not a tfopt run (no run.json), "
+                "which --overwrite never replaces; give another -o"
+            )
         stored = self._stored()
-        if stored is not None and stored.get("fingerprint") != self.fingerprint and not self.overwrite:
+        if (
+            stored is not None
+            and stored.get("fingerprint") != self.fingerprint
+            and not self.overwrite
+        ):
             changed = _differences(stored.get("settings", {}), self.described)
             raise ConfigError(
                 f"{self.work!r} holds an unfinished run made with other settings ({'; '.join(changed[:4]) or 'unknown'})"
-                "; re-run with the same settings to resume it, or add --overwrite to start over")
+                "; re-run with the same settings to resume it, or add --overwrite to start over"
+            )
 
     @property
     def resuming(self) -> bool:
@@ -139,8 +168,10 @@ class RunDir:
         if os.path.isdir(self.work) and not self.resuming:
             shutil.rmtree(self.work)
         os.makedirs(self.work, exist_ok=True)
-        write_json(os.path.join(self.work, FINGERPRINT_FILE),
-                   {"fingerprint": self.fingerprint, "settings": self.described})
+        write_json(
+            os.path.join(self.work, FINGERPRINT_FILE),
+            {"fingerprint": self.fingerprint, "settings": self.described},
+        )
 
     def commit(self, record: RunRecord) -> str:
         """Writes ``run.json`` into the work directory and renames it into place (chief only).
@@ -176,7 +207,9 @@ class RunDir:
             os.replace(self._old, self.path)
             return " (restored from an interrupted replacement)"
         if os.path.exists(os.path.join(self.path, "run.json")) and (
-                os.path.lexists(self._old) or any(os.path.lexists(os.path.join(self.path, n)) for n in _LEFTOVERS)):
+            os.path.lexists(self._old)
+            or any(os.path.lexists(os.path.join(self.path, n)) for n in _LEFTOVERS)
+        ):
             self._clean_up()
         return None
 

@@ -8,6 +8,7 @@ Each evaluation is printed, appended to ``evaluator.json`` in the run's work dir
 as TensorBoard scalars (``tensorboard/evaluator``, x axis = the training step). The evaluator stops
 after the backup of the last step, or when the chief has committed the run.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,9 +20,17 @@ from tfopt._keras import keras, tf
 from tfopt.fileio import write_json
 
 
-def evaluate_backups(model: "keras.Model", directory: str, evaluate: Callable[[], dict], *, final_step: int,
-                     out_dirs: tuple[str, str],
-                     finished: Callable[[], bool], poll: float = 1.0, prog: str = "tfopt") -> list[dict]:
+def evaluate_backups(
+    model: "keras.Model",
+    directory: str,
+    evaluate: Callable[[], dict],
+    *,
+    final_step: int,
+    out_dirs: tuple[str, str],
+    finished: Callable[[], bool],
+    poll: float = 1.0,
+    prog: str = "tfopt",
+) -> list[dict]:
     """Evaluates every new backup in ``directory`` until the one at ``final_step`` (or ``finished()``).
 
     Args:
@@ -48,14 +57,21 @@ def evaluate_backups(model: "keras.Model", directory: str, evaluate: Callable[[]
             last = number
             try:
                 checkpoint.restore(path).expect_partial()
-            except (tf.errors.NotFoundError, tf.errors.DataLossError):  # pruned or committed meanwhile
+            except (
+                tf.errors.NotFoundError,
+                tf.errors.DataLossError,
+            ):  # pruned or committed meanwhile
                 continue
             metrics = evaluate()
             row = {"step": int(step.numpy()), **{k: round(float(v), 6) for k, v in metrics.items()}}
             rows.append(row)
             _write(rows, metrics, out_dirs)
-            print(f"{prog}: evaluator: step {row['step']} " + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
-                  file=sys.stderr, flush=True)
+            print(
+                f"{prog}: evaluator: step {row['step']} "
+                + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+                file=sys.stderr,
+                flush=True,
+            )
             if row["step"] >= final_step:
                 return rows
         if not fresh and finished():
@@ -68,7 +84,7 @@ def _backups(directory: str) -> list[tuple[int, str]]:
     """(number, path) of the backups ``directory`` lists, oldest first (the number is the step)."""
     state = tf.train.get_checkpoint_state(directory) if os.path.isdir(directory) else None
     out = []
-    for path in (state.all_model_checkpoint_paths if state else []):
+    for path in state.all_model_checkpoint_paths if state else []:
         try:
             out.append((int(path.rsplit("-", 1)[1]), path))
         except (IndexError, ValueError):

@@ -18,6 +18,7 @@ whose entries point at the factories here:
 * ``parameter_server``: ``ParameterServerStrategy`` on the chief (the coordinator); the
   ``worker`` and ``ps`` tasks run :func:`run_server` instead of the training program.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,8 +62,11 @@ def _resolver(cluster: ClusterInfo):
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({role: list(a) for role, a in cluster.training_cluster.items()}),
-        task_type=cluster.task_type, task_id=cluster.task_index, rpc_layer=cluster.rpc_layer,
-        num_accelerators={"GPU": len(_gpus())})
+        task_type=cluster.task_type,
+        task_id=cluster.task_index,
+        rpc_layer=cluster.rpc_layer,
+        num_accelerators={"GPU": len(_gpus())},
+    )
 
 
 def one_device(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
@@ -77,39 +81,55 @@ def mirrored(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.dis
     setup_cpu_replicas(runtime.cpu_replicas)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")][: runtime.cpu_replicas]
     # NCCL needs GPUs; reducing on one device is the all-reduce that works between CPU devices.
-    return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+    return tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
 
 
-def multi_worker(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
-    options = tf.distribute.experimental.CommunicationOptions(implementation=_COLLECTIVES[runtime.collective])
+def multi_worker(
+    runtime: RuntimeConfig, cluster: ClusterInfo | None, **_
+) -> tf.distribute.Strategy:
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=_COLLECTIVES[runtime.collective]
+    )
     if runtime.collective == "nccl" and not _gpus():
-        raise ConfigError("runtime.collective='nccl' needs GPUs and none is visible; use auto or ring")
+        raise ConfigError(
+            "runtime.collective='nccl' needs GPUs and none is visible; use auto or ring"
+        )
     resolver = _resolver(cluster) if cluster is not None else None
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options
+        )
     except (RuntimeError, ValueError) as e:
         # RuntimeError: the eager context already runs; ValueError: collectives were already
         # configured differently (an earlier MultiWorkerMirroredStrategy in this process).
         if "program startup" in str(e) or "already configured" in str(e):
             raise ClusterError(
                 "strategy 'multi_worker_mirrored' must be created once per process, before any other TensorFlow "
-                "op runs; call make_strategy() first (before building data pipelines or models)") from None
+                "op runs; call make_strategy() first (before building data pipelines or models)"
+            ) from None
         raise
 
 
-def parameter_server(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
-                      variable_partitioner=None, **_) -> tf.distribute.Strategy:
+def parameter_server(
+    runtime: RuntimeConfig, cluster: ClusterInfo | None, *, variable_partitioner=None, **_
+) -> tf.distribute.Strategy:
     assert cluster is not None  # validate_for_strategy guarantees it
     if cluster.task_type != "chief":
         raise ClusterError(
             f"TF_CONFIG task.type={cluster.task_type!r}: under strategy 'parameter_server' only the chief builds "
-            "the strategy; worker and ps tasks must call tfopt.runtime.strategy.run_server(cluster)")
+            "the strategy; worker and ps tasks must call tfopt.runtime.strategy.run_server(cluster)"
+        )
     _set_inter_op_threads(cluster.num_workers + 1)
-    return tf.distribute.ParameterServerStrategy(_resolver(cluster), variable_partitioner=variable_partitioner)
+    return tf.distribute.ParameterServerStrategy(
+        _resolver(cluster), variable_partitioner=variable_partitioner
+    )
 
 
-def make_strategy(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
-                  variable_partitioner=None) -> tf.distribute.Strategy:
+def make_strategy(
+    runtime: RuntimeConfig, cluster: ClusterInfo | None, *, variable_partitioner=None
+) -> tf.distribute.Strategy:
     """Builds the distribution strategy named by ``runtime.strategy``.
 
     Args:
@@ -133,15 +153,19 @@ def make_strategy(runtime: RuntimeConfig, cluster: ClusterInfo | None, *,
     spec = STRATEGIES.get(runtime.strategy)
     validate_for_strategy(cluster, spec.name)
     if cluster is not None and cluster.is_evaluator:
-        raise ClusterError(f"TF_CONFIG task.type='evaluator' takes no part in the training (strategy {spec.name!r}); "
-                           "evaluate the chief's checkpoints beside it instead of calling make_strategy()")
+        raise ClusterError(
+            f"TF_CONFIG task.type='evaluator' takes no part in the training (strategy {spec.name!r}); "
+            "evaluate the chief's checkpoints beside it instead of calling make_strategy()"
+        )
     return spec.build(runtime, cluster, variable_partitioner=variable_partitioner)
 
 
 def _set_inter_op_threads(n: int) -> None:
     # A coordinator or server with fewer inter-op threads than workers + 1 deadlocks on a
     # small machine: every worker's pending RPC holds one thread.
-    current = tf.config.threading.get_inter_op_parallelism_threads() or (os.cpu_count() or 1)  # 0 = one per core
+    current = tf.config.threading.get_inter_op_parallelism_threads() or (
+        os.cpu_count() or 1
+    )  # 0 = one per core
     if current >= n:
         return
     try:
@@ -164,8 +188,10 @@ def run_server(cluster: ClusterInfo) -> NoReturn:
     """
     validate_for_strategy(cluster, "parameter_server")
     if cluster.task_type not in ("worker", "ps"):
-        raise ClusterError(f"TF_CONFIG task.type={cluster.task_type!r} cannot run a parameter-server task server; "
-                           "only 'worker' and 'ps' tasks do (the chief calls make_strategy)")
+        raise ClusterError(
+            f"TF_CONFIG task.type={cluster.task_type!r} cannot run a parameter-server task server; "
+            "only 'worker' and 'ps' tasks do (the chief calls make_strategy)"
+        )
     # Lets the coordinator see a worker failure as a retryable error rather than a hang.
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     config = tf.compat.v1.ConfigProto()
@@ -173,13 +199,22 @@ def run_server(cluster: ClusterInfo) -> NoReturn:
     try:
         server = tf.distribute.Server(
             tf.train.ClusterSpec({role: list(a) for role, a in cluster.training_cluster.items()}),
-            job_name=cluster.task_type, task_index=cluster.task_index, protocol=cluster.rpc_layer,
-            config=config, start=True)
+            job_name=cluster.task_type,
+            task_index=cluster.task_index,
+            protocol=cluster.rpc_layer,
+            config=config,
+            start=True,
+        )
     except tf.errors.UnknownError as e:
-        raise ClusterError(f"cannot start the {cluster.task_type}:{cluster.task_index} server on "
-                           f"{cluster.address!r} ({str(e).splitlines()[0]}); free the port or fix TF_CONFIG") from None
-    print(f"tfopt: {cluster.task_type}:{cluster.task_index} server listening on {cluster.address}",
-          file=sys.stderr, flush=True)
+        raise ClusterError(
+            f"cannot start the {cluster.task_type}:{cluster.task_index} server on "
+            f"{cluster.address!r} ({str(e).splitlines()[0]}); free the port or fix TF_CONFIG"
+        ) from None
+    print(
+        f"tfopt: {cluster.task_type}:{cluster.task_index} server listening on {cluster.address}",
+        file=sys.stderr,
+        flush=True,
+    )
     server.join()
     raise SystemExit(0)  # join() never returns; satisfies NoReturn
 
@@ -206,11 +241,15 @@ def from_chief(strategy: tf.distribute.Strategy, chief: bool, size: int, compute
     local = len(strategy.extended.worker_devices)
     values = np.asarray(compute(), dtype=np.float64) / local if chief else np.zeros(size)
     if values.shape != (size,):
-        raise ValueError(f"the chief's values have shape {values.shape}, the workers expect ({size},)")
+        raise ValueError(
+            f"the chief's values have shape {values.shape}, the workers expect ({size},)"
+        )
     mine = tf.constant(values, tf.float64)
 
     @tf.function
     def agree():
-        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, mine))
+        return strategy.run(
+            lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, mine)
+        )
 
     return strategy.experimental_local_results(agree())[0].numpy()

@@ -14,6 +14,7 @@ lives in a tiny separate process (this file run as a script; stdlib only):
   unreachable ones and the fix to the shared stderr, and sends SIGQUIT: the parent exits with
   status 3. Where the C handler cannot be installed, it falls back to SIGKILL (status 137).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,18 +52,26 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
         return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
-def timeout_message(timeout: float, peers: list[str], what: str = "multi-worker start-up",
-                    probe_timeout: float = 1.0) -> str:
+def timeout_message(
+    timeout: float,
+    peers: list[str],
+    what: str = "multi-worker start-up",
+    probe_timeout: float = 1.0,
+) -> str:
     """Probes ``peers`` and returns the one-line message the watchdog prints when it fires."""
     down = [(p, why) for p in peers if (why := probe(p, probe_timeout)) is not None]
     head = f"tfopt: {what} did not finish within {timeout:g}s"
     if down:
         listed = ", ".join(f"{p} ({why})" for p, why in down)
-        return (f"{head}; unreachable peers: {listed}; fix: start those tasks, check the addresses in "
-                "TF_CONFIG, or raise --startup-timeout")
+        return (
+            f"{head}; unreachable peers: {listed}; fix: start those tasks, check the addresses in "
+            "TF_CONFIG, or raise --startup-timeout"
+        )
     if peers:
-        return (f"{head}, although all peers accept connections ({', '.join(peers)}); fix: check that every "
-                "task runs the same strategy and TF_CONFIG cluster, or raise --startup-timeout")
+        return (
+            f"{head}, although all peers accept connections ({', '.join(peers)}); fix: check that every "
+            "task runs the same strategy and TF_CONFIG cluster, or raise --startup-timeout"
+        )
     return f"{head}; fix: raise --startup-timeout"
 
 
@@ -103,7 +112,9 @@ class StartupWatchdog:
         what: What the block does, for the message.
     """
 
-    def __init__(self, timeout: float | None, peers: list[str], what: str = "multi-worker start-up"):
+    def __init__(
+        self, timeout: float | None, peers: list[str], what: str = "multi-worker start-up"
+    ):
         self.timeout = timeout
         self.peers = list(peers)
         self.what = what
@@ -116,9 +127,23 @@ class StartupWatchdog:
         self._previous = _install_exit_on_sigquit()
         # -I: isolated (no site, no PYTHONPATH); the watcher needs only the stdlib.
         self._watcher = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__), "--pid", str(os.getpid()),
-             "--timeout", repr(float(self.timeout)), "--what", self.what, "--", *self.peers],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
+            [
+                sys.executable,
+                "-I",
+                os.path.abspath(__file__),
+                "--pid",
+                str(os.getpid()),
+                "--timeout",
+                repr(float(self.timeout)),
+                "--what",
+                self.what,
+                "--",
+                *self.peers,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,5 @@
 """``python -m tfopt.train``: see :mod:`tfopt.train.cli`."""
+
 import sys
 
 from tfopt.train.cli import main

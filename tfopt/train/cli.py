@@ -1,4 +1,5 @@
 """``python -m tfopt.train``: argument parsing only; the work is :func:`tfopt.train.stage.run`."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,13 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m tfopt.train``; returns the exit code."""
     parser = cli.ArgumentParser(prog="python -m tfopt.train", description=DESCRIPTION)
     cli.add_config_args(parser)
-    parser.add_argument("--trust-model", dest="trust_model_file", action="store_true", default=None,
-                        help="load a model file that can run code (Lambda layers, custom objects): only if trusted")
+    parser.add_argument(
+        "--trust-model",
+        dest="trust_model_file",
+        action="store_true",
+        default=None,
+        help="load a model file that can run code (Lambda layers, custom objects): only if trusted",
+    )
     args = parser.parse_args(argv)
 
     def body() -> int:

@@ -7,6 +7,7 @@ classification layer alone, then every layer: two fits, each with its own backup
 evaluates on the held-out test split, saves the model (``.keras`` and SavedModel) and commits
 the run directory with its ``run.json``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -45,27 +46,46 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
     """
     cfg = sources.resolve_config(cfg)
     source = sources.describe(cfg.model)  # a model file's sha256: a changed file is another run
-    with Job(cfg, "train", overwrite=overwrite, options={"model": source} if source["form"] == "file" else None) as job:
+    with Job(
+        cfg,
+        "train",
+        overwrite=overwrite,
+        options={"model": source} if source["form"] == "file" else None,
+    ) as job:
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
         with job.strategy.scope():
             built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
             model = built.model
-        copy = plain_copy(model)  # before any freezing: what is validated and saved trains as a whole
+        copy = plain_copy(
+            model
+        )  # before any freezing: what is validated and saved trains as a whole
         validation = PlainValidation(copy, job.dataset("validation"), job.chief)
         done = 0
         for epochs, head_only in phases(cfg):
             with job.strategy.scope():
                 frozen = freeze_base(model) if head_only else []
                 # A new optimizer per phase: its schedule spans the phase (Keras's transfer-learning recipe).
-                model.compile(optimizer=job.optimizer(lr, epochs * steps),
-                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                              metrics=["accuracy"], steps_per_execution=spe)
+                model.compile(
+                    optimizer=job.optimizer(lr, epochs * steps),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    metrics=["accuracy"],
+                    steps_per_execution=spe,
+                )
             if head_only and job.chief:
-                print(f"{PROG}: epochs {done + 1}-{done + epochs}: {len(frozen)} base layers frozen, only "
-                      f"{_head(model).name!r} trains", file=sys.stderr, flush=True)
-            job.fit(model, job.callbacks(validation, callbacks, first_epoch=done), epochs=epochs, steps_per_epoch=steps)
+                print(
+                    f"{PROG}: epochs {done + 1}-{done + epochs}: {len(frozen)} base layers frozen, only "
+                    f"{_head(model).name!r} trains",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            job.fit(
+                model,
+                job.callbacks(validation, callbacks, first_epoch=done),
+                epochs=epochs,
+                steps_per_epoch=steps,
+            )
             for layer in frozen:  # as the model came: layers the user froze stay frozen
                 layer.trainable = True
             done += epochs
@@ -77,10 +97,19 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
             metrics = copy.evaluate(job.dataset("test"), return_dict=True, verbose=0)
             artifacts = save_model(copy, job.write_dir)
             record = job.record(
-                model={"name": cfg.model.name, "params": int(copy.count_params()), **built.description},
-                train={**job.train_section(steps, spe, lr), "freeze_epochs": cfg.model.freeze_epochs},
+                model={
+                    "name": cfg.model.name,
+                    "params": int(copy.count_params()),
+                    **built.description,
+                },
+                train={
+                    **job.train_section(steps, spe, lr),
+                    "freeze_epochs": cfg.model.freeze_epochs,
+                },
                 metrics={f"test_{k}": float(v) for k, v in metrics.items()},
-                weights_sha256=digest, artifacts=job.relative(artifacts))
+                weights_sha256=digest,
+                artifacts=job.relative(artifacts),
+            )
             job.commit(record)
         job.done(PROG, record, digest)
         return record

@@ -3,6 +3,7 @@
 Image ``i`` of a split is flat gray: 60 (class ``dark``) or 180 (``light``), of size
 (10 + i % 7) x (12 + i % 5).
 """
+
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -14,12 +15,20 @@ class VaryingSizes(tfds.core.GeneratorBasedBuilder):
 
     def _info(self):
         return self.dataset_info_from_configs(
-            features=tfds.features.FeaturesDict({"image": tfds.features.Image(shape=(None, None, 3)),
-                                                 "label": tfds.features.ClassLabel(names=["dark", "light"])}),
-            supervised_keys=("image", "label"))
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=(None, None, 3)),
+                    "label": tfds.features.ClassLabel(names=["dark", "light"]),
+                }
+            ),
+            supervised_keys=("image", "label"),
+        )
 
     def _split_generators(self, dl_manager):
-        return {"train": self._generate_examples(40, "train"), "test": self._generate_examples(10, "test")}
+        return {
+            "train": self._generate_examples(40, "train"),
+            "test": self._generate_examples(10, "test"),
+        }
 
     def _generate_examples(self, n, split):
         for i in range(n):
