@@ -14,7 +14,8 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tfopt.export.summary import markdown_table  # noqa: F401  (the benchmarks' tables: one implementation)
 

@@ -58,7 +58,6 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` impor
 
 from bench._common import figure, markdown_table, median, result, write_json_atomic  # noqa: E402
 from tfopt import config as C  # noqa: E402
-from tfopt._keras import keras  # noqa: E402
 
 COMMAND = "PYTHONPATH=. python bench/compression.py"
 SPARSITY, CLUSTERS = 0.8, 16

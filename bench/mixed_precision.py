@@ -124,7 +124,7 @@ class Params:
     smoke: bool = False
 
     @classmethod
-    def smoke_params(cls) -> "Params":
+    def smoke_params(cls) -> Params:
         """The fewest, tiniest runs that exercise every code path: throughput of the conv-heavy model
         (whose target depends on AMX), accuracy of the default one; one repeat, one seed."""
         return cls(
@@ -196,6 +196,7 @@ def peer_run(
 ) -> dict:
     """One throughput run of the guide's recipe."""
     from peers import mixed_precision_guide as guide
+
     from tfopt.models.registry import build_model
 
     started = time.perf_counter()
@@ -466,6 +467,7 @@ def report(res: dict) -> str:
 def throughput(p: Params, gate: QuietGate, workdir: str) -> dict:
     """Every throughput repeat: ``{model: {"repeats": [...]}}``."""
     from peers import mixed_precision_guide as guide
+
     from tfopt._keras import keras
     from tfopt.config import DataConfig
 

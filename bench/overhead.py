@@ -64,7 +64,6 @@ from bench._common import (  # noqa: E402
     CpuSample,
     QuietGate,
     figure,
-    lscpu_info,
     markdown_table,
     median,
     result,

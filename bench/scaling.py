@@ -75,7 +75,7 @@ if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfop
     sys.path.insert(0, REPO)
 
 # Nothing imported at module level starts TensorFlow: a harness must pin its core first.
-from bench._common import (
+from bench._common import (  # noqa: E402
     _CLK_TCK,
     QuietGate,
     _proc_stat,

@@ -592,7 +592,7 @@ def report(res: dict) -> str:
             f"### {name}: per-op timings (one-op models, 1 thread) and the int8_auto decision"
         )
         parts.append(markdown_table(["op", "node", "float32 us", "int8 us", "kept in"], orows))
-    for peer, r in res["peers"].items():
+    for r in res["peers"].values():
         parts.append(
             f"### Peer: {r['tutorial']}: float {r['float32']['size_bytes']:,} B, int8 "
             f"{r['int8']['size_bytes']:,} B ({r['int8_size_ratio']:.2f}x smaller); int8 1-thread speedup "

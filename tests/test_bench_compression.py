@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from optimize_fixtures import tiny_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -51,16 +51,16 @@ def test_plan_takes_the_smallest_share_whose_predicted_latency_meets_the_target(
     assert lat["before_us"] == pytest.approx(base, abs=0.01) and lat["predicted_us"] <= target
     # independently: predict each share's widths from the same costs, by brute force
     ch = decided.channels
-    table_of = lambda removed: (
-        base
-        + sum(  # noqa: E731
+
+    def table_of(removed):
+        return base + sum(
             (cp._macs(model.get_layer(n), *io) - cp._macs(model.get_layer(n), *now)) / 1000
             for (n, io), now in zip(
                 cp._counts(decided.model, ch, removed).items(),
                 cp._counts(decided.model, ch, set()).values(),
             )
         )
-    )
+
     assert lat["predicted_us"] == pytest.approx(table_of(decided.removed), abs=0.01)
     fewer = cp.plan(model, cp.ChannelSpec(ratio=max(decided.share - 0.01, 0.0), round_to=4))
     assert (

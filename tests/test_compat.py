@@ -13,11 +13,10 @@ from importlib.metadata import version
 
 import numpy as np
 import pytest
+import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
 
 from tfopt import _compat
 from tfopt._keras import keras, tf
-
-import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
 
 TFMOT = f"tfmot {version('tensorflow-model-optimization')}"
 TF = f"TensorFlow {tf.__version__} / tf_keras {version('tf_keras')}"

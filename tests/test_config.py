@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -9,7 +10,7 @@ from tfopt.errors import ConfigError
 def test_defaults_are_valid_and_frozen():
     cfg = C.from_dict({})
     assert cfg.runtime.strategy == "mirrored" and cfg.data.dataset == "mnist"
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.data.dataset = "x"
 
 

@@ -259,8 +259,8 @@ def test_a_source_written_as_a_folder_reads_back_the_same_images(tmp_path):
         x, y = _all(source, split)
         xb, yb = _all(back, split, info)
         order, order_b = (
-            np.lexsort((x.reshape(len(x), -1).T)),
-            np.lexsort((xb.reshape(len(xb), -1).T)),
+            np.lexsort(x.reshape(len(x), -1).T),
+            np.lexsort(xb.reshape(len(xb), -1).T),
         )
         np.testing.assert_array_equal(xb[order_b], x[order])  # PNG is lossless
         np.testing.assert_array_equal(yb[order_b], y[order])

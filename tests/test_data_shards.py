@@ -39,7 +39,7 @@ def test_layout_and_manifest(digits):
         manifest = json.load(f)
     assert manifest["image_shape"] == [8, 8, 1] and manifest["num_classes"] == 10
     assert manifest["encoding"] == "raw" and "scikit-learn" in manifest["description"]
-    for split, entry in manifest["splits"].items():
+    for entry in manifest["splits"].values():
         assert entry["num_records"] == 200 == sum(s["records"] for s in entry["shards"])
         for shard in entry["shards"]:
             path = os.path.join(directory, shard["file"])

@@ -9,8 +9,8 @@ import pytest
 from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import builtin, prepare, source_names, tfds_source
-from tfopt.data.sources import dataset_dir
 from tfopt.data.shards import encode_example
+from tfopt.data.sources import dataset_dir
 from tfopt.data.tfrecord_source import parse_feature_spec
 from tfopt.errors import ConfigError, DataError
 

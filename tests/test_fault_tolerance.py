@@ -16,7 +16,6 @@ import uuid
 
 import numpy as np
 import pytest
-
 from isolation import ISOLATED
 
 pytestmark = pytest.mark.slow

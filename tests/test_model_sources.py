@@ -181,10 +181,11 @@ def test_applications_are_built_with_a_logits_head_and_take_local_weights(tmp_pa
     )
     for a, b in zip(reference.get_weights(), loaded.model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
     # Batch-norm statistics: Keras's 0.999 for pretrained weights, 0.9 from random ones (short runs)
-    momenta = lambda m: {
-        l.momentum for l in m.layers if isinstance(l, keras.layers.BatchNormalization)
-    }  # noqa: E731
+    def momenta(m):
+        return {l.momentum for l in m.layers if isinstance(l, keras.layers.BatchNormalization)}
+
     assert momenta(loaded.model) == {0.999} and loaded.description["notes"] == []
     assert momenta(built.model) == {0.9} and "0.999 -> 0.9" in built.description["notes"][0]
 

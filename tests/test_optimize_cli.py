@@ -2,10 +2,11 @@
 
 import json
 import os
+
 import numpy as np
 import pytest
-
 from optimize_fixtures import tiny_run_dir
+
 from tfopt.optimize.cli import main
 
 

@@ -21,7 +21,6 @@ import time
 
 import pytest
 from isolation import ISOLATED
-
 from optimize_fixtures import tiny_run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,10 +168,10 @@ def _fmt(row):
 
 
 def _doc(rows) -> str:
+    import tensorflow_model_optimization as tfmot
+
     from tfopt._keras import keras, tf
     from tfopt.optimize.techniques import MIXED_NOTES, TECHNIQUES
-
-    import tensorflow_model_optimization as tfmot
 
     order = {
         (s, p): i

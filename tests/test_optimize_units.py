@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import tensorflow_model_optimization as tfmot  # noqa: E402
 
 from tfopt._keras import keras, tf
 from tfopt.optimize import cluster as cluster_lib
@@ -9,8 +10,6 @@ from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.common import OptimizeError, Selection, m_by_n_violations, rebuild, weight_table
 from tfopt.optimize.inspect import format_report, inspect_model
-
-import tensorflow_model_optimization as tfmot  # noqa: E402
 
 
 def _cnn(seed=0):

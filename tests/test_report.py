@@ -15,7 +15,6 @@ from tfopt.report import pareto, targets
 from tfopt.report.collect import Variant, collect
 from tfopt.report.select import KEYS, choose, parse_rule
 
-
 # --- the rule -------------------------------------------------------------------------------------
 
 

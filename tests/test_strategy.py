@@ -8,9 +8,9 @@ from tfopt._keras import keras, tf
 from tfopt.config import RuntimeConfig
 from tfopt.errors import ClusterError, ConfigError
 from tfopt.runtime import precision
-from tfopt.specs import STRATEGIES
 from tfopt.runtime.strategy import is_chief, make_strategy, num_replicas, run_server
 from tfopt.runtime.tf_config import parse_tf_config
+from tfopt.specs import STRATEGIES
 
 W2 = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 PS = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}

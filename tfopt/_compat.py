@@ -39,18 +39,18 @@ not load it (it takes seconds).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
-from tfopt._keras import keras
+# TensorFlow 2.21: tf.lite.TFLiteConverter.convert() raises ConverterError (unsupported ops, failed
+# legalization), which tf.lite does not export; catching it by class needs the private module.
+from tensorflow.lite.python.convert_phase import ConverterError  # noqa: E402
 
 # TensorFlow 2.21 / tf_keras 2.21: freezing a concrete function's variables into constants (for
 # the FLOPs profiler) has no public API; tf.compat.v1.graph_util only freezes v1 GraphDefs.
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2  # noqa: E402
 
-# TensorFlow 2.21: tf.lite.TFLiteConverter.convert() raises ConverterError (unsupported ops, failed
-# legalization), which tf.lite does not export; catching it by class needs the private module.
-from tensorflow.lite.python.convert_phase import ConverterError  # noqa: E402
+from tfopt._keras import keras
 
 #: The versions every entry was checked against.
 TARGETS = {
@@ -63,9 +63,9 @@ TARGETS = {
 __all__ = [
     "TARGETS",
     "keras_saved_model_metadata",
-    "PRUNE_WRAPPERS",
-    "CLUSTER_WRAPPERS",
-    "QUANTIZE_LAYERS",
+    "PRUNE_WRAPPERS",  # noqa: F822 (made on first use by __getattr__)
+    "CLUSTER_WRAPPERS",  # noqa: F822 (made on first use by __getattr__)
+    "QUANTIZE_LAYERS",  # noqa: F822 (made on first use by __getattr__)
     "prune_registry_supports",
     "prunable_weight_names",
     "cluster_registry_supports",
@@ -80,7 +80,7 @@ __all__ = [
     "write_tflite_model",
     "saved_model_converter",
     "fix_for_keras_format",
-    "StepCountingClusteringSummaries",
+    "StepCountingClusteringSummaries",  # noqa: F822 (made on first use by __getattr__)
     "tfmot_layer_dtype",
     "float32_global_policy",
     "fit_resumes_at",
@@ -303,7 +303,7 @@ def is_graph_network(model) -> bool:
     return bool(getattr(model, "_is_graph_network", False))
 
 
-def producing_layer(tensor) -> "keras.layers.Layer":
+def producing_layer(tensor) -> keras.layers.Layer:
     """The layer that produced a symbolic tf_keras tensor (e.g. one of ``model.outputs``).
 
     tf_keras 2.21 keeps it only in the private ``KerasTensor._keras_history``; the public
@@ -405,7 +405,7 @@ def saved_model_converter(path: str):
 # -- workarounds for upstream defects ---------------------------------------------------------
 
 
-def fix_for_keras_format(model: "keras.Model") -> None:
+def fix_for_keras_format(model: keras.Model) -> None:
     """Makes a default-scheme QAT model save what a ``.keras`` reload will look for.
 
     tfmot 0.8.1 with tf_keras 2.21: a model from ``quantize_model`` / ``quantize_apply`` saved as

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from tfopt import config as config_lib
 from tfopt.errors import TfoptError

@@ -10,8 +10,9 @@ import json
 import math
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from tfopt.errors import ConfigError
 from tfopt.specs import PRECISIONS, STRATEGIES, parse_model

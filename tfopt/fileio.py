@@ -13,8 +13,9 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 

@@ -48,7 +48,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Mapping
+from collections.abc import Mapping
+from typing import IO
 
 from tfopt import kube
 from tfopt.children import ISOLATED_ENV, LOOPBACK, die_with_parent

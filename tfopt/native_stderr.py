@@ -25,7 +25,7 @@ import re
 import secrets
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 # Start-up notices, not messages for the user: CUDA probing on a machine without a GPU, absl's
 # note before its logging starts, LiteRT's default XNNPACK delegate, the quantizer's settings.

@@ -51,7 +51,7 @@ class RunLock:
         """True while this object holds the lock."""
         return self._fd is not None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         """Takes the lock (retrying briefly while another start-up probes it).
 
         Raises:

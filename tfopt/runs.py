@@ -23,8 +23,8 @@ from typing import Any
 from tfopt import config as config_lib
 from tfopt import runlock
 from tfopt.errors import ConfigError
-from tfopt.specs import STAGES
 from tfopt.fileio import tree_digest
+from tfopt.specs import STAGES
 
 SCHEMA_VERSION = 2
 RUNS_ROOT = "runs"
@@ -87,7 +87,7 @@ class RunRecord:
         return out
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "RunRecord":
+    def from_dict(cls, raw: dict) -> RunRecord:
         """Reads a ``run.json`` (schema 1 records, written before the schema had a version, too)."""
         stage = raw.get("stage", "train")
         names = {f.name for f in dataclasses.fields(cls)} - {"section"}

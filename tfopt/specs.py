@@ -12,8 +12,9 @@ import ast
 import importlib
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+from typing import Generic, TypeVar
 
 from tfopt.errors import ConfigError
 

@@ -25,7 +25,7 @@ devices with ``ReductionToOneDevice``) and the precision policy. Two settings: K
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -46,8 +46,8 @@ class KerasIoDistiller(keras.Model):
 
     def __init__(
         self,
-        student: "keras.Model",
-        teacher: "keras.Model",
+        student: keras.Model,
+        teacher: keras.Model,
         *,
         alpha: float = ALPHA,
         temperature: float = TEMPERATURE,
@@ -87,15 +87,15 @@ class KerasIoDistiller(keras.Model):
 
 
 def distil(
-    student: "keras.Model",
-    teacher: "keras.Model",
+    student: keras.Model,
+    teacher: keras.Model,
     x: np.ndarray,
     y: np.ndarray,
     *,
     epochs: int,
     batch_size: int = BATCH_SIZE,
     seed: int = 0,
-) -> "keras.Model":
+) -> keras.Model:
     """Distils ``teacher`` into ``student`` (trained in place) with the example's recipe; returns the student.
 
     Args:

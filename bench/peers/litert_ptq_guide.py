@@ -31,7 +31,7 @@ MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
 REPRESENTATIVE_SAMPLES = 100
 
 
-def convert(model: "keras.Model", mode: str, samples: np.ndarray) -> bytes:
+def convert(model: keras.Model, mode: str, samples: np.ndarray) -> bytes:
     """One of the guide's recipes on ``model``; ``samples`` are model inputs for the representative dataset."""
 
     def representative_dataset():

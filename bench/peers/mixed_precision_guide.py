@@ -27,7 +27,7 @@ Keras' progress bar), without the validation pass.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -76,7 +76,7 @@ class TrainTimer(keras.callbacks.Callback):
 
 def train(
     policy: str,
-    build_logits: Callable[[tuple, int], "keras.Model"],
+    build_logits: Callable[[tuple, int], keras.Model],
     arrays: dict,
     *,
     image_shape: tuple,

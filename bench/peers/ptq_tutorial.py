@@ -36,7 +36,7 @@ EPOCHS = 5
 REPRESENTATIVE_IMAGES = 100
 
 
-def build() -> "keras.Model":
+def build() -> keras.Model:
     """The tutorial's model (step 2)."""
     return keras.Sequential(
         [
@@ -58,7 +58,7 @@ def train(
     *,
     epochs: int = EPOCHS,
     seed: int = 0,
-) -> "keras.Model":
+) -> keras.Model:
     """Steps 2-3: the tutorial's model trained as it says. Images are ``[N, 28, 28]`` in [0, 1]."""
     keras.utils.set_random_seed(seed)
     model = build()
@@ -77,12 +77,12 @@ def train(
     return model
 
 
-def convert_float(model: "keras.Model") -> bytes:
+def convert_float(model: keras.Model) -> bytes:
     """Step 4: the float .tflite."""
     return tf.lite.TFLiteConverter.from_keras_model(model).convert()
 
 
-def convert_int8(model: "keras.Model", train_images: np.ndarray) -> bytes:
+def convert_int8(model: keras.Model, train_images: np.ndarray) -> bytes:
     """Step 5: the integer-only .tflite with uint8 input and output."""
 
     def representative_data_gen():

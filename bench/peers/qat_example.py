@@ -35,7 +35,7 @@ FINE_TUNE_IMAGES = 1000
 FINE_TUNE_BATCH = 500
 
 
-def _compile(model: "keras.Model") -> None:
+def _compile(model: keras.Model) -> None:
     model.compile(
         optimizer="adam",
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -34,7 +34,7 @@ The guide does not shuffle (its pipelines only show performance); neither pipeli
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from tfopt._keras import tf
 

@@ -49,7 +49,7 @@ VALIDATION_SPLIT = 0.1
 
 
 def run(
-    model: "keras.Model",
+    model: keras.Model,
     x_train: np.ndarray,
     y_train: np.ndarray,
     *,

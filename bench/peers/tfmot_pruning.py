@@ -50,7 +50,7 @@ FREQUENCY = (
 )
 
 
-def fresh_copy(model: "keras.Model") -> "keras.Model":
+def fresh_copy(model: keras.Model) -> keras.Model:
     """A new model with ``model``'s architecture and weights (tfmot wraps models in place)."""
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
@@ -66,7 +66,7 @@ def zipped_size(path: str) -> int:
         return os.path.getsize(archive)
 
 
-def h5_zipped_size(model: "keras.Model") -> int:
+def h5_zipped_size(model: keras.Model) -> int:
     """Zipped bytes of ``model`` saved as Keras ``.h5`` without the optimizer (the tutorial's baseline)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.h5")
@@ -74,7 +74,7 @@ def h5_zipped_size(model: "keras.Model") -> int:
         return zipped_size(path)
 
 
-def tflite_dynamic_range(model: "keras.Model") -> bytes:
+def tflite_dynamic_range(model: keras.Model) -> bytes:
     """``TFLiteConverter.from_keras_model`` with ``Optimize.DEFAULT`` and no representative dataset."""
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -91,7 +91,7 @@ def tflite_zipped_size(content: bytes) -> int:
 
 
 def run(
-    model: "keras.Model",
+    model: keras.Model,
     x_train: np.ndarray,
     y_train: np.ndarray,
     *,

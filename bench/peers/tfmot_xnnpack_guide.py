@@ -66,7 +66,7 @@ def _sparsity(model) -> float:
 
 
 def xnnpack_recipe(
-    model: "keras.Model",
+    model: keras.Model,
     x: np.ndarray,
     y: np.ndarray,
     *,
@@ -106,7 +106,7 @@ def xnnpack_recipe(
 
 
 def magnitude_recipe(
-    model: "keras.Model",
+    model: keras.Model,
     x: np.ndarray,
     y: np.ndarray,
     *,

@@ -28,7 +28,7 @@ reversed first (the ``caffe`` preprocessing of ``keras.applications`` ResNet50 a
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from tfopt._keras import tf
 from tfopt.config import DataConfig, parse_normalize, reverses_channels

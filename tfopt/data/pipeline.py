@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -430,7 +430,7 @@ def _split(info: DatasetInfo, split: str):
     return info.splits[split]
 
 
-def _pipeline_path(path: str, pipeline_id) -> "str | tf.Tensor":
+def _pipeline_path(path: str, pipeline_id) -> str | tf.Tensor:
     """``path`` with ``{id}`` replaced by ``pipeline_id`` when that is a tensor (a worker index known
     only when the worker runs the dataset function, see ``per_worker_context``)."""
     if isinstance(pipeline_id, int) or "{id}" not in path:

@@ -27,7 +27,7 @@ import os
 import shutil
 import struct
 import uuid
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tfopt.config import DataConfig, parse_image_size
 from tfopt.data import builtin, folder_source, shards, tfds_source, tfrecord_source

@@ -12,25 +12,29 @@ accuracies, the gap to the teachers, the compression measured on the saved weigh
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tfopt.config import RunConfig
 from tfopt.distill.options import DistillOptions
 from tfopt.errors import ConfigError, ModelError
+from tfopt.models import sources
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
 from tfopt.models.io import save_model
-from tfopt.models import sources
 from tfopt.optimize import student as student_lib
 from tfopt.optimize.common import compile_for_eval
 from tfopt.runs import Run, RunRecord, load_input
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, replace_config, weights_digest
 
+if TYPE_CHECKING:
+    from tfopt._keras import keras
+
 PROG = "tfopt.distill"
 
 
-def _logits(model: "keras.Model", dataset) -> tuple[np.ndarray, np.ndarray]:
+def _logits(model: keras.Model, dataset) -> tuple[np.ndarray, np.ndarray]:
     logits = model.predict(dataset, verbose=0)
     labels = np.concatenate([np.asarray(y) for _, y in dataset])
     return np.asarray(logits, np.float32), labels
@@ -40,7 +44,7 @@ def _accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == labels))
 
 
-def _check_teacher(run: Run, teacher: "keras.Model", info, dataset: str) -> None:
+def _check_teacher(run: Run, teacher: keras.Model, info, dataset: str) -> None:
     shape, classes = tuple(teacher.input_shape[1:]), teacher.output_shape[-1]
     if shape != tuple(info.image_shape) or classes != info.num_classes:
         raise ModelError(

@@ -164,8 +164,8 @@ def keras_cost(model) -> dict:
 
     FLOPs come from TensorFlow's profiler on the model's frozen graph at batch 1.
     """
-    from tfopt._keras import tf
     from tfopt._compat import convert_variables_to_constants_v2
+    from tfopt._keras import tf
 
     shape = [1, *[int(d) for d in model.input_shape[1:]]]
     flops = None
@@ -235,7 +235,7 @@ class KerasLatency:
             self.close()
             raise
 
-    def __enter__(self) -> "KerasLatency":
+    def __enter__(self) -> KerasLatency:
         return self
 
     def __exit__(self, *exc) -> None:

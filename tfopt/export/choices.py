@@ -7,8 +7,8 @@ converter setting in :func:`tfopt.export.tflite.make_converter`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from tfopt.errors import ConfigError
 from tfopt.specs import Registry

@@ -246,8 +246,7 @@ def _body(args) -> int:
 
 
 def _work(args) -> int:
-    from tfopt.export import summary
-    from tfopt.export import runner
+    from tfopt.export import runner, summary
     from tfopt.export.fidelity import Thresholds
     from tfopt.export.tflite import ConvertOptions
     from tfopt.fileio import write_json

@@ -15,8 +15,8 @@ import csv
 import io
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -129,7 +129,7 @@ class SelectiveResult:
 
 
 def quantization_debugger(
-    model: "keras.Model", calibration: Sequence[np.ndarray], debug_batches: Sequence[np.ndarray]
+    model: keras.Model, calibration: Sequence[np.ndarray], debug_batches: Sequence[np.ndarray]
 ):
     """A ``tf.lite.experimental.QuantizationDebugger`` for the int8 conversion of ``model``.
 
@@ -214,7 +214,7 @@ def nodes_for_layers(ranking: Sequence[LayerError], layers: Sequence[str]) -> li
 
 
 def selective_search(
-    model: "keras.Model",
+    model: keras.Model,
     calibration: Sequence[np.ndarray],
     evaluate_fn: Callable[[bytes], EvalResult],
     thresholds: Thresholds,

@@ -60,7 +60,7 @@ class ServingLayer(keras.layers.Layer):
         return self.loaded.serve(inputs)
 
 
-def as_tf_keras(directory: str, name: str) -> "keras.Model":
+def as_tf_keras(directory: str, name: str) -> keras.Model:
     """The SavedModel in ``directory`` as a tf_keras functional model (one image input, one output).
 
     Raises:

@@ -39,8 +39,8 @@ _TIMEOUT_S = 600.0
 
 def _load(path: str, *, threads: int, trust_model: bool):
     """Runs in the child: starts TensorFlow at ``threads`` threads and loads the model as export sees it."""
-    from tfopt._keras import tf
     from tfopt import native_stderr
+    from tfopt._keras import tf
 
     with native_stderr.filtered():  # the runtime starts here: CUDA probe notices
         tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -106,7 +106,7 @@ def _serve(threads: int) -> int:
 
 
 #: A serving child per thread count, idle between two models (one process starts TensorFlow once).
-_IDLE: dict[int, "_Child"] = {}
+_IDLE: dict[int, _Child] = {}
 
 
 @atexit.register
@@ -246,7 +246,7 @@ class Timer:
         """The child's process id while this Timer holds it."""
         return self._child.proc.pid if self._child else None
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         return self
 
     def __exit__(self, *exc) -> None:

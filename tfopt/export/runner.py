@@ -17,14 +17,15 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from tfopt._keras import keras
 from tfopt.config import DataConfig, RunConfig
 from tfopt.data.sources import input_contract, prepare
-from tfopt.export import benchmark as bench
+from tfopt.errors import ConfigError
 from tfopt.export import auto, fidelity, keras3, metadata, summary, tflite
+from tfopt.export import benchmark as bench
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
 from tfopt.export.evaluate import (
     EvalResult,
@@ -37,7 +38,6 @@ from tfopt.export.evaluate import (
 from tfopt.fileio import write_bytes, write_json, write_text
 from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.optimize.common import strip_wrappers
-from tfopt.errors import ConfigError
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
 from tfopt.runtime.job import run_record
 from tfopt.runtime.rundir import RunDir
@@ -89,7 +89,7 @@ class ExportSettings:
     trust_model: bool = False
 
 
-def load_source_model(path: str, trust_model: bool = False) -> "keras.Model":
+def load_source_model(path: str, trust_model: bool = False) -> keras.Model:
     """Loads a run's model (tfmot wrappers deserialized, see ``io.load_model``).
 
     Pruning and clustering wrappers are stripped (the .tflite holds the plain layers with the
@@ -236,7 +236,7 @@ def _export(
     modes: list[str],
     settings: ExportSettings,
     rd: RunDir,
-    keras: "bench.KerasLatency | None",
+    keras: bench.KerasLatency | None,
     say: Callable[[str], None],
 ) -> RunRecord:
     data_cfg: DataConfig = run.config.data
@@ -411,7 +411,7 @@ def gate_failures(rows: list[dict]) -> dict[str, str]:
 
 
 def _keras_figures(
-    model, path: str, cost: dict, settings: ExportSettings, keras: "bench.KerasLatency | None", say
+    model, path: str, cost: dict, settings: ExportSettings, keras: bench.KerasLatency | None, say
 ) -> dict:
     """The float Keras model's own figures (the baseline of every .tflite): latency, bytes, params, FLOPs."""
     latency = {}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tfopt.fileio import write_bytes
 

@@ -32,19 +32,12 @@ import re
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from tfopt import native_stderr
-from tfopt._keras import keras, tf
-from tfopt.config import DataConfig
-from tfopt.data.pipeline import make_dataset
-from tfopt.data.sources import DatasetInfo
-from tfopt.errors import ConfigError, ModelError
-from tfopt.export.choices import IO_TYPES, MODES, SPARSITY_CHOICES, check_choice
-from tfopt.optimize.common import tfmot_imported
 
 # TF 2.21: the MLIR converter's error class is not in tf.lite's public API; nor is editing a flatbuffer
 # or converting a Keras model without writing it to a SavedModel each time.
@@ -54,6 +47,13 @@ from tfopt._compat import (
     saved_model_converter,
     write_tflite_model,
 )  # noqa: E402
+from tfopt._keras import keras, tf
+from tfopt.config import DataConfig
+from tfopt.data.pipeline import make_dataset
+from tfopt.data.sources import DatasetInfo
+from tfopt.errors import ConfigError, ModelError
+from tfopt.export.choices import IO_TYPES, MODES, SPARSITY_CHOICES, check_choice
+from tfopt.optimize.common import tfmot_imported
 
 # Below this fraction of zero weights the sparse encoding costs more than it saves.
 SPARSITY_THRESHOLD = 0.5
@@ -109,7 +109,7 @@ class Converted:
     notes: list[str] = field(default_factory=list)
 
 
-def check_modes_for(model: "keras.Model", modes: Sequence[str]) -> None:
+def check_modes_for(model: keras.Model, modes: Sequence[str]) -> None:
     """Refuses modes a model cannot take (a QAT model converts to int8 only) before any work."""
     if is_qat_model(model):
         others = [m for m in modes if m != "int8"]
@@ -158,14 +158,14 @@ def representative_fn(batches: Sequence[np.ndarray]) -> Callable[[], Iterator[li
     return gen
 
 
-def weight_sparsity(model: "keras.Model") -> float:
+def weight_sparsity(model: keras.Model) -> float:
     """Returns the fraction of exact zeros among the kernels (weights with >= 2 dims)."""
     kernels = [w for w in model.get_weights() if w.ndim >= 2]
     total = sum(w.size for w in kernels)
     return float(sum(int(np.count_nonzero(w == 0)) for w in kernels) / total) if total else 0.0
 
 
-def is_qat_model(model: "keras.Model") -> bool:
+def is_qat_model(model: keras.Model) -> bool:
     """True when ``model`` holds tfmot quantization-aware-training layers.
 
     The one implementation is :func:`tfopt.optimize.quantize.is_qat_model`; it is imported only
@@ -179,7 +179,7 @@ def is_qat_model(model: "keras.Model") -> bool:
     return impl(model)
 
 
-def _is_mixed(model: "keras.Model") -> bool:
+def _is_mixed(model: keras.Model) -> bool:
     return any(
         getattr(getattr(layer, "dtype_policy", None), "compute_dtype", "float32")
         not in ("float32", None)
@@ -187,7 +187,7 @@ def _is_mixed(model: "keras.Model") -> bool:
     )
 
 
-def float32_copy(model: "keras.Model") -> "keras.Model":
+def float32_copy(model: keras.Model) -> keras.Model:
     """Returns ``model`` rebuilt with float32 layers when it was built under a mixed policy.
 
     TFLite has no bfloat16 kernels, and the float16 casts of a mixed_float16 model would end
@@ -250,7 +250,7 @@ def saved_models() -> Iterator[None]:
         _saved = None
 
 
-def _converter_for(model: "keras.Model") -> "tf.lite.TFLiteConverter":
+def _converter_for(model: keras.Model) -> tf.lite.TFLiteConverter:
     if _saved is None:
         return tf.lite.TFLiteConverter.from_keras_model(model)
     hit = _saved.get(id(model))  # the entry holds the model: its id cannot be reused while cached
@@ -269,13 +269,13 @@ def _converter_for(model: "keras.Model") -> "tf.lite.TFLiteConverter":
 
 
 def make_converter(
-    model: "keras.Model",
+    model: keras.Model,
     mode: str,
     *,
     calibration: Sequence[np.ndarray] | None = None,
     options: ConvertOptions = ConvertOptions(),
     sparse: bool = False,
-) -> "tf.lite.TFLiteConverter":
+) -> tf.lite.TFLiteConverter:
     """Returns a TFLiteConverter set up for ``mode`` (not yet run).
 
     Args:
@@ -322,7 +322,7 @@ def make_converter(
     return converter
 
 
-def flex_ops(model: "keras.Model") -> dict[str, list[str]]:
+def flex_ops(model: keras.Model) -> dict[str, list[str]]:
     """Converts with Select TF ops allowed; returns the Flex ops the TFLite analyzer lists, with their layers.
 
     Returns:
@@ -351,9 +351,7 @@ def flex_ops(model: "keras.Model") -> dict[str, list[str]]:
     return found
 
 
-def explain_error(
-    error: Exception, model: "keras.Model", mode: str, options: ConvertOptions
-) -> str:
+def explain_error(error: Exception, model: keras.Model, mode: str, options: ConvertOptions) -> str:
     """Turns a converter failure into one line naming the unsupported op(s) and their layers."""
     text = str(error)
     ops = set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex op", text))
@@ -418,7 +416,7 @@ def _run(converter, model, mode: str, options: ConvertOptions) -> bytes:
 
 
 def convert(
-    model: "keras.Model",
+    model: keras.Model,
     mode: str,
     *,
     calibration: Sequence[np.ndarray] | None = None,
@@ -505,7 +503,7 @@ def strip_strings(content: bytes) -> bytes:
 
 
 def _sparse_problem(
-    sparse: bytes, dense: bytes, model: "keras.Model", calibration: Sequence[np.ndarray] | None
+    sparse: bytes, dense: bytes, model: keras.Model, calibration: Sequence[np.ndarray] | None
 ) -> str | None:
     """Why a sparse-encoded model cannot replace the dense one, or None when it can.
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
 
 from tfopt._compat import is_graph_network
 from tfopt._keras import ensure_tf_keras, keras, tf
@@ -128,7 +128,7 @@ def distillation_terms(
     return {"kl": kl, "distillation": temperature**2 * kl, "student": ce}
 
 
-def _find_layer(model: "keras.Model", name: str, role: str) -> "keras.layers.Layer":
+def _find_layer(model: keras.Model, name: str, role: str) -> keras.layers.Layer:
     for layer in model.layers:
         # A tfmot wrapper (prune_low_magnitude_conv0) stands for the layer it wraps.
         if layer.name == name or getattr(getattr(layer, "layer", None), "name", None) == name:
@@ -139,7 +139,7 @@ def _find_layer(model: "keras.Model", name: str, role: str) -> "keras.layers.Lay
     )
 
 
-def _functional(model: "keras.Model", role: str) -> None:
+def _functional(model: keras.Model, role: str) -> None:
     if not is_graph_network(model) or len(model.inputs) != 1 or len(model.outputs) != 1:
         raise ModelError(
             f"the {role} {model.name!r} must be a functional or Sequential tf_keras model with one "
@@ -429,7 +429,7 @@ class Distiller(keras.Model):
         """
         return self.student.get_weights()
 
-    def plain_student(self) -> "keras.Model":
+    def plain_student(self) -> keras.Model:
         """A strategy-free copy of the student, for evaluation and saving.
 
         Every worker must call it under MultiWorkerMirroredStrategy (it reads the weights). A

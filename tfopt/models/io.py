@@ -13,7 +13,8 @@ import io
 import json
 import os
 import zipfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from tfopt import _compat
 from tfopt._keras import ensure_tf_keras, keras
@@ -71,7 +72,7 @@ def _check_config(config: Any, path: str) -> None:
                 f"{path} has a {kind} {name!r} holding stored Python code, which runs on load; {_FIX}"
             )
         module = node.get("module")
-        if isinstance(module, str) and module and not module.split(".")[0] in _SAFE_MODULE_PREFIXES:
+        if isinstance(module, str) and module and module.split(".")[0] not in _SAFE_MODULE_PREFIXES:
             raise ModelError(
                 f"{path} names the module {module!r} (class {node.get('class_name')!r}), which would be "
                 f"imported on load; {_FIX}"
@@ -203,7 +204,7 @@ def load_model(
     trust_model: bool = False,
     custom_objects: dict | None = None,
     compile: bool = False,
-) -> "keras.Model":
+) -> keras.Model:
     """Loads a tf_keras model, refusing files that can run code unless trusted.
 
     Models holding tfmot wrappers (a quantization-aware model, an unstripped pruned or
@@ -254,7 +255,7 @@ def load_model(
     return ensure_tf_keras(model)
 
 
-def save_model(model: "keras.Model", out_dir: str) -> dict[str, str]:
+def save_model(model: keras.Model, out_dir: str) -> dict[str, str]:
     """Saves ``model`` as ``out_dir/model.keras`` and ``out_dir/saved_model``, each atomically.
 
     ``model.keras`` is the model to load back into Keras (every later stage reads it);

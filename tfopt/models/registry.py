@@ -6,7 +6,7 @@ numerically safe under the mixed_float16 / mixed_bfloat16 policies.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tfopt._keras import keras
 from tfopt.errors import ConfigError

@@ -27,8 +27,8 @@ import difflib
 import inspect
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from tfopt.specs import ModelSource, parse_model, parse_model_args, parse_model_
 class Built:
     """A model ready to compile, and what tfopt did to it (for the run record)."""
 
-    model: "keras.Model"
+    model: keras.Model
     description: dict
 
 
@@ -165,14 +165,12 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 
 def build_builtin(
     source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int
-) -> "keras.Model":
+) -> keras.Model:
     """A built-in model (:mod:`tfopt.models.registry`)."""
     return registry.build_model(source.target, input_shape, num_classes, cfg.dropout)
 
 
-def build_file(
-    source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int
-) -> "keras.Model":
+def build_file(source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int) -> keras.Model:
     """A model file, loaded safely (``cfg.trust`` allows code) and rebuilt under the current precision policy."""
     model = io.load_model(source.target, trust_model=cfg.trust)
     return _rebuild(model, policy=keras.mixed_precision.global_policy().name)
@@ -180,7 +178,7 @@ def build_file(
 
 def build_application(
     source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int
-) -> "keras.Model":
+) -> keras.Model:
     """``keras.applications:NAME(**cfg.args)``; without ``include_top=True``, pooled features and a new logits layer."""
     fn = application(source.target)
     kwargs = parse_model_args(cfg.args)
@@ -210,7 +208,7 @@ def build_application(
 SCRATCH_BN_MOMENTUM = 0.9
 
 
-def _short_run_statistics(model: "keras.Model", weights) -> "keras.Model":
+def _short_run_statistics(model: keras.Model, weights) -> keras.Model:
     """Batch-norm momentum ``SCRATCH_BN_MOMENTUM`` when the network starts from random weights (kept
     as Keras sets it for pretrained ones); the model's ``tfopt_notes`` say what changed."""
     if weights is not None:
@@ -235,7 +233,7 @@ def _short_run_statistics(model: "keras.Model", weights) -> "keras.Model":
 
 def build_factory(
     source: ModelSource, cfg: ModelConfig, input_shape, num_classes: int
-) -> "keras.Model":
+) -> keras.Model:
     """``package.module:function(input_shape, num_classes, **cfg.args)``."""
     try:
         fn = resolve(source.target)
@@ -276,7 +274,7 @@ def _check_kwargs(fn, kwargs: dict, what: str, strict: bool = False) -> None:
         )
 
 
-def _call(fn, kwargs: dict, what: str) -> "keras.Model":
+def _call(fn, kwargs: dict, what: str) -> keras.Model:
     try:
         return fn(**kwargs)
     except ValueError as e:  # Keras's own argument checks (e.g. an input too small, a bad alpha)
@@ -325,12 +323,12 @@ def build(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> Bui
     return Built(model, description)
 
 
-def build_model(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> "keras.Model":
+def build_model(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> keras.Model:
     """:func:`build`'s model alone (for callers that need no description, e.g. the precision probe)."""
     return build(cfg, input_shape, num_classes).model
 
 
-def check_input(model: "keras.Model", input_shape: Sequence[int], name: str) -> None:
+def check_input(model: keras.Model, input_shape: Sequence[int], name: str) -> None:
     """Refuses a model whose input does not take the data's images, naming both shapes and the fix.
 
     Raises:
@@ -358,7 +356,7 @@ def check_input(model: "keras.Model", input_shape: Sequence[int], name: str) -> 
         )
 
 
-def _output_layer(model: "keras.Model"):
+def _output_layer(model: keras.Model):
     return model.get_layer(model.output_names[0])
 
 
@@ -371,7 +369,7 @@ def _is_softmax(layer) -> bool:
     )
 
 
-def to_logits(model: "keras.Model") -> tuple["keras.Model", str]:
+def to_logits(model: keras.Model) -> tuple[keras.Model, str]:
     """Removes a final softmax so that the model outputs logits.
 
     Returns:
@@ -394,7 +392,7 @@ def to_logits(model: "keras.Model") -> tuple["keras.Model", str]:
     ), f"logits (softmax activation of {layer.name!r} removed)"
 
 
-def _rebuild(model: "keras.Model", *, linear: str = "", policy: str = "") -> "keras.Model":
+def _rebuild(model: keras.Model, *, linear: str = "", policy: str = "") -> keras.Model:
     """A copy of ``model`` with the layer ``linear``'s activation removed, and every layer but the
     output one under the dtype ``policy`` (a file saved in float32 then trains as configured)."""
     output = _output_layer(model).name
@@ -420,8 +418,8 @@ def _rebuild(model: "keras.Model", *, linear: str = "", policy: str = "") -> "ke
 
 
 def fit_head(
-    model: "keras.Model", num_classes: int, head: str, name: str, *, new: bool = False
-) -> tuple["keras.Model", str]:
+    model: keras.Model, num_classes: int, head: str, name: str, *, new: bool = False
+) -> tuple[keras.Model, str]:
     """Gives the model a logits layer for ``num_classes`` classes as ``head`` says.
 
     ``auto`` keeps the model's own layer when it has ``num_classes`` outputs, else replaces it;
@@ -462,7 +460,7 @@ def fit_head(
 
 def load_stage_input(
     run, input_shape: Sequence[int], num_classes: int, trust: bool = False
-) -> "keras.Model":
+) -> keras.Model:
     """The model a later stage (optimize, distill's teachers) starts from, ending in logits.
 
     Args:

@@ -69,7 +69,7 @@ class ChannelSpec:
     latency_threads: int = 1
     selection: Selection = field(default_factory=Selection)
 
-    def validate(self) -> "ChannelSpec":
+    def validate(self) -> ChannelSpec:
         """Raises OptimizeError naming the bad value and the valid range."""
         if self.importance not in IMPORTANCE or self.ranking not in RANKING:
             raise OptimizeError(
@@ -118,7 +118,7 @@ class ChannelSpec:
 class Plan:
     """What :func:`plan` decided."""
 
-    model: "keras.Model"
+    model: keras.Model
     channels: Channels
     removed: set[int]
     widths: dict[str, tuple[int, int]]
@@ -148,7 +148,7 @@ def _kernel_out(layer) -> np.ndarray:
     ).numpy()
 
 
-def _taylor(model: "keras.Model", names: list[str], batches) -> dict[str, np.ndarray]:
+def _taylor(model: keras.Model, names: list[str], batches) -> dict[str, np.ndarray]:
     """``(sum over the kernel slice of weight x gradient)^2`` per output channel, averaged over ``batches``."""
     from tfopt._keras import tf
 
@@ -176,7 +176,7 @@ def _taylor(model: "keras.Model", names: list[str], batches) -> dict[str, np.nda
 
 
 def importance(
-    model: "keras.Model", producers: list[str], method: str, batches=None
+    model: keras.Model, producers: list[str], method: str, batches=None
 ) -> dict[str, np.ndarray]:
     """Producer -> importance of each of its output channels, divided by the layer's mean.
 
@@ -264,7 +264,7 @@ def _choose(
     return removed
 
 
-def _counts(model: "keras.Model", ch: Channels, removed: set[int]) -> dict[str, tuple[int, int]]:
+def _counts(model: keras.Model, ch: Channels, removed: set[int]) -> dict[str, tuple[int, int]]:
     """Weighted layer -> (input channels kept, output channels kept)."""
     kept = lambda ids: sum(ch.find(i) not in removed for i in ids)  # noqa: E731
     config = {e["name"]: e for e in model.get_config()["layers"]}
@@ -299,7 +299,7 @@ def _macs(layer, cin: int, cout: int) -> int:
 
 
 def macs_after(
-    model: "keras.Model", ch: Channels, removed: set[int], macs: dict | None = None
+    model: keras.Model, ch: Channels, removed: set[int], macs: dict | None = None
 ) -> int:
     """The model's multiply-adds per example with the ``removed`` classes gone (counted from widths).
 
@@ -342,7 +342,7 @@ def _latency_table(model, ch: Channels, pick, spec: ChannelSpec, measure) -> lat
 
 
 def plan(
-    model: "keras.Model", spec: ChannelSpec, batches=None, *, measure=None, steps_left: int = 1
+    model: keras.Model, spec: ChannelSpec, batches=None, *, measure=None, steps_left: int = 1
 ) -> Plan:
     """Chooses the channels to remove under ``spec``.
 
@@ -434,7 +434,7 @@ def plan(
     )
 
 
-def prune_channels(decided: Plan) -> "keras.Model":
+def prune_channels(decided: Plan) -> keras.Model:
     """The smaller model of a :class:`Plan`: the removed channels gone from every layer they touch.
 
     Returns:
@@ -491,7 +491,7 @@ def prune_channels(decided: Plan) -> "keras.Model":
     return graph.build()
 
 
-def check_widths(model: "keras.Model", spec: ChannelSpec, info: dict) -> dict:
+def check_widths(model: keras.Model, spec: ChannelSpec, info: dict) -> dict:
     """The run record's ``channels`` check: the result's widths and multiply-adds, read back, are the plan's
     and meet the FLOPs target (when the target is one); under a latency target, the latency its
     table predicts meets it (the measured latency is recorded beside it, not judged: one
@@ -503,7 +503,7 @@ def check_widths(model: "keras.Model", spec: ChannelSpec, info: dict) -> dict:
         info: The plan's or the phase's info (``widths``, ``macs_before``, ``macs_after``, ``latency``).
     """
     widths = {}
-    for name, (_, after) in info["widths"].items():
+    for name in info["widths"]:
         layer = model.get_layer(name)
         widths[name] = int(layer.units if isinstance(layer, L.Dense) else layer.filters)
     counted = sum(model_macs(model).values())

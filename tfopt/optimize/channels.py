@@ -116,7 +116,7 @@ def _last_dim(shape) -> int:
     return int(shape[-1]) if shape and shape[-1] is not None else 0
 
 
-def trace(model: "keras.Model") -> Channels:
+def trace(model: keras.Model) -> Channels:
     """Traces the channel ids of a functional model (see the module docstring).
 
     Args:

@@ -318,8 +318,8 @@ def settings_for(args, technique: str):
     Without ``--frequency`` the pruning masks are updated about 20 times per phase (at most
     every 100 steps), counted from the real training split when the job starts.
     """
-    from tfopt.optimize.cluster import ClusterSpec
     from tfopt.optimize.channel_prune import ChannelSpec
+    from tfopt.optimize.cluster import ClusterSpec
     from tfopt.optimize.common import Selection
     from tfopt.optimize.low_rank import LowRankSpec
     from tfopt.optimize.prune import PruneSpec
@@ -412,9 +412,8 @@ def _body(args) -> int:
 
     run = load_input(args.source, _file_config(args) if is_model_file(args.source) else None)
     if args.inspect:
-        from tfopt.optimize.inspect import format_report, inspect_model
-
         from tfopt.models.io import load_model
+        from tfopt.optimize.inspect import format_report, inspect_model
 
         print(
             format_report(inspect_model(load_model(run.model_path, trust_model=args.trust_model)))

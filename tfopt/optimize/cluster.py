@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
+
 from tfopt._compat import (
     CLUSTER_WRAPPERS,
     StepCountingClusteringSummaries,
@@ -19,8 +21,6 @@ from tfopt._compat import (
 )
 from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError, Selection, check_model, weight_table
-
-import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
 
 _clustering = tfmot.clustering.keras
 _Init = _clustering.CentroidInitialization
@@ -50,7 +50,7 @@ class ClusterSpec:
     preserve_sparsity: bool = False
     selection: Selection = field(default_factory=Selection)
 
-    def validate(self) -> "ClusterSpec":
+    def validate(self) -> ClusterSpec:
         """Raises OptimizeError naming the bad value and the valid range."""
         if not 2 <= self.clusters <= 256:
             raise OptimizeError(f"clusters={self.clusters} must be in [2, 256], e.g. 16")
@@ -109,7 +109,7 @@ def _has_weights(layer) -> bool:
     return bool(layer.trainable_weights) and bool(clusterable_weight_names(layer))
 
 
-def clusterable_names(model: "keras.Model", spec: ClusterSpec) -> list[str]:
+def clusterable_names(model: keras.Model, spec: ClusterSpec) -> list[str]:
     """The layers ``wrap`` will cluster: selected, supported and holding enough weights.
 
     Raises:
@@ -139,11 +139,11 @@ def clusterable_names(model: "keras.Model", spec: ClusterSpec) -> list[str]:
 
 
 def wrap(
-    model: "keras.Model",
+    model: keras.Model,
     spec: ClusterSpec,
     names: list[str] | None = None,
     wrapper_dtype: str | None = None,
-) -> "keras.Model":
+) -> keras.Model:
     """Wraps the chosen layers with ``ClusterWeights``; call inside ``strategy.scope()``.
 
     Args:
@@ -189,13 +189,13 @@ def callbacks(log_dir: str | None) -> list:
     return [StepCountingClusteringSummaries(log_dir)] if log_dir else []
 
 
-def strip(model: "keras.Model") -> "keras.Model":
+def strip(model: keras.Model) -> keras.Model:
     """Removes the clustering wrappers (call in the scope that wrapped): clustered plain layers."""
     return _clustering.strip_clustering(model)
 
 
 def check_clusters(
-    model: "keras.Model", spec: ClusterSpec, layers: list[str], conv_per_channel: bool = False
+    model: keras.Model, spec: ClusterSpec, layers: list[str], conv_per_channel: bool = False
 ) -> dict:
     """Verifies, from a stripped model's weights, that each clustered kernel holds <= clusters values.
 

@@ -8,8 +8,8 @@ model really holds, never from what a tfmot wrapper says it would do.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from tfopt.errors import OptimizeError  # noqa: F401  (re-exported)
 KERNEL_NAMES = ("kernel", "depthwise_kernel", "pointwise_kernel", "embeddings", "recurrent_kernel")
 
 
-def check_model(model, what: str = "model") -> "keras.Model":
+def check_model(model, what: str = "model") -> keras.Model:
     """Refuses Keras 3 and subclassed models with one clear sentence each.
 
     Args:
@@ -66,7 +66,7 @@ class Selection:
         """True when ``layer`` is selected (its name or its class name is listed)."""
         return self.everything or layer.name in self.names or type(layer).__name__ in self.types
 
-    def check(self, model: "keras.Model") -> None:
+    def check(self, model: keras.Model) -> None:
         """Raises OptimizeError when a listed name or type is not in ``model``."""
         names = [layer.name for layer in model.layers]
         types = sorted({type(layer).__name__ for layer in model.layers})
@@ -86,14 +86,14 @@ class Selection:
         return {"names": list(self.names), "types": list(self.types)}
 
 
-def output_layer_names(model: "keras.Model") -> set[str]:
+def output_layer_names(model: keras.Model) -> set[str]:
     """Names of the layers whose outputs are the model's outputs (they stay float32)."""
     return {producing_layer(t).name for t in model.outputs}
 
 
 def rebuild(
-    model: "keras.Model", policy: str = "float32", float32_layers: Iterable[str] = ()
-) -> "keras.Model":
+    model: keras.Model, policy: str = "float32", float32_layers: Iterable[str] = ()
+) -> keras.Model:
     """Builds a fresh copy of ``model`` with its weights, in the current (strategy) scope.
 
     tfmot wrappers must be applied to layers whose variables were created in the same strategy
@@ -122,7 +122,7 @@ def rebuild(
     return copy
 
 
-def compile_for_eval(model: "keras.Model") -> "keras.Model":
+def compile_for_eval(model: keras.Model) -> keras.Model:
     """Compiles ``model`` with the loss and metric every tfopt stage reports (logits in, accuracy out)."""
     model.compile(
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
@@ -131,7 +131,7 @@ def compile_for_eval(model: "keras.Model") -> "keras.Model":
     return model
 
 
-def compute_dtypes(model: "keras.Model") -> dict[str, str]:
+def compute_dtypes(model: keras.Model) -> dict[str, str]:
     """Layer name -> the dtype it computes in (a wrapper reports its own policy)."""
     return {
         layer.name: layer.dtype_policy.compute_dtype
@@ -194,7 +194,7 @@ class LayerRow:
 
 
 def weight_table(
-    model: "keras.Model",
+    model: keras.Model,
     m_by_n: tuple[int, int] | None = None,
     inner: Callable = lambda layer: getattr(layer, "layer", layer),
 ) -> list[LayerRow]:
@@ -241,7 +241,7 @@ def total_sparsity(rows: list[LayerRow]) -> float:
     return round(sum(r.zeros for r in rows) / params, 4) if params else 0.0
 
 
-def weights_gzip_bytes(model: "keras.Model") -> int:
+def weights_gzip_bytes(model: keras.Model) -> int:
     """Bytes of all of ``model``'s weights as float32, gzip level 9 (what sparsity and clustering buy)."""
     raw = b"".join(np.asarray(w, dtype=np.float32).tobytes() for w in model.get_weights())
     return len(gzip.compress(raw, 9))
@@ -270,7 +270,7 @@ def format_table(rows: list[LayerRow]) -> str:
             )
         body.append(line)
     widths = [max(len(x) for x in col) for col in zip(header, *body)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*header)] + [fmt.format(*line) for line in body])
 
 
@@ -285,12 +285,12 @@ def tfmot_imported() -> bool:
     return "tensorflow_model_optimization" in sys.modules
 
 
-def all_layers(model: "keras.Model") -> list:
+def all_layers(model: keras.Model) -> list:
     """Every Keras layer inside ``model``: its layers, nested models' layers and wrappers' inner layers."""
     return [m for m in model.submodules if isinstance(m, keras.layers.Layer)]
 
 
-def strip_wrappers(model: "keras.Model") -> "keras.Model":
+def strip_wrappers(model: keras.Model) -> keras.Model:
     """``model`` without tfmot pruning and clustering wrappers; quantization-aware (QAT) wrappers stay.
 
     A QAT model keeps its wrappers: they hold the ranges it learned, which the int8 conversion

@@ -20,7 +20,7 @@ def _positions(shape, data_format: str = "channels_last") -> int:
     return int(np.prod(dims)) if dims else 1
 
 
-def layer_macs(layer, model: "keras.Model | None" = None) -> int:
+def layer_macs(layer, model: keras.Model | None = None) -> int:
     """Multiply-adds per example of ``layer`` over its calls in ``model`` (all calls without one; 0 for
     layers without a kernel)."""
     total = 0
@@ -56,6 +56,6 @@ def layer_macs(layer, model: "keras.Model | None" = None) -> int:
     return int(total)
 
 
-def model_macs(model: "keras.Model") -> dict[str, int]:
+def model_macs(model: keras.Model) -> dict[str, int]:
     """Layer name -> multiply-adds per example, for every layer of ``model`` that has some."""
     return {layer.name: macs for layer in model.layers if (macs := layer_macs(layer, model))}

@@ -151,7 +151,7 @@ def format_report(report: Report) -> str:
         for r in report.layers
     ]
     widths = [max(len(x) for x in col) for col in zip(header, *short)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [
         f"model {report.model!r}: what each technique can do with each layer (macs: multiply-adds per "
         "example; low_rank: the largest rank that saves, of the full rank)",

@@ -43,7 +43,7 @@ class Entry:
 
 
 def layer_grid(
-    model: "keras.Model", counts: list[dict[str, tuple[int, int]]]
+    model: keras.Model, counts: list[dict[str, tuple[int, int]]]
 ) -> dict[str, tuple[list, list]]:
     """Layer -> (input widths, output widths) to time: every width any of ``counts`` gives it.
 
@@ -62,7 +62,7 @@ def layer_grid(
     return grid
 
 
-def entries(model: "keras.Model", grid: dict[str, tuple[list, list]]) -> list[Entry]:
+def entries(model: keras.Model, grid: dict[str, tuple[list, list]]) -> list[Entry]:
     """The signatures to time, in a fixed order (every worker builds the same list)."""
     out = []
     for name, (cins, couts) in grid.items():
@@ -99,7 +99,7 @@ def _convert(functions: list, keep) -> bytes:
         return tf.lite.TFLiteConverter.from_concrete_functions(functions, keep).convert()
 
 
-def _contents(model: "keras.Model", todo: list[Entry]):
+def _contents(model: keras.Model, todo: list[Entry]):
     """``(.tflite, signature keys)``: the whole model's, then ``CHUNK`` entries' each (``t<i>``)."""
     spec = tf.TensorSpec((1, *[int(d) for d in model.input_shape[1:]]), tf.float32, name="x")
     yield (
@@ -123,7 +123,7 @@ def _contents(model: "keras.Model", todo: list[Entry]):
         yield _convert(functions, keep), [f"t{i}" for i in range(start, start + len(layers))]
 
 
-def _same(model: "keras.Model", entry: Entry) -> tuple:
+def _same(model: keras.Model, entry: Entry) -> tuple:
     """What decides an entry's time: the layer's type and settings, its input size and its widths."""
     layer = model.get_layer(entry.layer)
     config = {k: v for k, v in layer.get_config().items() if k != "name"}
@@ -137,7 +137,7 @@ def _same(model: "keras.Model", entry: Entry) -> tuple:
 
 
 def time_signatures(
-    model: "keras.Model", todo: list[Entry], *, threads: int = 1, passes: int = 3, runs: int = 20
+    model: keras.Model, todo: list[Entry], *, threads: int = 1, passes: int = 3, runs: int = 20
 ) -> np.ndarray:
     """The p50 in microseconds of the whole model, then of each entry, in LiteRT.
 
@@ -198,13 +198,13 @@ class Table:
     @classmethod
     def measured(
         cls,
-        model: "keras.Model",
+        model: keras.Model,
         grid: dict[str, tuple[list, list]],
         times: np.ndarray,
         *,
         now: dict[str, tuple[int, int]],
         threads: int,
-    ) -> "Table":
+    ) -> Table:
         """The table of ``times`` (from :func:`time_signatures` over :func:`entries` of ``grid``)."""
         index = {entry: i + 1 for i, entry in enumerate(entries(model, grid))}
         depthwise = {n for n in grid if isinstance(model.get_layer(n), L.DepthwiseConv2D)}
@@ -248,6 +248,6 @@ class Table:
         }
 
 
-def model_us(model: "keras.Model", *, threads: int = 1, passes: int = 3, runs: int = 50) -> float:
+def model_us(model: keras.Model, *, threads: int = 1, passes: int = 3, runs: int = 50) -> float:
     """The float .tflite of ``model``: its batch-1 p50 in microseconds in LiteRT."""
     return float(time_signatures(model, [], threads=threads, passes=passes, runs=runs)[0])

@@ -55,7 +55,7 @@ class LowRankSpec:
     conv: str = "pointwise"
     selection: Selection = field(default_factory=Selection)
 
-    def validate(self) -> "LowRankSpec":
+    def validate(self) -> LowRankSpec:
         """Raises OptimizeError naming the bad value and the valid range."""
         if self.rank_by not in RANK_BY:
             raise OptimizeError(
@@ -155,7 +155,7 @@ def _matrix(kernel: np.ndarray, spatial: bool) -> np.ndarray:
     return kernel.reshape(-1, kernel.shape[-1])
 
 
-def candidates(model: "keras.Model", spec: LowRankSpec) -> tuple[list[Candidate], dict[str, str]]:
+def candidates(model: keras.Model, spec: LowRankSpec) -> tuple[list[Candidate], dict[str, str]]:
     """The layers of ``model`` that can be factorized, and the others considered, with why not."""
     spec.selection.check(model)
     macs = model_macs(model)
@@ -236,9 +236,7 @@ def budget_ranks(
     return ranks
 
 
-def factorize(
-    model: "keras.Model", ranks: dict[str, int], conv: str = "pointwise"
-) -> "keras.Model":
+def factorize(model: keras.Model, ranks: dict[str, int], conv: str = "pointwise") -> keras.Model:
     """``model`` with each layer of ``ranks`` (rank > 0) replaced by its rank-r pair.
 
     Args:
@@ -351,7 +349,7 @@ class Plan:
         }
 
 
-def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
+def plan(model: keras.Model, spec: LowRankSpec) -> Plan:
     """Chooses each layer's rank under ``spec``.
 
     Raises:
@@ -392,7 +390,7 @@ def plan(model: "keras.Model", spec: LowRankSpec) -> Plan:
     )
 
 
-def check_flops(model: "keras.Model", spec: LowRankSpec, info: dict) -> dict:
+def check_flops(model: keras.Model, spec: LowRankSpec, info: dict) -> dict:
     """The run record's ``flops`` check: the result's multiply-adds, counted again, meet the plan.
 
     Args:

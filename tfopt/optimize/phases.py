@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from tfopt._compat import tfmot_layer_dtype
 from tfopt._keras import keras, tf
 from tfopt.optimize import channel_prune as channel_lib
-from tfopt.optimize import latency as latency_lib
 from tfopt.optimize import cluster as cluster_lib
+from tfopt.optimize import latency as latency_lib
 from tfopt.optimize import low_rank as low_rank_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib

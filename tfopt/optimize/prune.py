@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
 
 from tfopt._compat import prunable_weight_names, prune_registry_supports
 from tfopt._keras import keras
@@ -30,8 +31,6 @@ from tfopt.optimize.common import (
     kernel_variables,
     m_by_n_violations,
 )
-
-import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
 
 _sparsity = tfmot.sparsity.keras
 SCHEDULES = ("constant", "polynomial")
@@ -82,7 +81,7 @@ class PruneSpec:
     policy: str = "none"
     selection: Selection = field(default_factory=Selection)
 
-    def validate(self) -> "PruneSpec":
+    def validate(self) -> PruneSpec:
         """Raises OptimizeError naming the bad value and the valid range."""
         if not 0.0 <= self.sparsity < 1.0:
             raise OptimizeError(
@@ -179,7 +178,7 @@ def _has_prunable_weights(layer) -> bool:
     return bool(prunable_weight_names(layer)) and bool(layer.weights)
 
 
-def prunable_names(model: "keras.Model", spec: PruneSpec) -> list[str]:
+def prunable_names(model: keras.Model, spec: PruneSpec) -> list[str]:
     """The layers ``wrap`` will prune: selected, supported, holding weights, allowed by the policy.
 
     Raises:
@@ -225,12 +224,12 @@ def _policy(model, spec: PruneSpec):
 
 
 def wrap(
-    model: "keras.Model",
+    model: keras.Model,
     spec: PruneSpec,
     total_steps: int,
     names: list[str] | None = None,
     wrapper_dtype: str | None = None,
-) -> "keras.Model":
+) -> keras.Model:
     """Wraps the chosen layers of ``model`` with ``PruneLowMagnitude``; call inside ``strategy.scope()``.
 
     Args:
@@ -271,12 +270,12 @@ def callbacks(log_dir: str | None) -> list:
     return cbs
 
 
-def strip(model: "keras.Model") -> "keras.Model":
+def strip(model: keras.Model) -> keras.Model:
     """Removes the pruning wrappers (call in the scope that wrapped): the model export needs."""
     return _sparsity.strip_pruning(model)
 
 
-def check_blocks(model: "keras.Model", block_size: tuple[int, int], layers: list[str]) -> dict:
+def check_blocks(model: keras.Model, block_size: tuple[int, int], layers: list[str]) -> dict:
     """Verifies block sparsity on a stripped model: every block of a rank-2 kernel is all zero or not.
 
     Args:
@@ -313,7 +312,7 @@ def check_blocks(model: "keras.Model", block_size: tuple[int, int], layers: list
 
 
 def check_m_by_n(
-    model: "keras.Model", m_by_n: tuple[int, int], layers: list[str] | None = None
+    model: keras.Model, m_by_n: tuple[int, int], layers: list[str] | None = None
 ) -> dict:
     """Verifies structured sparsity on a stripped model's weights.
 

@@ -39,25 +39,25 @@ layers save the variables a reload creates, so ``model.keras`` round-trips.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+
+import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
 
 from tfopt._compat import QUANTIZE_LAYERS, fix_for_keras_format, float32_global_policy
 from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError, Selection, all_layers, check_model
 
-import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
-
 _q = tfmot.quantization.keras
 SCHEMES = ("default", "prune_preserve", "cluster_preserve", "sparsity_cluster_preserve")
 
 # Layer class -> zero-argument factory of a QuantizeConfig (the documented hook).
-_CUSTOM_CONFIGS: dict[type, Callable[[], "_q.QuantizeConfig"]] = {}
+_CUSTOM_CONFIGS: dict[type, Callable[[], _q.QuantizeConfig]] = {}
 
 
 def register_quantize_config(
-    layer_class: type, config_factory: Callable[[], "_q.QuantizeConfig"]
+    layer_class: type, config_factory: Callable[[], _q.QuantizeConfig]
 ) -> None:
     """Tells every QAT technique how to quantize ``layer_class`` (e.g. a custom layer tfmot lacks).
 
@@ -151,7 +151,7 @@ class QatSpec:
     scheme: str = "default"
     selection: Selection = field(default_factory=Selection)
 
-    def validate(self) -> "QatSpec":
+    def validate(self) -> QatSpec:
         """Raises OptimizeError for an unknown scheme."""
         if self.scheme not in SCHEMES:
             raise OptimizeError(
@@ -175,7 +175,7 @@ def make_scheme(name: str):
     return _q.default_8bit.Default8BitQuantizeScheme()
 
 
-def quantizable_names(model: "keras.Model", spec: QatSpec) -> list[str]:
+def quantizable_names(model: keras.Model, spec: QatSpec) -> list[str]:
     """The layers ``wrap`` will annotate: selected and supported (or given a config by the hook).
 
     Raises:
@@ -200,7 +200,7 @@ def quantizable_names(model: "keras.Model", spec: QatSpec) -> list[str]:
     return names
 
 
-def wrap(model: "keras.Model", spec: QatSpec, names: list[str] | None = None) -> "keras.Model":
+def wrap(model: keras.Model, spec: QatSpec, names: list[str] | None = None) -> keras.Model:
     """Annotates the chosen layers and applies the scheme; call inside ``strategy.scope()``.
 
     The quantized model is built under a float32 policy (fake quantization is float32-only);
@@ -236,11 +236,11 @@ def wrap(model: "keras.Model", spec: QatSpec, names: list[str] | None = None) ->
 
 
 def savable_copy(
-    trained: "keras.Model",
-    float_model: "keras.Model",
+    trained: keras.Model,
+    float_model: keras.Model,
     names: list[str],
     weights: dict | None = None,
-) -> "keras.Model":
+) -> keras.Model:
     """A strategy-free, default-scheme QAT copy of ``trained`` that evaluates, exports and saves.
 
     The copy is ``float_model`` annotated like ``trained`` and quantized with the default 8-bit
@@ -298,13 +298,13 @@ def _relative(name: str, own_layer: str, other_layer: str) -> str:
     )
 
 
-def read_named_weights(model: "keras.Model") -> dict:
+def read_named_weights(model: keras.Model) -> dict:
     """``{variable name: numpy value}`` of every weight of ``model`` (a collective under MWMS)."""
     values = model.get_weights()
     return {var.name: value for var, value in zip(model.weights, values)}
 
 
-def is_qat_model(model: "keras.Model") -> bool:
+def is_qat_model(model: keras.Model) -> bool:
     """True when ``model`` (or a model nested in it) holds tfmot quantization-aware-training layers.
 
     The one QAT test of tfopt (export uses it too). It checks the classes themselves
@@ -315,7 +315,7 @@ def is_qat_model(model: "keras.Model") -> bool:
     return any(isinstance(layer, classes) for layer in all_layers(model))
 
 
-def inner_float_model(qat_model: "keras.Model", float_model: "keras.Model") -> "keras.Model":
+def inner_float_model(qat_model: keras.Model, float_model: keras.Model) -> keras.Model:
     """``float_model`` (same architecture, strategy-free) with the QAT model's float weights.
 
     Each layer of ``float_model`` takes its weights from the QAT layer that wraps a layer of the
@@ -344,7 +344,7 @@ def inner_float_model(qat_model: "keras.Model", float_model: "keras.Model") -> "
     return float_model
 
 
-def load_quantized_model(path: str, trust_model: bool = False) -> "keras.Model":
+def load_quantized_model(path: str, trust_model: bool = False) -> keras.Model:
     """Loads a model written by a QAT technique (or any tfopt model) inside :func:`quantize_scope`.
 
     The tfmot layers deserialize only inside that scope; the file still goes through the safe

@@ -66,7 +66,7 @@ class OptimizeSettings:
     saved_model: bool = True
     trust_model: bool = False
 
-    def validate(self) -> "OptimizeSettings":
+    def validate(self) -> OptimizeSettings:
         """Raises OptimizeError for a bad technique, spec or fine-tuning length."""
         techniques.get(self.technique)
         self.prune.validate()

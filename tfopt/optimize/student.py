@@ -33,13 +33,13 @@ from tfopt.runtime import precision
 class Compression:
     """A wrapped model, the callbacks its wrappers need, and what run.json records of it."""
 
-    model: "keras.Model"
+    model: keras.Model
     callbacks: list = field(default_factory=list)
     info: dict | None = None
 
 
 def wrap(
-    model: "keras.Model",
+    model: keras.Model,
     technique: str,
     total_steps: int,
     *,
@@ -102,12 +102,12 @@ def wrap(
     )
 
 
-def plain_weights(model: "keras.Model") -> list:
+def plain_weights(model: keras.Model) -> list:
     """The weights of ``plain_copy(model)``, in its order (a collective under MultiWorkerMirrored)."""
     return strip_wrappers(model).get_weights()
 
 
-def plain_copy(model: "keras.Model") -> "keras.Model":
+def plain_copy(model: keras.Model) -> keras.Model:
     """A strategy-free copy of ``model`` with pruning/clustering stripped: for evaluation and saving.
 
     A QAT model keeps its wrappers and is made savable (its ``model.keras`` reloads). Every
@@ -132,7 +132,7 @@ def plain_copy(model: "keras.Model") -> "keras.Model":
         return pool.submit(copy).result()
 
 
-def measured(plain: "keras.Model", info: dict) -> dict:
+def measured(plain: keras.Model, info: dict) -> dict:
     """Sparsity or cluster counts read back from ``plain``'s kernels for the wrapped layers."""
     rows = [r for r in weight_table(plain) if r.layer in info["layers"]]
     if info["technique"] == "prune":

@@ -23,7 +23,7 @@ from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError
 
 
-def functional(model: "keras.Model") -> "keras.Model":
+def functional(model: keras.Model) -> keras.Model:
     """``model`` as a functional model: a Sequential becomes one over the same layers.
 
     Raises:
@@ -44,7 +44,7 @@ def functional(model: "keras.Model") -> "keras.Model":
     return model
 
 
-def fresh(model: "keras.Model") -> "keras.Model":
+def fresh(model: keras.Model) -> keras.Model:
     """A functional copy of ``model`` with its weights whose layers belong to it alone.
 
     A layer object shared with another model (the source of a clone, a tfmot-stripped model)
@@ -63,7 +63,7 @@ class Graph:
         model: A functional or Sequential tf_keras model.
     """
 
-    def __init__(self, model: "keras.Model"):
+    def __init__(self, model: keras.Model):
         self.model = functional(model)
         self.config = copy.deepcopy(self.model.get_config())
         self.entries: dict[str, dict] = {entry["name"]: entry for entry in self.config["layers"]}
@@ -137,7 +137,7 @@ class Graph:
         self.entries = {e["name"]: e for e in layers}
         self.weights[new_name] = list(weights)
 
-    def build(self) -> "keras.Model":
+    def build(self) -> keras.Model:
         """The edited model, built fresh (outside any strategy scope) with the edited weights.
 
         Raises:

@@ -14,8 +14,9 @@ import dataclasses
 import importlib.util
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from tfopt import config as config_lib
 from tfopt.config import RunConfig
@@ -124,7 +125,7 @@ class PipelineConfig:
         """The config as nested plain data (JSON-ready)."""
         return dataclasses.asdict(self)
 
-    def validate(self) -> "PipelineConfig":
+    def validate(self) -> PipelineConfig:
         """Checks every spec; returns self.
 
         Raises:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from tfopt.pipeline import config as pipeline_config
 from tfopt.pipeline.config import PipelineConfig

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tfopt.children import run_child
 from tfopt.errors import ConfigError, TfoptError

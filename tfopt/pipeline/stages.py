@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from tfopt import config as config_lib
 from tfopt.config import RunConfig
-from tfopt.pipeline.config import PipelineConfig
 from tfopt.optimize.techniques import STRUCTURAL, TECHNIQUES
+from tfopt.pipeline.config import PipelineConfig
 from tfopt.runs import fingerprint
 
 QAT_TECHNIQUES = tuple(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tfopt.fileio import atomic_dir, write_bytes, write_json, write_text
 from tfopt.report import collect as collect_lib

@@ -11,7 +11,7 @@ the dashboard's table and parallel-coordinates views show every variant side by 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from tfopt.report.collect import Variant
 

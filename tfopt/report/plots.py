@@ -6,7 +6,7 @@ Every function returns PNG bytes; the caller writes them (atomically) and inline
 from __future__ import annotations
 
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 from tfopt.report.collect import Variant
 

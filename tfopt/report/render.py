@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import html as html_lib
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from tfopt.export.summary import markdown_table
 

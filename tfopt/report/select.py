@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 import operator
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 from tfopt.errors import ConfigError
 from tfopt.report.collect import Variant

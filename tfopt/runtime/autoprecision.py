@@ -45,8 +45,9 @@ import dataclasses
 import gc
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from tfopt import _compat
 from tfopt._keras import keras, tf
@@ -199,7 +200,7 @@ def decide(
     return policy, reason, rates
 
 
-def resolve(job: "Job") -> Probe:
+def resolve(job: Job) -> Probe:
     """Probes the candidates for ``job`` (entered: strategy, data info) and returns the decision.
 
     Leaves the global policy at float32 and the random generators drawn from: the Job sets the
@@ -244,7 +245,7 @@ def resolve(job: "Job") -> Probe:
         train_function = model.make_train_function()
 
         def step() -> None:
-            logs = train_function(iterator)
+            logs = train_function(iterator)  # noqa: F821 (bound above; deleted after use)
             next(iter(logs.values())).numpy()  # waits for the step to finish
 
         return step
@@ -269,7 +270,7 @@ def resolve(job: "Job") -> Probe:
     )
 
 
-def _mean_over_workers(strategy: "tf.distribute.Strategy", values: list[float]) -> list[float]:
+def _mean_over_workers(strategy: tf.distribute.Strategy, values: list[float]) -> list[float]:
     """The element-wise mean of ``values`` over every replica of ``strategy`` (an all-reduce)."""
     per_replica = strategy.run(lambda: tf.constant(values, tf.float32))
     return [

@@ -58,7 +58,7 @@ def remove_debris(directory: str) -> None:
         shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
 
 
-def finite(model: "keras.Model") -> bool:
+def finite(model: keras.Model) -> bool:
     """True when every weight of ``model`` is finite."""
     return all(
         np.isfinite(w).all() for w in model.get_weights() if np.issubdtype(w.dtype, np.floating)
@@ -98,7 +98,7 @@ class Backup(keras.callbacks.Callback):
 
     def __init__(
         self,
-        model: "keras.Model",
+        model: keras.Model,
         directory: str,
         *,
         steps_per_epoch: int,

@@ -98,14 +98,14 @@ class PlainValidation(keras.callbacks.Callback):
             a Distiller passes its plain student's).
     """
 
-    def __init__(self, copy: "keras.Model", dataset, enabled: bool = True, weights_fn=None):
+    def __init__(self, copy: keras.Model, dataset, enabled: bool = True, weights_fn=None):
         super().__init__()
         self.copy = copy
         self.dataset = dataset
         self.enabled = enabled
         self.weights_fn = weights_fn
 
-    def evaluate(self, model: "keras.Model") -> dict:
+    def evaluate(self, model: keras.Model) -> dict:
         """Evaluates ``model``'s current weights (through ``weights_fn`` when given) on the split."""
         self.copy.set_weights(self.weights_fn() if self.weights_fn else model.get_weights())
         with ThreadPoolExecutor(1) as pool:

@@ -30,15 +30,15 @@ import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, version
 
-from tfopt._version import __version__
+from tfopt import _compat
 from tfopt._keras import keras, tf
+from tfopt._version import __version__
 from tfopt.config import RunConfig
 from tfopt.data import pipeline, service, sources
+from tfopt.errors import PeerLost, TrainingError
 from tfopt.runs import RunRecord, default_output, fingerprint
 from tfopt.runtime import autoprecision, precision, sidecar
 from tfopt.runtime import strategy as strategy_lib
-from tfopt import _compat
-from tfopt.errors import PeerLost, TrainingError
 from tfopt.runtime.backup import Backup, NonFinite
 from tfopt.runtime.callbacks import EpochTimer, MetricsLogger, PlainValidation
 from tfopt.runtime.rundir import RunDir
@@ -97,7 +97,7 @@ def run_record(stage: str, cfg: RunConfig, output_dir: str | None = None, **sect
     return RunRecord(stage=stage, config=config, versions=versions(), **sections)
 
 
-def weights_digest(model: "keras.Model") -> str:
+def weights_digest(model: keras.Model) -> str:
     """Returns a sha256 over all of ``model``'s weights (identical models, identical digests)."""
     h = hashlib.sha256()
     for w in model.get_weights():
@@ -105,7 +105,7 @@ def weights_digest(model: "keras.Model") -> str:
     return h.hexdigest()
 
 
-def plain_copy(model: "keras.Model") -> "keras.Model":
+def plain_copy(model: keras.Model) -> keras.Model:
     """A copy of ``model`` outside any strategy, compiled for evaluation: what gets validated and saved."""
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
@@ -229,7 +229,7 @@ class Job:
             and self.cluster.task_type in ("worker", "ps")
         )
 
-    def __enter__(self) -> "Job":
+    def __enter__(self) -> Job:
         if self.serves:
             strategy_lib.run_server(
                 self.cluster
@@ -324,7 +324,7 @@ class Job:
         lr = self.cfg.train.learning_rate if lr is None else lr
         return lr * (self.replicas if self.cfg.train.scale_lr else 1)
 
-    def optimizer(self, lr: float, total_steps: int) -> "keras.optimizers.Optimizer":
+    def optimizer(self, lr: float, total_steps: int) -> keras.optimizers.Optimizer:
         """Adam with the configured schedule (cosine-decayed to 0 over ``total_steps``, or constant).
 
         Under ``mixed_float16`` the optimizer scales the loss (compile() only does it for
@@ -381,7 +381,7 @@ class Job:
         return 2 if self.spec.needs_servers else self.cfg.train.verbose
 
     def callbacks(
-        self, validation: "keras.callbacks.Callback", extra: list | tuple = (), first_epoch: int = 0
+        self, validation: keras.callbacks.Callback, extra: list | tuple = (), first_epoch: int = 0
     ) -> list:
         """The callbacks every training stage uses, in order: ``extra`` (e.g. tfmot's), epoch timer,
         validation, progress, metrics.csv/json and TensorBoard (optional); ``fit`` adds the backup.
@@ -409,7 +409,7 @@ class Job:
             cbs.append(keras.callbacks.TensorBoard(os.path.join(self.write_dir, "tensorboard")))
         return cbs
 
-    def fit(self, model: "keras.Model", callbacks: list, *, epochs: int, steps_per_epoch: int):
+    def fit(self, model: keras.Model, callbacks: list, *, epochs: int, steps_per_epoch: int):
         """``model.fit`` on the training input with backups, resume and the NaN guard; returns the History.
 
         Each ``fit`` of a job has its own backups (``backup/<n>`` in the work directory, n counting
@@ -506,7 +506,7 @@ class Job:
         """True for the ``evaluator`` task: its ``fit`` evaluates the chief's backups instead."""
         return self.cluster is not None and self.cluster.is_evaluator
 
-    def _evaluate_backups(self, model: "keras.Model", callbacks: list, slot: int, final_step: int):
+    def _evaluate_backups(self, model: keras.Model, callbacks: list, slot: int, final_step: int):
         """The evaluator's ``fit``: evaluates each backup of fit number ``slot`` as the chief writes it,
         the way the stage's validation callback does (a plain copy, e.g. a Distiller's student)."""
         if self.run_dir is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Callable
+from collections.abc import Callable
 
 from tfopt.errors import ConfigError
 from tfopt.fileio import write_json

@@ -14,14 +14,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tfopt._keras import keras, tf
 from tfopt.fileio import write_json
 
 
 def evaluate_backups(
-    model: "keras.Model",
+    model: keras.Model,
     directory: str,
     evaluate: Callable[[], dict],
     *,

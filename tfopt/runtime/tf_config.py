@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from tfopt.children import ISOLATED_ENV, LOOPBACK
 from tfopt.errors import ClusterError

@@ -46,7 +46,7 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
             return None
     except ConnectionRefusedError:
         return "connection refused"
-    except socket.timeout:
+    except TimeoutError:
         return f"no answer in {timeout:g}s"
     except (OSError, ValueError) as e:
         return getattr(e, "strerror", None) or str(e) or type(e).__name__
@@ -121,7 +121,7 @@ class StartupWatchdog:
         self._watcher: subprocess.Popen | None = None
         self._previous = False
 
-    def __enter__(self) -> "StartupWatchdog":
+    def __enter__(self) -> StartupWatchdog:
         if self.timeout is None or self.timeout <= 0:
             return self
         self._previous = _install_exit_on_sigquit()

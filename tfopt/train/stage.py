@@ -11,12 +11,12 @@ the run directory with its ``run.json``.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from tfopt._keras import keras
 from tfopt.config import RunConfig
-from tfopt.models.io import save_model
 from tfopt.models import sources
+from tfopt.models.io import save_model
 from tfopt.runs import RunRecord
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
@@ -121,11 +121,11 @@ def phases(cfg: RunConfig) -> list[tuple[int, bool]]:
     return [(n, head_only) for n, head_only in ((freeze, True), (total - freeze, False)) if n > 0]
 
 
-def _head(model: "keras.Model"):
+def _head(model: keras.Model):
     return model.get_layer(model.output_names[0])
 
 
-def freeze_base(model: "keras.Model") -> list:
+def freeze_base(model: keras.Model) -> list:
     """Makes every trainable layer but the classification layer (the model's output layer)
     non-trainable; returns them. Frozen batch-norm layers run in inference mode (their statistics
     stay as they are), as Keras's transfer-learning guide expects."""
