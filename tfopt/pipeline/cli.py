@@ -22,7 +22,8 @@ def build_parser() -> cli.ArgumentParser:
     )
     parser.add_argument(
         "pipeline",
-        help="a pipeline file, e.g. pipelines/mnist_edge.py (defines get_config(variant))",
+        help="a pipeline file (e.g. pipelines/mnist_edge.py, defining get_config(variant)) or the "
+        "name of an example tfopt ships: mnist_edge, fashion_edge, folder_edge",
     )
     parser.add_argument(
         "--variant", default="default", help="the pipeline's variant (e.g. smoke; default: default)"
@@ -72,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
-        from tfopt.pipeline.config import apply_overrides, load_pipeline
+        from tfopt.pipeline.config import apply_overrides, find_pipeline, load_pipeline
 
-        cfg = load_pipeline(args.pipeline, args.variant)
+        file = find_pipeline(args.pipeline)
+        cfg = load_pipeline(file, args.variant)
         overrides = list(args.set)
         if args.strategy:
             overrides.append(f"runtime.strategy={args.strategy}")
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg,
             run_dir,
             variant=args.variant,
-            file=args.pipeline,
+            file=file,
             verbose=0 if args.quiet else 1,
             report=not args.no_report,
         )

@@ -11,8 +11,10 @@ overrides either: ``data.limit=2048`` and ``runtime.strategy=one_device`` go to 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import os
+import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -291,14 +293,62 @@ def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig
     return from_dict(raw, cfg)
 
 
+def example_dirs() -> list[str]:
+    """Where the example pipelines live: the installed copy (``<prefix>/share/tfopt/pipelines``,
+    from the wheel's data files), then a source checkout's ``pipelines/``."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    dirs = [
+        os.path.join(sys.prefix, "share", "tfopt", "pipelines"),
+        os.path.join(here, "pipelines"),
+    ]
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def example_names() -> list[str]:
+    """The names of the example pipelines tfopt ships (``mnist_edge``, ...)."""
+    return sorted(
+        {f[:-3] for d in example_dirs() for f in os.listdir(d) if f.endswith(".py") and f[0] != "_"}
+    )
+
+
+def find_pipeline(path_or_name: str) -> str:
+    """The pipeline file ``path_or_name`` names: a ``.py`` path, or the name of an example.
+
+    Raises:
+        ConfigError: no such file, not a ``.py`` file, or no example of that name.
+    """
+    if path_or_name.endswith(".py") or os.sep in path_or_name or "/" in path_or_name:
+        if not path_or_name.endswith(".py"):
+            raise ConfigError(
+                f"pipeline {path_or_name!r} is not a .py file; give e.g. pipelines/mnist_edge.py"
+            )
+        if not os.path.isfile(path_or_name):
+            raise ConfigError(
+                f"pipeline {path_or_name!r}: no such file; give a path to a .py file or one of "
+                f"the examples by name: {', '.join(example_names())}"
+            )
+        return path_or_name
+    for d in example_dirs():
+        candidate = os.path.join(d, path_or_name + ".py")
+        if os.path.isfile(candidate):
+            return candidate
+    names = example_names()
+    close = difflib.get_close_matches(path_or_name, names, n=1)
+    hint = f"; did you mean {close[0]}" if close else ""
+    raise ConfigError(
+        f"no example pipeline named {path_or_name!r}{hint}; choose one of {', '.join(names)} "
+        "or give a path to a .py file"
+    )
+
+
 def load_pipeline(path: str, variant: str = "default") -> PipelineConfig:
-    """Imports a pipeline file and returns its validated ``get_config(variant)``.
+    """Imports a pipeline file (a path, or an example's name) and returns its validated
+    ``get_config(variant)``.
 
     Raises:
         ConfigError: the file is missing or lacks ``get_config``, or the variant is unknown.
     """
-    if not os.path.isfile(path) or not path.endswith(".py"):
-        raise ConfigError(f"pipeline {path!r} is not a .py file; give e.g. pipelines/mnist_edge.py")
+    path = find_pipeline(path)
     spec = importlib.util.spec_from_file_location(
         f"tfopt_pipeline_{os.path.basename(path)[:-3]}", path
     )
