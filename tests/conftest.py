@@ -36,8 +36,16 @@ LONGEST_FIRST = (
 )
 
 
+# Session fixtures that train or run a pipeline: a test using one is slow whatever it does itself.
+EXPENSIVE_FIXTURES = ("mnist_run", "pipeline_run")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(items):
-    """Puts the files of ``LONGEST_FIRST`` first, in that order; the others keep theirs."""
+    """Marks the users of ``EXPENSIVE_FIXTURES`` slow; puts the files of ``LONGEST_FIRST`` first."""
+    for item in items:
+        if set(EXPENSIVE_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
     def rank(item):
         name = os.path.basename(str(item.path))

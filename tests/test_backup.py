@@ -74,6 +74,7 @@ def _fit(out, times, **train):
         return job, model, backups
 
 
+@pytest.mark.slow
 def test_a_nan_rolls_back_to_the_last_backup_with_a_lower_rate(tmp_path):
     job, model, backups = _fit(tmp_path / "run", times=1)
     assert job.rollbacks == 1 and float(job._lr_scale.numpy()) == 0.5
@@ -89,6 +90,7 @@ def test_a_nan_rolls_back_to_the_last_backup_with_a_lower_rate(tmp_path):
                 assert np.isfinite(value).all(), (index, name)
 
 
+@pytest.mark.slow
 def test_a_nan_after_every_roll_back_stops_with_the_step(tmp_path):
     with pytest.raises(
         TrainingError,
@@ -106,6 +108,7 @@ def test_debris_of_a_killed_write_is_removed(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ckpt-10.index"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every", [1, 0], ids=["every-step-compiled", "epoch-end-eager"])
 def test_backups_keep_the_two_newest_and_survive_a_moved_directory(tmp_path, every):
     from tfopt.runtime.backup import Backup
@@ -195,6 +198,7 @@ FULL_DISK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_backup(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")

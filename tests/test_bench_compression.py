@@ -143,6 +143,7 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
 
 
+@pytest.mark.slow
 def test_largest_buffer_entropy_counts_the_biggest_kernels_bytes():
     """1 bit for a kernel whose int8 bytes take two values equally often, 0 for one value: the
     number follows the biggest buffer's byte histogram, not the file's."""

@@ -15,6 +15,7 @@ from bench_checks import check_verdicts
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_ingestion_benchmark_smoke(tmp_path):
     import statistics
 

@@ -42,6 +42,7 @@ def _macs_measure(model, entries):
     return np.array(out)
 
 
+@pytest.mark.slow
 def test_plan_takes_the_smallest_share_whose_predicted_latency_meets_the_target():
     model = cnn((28, 28, 1), 10)
     base = 50 + sum(model_macs(model).values()) / 1000
@@ -68,6 +69,7 @@ def test_plan_takes_the_smallest_share_whose_predicted_latency_meets_the_target(
     )  # no smaller share meets it
 
 
+@pytest.mark.slow
 def test_a_latency_target_below_the_floor_is_a_one_line_error_naming_it():
     model = cnn((28, 28, 1), 10)
     with pytest.raises(OptimizeError) as e:
@@ -85,6 +87,7 @@ def test_a_latency_target_below_the_floor_is_a_one_line_error_naming_it():
         cp.ChannelSpec(latency_us=100.0, ratio=0.3).validate()
 
 
+@pytest.mark.slow
 def test_layers_alike_but_for_their_names_are_timed_once_and_each_entry_is_its_layer():
     inputs = keras.Input((16, 16, 8))
     x = L.Conv2D(8, 3, padding="same", name="a")(inputs)

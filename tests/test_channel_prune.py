@@ -129,6 +129,7 @@ def _concat_and_se():
 @pytest.mark.parametrize(
     "build, shape", [(_chain, (10, 10, 3)), (_residual, (8, 8, 4)), (_concat_and_se, (8, 8, 4))]
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("ranking", ["global", "uniform"])
 def test_removing_zeroed_channels_changes_no_output(build, shape, ranking):
     model = _randomize(build())
@@ -136,6 +137,7 @@ def test_removing_zeroed_channels_changes_no_output(build, shape, ranking):
     assert plan.pinned == {"out": "model output"}
 
 
+@pytest.mark.slow
 def test_tied_channels_go_together():
     plan, pruned = _exact(_randomize(_residual()), cp.ChannelSpec(ratio=0.5), _image(8, 8, 4))
     assert plan.widths["stem"] == plan.widths["a"] == plan.widths["b"] == (12, 6)
@@ -148,6 +150,7 @@ def test_tied_channels_go_together():
     assert pruned.get_layer("out").kernel.shape[0] == 64 * plan.widths["body"][1]
 
 
+@pytest.mark.slow
 def test_a_flops_target_is_met_with_widths_rounded():
     model = _randomize(_chain())
     plan, pruned = _exact(model, cp.ChannelSpec(flops=0.5, round_to=4), _image(10, 10, 3))
@@ -168,6 +171,7 @@ def test_a_target_below_the_floor_is_a_one_line_error():
     assert "give flops >= " in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_a_layer_the_tracer_cannot_follow_is_kept_whole_and_named():
     x = inputs = keras.Input((6, 6, 3))
     x = L.Conv2D(8, 3, name="before")(x)

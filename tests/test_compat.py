@@ -89,6 +89,7 @@ def test_importing_compat_does_not_load_tfmot():
 # -- private APIs ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tfmot_wrapper_classes_are_still_private():
     public = {"PruneLowMagnitude": _s, "ClusterWeights": _c, "QuantizeLayer": _q}
     for name, module in public.items():
@@ -316,6 +317,7 @@ def _qat_model():
     return model, x
 
 
+@pytest.mark.slow
 def test_qat_model_still_does_not_reload_from_keras_format(tmp_path):
     model, x = _qat_model()
     expected = model.predict(x, verbose=0)
@@ -360,6 +362,7 @@ def test_quantize_wrapper_still_lists_weights_twice():
     )
 
 
+@pytest.mark.slow
 def test_fix_for_keras_format_reloads_identically(tmp_path):
     model, x = _qat_model()
     expected = model.predict(x, verbose=0)
@@ -404,6 +407,7 @@ def _fit_clustered(callback, steps_per_execution: int, batch_hooks: bool) -> Non
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=callbacks)
 
 
+@pytest.mark.slow
 def test_clustering_summaries_still_assert_under_steps_per_execution(tmp_path):
     _still_broken(
         lambda: _fit_clustered(_c.ClusteringSummaries(log_dir=str(tmp_path)), 2, batch_hooks=True),
@@ -414,6 +418,7 @@ def test_clustering_summaries_still_assert_under_steps_per_execution(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_clustering_summaries_still_write_every_epoch_at_step_0(tmp_path):
     _fit_clustered(_c.ClusteringSummaries(log_dir=str(tmp_path)), 1, batch_hooks=False)
     assert _summary_steps(str(tmp_path)) == [0], (
@@ -422,6 +427,7 @@ def test_clustering_summaries_still_write_every_epoch_at_step_0(tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps_per_execution,batch_hooks", [(2, True), (2, False), (1, True)])
 def test_step_counting_clustering_summaries_write_at_the_right_steps(
     tmp_path, steps_per_execution, batch_hooks
@@ -454,6 +460,7 @@ def test_float32_global_policy_restores_the_policy_and_tfmot_layer_dtype():
         keras.mixed_precision.set_global_policy(previous)
 
 
+@pytest.mark.slow
 def test_pruning_still_fails_in_a_mixed_dtype_under_mirrored_strategy():
     devices = tf.config.list_logical_devices("CPU")
     if len(devices) < 2:
@@ -614,6 +621,7 @@ def test_build_step_state_leaves_a_model_whose_variables_do_not_exist_yet_to_ker
     assert len(model.optimizer.variables) > 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("distiller", [False, True], ids=["model", "distiller"])
 def test_build_step_state_traces_each_step_once_where_keras_traces_it_twice(distiller):
     *keras_traces, keras_weights = _traces(prebuilt=False, distiller=distiller)
@@ -666,6 +674,7 @@ def test_accept_remote_logs_is_what_lets_batch_hooks_run_under_parameter_servers
     assert '"_supports_tf_logs"' in source  # the exemption the refusal still checks
 
 
+@pytest.mark.slow
 def test_a_keras_model_saved_once_converts_byte_for_byte_as_from_keras_model_does(tmp_path):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6, 6, 1))

@@ -32,6 +32,7 @@ def batches(images, repeats=1):
 @pytest.mark.parametrize(
     "dtype, crop, padding", [(np.uint8, 6, 0), (np.uint8, 0, 2), (np.float32, 9, 1)]
 )
+@pytest.mark.slow
 def test_crop_flip_equals_numpy_with_the_same_draws(dtype, crop, padding):
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (16, 10, 12, 3)).astype(dtype)
@@ -114,6 +115,7 @@ def digits(tmp_path_factory):
     return cfg, prepare(cfg)
 
 
+@pytest.mark.slow
 def test_normalize_alone_applies_to_training_and_evaluation_batches(digits):
     cfg, info = digits
     files, parse = info.splits["train"].files, parse_fn(info, "train")

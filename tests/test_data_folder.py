@@ -29,6 +29,7 @@ def _all(cfg, split, info=None):
     return np.concatenate(xs), np.concatenate(ys)
 
 
+@pytest.mark.slow
 def test_class_folders_are_split_80_10_10_and_every_image_keeps_its_label(tmp_path):
     root = str(tmp_path / "photos")
     values = constant_folder(root, {None: {"cat": 20, "dog": 10, "eel": 30}})
@@ -93,6 +94,7 @@ def test_split_folders_are_used_as_given_and_a_missing_one_is_carved_from_train(
     }
 
 
+@pytest.mark.slow
 def test_resize_and_channels_of_a_fixed_size_source_are_tf_image_on_the_stored_batch(tmp_path):
     plain = DataConfig(dataset="digits", data_dir=str(tmp_path / "data"), num_shards=2)
     x, y = _all(plain, "test")
@@ -216,6 +218,7 @@ def test_images_of_several_sizes_need_an_image_size(tmp_path):
             from_dict({"data": {"image_size": bad}})
 
 
+@pytest.mark.slow
 def test_a_tfds_dataset_of_varying_sizes_is_resized(tmp_path):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tfds_builders"))
     import varying_sizes  # noqa: F401  (registers tfds:varying_sizes)
@@ -237,6 +240,7 @@ def test_a_tfds_dataset_of_varying_sizes_is_resized(tmp_path):
     assert np.bincount(y).tolist() == [5, 5]
 
 
+@pytest.mark.slow
 def test_a_source_written_as_a_folder_reads_back_the_same_images(tmp_path):
     from tfopt.data.to_folder import main
 
@@ -278,6 +282,7 @@ def _example(image_bytes, label, image_key, label_key):
     ).SerializeToString()
 
 
+@pytest.mark.slow
 def test_tfrecords_with_their_own_feature_names_sizes_and_labels_file(tmp_path):
     """The TF-Slim / Object Detection API layout: JPEGs of any size under image/encoded, image/class/label."""
     for k, (split, n) in enumerate((("train", 12), ("val", 4), ("test", 6))):

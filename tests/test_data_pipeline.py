@@ -47,6 +47,7 @@ def fingerprints(ds):
     return sorted(out)
 
 
+@pytest.mark.slow
 def test_parse_dtype_shape_range(mnist):
     _, info = mnist
     parse = parse_fn(info, "train")
@@ -61,6 +62,7 @@ def test_parse_dtype_shape_range(mnist):
         parse_fn(info, "training")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["png", "jpeg"])
 def test_parse_encoded_images(tmp_path, encoding):
     from sklearn.datasets import load_digits
@@ -87,6 +89,7 @@ def test_parse_encoded_images(tmp_path, encoding):
         np.testing.assert_array_equal(np.rint(got_images * 255).astype(np.uint8), images[:20])
 
 
+@pytest.mark.slow
 def test_training_batches_are_deterministic(mnist):
     cfg, info = mnist
     cfg = dataclasses.replace(cfg, deterministic=True, augment="shift")
@@ -136,6 +139,7 @@ def training_epochs(cfg, info, epochs):
     return [record_ids(next(batches) for _ in range(per_epoch)) for _ in range(epochs)]
 
 
+@pytest.mark.slow
 def test_memory_cache_reshuffles_every_epoch(digits8):
     cfg, info = digits8
     assert cfg.cache == "memory"
@@ -196,6 +200,7 @@ def test_eval_keeps_order_and_every_record(mnist):
     np.testing.assert_array_equal(np.concatenate(runs[0]), np.concatenate(runs[1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_shards, mode", [(8, "file"), (1, "record")])
 @pytest.mark.parametrize("training", [False, True])
 def test_two_pipelines_cover_every_record_once(data_root, num_shards, mode, training):
@@ -319,6 +324,7 @@ def test_distribute_over_two_replicas(mnist):
         ("memory", "crop_flip", 2),
     ],
 )
+@pytest.mark.slow
 def test_stream_resumed_at_a_step_equals_the_uninterrupted_tail(
     digits8, tmp_path, cache, augment, pipelines
 ):

@@ -66,6 +66,7 @@ def closed_port() -> int:
 # -- service semantics on a plain dataset ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_distributed_epoch_produces_every_element_once(svc):
     ds = service.distribute(
         tf.data.Dataset.range(N), svc.target, "distributed_epoch", job_name="range-dynamic"
@@ -74,6 +75,7 @@ def test_distributed_epoch_produces_every_element_once(svc):
     assert got == list(range(N))
 
 
+@pytest.mark.slow
 def test_parallel_epochs_produces_every_element_once_per_worker(svc):
     ds = service.distribute(
         tf.data.Dataset.range(N), svc.target, "parallel_epochs", job_name="range-off"
@@ -82,6 +84,7 @@ def test_parallel_epochs_produces_every_element_once_per_worker(svc):
     assert got == collections.Counter({i: 2 for i in range(N)})
 
 
+@pytest.mark.slow
 def test_a_finished_job_name_gives_nothing_to_a_later_consumer(svc):
     first = service.distribute(
         tf.data.Dataset.range(10), svc.target, "distributed_epoch", job_name="reused"
@@ -96,6 +99,7 @@ def test_a_finished_job_name_gives_nothing_to_a_later_consumer(svc):
 # -- the tfopt pipeline through the service -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pipeline_pass_through_service_is_exactly_the_split(svc, digits):
     cfg, info = digits
     files = info.splits["train"].files
@@ -138,6 +142,7 @@ def test_training_stream_distributed_epoch_splits_passes(svc, digits):
     assert len(seen) == 400 and sum(seen.values()) == 3 * 400
 
 
+@pytest.mark.slow
 def test_training_stream_parallel_epochs_repeats_batches_per_worker(svc, digits):
     # Why local_target starts one worker (and several want distributed_epoch): a seeded stream is the same on
     # every worker, so the trainer receives each batch once per worker.
@@ -172,6 +177,7 @@ def test_maybe_distribute_leaves_evaluation_and_service_off_alone(digits):
 # -- resolve, check, job names ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resolve_off_and_local():
     assert service.resolve(DataConfig()) is None
     target = service.resolve(DataConfig(service="local"))
@@ -238,6 +244,7 @@ def test_job_names():
     )
 
 
+@pytest.mark.slow
 def test_the_local_service_says_its_ports_are_open_unless_isolated(capfd, monkeypatch):
     from tfopt.data.service import LocalService
 

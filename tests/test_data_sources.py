@@ -52,6 +52,7 @@ def read_split(info, split):
     return np.concatenate(images), np.concatenate(labels)
 
 
+@pytest.mark.slow
 def test_mnist_is_real_mnist(mnist10k):
     _, info = mnist10k
     assert info.name == "mnist" and info.image_shape == (28, 28, 1) and info.num_classes == 10
@@ -89,6 +90,7 @@ def test_prepare_reuses_and_reverifies(mnist10k):
     assert os.path.basename(os.path.dirname(manifest)) == "shards8-limit10000"
 
 
+@pytest.mark.slow
 def test_mnist_download_failure_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.delenv(
         "TFOPT_DOWNLOAD_CACHE", raising=False
@@ -141,6 +143,7 @@ def test_split_rule():
 @pytest.mark.skipif(
     not HAVE_DEBIAN_FASHION, reason="needs the Debian package dataset-fashion-mnist"
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fashion_mnist", "tfds:fashion_mnist"])
 def test_fashion_mnist_through_tfds_offline(data_root, name):
     info = prepare(DataConfig(dataset=name, data_dir=data_root, limit=300))
@@ -282,6 +285,7 @@ def write_user_files(directory, encoding="png", names=("train-0", "train-1", "tr
     return written
 
 
+@pytest.mark.slow
 def test_tfrecord_glob_indexes_user_files_without_copying(tmp_path):
     user = tmp_path / "user"
     user.mkdir()
@@ -339,6 +343,7 @@ def test_tfrecord_glob_with_limit_copies_first_records(tmp_path):
     assert read_split(info, "validation")[1].tolist() == labels["b_val"][:40].tolist()
 
 
+@pytest.mark.slow
 def test_tfrecord_glob_refuses_bad_files(tmp_path):
     user = tmp_path / "user"
     user.mkdir()

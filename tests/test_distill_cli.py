@@ -342,6 +342,7 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run, referen
         ),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_one_line_exit_2(tmp_path, mnist_run, capsys, args, needle):
     out = tmp_path / "out"
     argv = [a.replace("{run}", mnist_run) for a in args]

@@ -72,6 +72,7 @@ def _dense(seed, name):
 # -- the loss ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("combine", ["probs", "logits"])
 @pytest.mark.parametrize("n_teachers, weights", [(1, [1.0]), (2, [0.7, 0.3]), (3, [1.0, 2.0, 1.0])])
 def test_loss_equals_numpy_hand_computation(combine, n_teachers, weights):
@@ -110,6 +111,7 @@ def test_loss_terms_edge_cases():
         accuracy_weights([0.1, 0.05], 10)
 
 
+@pytest.mark.slow
 def test_fit_reports_the_numpy_loss_averaged_over_the_global_batch(mnist, mnist_run):
     teacher = load_model(load_run(mnist_run).model_path)
     student = _student()
@@ -128,6 +130,7 @@ def test_fit_reports_the_numpy_loss_averaged_over_the_global_batch(mnist, mnist_
 # -- equivalences ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_alpha_zero_equals_plain_training(mnist, mnist_run):
     teacher = load_model(load_run(mnist_run).model_path)
     plain, student = _student(3), _student(3)
@@ -142,6 +145,7 @@ def test_alpha_zero_equals_plain_training(mnist, mnist_run):
     np.testing.assert_allclose(h_dist["accuracy"], h_plain["accuracy"])
 
 
+@pytest.mark.slow
 def test_a_zero_weight_teacher_changes_nothing(mnist, mnist_run):
     good = load_model(load_run(mnist_run).model_path)
     other = _student(9, "mlp")  # an untrained second teacher, weighted 0
@@ -183,6 +187,7 @@ def test_mirrored_two_replicas_equals_one_device(mnist, mnist_run):
 # -- frozen teachers ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_teachers_stay_frozen_and_a_change_is_caught(mnist, mnist_run):
     teacher = load_model(load_run(mnist_run).model_path)
     before = [w.copy() for w in teacher.get_weights()]  # includes batch-norm moving statistics
@@ -207,6 +212,7 @@ def test_teachers_stay_frozen_and_a_change_is_caught(mnist, mnist_run):
 # -- student-only evaluation, prediction and saving ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_evaluate_predict_and_save_use_the_student_alone(mnist, mnist_run, tmp_path):
     teacher = load_model(load_run(mnist_run).model_path)
     student = _student(6)
@@ -233,6 +239,7 @@ def test_evaluate_predict_and_save_use_the_student_alone(mnist, mnist_run, tmp_p
 # -- several teachers, feature distillation ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_multi_teacher_weights_from_validation_accuracy(mnist, mnist_run):
     strong = load_model(load_run(mnist_run).model_path)
     weak = _student(8)
@@ -251,6 +258,7 @@ def test_multi_teacher_weights_from_validation_accuracy(mnist, mnist_run):
     assert acc > 0.6, acc  # chance is 0.1; 64 steps of a 20k-parameter student
 
 
+@pytest.mark.slow
 def test_feature_distillation_with_a_learned_projection(mnist, mnist_run):
     teacher = load_model(load_run(mnist_run).model_path)
     student = _student(11, "mobilenet_tiny")

@@ -261,6 +261,7 @@ def test_pruned_model_uses_the_sparse_encoding_only_when_smaller_and_runnable(te
         tflite.convert(pruned, "dynamic", options=tflite.ConvertOptions(sparsity="on"))
 
 
+@pytest.mark.slow
 def test_unconvertible_op_is_named_with_its_layer():
     inputs = keras.Input((4, 4), name="m")
     det = tf.linalg.det(inputs)  # MatrixDeterminant has no builtin TFLite kernel
@@ -275,6 +276,7 @@ def test_unconvertible_op_is_named_with_its_layer():
         TFLiteModel(flex.content)
 
 
+@pytest.mark.slow
 def test_mixed_precision_model_converts_as_float32():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
@@ -389,6 +391,7 @@ def _cli(*args, timeout=300):
         ([], "one of the arguments --from --evaluate --benchmark is required"),
     ],
 )
+@pytest.mark.slow
 def test_cli_user_errors_exit_2_with_one_line(args, needle, tmp_path):
     if "x.tflite" in args:
         (tmp_path / "x.tflite").write_bytes(b"")
@@ -539,6 +542,7 @@ def _tiny_model():
     return keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
 
 
+@pytest.mark.slow
 def test_converter_errors_become_one_line_and_bugs_keep_their_traceback():
     from tensorflow.lite.python.convert_phase import ConverterError
 

@@ -68,6 +68,7 @@ def test_slow_set_is_exactly_the_ops_whose_measured_int8_time_is_slower():
     assert row["slower_in_int8"] and row["int8_speedup"] == pytest.approx(0.030 / 0.160)
 
 
+@pytest.mark.slow
 def test_one_op_models_compute_what_the_op_computes():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((12, 12, 1), name="image")

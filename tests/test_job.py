@@ -203,6 +203,7 @@ def _hold(path, cluster=""):
     return proc
 
 
+@pytest.mark.slow
 def test_a_live_run_locks_its_directory_until_it_dies(tmp_path):
     root = tmp_path / "runs"
     live = _hold(root / "train")

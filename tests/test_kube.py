@@ -572,6 +572,7 @@ MUTATIONS = [
 @pytest.mark.parametrize(
     "mutate,expected", [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS]
 )
+@pytest.mark.slow
 def test_mutated_render_is_caught(mutate, expected):
     doc = render(BRIEF)
     assert rejected_by(doc) == set()

@@ -98,6 +98,7 @@ def test_failing_worker_stops_the_others_quickly():
     assert elapsed < 10
 
 
+@pytest.mark.slow
 def test_sigterm_ignoring_task_is_killed_after_grace():
     code, _, elapsed = run_launch(
         py("""
@@ -119,6 +120,7 @@ def test_killed_task_gives_shell_style_code():
     assert code == 128 + 9
 
 
+@pytest.mark.slow
 def test_timeout_returns_124(capfd):
     code, _, elapsed = run_launch(py("time.sleep(60)"), workers=2, timeout=1.0, grace=1.0)
     assert code == 124
@@ -217,6 +219,7 @@ def test_sigterm_to_the_launcher_reaches_every_task_and_exits_143():
     )  # each task handled it itself
 
 
+@pytest.mark.slow
 def test_restarts_only_retryable_failures_up_to_the_limit(tmp_path, capfd):
     count = tmp_path / "attempts"
     code, out, _ = run_launch(
@@ -263,6 +266,7 @@ HOST_INTERFACES = sorted(
         (["--host", "this machine's address"], False),  # an address a private namespace lacks
     ],
 )
+@pytest.mark.slow
 def test_a_local_cluster_has_no_network_but_its_loopback(flags, isolated):
     if not ISOLATED:
         pytest.skip("needs root (unshare -n)")
@@ -505,6 +509,7 @@ def _wait_dead(pids, timeout=15.0):
     return [p for p in pids if _alive(p)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
 def test_tasks_end_when_their_launcher_dies(sig):
     """kill -9 of the launcher, or its terminal closing: no task is left running with its ports open."""
@@ -536,6 +541,7 @@ def test_tasks_end_when_their_launcher_dies(sig):
     assert _wait_dead(pids) == [], "tasks outlived their launcher"
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_during_the_grace_period_kills_the_tasks_without_a_traceback():
     proc = subprocess.Popen(
         [
@@ -582,6 +588,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigint_to_the_parent_only", "kill9_of_the_parent"])
 def test_the_pipeline_runner_waits_for_its_launcher_or_takes_it_along(how):
     """What `tfopt.pipeline` does around each multi-process stage: its launcher never outlives it."""

@@ -162,6 +162,7 @@ def test_macs_count_only_the_models_own_calls():
     assert lr.plan(model, lr.LowRankSpec()).macs_before == sum(before.values())
 
 
+@pytest.mark.slow
 def test_energy_ranks_are_numpys_and_layers_that_would_not_save_are_named():
     model = _randomize(_graph_model())
     kinds = set()
@@ -199,6 +200,7 @@ def test_a_flops_budget_is_met_and_counted_again_on_the_result():
     )
 
 
+@pytest.mark.slow
 def test_ranks_rounded_to_a_multiple():
     model = _randomize(_graph_model())
     plan = lr.plan(model, lr.LowRankSpec(flops=0.7, round_to=4))

@@ -77,6 +77,7 @@ def _save(model, tmp_path, fmt: str, escaped: bool) -> str:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["keras", "h5", "savedmodel"])
 @pytest.mark.parametrize("nested", [False, True], ids=["top", "nested"])
 @pytest.mark.parametrize("escaped", [False, True], ids=["plain", "escaped"])

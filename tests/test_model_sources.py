@@ -139,6 +139,7 @@ def test_heads_are_replaced_added_or_kept_as_asked():
     assert what == "added" and added.output_shape == (None, 3)
 
 
+@pytest.mark.slow
 def test_an_input_that_does_not_fit_names_both_shapes_and_the_fix():
     model = build_model("tiny_cnn", (16, 16, 3), 10)
     with pytest.raises(
@@ -156,6 +157,7 @@ def test_an_input_that_does_not_fit_names_both_shapes_and_the_fix():
     )
 
 
+@pytest.mark.slow
 def test_applications_are_built_with_a_logits_head_and_take_local_weights(tmp_path):
     cfg = ModelConfig(name="keras.applications:MobileNetV2", args="alpha=0.35")
     built = sources.build(cfg, (32, 32, 3), 5)
@@ -264,6 +266,7 @@ def test_model_files_load_safely_and_train_under_the_configured_policy(tmp_path)
     ).model
 
 
+@pytest.mark.slow
 def test_a_keras3_file_is_refused_in_one_line(tmp_path):
     path = str(tmp_path / "k3.keras")
     code = (

@@ -74,6 +74,7 @@ def test_iterative_taylor_channel_pruning_reaches_its_target_step_by_step(tiny_r
     assert phase["widths"]["conv0"][1] < phase["widths"]["conv0"][0] == 12
 
 
+@pytest.mark.slow
 def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
     out = str(tmp_path / "out")
     _one_line_error(
@@ -401,6 +402,7 @@ def test_pqat_bfloat16_survives_int8_tflite_conversion(tiny_run, tmp_path, capsy
     assert (int8_weights[0] == 0).mean() >= 0.79  # pruning survived QAT and int8 conversion
 
 
+@pytest.mark.slow
 def test_cluster_summaries_under_several_steps_per_execution(tiny_run, tmp_path, capsys):
     # tfmot's own ClusteringSummaries asserts on its step count when steps_per_execution > 1.
     out = tmp_path / "clustered"

@@ -61,6 +61,7 @@ def test_m_by_n_checker_uses_the_tflite_layout():
     assert is_pruned_m_by_n(tf.constant(conv), (2, 4))
 
 
+@pytest.mark.slow
 def test_prune_2of4_every_group_of_4_holds_2_zeros_after_strip():
     model = rebuild(_cnn(), "float32")
     spec = prune_lib.PruneSpec(m_by_n=(2, 4)).validate()
@@ -79,6 +80,7 @@ def test_prune_2of4_every_group_of_4_holds_2_zeros_after_strip():
     assert not prune_lib.check_m_by_n(_cnn(), (2, 4))["ok"]
 
 
+@pytest.mark.slow
 def test_polynomial_schedule_reaches_target_and_table_reads_stripped_weights(tmp_path):
     spec = prune_lib.PruneSpec(
         sparsity=0.75, schedule="polynomial", frequency=1, selection=Selection(types=("Dense",))
@@ -96,6 +98,7 @@ def test_polynomial_schedule_reaches_target_and_table_reads_stripped_weights(tmp
     )
 
 
+@pytest.mark.slow
 def test_block_pruning_zeroes_whole_dense_blocks_and_leaves_convolutions_unstructured():
     spec = prune_lib.PruneSpec(
         sparsity=0.75, schedule="constant", frequency=1, block_size=(4, 1)
@@ -170,6 +173,7 @@ def test_xnnpack_policy_prunes_only_1x1_convs_and_refuses_other_models():
         prune_lib.prunable_names(_cnn(), spec)
 
 
+@pytest.mark.slow
 def test_cluster_per_channel_and_sparsity_preserving_verified_from_weights():
     spec = cluster_lib.ClusterSpec(
         clusters=4, per_channel=True, selection=Selection(names=("conv0",))
@@ -313,6 +317,7 @@ def _custom_model():
     return keras.Model(inputs, keras.layers.Dense(4, name="logits")(x))
 
 
+@pytest.mark.slow
 def test_custom_layer_gets_a_quantize_config_through_the_hook(tmp_path):
     model = _custom_model()
     assert (
@@ -347,6 +352,7 @@ def test_custom_layer_gets_a_quantize_config_through_the_hook(tmp_path):
         quantize_lib.unregister_quantize_config(Scale)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["default", "prune_preserve", "cluster_preserve"])
 def test_qat_copies_reload_from_keras_format(tmp_path, scheme):
     base = rebuild(_cnn(), "float32")

@@ -507,6 +507,7 @@ def test_collect_makes_one_variant_per_model_and_format_with_figures_from_the_re
     assert sq.file.endswith(os.path.join("student-pqat-export", "model_int8.tflite"))
 
 
+@pytest.mark.slow
 def test_report_md_json_html_and_hparams_from_a_synthetic_run(tmp_path, tiny_tflite):
     from tfopt.report import build
 
@@ -631,6 +632,7 @@ def test_hparams_summaries_are_read_back_by_tensorboard(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_unfinished_run_without_probe_reports_what_there_is(tmp_path):
     from tfopt.report import build
 
@@ -648,6 +650,7 @@ def test_unfinished_run_without_probe_reports_what_there_is(tmp_path):
     assert "## Warnings" in md and "No model was chosen" in md
 
 
+@pytest.mark.slow
 def test_cli_builds_and_bad_input_is_one_line_exit_2(tmp_path, capsys):
     from tfopt.report.cli import main
 

@@ -42,6 +42,7 @@ def test_one_device():
     assert strategy.extended.worker_devices[0].endswith(expected)
 
 
+@pytest.mark.slow
 def test_mirrored_uses_two_logical_cpus():
     strategy = make_strategy(RuntimeConfig(strategy="mirrored", cpu_replicas=2), None)
     assert isinstance(strategy, tf.distribute.MirroredStrategy)

@@ -194,6 +194,7 @@ def _cli(*args, env=None):
         (["--dataset", "imagenet42"], None, "imagenet42"),
     ],
 )
+@pytest.mark.slow
 def test_cli_bad_input_one_line_exit_2(tmp_path, args, env, needle):
     proc = _cli(*args, "-o", str(tmp_path / "run"), env=env)
     assert proc.returncode == 2, proc.stderr

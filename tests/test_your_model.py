@@ -67,6 +67,7 @@ def _cfg(folder, out, model, strategy="one_device", **kw):
     )
 
 
+@pytest.mark.slow
 def test_a_softmax_file_trains_exactly_as_the_same_network_with_logits(folder, tmp_path):
     reference = train(_cfg(folder, tmp_path / "logits", folder["logits"])).to_dict()
     mine = train(_cfg(folder, tmp_path / "mine", folder["mine"])).to_dict()
@@ -324,6 +325,7 @@ def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
         (["--image-size", "big"], "data.image_size='big' is not valid; give HEIGHTxWIDTH"),
     ],
 )
+@pytest.mark.slow
 def test_bad_model_sources_are_one_line_and_write_nothing(folder, tmp_path, args, needle):
     proc = subprocess.run(
         [
@@ -348,6 +350,7 @@ def test_bad_model_sources_are_one_line_and_write_nothing(folder, tmp_path, args
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_model_that_does_not_take_the_images_names_both_shapes(folder, tmp_path):
     proc = subprocess.run(
         [
@@ -379,6 +382,7 @@ def test_a_model_that_does_not_take_the_images_names_both_shapes(folder, tmp_pat
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_path):
     garbage = tmp_path / "notes.keras"
     garbage.write_bytes(b"these are my notes, not a model")
@@ -412,6 +416,7 @@ def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_p
         assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists(), module
 
 
+@pytest.mark.slow
 def test_freeze_epochs_train_the_classification_layer_alone_first(folder, tmp_path):
     from tfopt.models.io import load_model
 
