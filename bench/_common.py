@@ -60,14 +60,9 @@ def environment(tf=None) -> dict[str, Any]:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from tfopt.cpu import cpu_info
+
+    return cpu_info()["model"]
 
 
 def write_json_atomic(path: str, payload: Any) -> None:
@@ -218,38 +213,11 @@ class QuietGate:
 
 
 def lscpu_info() -> dict[str, Any]:
-    """What ``lscpu`` says about this machine's CPU (model, topology, caches, flags), JSON-ready.
+    """What ``lscpu`` says about this machine's CPU (model, topology, caches, flags), JSON-ready
+    (:func:`tfopt.cpu.cpu_info`: /proc/cpuinfo where lscpu is missing)."""
+    from tfopt.cpu import cpu_info
 
-    Falls back to /proc/cpuinfo when ``lscpu`` is missing. ``flags`` is a sorted list; every
-    other ``lscpu`` field is kept as text under ``fields`` (vulnerability lines dropped).
-    """
-    import json as _json
-    import subprocess
-
-    fields: dict[str, str] = {}
-    try:
-        out = subprocess.run(
-            ["lscpu", "--json"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-        for row in _json.loads(out).get("lscpu", []):
-            key = str(row.get("field", "")).rstrip(":").strip()
-            if key and row.get("data") is not None and not key.startswith("Vulnerability"):
-                fields[key] = str(row["data"])
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
-    flags = fields.pop("Flags", "")
-    if not flags:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                flags = next((ln.split(":", 1)[1] for ln in f if ln.startswith("flags")), "")
-        except OSError:
-            pass
-    return {
-        "source": "lscpu" if fields else "/proc/cpuinfo",
-        "model": fields.get("Model name") or _cpu_model(),
-        "flags": sorted(flags.split()),
-        "fields": fields,
-    }
+    return cpu_info()
 
 
 def environment_light() -> dict[str, Any]:

@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from tfopt import config as C
+from tfopt.cpu import cpu_flags, cpu_info, parse_cpuinfo
 from tfopt.errors import ConfigError
 from tfopt.runtime import autoprecision as ap
 from tfopt.runtime import precision
@@ -177,39 +178,42 @@ def test_workers_stop_and_decide_from_the_same_averaged_numbers():
 
 
 def test_cpu_flags_are_parsed_from_cpuinfo_text():
-    assert {"avx2", "fma"} <= precision.cpu_flags(
-        X86_NO_BF16
-    ) and "avx512_bf16" not in precision.cpu_flags(X86_NO_BF16)
-    assert "avx512_bf16" in precision.cpu_flags(X86_AVX512_BF16)
-    assert "amx_bf16" in precision.cpu_flags(X86_AMX)
-    assert "bf16" in precision.cpu_flags(ARM)
-    assert precision.cpu_flags("") == set()
+    assert {"avx2", "fma"} <= cpu_flags(X86_NO_BF16) and "avx512_bf16" not in cpu_flags(X86_NO_BF16)
+    assert "avx512_bf16" in cpu_flags(X86_AVX512_BF16)
+    assert "amx_bf16" in cpu_flags(X86_AMX)
+    assert "bf16" in cpu_flags(ARM)
+    assert cpu_flags("") == set()
+    two_blocks = (
+        X86_AMX.replace("processor", "\nprocessor", 1) + "\nprocessor\t: 9\nflags\t\t: only_later\n"
+    )
+    assert parse_cpuinfo(X86_NO_BF16)["model"] == "AMD EPYC 7B13"
+    assert "only_later" not in parse_cpuinfo(two_blocks)["flags"]  # the first processor's block
+    # this machine: what lscpu or /proc/cpuinfo says, flags sorted, the same set cpu_flags reads
+    info = cpu_info()
+    assert (
+        info["model"]
+        and info["flags"] == sorted(info["flags"])
+        and info["source"] in ("lscpu", "/proc/cpuinfo")
+    )
+    assert set(info["flags"]) == cpu_flags()
 
 
 def test_mixed_bfloat16_warns_only_without_bf16_hardware():
-    warning = precision.bf16_warning("mixed_bfloat16", precision.cpu_flags(X86_NO_BF16), [])
+    warning = precision.bf16_warning("mixed_bfloat16", cpu_flags(X86_NO_BF16), [])
     assert warning and "\n" not in warning
     assert (
         "slower than float32" in warning and "--precision auto" in warning and "float32" in warning
     )
-    assert (
-        precision.bf16_warning("mixed_bfloat16", precision.cpu_flags(X86_AVX512_BF16), []) is None
-    )
-    assert precision.bf16_warning("mixed_bfloat16", precision.cpu_flags(X86_AMX), []) is None
-    assert (
-        precision.bf16_warning("mixed_bfloat16", precision.cpu_flags(X86_NO_BF16), ["GPU"]) is None
-    )
-    assert (
-        precision.bf16_warning("mixed_bfloat16", precision.cpu_flags(X86_NO_BF16), ["TPU"]) is None
-    )
+    assert precision.bf16_warning("mixed_bfloat16", cpu_flags(X86_AVX512_BF16), []) is None
+    assert precision.bf16_warning("mixed_bfloat16", cpu_flags(X86_AMX), []) is None
+    assert precision.bf16_warning("mixed_bfloat16", cpu_flags(X86_NO_BF16), ["GPU"]) is None
+    assert precision.bf16_warning("mixed_bfloat16", cpu_flags(X86_NO_BF16), ["TPU"]) is None
     for other in ("float32", "mixed_float16", "auto"):
-        assert precision.bf16_warning(other, precision.cpu_flags(X86_NO_BF16), []) is None
+        assert precision.bf16_warning(other, cpu_flags(X86_NO_BF16), []) is None
 
 
 def test_the_warning_is_printed_once_per_process(capsys):
-    expected = precision.bf16_warning(
-        "mixed_bfloat16", precision.cpu_flags(), precision.accelerators()
-    )
+    expected = precision.bf16_warning("mixed_bfloat16", cpu_flags(), precision.accelerators())
     precision._warned.clear()
     for _ in range(3):
         precision.warn_without_bf16_hardware("mixed_bfloat16", "tfopt.train")

@@ -13,9 +13,9 @@ import io
 import os
 import platform
 import re
-import subprocess
 from collections import Counter
 
+from tfopt import cpu
 from tfopt.report.collect import PipelineRun
 
 # The flags that decide which XNNPACK / oneDNN kernels run.
@@ -43,46 +43,10 @@ SIMD_FLAGS = (
 )
 
 
-def _proc_cpuinfo(path: str = "/proc/cpuinfo") -> dict:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if ":" not in line:
-            if fields:  # the first processor's block is enough
-                break
-            continue
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip().lower(), value.strip())
-    model = fields.get("model name") or fields.get("hardware") or fields.get("cpu model") or ""
-    flags = (fields.get("flags") or fields.get("features") or "").split()
-    return {"model": model, "flags": flags, "source": path}
-
-
-def _lscpu() -> dict:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=True).stdout
-    fields = {
-        k.strip().lower(): v.strip()
-        for k, _, v in (ln.partition(":") for ln in out.splitlines())
-        if v
-    }
-    return {
-        "model": fields.get("model name", ""),
-        "flags": fields.get("flags", "").split(),
-        "source": "lscpu",
-    }
-
-
 def cpu_info() -> dict:
     """The CPU model, logical cores, every flag and the SIMD flags that matter for inference kernels."""
-    info: dict = {"model": "", "flags": [], "source": None}
-    for reader in (_proc_cpuinfo, _lscpu):
-        try:
-            info = reader()
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if info["model"] or info["flags"]:
-            break
+    full = cpu.cpu_info()
+    info: dict = {"model": full["model"], "flags": full["flags"], "source": full["source"]}
     flags = set(info["flags"])
     info["simd"] = [f for f in SIMD_FLAGS if f in flags]
     info["logical_cores"] = os.cpu_count()

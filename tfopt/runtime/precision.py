@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 
 from tfopt._keras import keras, tf
+from tfopt.cpu import cpu_flags
 from tfopt.specs import AUTO_PRECISION, PRECISIONS
 
 # /proc/cpuinfo flags of the CPUs that compute in bfloat16 natively: AVX512_BF16 (Intel Cooper
@@ -57,26 +58,6 @@ def policy_name() -> str:
     return keras.mixed_precision.global_policy().name
 
 
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU feature flags listed in ``/proc/cpuinfo`` text.
-
-    Args:
-        cpuinfo: The text to parse; None reads ``/proc/cpuinfo`` (no flags where it cannot be read).
-    """
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo = f.read()
-        except OSError:  # not Linux: nothing known
-            return set()
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() in ("flags", "Features"):  # x86, arm64
-            flags.update(value.split())
-    return flags
-
-
 def accelerators() -> list[str]:
     """The device types of this process that compute in 16-bit natively (``GPU``, ``TPU``), if any."""
     return [kind for kind in ("GPU", "TPU") if tf.config.list_physical_devices(kind)]
@@ -87,7 +68,7 @@ def bf16_warning(policy: str, flags: set[str], devices: list[str]) -> str | None
 
     Args:
         policy: The requested policy name.
-        flags: The CPU's feature flags (:func:`cpu_flags`).
+        flags: The CPU's feature flags (:func:`tfopt.cpu.cpu_flags`).
         devices: The accelerator types present (:func:`accelerators`).
 
     Returns:
