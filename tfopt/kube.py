@@ -1,53 +1,9 @@
 """Kubernetes: a Kubeflow ``TFJob`` (training operator v1, ``kubeflow.org/v1``) for a tfopt command.
 
-    python -m tfopt.launch --render kubeflow --chief --workers 4 --ps 2 --evaluator \\
-        --image REG/tfopt:1 -- python -m tfopt.train --strategy parameter_server > tfjob.yaml
-    kubectl apply -f tfjob.yaml
-
-The operator makes one pod and one headless Service per task, named ``<name>-<role>-<i>``,
-writes each pod's TF_CONFIG (host names, ``"environment": "cloud"``, the evaluator inside
-``cluster``: :mod:`tfopt.runtime.tf_config` reads it as is), only into the container named
-``tensorflow``, and reads that container's exit code to decide what happens next.
-
-Job semantics, as rendered here:
-
-* Shared run directory. Every replica mounts one PersistentVolumeClaim (``--volume-claim``,
-  ReadWriteMany) at ``--mount-path`` and a tfopt stage without ``-o`` gets
-  ``-o <mount-path>/<name>``: tfopt keeps its backups in the chief's run
-  directory and every worker restores from there, so the directory must be the same shared
-  storage for all replicas and for every restart of the job. An ``-o`` outside the mount is
-  refused (it would be each pod's own disk, gone with the pod). Other commands run as given.
-* Exit codes. tfopt exits 0 when done, 2 on bad input (flags, config, TF_CONFIG: a restart
-  cannot fix it), 3 when its start-up watchdog gives up on peers that never came up, 1 on a
-  crash with a traceback (a bug), 138 when a multi-worker task lost a peer (restart the job from
-  the last backup), and 143 on SIGTERM (preemption) once its backup is saved: restart me. The
-  kernel's OOM killer and the kubelet after the grace period send SIGKILL: 137.
-* ``--restart-policy ExitCode`` (default): the operator deletes and re-creates a pod that
-  exited with 128-255 (137, 138, 143: retryable) and fails the job on 1-127 (1, 2, 3: permanent).
-  Bad input fails fast instead of looping. The operator's ``backoffLimit`` counts container
-  restarts, which re-created pods do not have, so it does not bound these retries.
-* ``--restart-policy OnFailure``: the kubelet restarts the container in place on any non-zero
-  exit, and the operator re-creates a pod that failed outright (e.g. evicted); the restarts of
-  the job's running pods count towards ``backoffLimit``; it also restarts bad input (2) until
-  then.
-* Parameter servers: ParameterServerStrategy tolerates a killed worker (the operator re-creates
-  it under the same name and the coordinator re-runs its work) but not a killed ps: the chief
-  exits 138 and the whole job resumes from the last backup. The ps and worker servers never
-  exit by themselves.
-* The evaluator (``--evaluator``) follows the same restart policy as every other replica: it
-  runs the same command and configuration, so its exit codes mean the same (2: its input is
-  wrong, a restart will not help; 137/143: retry it); one policy gives the job one rule. It is
-  not part of the training: no peer waits for it, and its failure, if not retried, fails the
-  job like any other replica's.
-* ``--clean-pod-policy Running`` (default): when the job ends, the pods still running are
-  deleted (the ps and worker servers of ParameterServerStrategy, which never exit, and an
-  evaluator) and finished pods are kept, so ``kubectl logs`` still shows what the chief and any
-  failed task printed. Kubeflow's TFJob guide recommends it for that reason; ``None`` would leave
-  the servers holding their CPUs and GPUs, ``All`` deletes the logs too.
-* Pods carry ``sidecar.istio.io/inject: "false"``: Kubeflow's TFJob guide notes TFJob pods do
-  not work with Istio's sidecar injection in Kubeflow user namespaces; elsewhere it is ignored.
-
-Nothing here imports TensorFlow; :func:`render_tfjob` is a pure function.
+:func:`render_tfjob` is a pure function (no TensorFlow import) that ``tfopt launch --render
+kubeflow`` prints: one replica spec per role, a shared run directory, restart and clean-pod
+policies matched to tfopt's exit codes, and a NetworkPolicy admitting only the job's own pods.
+The job's semantics: docs/kubernetes.md.
 """
 
 from __future__ import annotations

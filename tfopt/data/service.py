@@ -1,56 +1,9 @@
 """tf.data service: training input prepared by dispatcher-managed workers instead of the trainer.
 
-``data.service`` chooses where the training input is produced:
-
-- ``""`` (default): in the trainer's own process, by its tf.data pipeline.
-- ``"local"``: by an in-process dispatcher and worker started once per process
-  (``local_target``). It exercises the service code path and isolates the input pipeline's
-  threads, but it runs on the trainer's CPUs: it adds overhead (1 to 2 ms per 400 KB batch
-  measured on a shared 2-core host) and no compute.
-- ``"grpc://HOST:PORT"``: by an existing dispatcher and its workers on other machines. This is
-  what pays off when CPU preprocessing is the bottleneck (see docs/data_service.md).
-
-Where the service takes over: the whole expensive part of a training pipeline (read, parse,
-cache, shuffle, batch, augment) runs on the service workers; the trainer receives finished
-batches and only prefetches them. So ``maybe_distribute`` is the last step of ``build`` before
-``prefetch``, given the dataset with its ``tf.data.Options`` already applied (options applied
-after it reach only the trainer's side). Evaluation datasets never go through the service: they
-are one deterministic, complete pass.
-
-Processing modes (``data.service_mode``), with several service workers:
-
-- ``distributed_epoch`` (``ShardingPolicy.DYNAMIC``): the dispatcher hands out the elements of
-  the dataset's first source (file names, or the pass indices of an endless training stream)
-  one split at a time; every element is produced once in total, across all workers and all
-  trainers reading the job (at most once if a worker dies mid-split).
-- ``parallel_epochs`` (``ShardingPolicy.OFF``): every worker produces the whole dataset. A
-  seeded pipeline then produces the *same* batches on every worker, so trainers receive each
-  batch once per worker: use ``distributed_epoch`` with several workers. ``local_target``
-  starts one worker for that reason.
-
-Job names: trainers that give the same ``job_name`` to one dispatcher share one job, which
-splits the work among them (first come, first served): the multi-worker way to feed disjoint
-data without sharding by input pipeline. All consumers of a shared job receive the dataset of
-whichever registered it first, even if their own graphs differ (a pipeline sharded per trainer
-would silently lose the other shards): the service-side dataset must be identical on every
-trainer. A finite job that has finished answers a later consumer of the same name with an
-immediate end of input; an endless one is joined while alive and restarted after the
-dispatcher garbage-collects it. ``job_name`` builds names that follow these rules.
-
-Determinism: the trainer receives batches in the order the workers deliver them, which no seed
-fixes. ``runtime.deterministic`` (bit-identical reruns and exact mid-epoch resumes) is refused
-with the service (``check``); a resumed run does not see the batches an uninterrupted run would
-have seen after that point.
-
-Lifetime: servers are stopped by ``LocalService.stop``, but a dataset still reading from a
-stopped service blocks without an error (still retrying after a minute, measured), and an
-unreachable address (while registering) or a dispatcher without workers (at the first read)
-wait silently as well; hence ``resolve`` checks
-that the dispatcher answers before any dataset is built, and the process-wide local service is
-never stopped: it ends with the process, which exits cleanly.
-
-Security: dispatchers and workers listen on every network interface (TensorFlow has no bind
-address for them), unauthenticated; run them only on trusted networks.
+``data.service`` is ``""`` (the trainer's own pipeline), ``"local"`` (an in-process dispatcher and
+worker) or ``"grpc://HOST:PORT"`` (an existing dispatcher). ``maybe_distribute`` hands a training
+pipeline to the service as its last step before ``prefetch``; evaluation never goes through it.
+Processing modes, shared jobs, determinism, lifetime and security: docs/data_service.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,9 @@
 """``--precision auto``: time each candidate policy on this machine and this model, keep the faster.
 
-Whether bfloat16 pays depends on the CPU (AMX: 2-5x on conv nets; AVX512_BF16 alone: ~1.5x;
-neither: slower than float32) and on the model (per-step overheads dominate a small one), so
-tfopt measures instead of guessing. What :func:`resolve` does, in the Job, before the stage builds
-its model:
-
-1. Candidates: ``float32`` and ``mixed_bfloat16``; ``mixed_float16`` too where a GPU is present.
-2. For each, the run's registered model (``model.name``: train's model, distill's student, the
-   model optimize fine-tunes) is built under that policy inside the run's strategy scope and
-   compiled as training compiles it (Adam, sparse cross-entropy on the logits, accuracy).
-3. All of them read one stream of the run's own training input (its pipeline, batch size and
-   strategy; never the tf.data service job, whose elements belong to the run). Each takes
-   :data:`WARMUP_STEPS` untimed step (it traces the step function), then timed steps, one step
-   per call, the policies taking turns in a rotating order (a burst of load on a shared machine
-   hits every candidate alike), until one policy is :data:`CLEAR_RATIO` x slower than another
-   after 2 rounds, or the timed steps add up to :data:`ENOUGH_SECONDS` after :data:`MIN_ROUNDS`,
-   or after :data:`MAX_ROUNDS`: a few seconds, however slow the slow policy is (bf16 without
-   bf16 hardware can be 10x slower). A policy's throughput is the global batch / its median step.
-   One step per call adds the same per-call overhead to every policy, which, on small models,
-   can only make the mixed policies look less attractive than they are.
-4. :func:`choose` keeps float32 unless a mixed policy is more than :data:`MARGIN` faster (the
-   probe is short, and float32 is the safer numerics); ties go to float32.
-
-Seeded runs stay reproducible: the Job seeds every generator again after the probe, and the
-training input is a fresh pipeline with the data seed's order, so a run with ``auto`` starts from
-the same weights and batches as a run of the policy it chose.
-
-Multi-process strategies: every ``multi_worker_mirrored`` worker probes (its steps are
-collectives, so all workers run the same steps); after every round the per-policy median times
-(and the time spent) are averaged over the workers with an all-reduce, so every worker stops after
-the same round and computes the same decision from the same numbers. Under ``parameter_server``
-only the chief runs this code (workers and parameter servers just serve), and the chief traces
-every function the workers run: it probes on its own CPU, outside the strategy, and its decision
-is the job's. The ``evaluator`` trains nothing: it keeps float32. A resumed run probes again (its
-backups hold float32 variables, valid under any policy).
-
-What it does not see: distillation's teacher passes and tfmot's wrappers (the probe times the
-plain registered model), and the run's steps per execution (one step per call here).
+:func:`resolve` builds the run's model under each candidate policy (float32, mixed_bfloat16, and
+mixed_float16 on a GPU), times training steps of each in turns on the run's own input, and keeps
+float32 unless a mixed policy is clearly faster; workers agree through an all-reduce. How it
+decides, and what it does not see: docs/training.md, "Precision auto".
 """
 
 from __future__ import annotations
