@@ -18,10 +18,20 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _choices(names) -> str:
+    return "{" + ",".join(names) + "}"
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Adds the flags every training-like command shares (config file, overrides, common knobs)."""
+    """Adds the flags every training-like command shares, in groups (configuration, data, model,
+    distribution, training, output), each flag's help ending with its default from
+    :class:`~tfopt.config.RunConfig` when it has one."""
     g = parser.add_argument_group("configuration")
-    g.add_argument("--config", help="YAML or JSON config file; flags override its values")
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML or JSON config file (a run's config.yaml too); flags override its values",
+    )
     g.add_argument(
         "--set",
         action="append",
@@ -32,20 +42,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--print-config", action="store_true", help="print the resolved config as JSON and exit"
     )
-    g.add_argument("--strategy", help=f"one of: {STRATEGIES.help()}")
-    g.add_argument("--precision", help=f"one of: {PRECISIONS.help()}")
-    g.add_argument(
-        "--cpu-replicas",
-        type=int,
-        help="logical CPU devices for `mirrored` without GPUs (default 2); they share the CPU cores, "
-        "so on one CPU host mirrored is no faster than one_device",
-    )
-    g.add_argument(
-        "--collective",
-        help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}",
-    )
+
+    g = parser.add_argument_group("data")
     g.add_argument(
         "--dataset",
+        metavar="SOURCE",
         help="mnist, fashion_mnist, digits, folder:PATH (one subfolder per class), "
         "tfds:NAME[/CONFIG] or tfrecord:GLOB",
     )
@@ -53,19 +54,45 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "--image-size",
         metavar="HxW",
         help="resize every image to HxW (bilinear; the aspect ratio is not "
-        "kept: crop or pad beforehand to keep it)",
+        "kept: crop or pad beforehand to keep it; default: as stored)",
     )
     g.add_argument(
         "--channels",
         type=int,
         choices=(1, 3),
-        help="convert images to 1 (gray) or 3 (RGB) channels",
+        help="convert images to 1 (gray) or 3 (RGB) channels (default: as stored)",
     )
-    g.add_argument("--data-dir", help="where datasets are cached as TFRecord shards")
-    g.add_argument("--limit", type=int, help="use only the first N records of each split")
-    g.add_argument("--batch-size", type=int, help="global batch size (split across replicas)")
+    g.add_argument("--data-dir", metavar="DIR", help="where datasets are cached as TFRecord shards")
+    g.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="use only the first N records of each split (0 = all)",
+    )
+    g.add_argument(
+        "--batch-size", type=int, metavar="N", help="global batch size (split across replicas)"
+    )
+    g.add_argument(
+        "--data-service",
+        metavar="local|grpc://HOST:PORT",
+        help="feed the input through the tf.data service: in-process (local) or an existing dispatcher (default: off)",
+    )
+    g.add_argument(
+        "--data-service-mode",
+        metavar=_choices(config_lib.SERVICE_MODES),
+        help="tf.data service sharing: each batch once across the service's workers, or every worker the whole stream",
+    )
+    g.add_argument(
+        "--verify",
+        action="store_true",
+        default=None,
+        help="re-hash every data shard against its manifest (default: size and mtime checks)",
+    )
+
+    g = parser.add_argument_group("model")
     g.add_argument(
         "--model",
+        metavar="NAME|FILE|keras.applications:NAME|module:function",
         help="the model: " + "; ".join(MODEL_SOURCES.get(n).summary for n in MODEL_SOURCES),
     )
     g.add_argument(
@@ -78,8 +105,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--head",
-        help="the classification layer: auto (replaced when the class count differs, "
-        "default), new (always replaced) or keep",
+        metavar=_choices(config_lib.HEADS),
+        help="the classification layer: auto (replaced when the class count differs), new (always replaced) or keep",
     )
     g.add_argument(
         "--freeze-epochs",
@@ -87,21 +114,51 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="train only the classification layer for the first N epochs, then every layer (fine-tuning)",
     )
-    g.add_argument("--epochs", type=int)
-    g.add_argument("--lr", type=float, help="learning rate")
+
+    g = parser.add_argument_group("distribution")
+    g.add_argument("--strategy", metavar=_choices(STRATEGIES), help=f"one of: {STRATEGIES.help()}")
+    g.add_argument(
+        "--cpu-replicas",
+        type=int,
+        metavar="N",
+        help="logical CPU devices for `mirrored` without GPUs; they share the CPU cores, "
+        "so on one CPU host mirrored is no faster than one_device",
+    )
+    g.add_argument(
+        "--collective",
+        metavar=_choices(config_lib.COLLECTIVES),
+        help="the multi_worker_mirrored all-reduce (nccl: GPUs)",
+    )
+
+    g = parser.add_argument_group("training")
+    g.add_argument("--precision", metavar=_choices(PRECISIONS), help=f"one of: {PRECISIONS.help()}")
+    g.add_argument("--epochs", type=int, metavar="N", help="passes over the training split")
+    g.add_argument(
+        "--lr", type=float, metavar="RATE", help="learning rate (cosine decay over the run)"
+    )
     g.add_argument(
         "--scale-lr",
         action="store_true",
         default=None,
         help="multiply the learning rate by the replica count",
     )
-    g.add_argument("--steps-per-epoch", type=int)
-    g.add_argument("--steps-per-execution", type=int, help="steps per tf.function call (0 = auto)")
+    g.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        metavar="N",
+        help="steps per epoch (0 = one pass over the split)",
+    )
+    g.add_argument(
+        "--steps-per-execution",
+        type=int,
+        metavar="N",
+        help="steps per tf.function call (0 = auto, up to 32)",
+    )
     g.add_argument(
         "--backup-every",
         type=int,
         metavar="N",
-        help="back up every N steps as well as at each epoch end (a restart resumes there)",
+        help="back up every N steps as well as at each epoch end (0 = epoch ends only; a restart resumes there)",
     )
     g.add_argument(
         "--deterministic",
@@ -109,23 +166,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="op determinism and a deterministic input: reruns and resumes give identical weights",
     )
-    g.add_argument(
-        "--data-service",
-        metavar="local|grpc://HOST:PORT",
-        help="feed the input through the tf.data service: in-process (local) or an existing dispatcher",
-    )
-    g.add_argument(
-        "--data-service-mode", help="tf.data service sharing: parallel_epochs or distributed_epoch"
-    )
-    g.add_argument(
-        "--verify",
-        action="store_true",
-        default=None,
-        help="re-hash every data shard against its manifest (default: size and mtime checks)",
-    )
+
+    g = parser.add_argument_group("output")
     g.add_argument(
         "--output",
         "-o",
+        metavar="DIR",
         help="run directory to write (default: a new runs/<stage>[-N]; "
         "runs/latest points at the newest run)",
     )
@@ -135,6 +181,25 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="replace a finished run at -o, or discard an unfinished run of other settings there",
     )
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_defaults(parser)
+
+
+def group(parser: argparse.ArgumentParser, title: str):
+    """The argument group of ``parser`` titled ``title`` (one :func:`add_config_args` made)."""
+    return next(g for g in parser._action_groups if g.title == title)
+
+
+def _add_defaults(parser: argparse.ArgumentParser) -> None:
+    """Ends the help of every config flag with the default RunConfig gives it."""
+    defaults = config_lib.RunConfig()
+    for action in parser._actions:
+        if action.dest not in _FLAG_KEYS or not action.help or "default" in action.help:
+            continue
+        section, key = _FLAG_KEYS[action.dest]
+        value = getattr(getattr(defaults, section), key)
+        if value not in ("", None):
+            shown = "off" if value is False else "on" if value is True else value
+            action.help += f" (default: {shown})"
 
 
 _FLAG_KEYS = {

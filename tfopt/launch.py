@@ -454,12 +454,8 @@ def _isolation(isolate: bool | None, host: str) -> list[str]:
     return isolation_prefix()
 
 
-def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    if "--" in argv:
-        cut = argv.index("--")
-        own, command = argv[:cut], argv[cut + 1 :]
-    else:
-        own, command = argv, []
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tfopt launch`` (its own flags, before ``--``)."""
     parser = argparse.ArgumentParser(
         prog="python -m tfopt.launch",
         description="Run a command as every task of a local tf.distribute cluster (one TF_CONFIG each), "
@@ -509,7 +505,16 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="seconds between SIGTERM and SIGKILL (default 10: time to write a backup)",
     )
     kube.add_render_arguments(parser)
-    return parser.parse_args(own), command
+    return parser
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if "--" in argv:
+        cut = argv.index("--")
+        own, command = argv[:cut], argv[cut + 1 :]
+    else:
+        own, command = argv, []
+    return build_parser().parse_args(own), command
 
 
 def main(argv: list[str] | None = None) -> int:

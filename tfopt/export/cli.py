@@ -22,7 +22,8 @@ from tfopt.export import choices
 PROG = "tfopt.export"
 
 
-def _parser() -> cli.ArgumentParser:
+def build_parser() -> cli.ArgumentParser:
+    """The argument parser of ``tfopt export``."""
     p = cli.ArgumentParser(
         prog="python -m tfopt.export",
         description=__doc__.splitlines()[0],
@@ -343,7 +344,7 @@ def _work(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m tfopt.export``; returns the exit code."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     return cli.run_main(PROG, lambda: _body(args))
 
 

@@ -84,7 +84,9 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument(
         "--initial-sparsity", type=float, default=0.0, help="polynomial schedule start (default 0)"
     )
-    g.add_argument("--begin-step", type=int, default=0)
+    g.add_argument(
+        "--begin-step", type=int, default=0, help="the step pruning starts at (default 0)"
+    )
     g.add_argument(
         "--end-step",
         type=int,

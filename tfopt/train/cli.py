@@ -14,12 +14,12 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m tfopt.train``; returns the exit code."""
     parser = cli.ArgumentParser(prog="python -m tfopt.train", description=DESCRIPTION)
     cli.add_config_args(parser)
-    parser.add_argument(
+    cli.group(parser, "model").add_argument(
         "--trust-model",
         dest="trust_model_file",
         action="store_true",
         default=None,
-        help="load a model file that can run code (Lambda layers, custom objects): only if trusted",
+        help="load a model file that can run code (Lambda layers, custom objects): only if trusted (default: off)",
     )
     args = parser.parse_args(argv)
 
