@@ -218,3 +218,48 @@ def test_print_config_resolves_file_then_flags():
     cfg = json.loads(proc.stdout)
     assert cfg["runtime"]["precision"] == "mixed_bfloat16" and cfg["train"]["epochs"] == 9
     assert cfg["train"]["output_dir"] == "runs/mnist_cnn"
+
+
+@pytest.mark.slow
+def test_a_runs_config_yaml_makes_the_same_run_again(tmp_path):
+    """Every run directory holds config.yaml; --config takes it back and, under --deterministic,
+    reproduces the weights bit for bit (the settings come from the file, not from flags)."""
+    first = tmp_path / "first"
+    flags = ["--dataset", "digits", "--model", "mlp", "--epochs", "1", "--batch-size", "32"]
+    proc = _cli(
+        *flags,
+        "--strategy",
+        "one_device",
+        "--deterministic",
+        "--set",
+        "train.seed=7",
+        "-o",
+        str(first),
+        "--quiet",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (first / "config.yaml").read_text()
+    assert text.startswith("# The resolved config of this train run.") and "seed: 7" in text
+    again = _cli("--config", str(first / "config.yaml"), "-o", str(tmp_path / "again"), "--quiet")
+    assert again.returncode == 0, again.stderr[-3000:]
+    records = [json.load(open(tmp_path / d / "run.json")) for d in ("first", "again")]
+    assert (
+        records[1]["config"]["train"]["seed"] == 7
+        and records[1]["config"]["runtime"]["deterministic"]
+    )
+    assert records[0]["weights_sha256"] == records[1]["weights_sha256"]
+    # the control: the same command without the file's settings (seed 42) trains other weights
+    other = _cli(
+        *flags,
+        "--strategy",
+        "one_device",
+        "--deterministic",
+        "-o",
+        str(tmp_path / "other"),
+        "--quiet",
+    )
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert (
+        json.load(open(tmp_path / "other" / "run.json"))["weights_sha256"]
+        != records[0]["weights_sha256"]
+    )

@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Callable
 
 from tfopt.errors import ConfigError
-from tfopt.fileio import write_json
+from tfopt.fileio import write_json, write_text
 from tfopt.runlock import Locked, RunLock
 from tfopt.runs import PARTIAL_SUFFIX, RunRecord, update_latest
 
@@ -39,6 +39,19 @@ def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             out.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return out
+
+
+def config_yaml(record: RunRecord) -> str:
+    """The text of a run's ``config.yaml``: its resolved config, headed by how to rerun it."""
+    import yaml
+
+    how = f"tfopt {record.stage} --config config.yaml -o NEW_RUN"
+    if record.stage != "train":
+        how += f" plus the stage's own flags (run.json, section {record.stage!r})"
+    return (
+        f"# The resolved config of this {record.stage} run. Rerun it with\n#   {how}\n"
+        + yaml.safe_dump(record.config, sort_keys=False)
+    )
 
 
 class RunDir:
@@ -174,7 +187,11 @@ class RunDir:
         )
 
     def commit(self, record: RunRecord) -> str:
-        """Writes ``run.json`` into the work directory and renames it into place (chief only).
+        """Writes ``run.json`` and ``config.yaml`` into the work directory and renames it into place
+        (chief only).
+
+        ``config.yaml`` is the run's resolved config, which ``--config`` takes back: the same
+        command with ``--config <run>/config.yaml`` (and another ``-o``) makes the run again.
 
         The artifacts must already be in :attr:`work`. The order keeps every state a crash can
         leave recoverable (:meth:`recover`): ``run.json`` is written, the previous run (if any)
@@ -185,6 +202,8 @@ class RunDir:
         Returns:
             The run directory.
         """
+        if record.config:
+            write_text(os.path.join(self.work, "config.yaml"), config_yaml(record))
         write_json(os.path.join(self.work, "run.json"), record.to_dict())
         path = self._move_into_place()
         self.release()
