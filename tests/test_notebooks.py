@@ -181,6 +181,7 @@ def check_01(nb, text: str, cwd: str) -> None:
 def check_02(nb, text: str, cwd: str) -> None:
     acc = _figures(r"test accuracy under (\w+): ([0-9.]+)", text)
     assert set(acc) == {"one_device", "mirrored", "multi_worker_mirrored"}, text[-2000:]
+    assert images_in(nb) >= 1  # the learning curves
     assert all(a > 0.2 for a in acc.values()), f"no better than chance (0.1): {acc}"
     with open(
         os.path.join(cwd, "runs", "distributed", "multi_worker_mirrored", "run.json"),
@@ -264,3 +265,106 @@ def test_the_notebook_runs_in_smoke_mode(name, tmp_path, mnist_download, capsys)
     if name[:2] in MNIST_NOTEBOOKS:
         assert os.path.isdir(os.path.join(data_dir, "mnist", "shards8-limit2048"))
     CHECKS[name[:2]](nb, text, str(tmp_path))
+
+
+# ------------------------------------------------------------------------ what the notebooks teach
+
+
+def _code(name: str, tag: str | None = None) -> list[str]:
+    """The notebook's code cells (those tagged ``tag`` when given), IPython magics left out."""
+    cells = [c for c in _read(name).cells if c.cell_type == "code"]
+    if tag:
+        cells = [c for c in cells if tag in _tags(c)]
+    return [
+        "\n".join(ln for ln in c.source.splitlines() if not ln.lstrip().startswith("%"))
+        for c in cells
+    ]
+
+
+def private_imports(source: str) -> list[str]:
+    """The imports in ``source`` of a private tfopt module or name (a part that starts with ``_``)."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.startswith("tfopt") and "._" in a.name]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfopt"):
+            if "._" in node.module:
+                out.append(node.module)
+            out += [
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_") and a.name != "__version__"
+            ]
+    return out
+
+
+def test_the_notebooks_import_only_the_public_api():
+    found = {name: [p for src in _code(name) for p in private_imports(src)] for name in EXPECTED}
+    assert found == {name: [] for name in EXPECTED}
+    assert private_imports(
+        "from tfopt._keras import tf\nimport tfopt.data._x\nfrom tfopt.runs import _y\nfrom tfopt import tf"
+    ) == [
+        "tfopt._keras",
+        "tfopt.data._x",
+        "tfopt.runs._y",
+    ]
+
+
+def _parameters(name: str) -> dict:
+    import ast
+
+    (source,) = _code(name, "parameters")
+    values = {}
+    for node in ast.parse(source).body:
+        (target,) = node.targets
+        value = ast.literal_eval(node.value)
+        if isinstance(target, ast.Tuple):
+            values.update({t.id: v for t, v in zip(target.elts, value, strict=True)})
+        else:
+            values[target.id] = value
+    return values
+
+
+def test_the_defaults_the_notebooks_quote_are_the_librarys():
+    """A full-size parameter that stands for a library default must equal it (smoke values differ)."""
+    from tfopt import config as C
+    from tfopt.distill.cli import RECIPE
+    from tfopt.export.fidelity import Thresholds
+    from tfopt.export.runner import ExportSettings
+    from tfopt.optimize.cli import DEFAULT_PRUNE_EPOCHS, build_parser
+
+    run, loss, gate = C.RunConfig(), C.DistillConfig(), Thresholds()
+    training = {"EPOCHS": run.train.epochs, "BATCH_SIZE": run.data.global_batch_size}
+    expected = {
+        "01_ingestion.ipynb": {
+            "BATCH_SIZE": run.data.global_batch_size,
+            "NUM_SHARDS": run.data.num_shards,
+        },
+        "02_distributed_training.ipynb": {
+            **training,
+            "MODEL": run.model.name,
+            "CPU_REPLICAS": run.runtime.cpu_replicas,
+        },
+        "03_compression_and_distillation.ipynb": {
+            "BATCH_SIZE": run.data.global_batch_size,
+            "TEACHER_MODEL": run.model.name,
+            "TEACHER_EPOCHS": run.train.epochs,
+            "TEACHER_LR": run.train.learning_rate,
+            "STUDENT_LR": RECIPE[("train", "learning_rate")],
+            "TEMPERATURE": loss.temperature,
+            "ALPHA": loss.alpha,
+            "SPARSITY": build_parser().get_default("sparsity"),
+            "PRUNE_EPOCHS": DEFAULT_PRUNE_EPOCHS,
+        },
+        "04_tflite_export_and_report.ipynb": {
+            **training,
+            "CALIBRATION_STEPS": ExportSettings().calibration_steps,
+            "MIN_AGREEMENT": gate.min_agreement,
+            "MAX_ACCURACY_DROP": gate.max_accuracy_drop_pt,
+        },
+    }
+    for name, defaults in expected.items():
+        params = _parameters(name)
+        assert {k: params[k] for k in defaults} == defaults, name

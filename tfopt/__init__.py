@@ -2,7 +2,7 @@
 
 from tfopt._version import __version__
 
-__all__ = ["Distiller", "__version__"]
+__all__ = ["Distiller", "__version__", "keras", "tf"]
 
 
 def __getattr__(name):
@@ -11,4 +11,8 @@ def __getattr__(name):
         from tfopt.models.distiller import Distiller
 
         return Distiller
+    if name in ("tf", "keras"):  # the TensorFlow tfopt runs on, and tf_keras, the Keras it uses
+        from tfopt import _keras
+
+        return getattr(_keras, name)
     raise AttributeError(f"module 'tfopt' has no attribute {name!r}")

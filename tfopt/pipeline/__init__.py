@@ -15,6 +15,8 @@ _EXPORTS = {
     "ExportSpec": "tfopt.pipeline.config",
     "LaunchSpec": "tfopt.pipeline.config",
     "load_pipeline": "tfopt.pipeline.config",
+    "find_pipeline": "tfopt.pipeline.config",
+    "example_names": "tfopt.pipeline.config",
     "apply_overrides": "tfopt.pipeline.config",
     "from_dict": "tfopt.pipeline.config",
     "plan": "tfopt.pipeline.stages",
