@@ -4,6 +4,7 @@ import configparser
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -67,6 +68,15 @@ def test_examples_are_found_by_name_and_a_missing_file_is_named(tmp_path, monkey
 
 @pytest.mark.slow
 def test_the_wheel_carries_the_package_and_the_example_pipelines(tmp_path):
+    # Built from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    source = tmp_path / "src"
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "runs", "build", "*.egg-info", "__pycache__"
+        ),
+    )
     subprocess.run(
         [
             sys.executable,
@@ -78,7 +88,7 @@ def test_the_wheel_carries_the_package_and_the_example_pipelines(tmp_path):
             "--no-build-isolation",
             "-w",
             str(tmp_path),
-            REPO,
+            str(source),
         ],
         check=True,
         capture_output=True,
