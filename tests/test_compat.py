@@ -712,3 +712,32 @@ def test_keras_saved_model_metadata_decodes_every_node_of_a_tf_keras_savedmodel(
     parsed = {path: json.loads(meta) for path, meta in nodes if meta}
     assert parsed["root"]["class_name"] == "Functional" and parsed["root"]["name"] == "m"
     assert any(m.get("class_name") == "Dense" and m.get("name") == "fc" for m in parsed.values())
+
+
+def test_modify_model_io_type_is_still_private_and_gives_integer_io():
+    from ai_edge_litert.interpreter import Interpreter
+
+    assert not hasattr(tf.lite, "modify_model_io_type") and not hasattr(
+        tf.lite.experimental, "modify_model_io_type"
+    ), "tf.lite exports modify_model_io_type: use it in tfopt._compat"
+    converter = tf.lite.TFLiteConverter.from_keras_model(_dense())
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([x[None]] for x in _data()[0])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    content = converter.convert()  # float I/O, int8 inside
+    for dtype, expected in ((tf.int8, np.int8), (tf.uint8, np.uint8)):
+        interpreter = Interpreter(model_content=_compat.modify_model_io_type(content, dtype))
+        assert interpreter.get_input_details()[0]["dtype"] == expected
+        assert interpreter.get_output_details()[0]["dtype"] == expected
+
+
+def test_parameter_server_workers_reads_what_is_still_private():
+    # The real thing runs under every parameter_server test (test_train.py, test_fault_tolerance.py);
+    # here: ParameterServerStrategyV2 still keeps both in private attributes, and defines no public
+    # property of its own that would return its resolver.
+    cls = tf.distribute.experimental.ParameterServerStrategy
+    source = inspect.getsource(sys.modules[cls.__module__])
+    assert "self._cluster_resolver =" in source and "self._num_workers =" in source
+    assert "cluster_resolver" not in vars(cls), (
+        "ParameterServerStrategy has its own cluster_resolver: use it in tfopt._compat.parameter_server_workers"
+    )

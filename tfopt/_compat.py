@@ -77,6 +77,8 @@ __all__ = [
     "convert_variables_to_constants_v2",
     "ConverterError",
     "interpreter_ops_details",
+    "modify_model_io_type",
+    "parameter_server_workers",
     "read_tflite_model",
     "write_tflite_model",
     "saved_model_converter",
@@ -344,6 +346,31 @@ def signature_invoker(runner):
     """
     wrapper, index = runner._interpreter_wrapper, runner._subgraph_index
     return lambda: wrapper.Invoke(index)
+
+
+def modify_model_io_type(content: bytes, dtype) -> bytes:
+    """The quantized flatbuffer ``content`` with inputs and outputs of ``dtype`` (tf.int8, tf.uint8).
+
+    The converter applies this post-processing step itself, but TensorFlow 2.21 exposes it only as
+    ``tensorflow.lite.python.util.modify_model_io_type``; the quantization debugger returns
+    float-I/O models, so selective int8 needs it to give them integer I/O.
+    """
+    from tensorflow.lite.python import util as lite_util
+
+    return bytes(lite_util.modify_model_io_type(content, dtype, dtype))
+
+
+def parameter_server_workers(strategy) -> int:
+    """The worker count of a ``ParameterServerStrategy``.
+
+    ParameterServerStrategyV2 keeps its cluster resolver in the private ``_cluster_resolver``
+    (``Strategy.cluster_resolver`` reads ``strategy.extended`` and returns None), and its worker
+    count in ``extended._num_workers`` when it has no resolver.
+    """
+    resolver = strategy.cluster_resolver or getattr(strategy, "_cluster_resolver", None)
+    if resolver is not None:
+        return resolver.cluster_spec().num_tasks("worker")
+    return strategy.extended._num_workers
 
 
 def keras_saved_model_metadata(path: str) -> list[tuple[str, str]]:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tfopt import _compat
 from tfopt._keras import tf
 from tfopt.config import AUTOTUNE, DataConfig
 from tfopt.data import service
@@ -461,14 +462,7 @@ def per_worker_context(
     strategy = tf.distribute.get_strategy()
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return input_context
-    # ParameterServerStrategyV2 keeps its resolver on the strategy, where Strategy.cluster_resolver
-    # (which reads strategy.extended) does not look: it returns None.
-    resolver = strategy.cluster_resolver or getattr(strategy, "_cluster_resolver", None)
-    workers = (
-        resolver.cluster_spec().num_tasks("worker")
-        if resolver is not None
-        else strategy.extended._num_workers
-    )
+    workers = _compat.parameter_server_workers(strategy)
     if workers < 2:
         return input_context
     return tf.distribute.InputContext(

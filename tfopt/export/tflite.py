@@ -43,6 +43,7 @@ from tfopt import native_stderr
 # or converting a Keras model without writing it to a SavedModel each time.
 from tfopt._compat import (
     ConverterError,
+    modify_model_io_type,
     read_tflite_model,
     saved_model_converter,
     write_tflite_model,
@@ -536,21 +537,17 @@ def _sparse_problem(
 def modify_io(content: bytes, io_type: str) -> bytes:
     """Sets the I/O type of a quantized flatbuffer (e.g. after selective quantization).
 
-    Uses the converter's own post-processing step (``tensorflow.lite.python.util``, not a public
-    API) because the quantization debugger only returns float-I/O models.
+    Uses the converter's own post-processing step (:func:`tfopt._compat.modify_model_io_type`)
+    because the quantization debugger only returns float-I/O models.
     """
     if io_type == "float":
         return content
-    from tensorflow.lite.python import util as lite_util
-
     absl = logging.getLogger("absl")
     level = absl.level
     # It warns when the first op stays float and the input keeps float: the caller reads the type back.
     absl.setLevel(logging.ERROR)
     try:
-        return bytes(
-            lite_util.modify_model_io_type(content, _IO_DTYPES[io_type], _IO_DTYPES[io_type])
-        )
+        return modify_model_io_type(content, _IO_DTYPES[io_type])
     except (ValueError, RuntimeError) as e:
         raise ConversionError(
             f"cannot give the model {io_type} inputs/outputs ({str(e).splitlines()[0]}); "
