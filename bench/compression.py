@@ -228,7 +228,7 @@ def _optimize_job(run_dir: str, seed: int, smoke: bool):
     """
     from tfopt.models.io import load_model
     from tfopt.optimize.phases import Context, run_chain
-    from tfopt.optimize.runner import _fine_tunes, _resolved
+    from tfopt.optimize.runner import fine_tunes_of, resolved
     from tfopt.runs import load_run
     from tfopt.runtime.job import Job
 
@@ -250,9 +250,9 @@ def _optimize_job(run_dir: str, seed: int, smoke: bool):
 
         def tune(settings):
             settings.validate()
-            fine_tunes = _fine_tunes(ctx, settings)
+            fine_tunes = fine_tunes_of(ctx, settings)
             model, infos, _ = run_chain(
-                ctx, fine_tunes, base, _resolved(settings, fine_tunes).chain()
+                ctx, fine_tunes, base, resolved(settings, fine_tunes).chain()
             )
             return model, infos
 

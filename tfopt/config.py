@@ -188,7 +188,12 @@ def _field_types(cls) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
+def coerce(section: str, key: str, value: Any, typ: Any) -> Any:
+    """``value`` (from YAML, JSON or a ``--set`` string) as type ``typ`` for ``section.key``.
+
+    Raises:
+        ConfigError: the value cannot be read as that type (one line naming it).
+    """
     where = f"{section}.{key}"
     if typ is bool:
         if isinstance(value, bool):
@@ -409,7 +414,7 @@ def from_dict(raw: Mapping[str, Any], base: RunConfig | None = None) -> RunConfi
                 raise ConfigError(
                     f"unknown key {section}.{key!s}; valid keys in {section!r}: {', '.join(types)}"
                 )
-            updates[key] = _coerce(section, key, value, types[key])
+            updates[key] = coerce(section, key, value, types[key])
         sections[section] = dataclasses.replace(current, **updates)
     return _validate(RunConfig(**sections))
 

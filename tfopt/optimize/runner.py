@@ -289,7 +289,8 @@ def _run_all(
     return results
 
 
-def _fine_tunes(ctx: Context, settings: OptimizeSettings) -> dict[str, FineTune]:
+def fine_tunes_of(ctx: Context, settings: OptimizeSettings) -> dict[str, FineTune]:
+    """The length and learning rate of every phase kind's fine-tuning under ``ctx``'s job."""
     steps = ctx.job.steps_per_epoch(settings.steps_per_epoch)
     spe = ctx.job.steps_per_execution(steps)
     return {
@@ -298,7 +299,7 @@ def _fine_tunes(ctx: Context, settings: OptimizeSettings) -> dict[str, FineTune]
     }
 
 
-def _resolved(settings: OptimizeSettings, fine_tunes: dict[str, FineTune]) -> OptimizeSettings:
+def resolved(settings: OptimizeSettings, fine_tunes: dict[str, FineTune]) -> OptimizeSettings:
     """Settings with pruning's automatic mask-update frequency (0) resolved for this phase length."""
     if settings.prune.frequency:
         return settings
@@ -316,8 +317,8 @@ def _optimize_one(
         job.attach(rd)  # backups (--backup-every, each epoch) in this run's work directory
         ctx.log_dir = os.path.join(scratch, "tensorboard") if settings.tensorboard else None
         ctx.phases_run = 0
-        fine_tunes = _fine_tunes(ctx, settings)
-        settings = _resolved(settings, fine_tunes)
+        fine_tunes = fine_tunes_of(ctx, settings)
+        settings = resolved(settings, fine_tunes)
         started = time.perf_counter()
         final, infos, entered = run_chain(ctx, fine_tunes, base, settings.chain())
         seconds = time.perf_counter() - started

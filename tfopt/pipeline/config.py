@@ -221,7 +221,7 @@ def _coerce(where: str, value: Any, typ: Any) -> Any:
         )
         return tuple(_coerce(where, p.strip() if isinstance(p, str) else p, item) for p in parts)
     section, _, key = where.partition(".")
-    return config_lib._coerce(section, key, value, typ)  # noqa: SLF001 - the one coercion rule of all configs
+    return config_lib.coerce(section, key, value, typ)  # the one coercion rule of all configs
 
 
 def _replace_spec(spec: Any, section: str, values: Mapping[str, Any]) -> Any:
