@@ -284,6 +284,7 @@ def test_prune_mirrored_writes_a_new_run_ready_for_export(tiny_run, tmp_path, ca
         run["metrics"]["test_accuracy"] - run["optimize"]["source"]["test_accuracy"], abs=1e-4
     )
     assert sorted(os.listdir(out)) == [
+        "config.yaml",
         "layers.json",
         "layers.txt",
         "model.keras",
