@@ -77,6 +77,7 @@ class Runner:
 
     def run(self, stage: str, config: dict, seed: int) -> dict:
         from tfopt._keras import keras
+
         from tfopt.distill.cli import main as distill_main
         from tfopt.train.cli import main as train_main
 

@@ -45,12 +45,13 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tfopt._keras import keras, tf  # noqa: E402
+
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import figure, markdown_table, result, usable_cores, write_json_atomic  # noqa: E402
 from bench.peers import keras_distillation as peer  # noqa: E402
-from tfopt._keras import keras, tf  # noqa: E402
 from tfopt.config import DataConfig  # noqa: E402
 from tfopt.data import pipeline, sources  # noqa: E402
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs  # noqa: E402

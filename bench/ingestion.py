@@ -55,6 +55,8 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tfopt._keras import keras, tf  # noqa: E402
+
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -69,7 +71,6 @@ from bench._common import (  # noqa: E402
     write_json_atomic,
 )
 from bench.peers import tf_data_guide as guide  # noqa: E402
-from tfopt._keras import keras, tf  # noqa: E402
 from tfopt.config import DataConfig, default_data_dir, parse_normalize  # noqa: E402
 from tfopt.data.augment import crop_flip_augment, xla_available  # noqa: E402
 from tfopt.data.pipeline import build  # noqa: E402

@@ -224,6 +224,7 @@ def accuracy_run(plan: AccuracyPlan, policy: str, seed: int, workdir: str) -> di
     """One accuracy run of tfopt: the validation accuracy of every epoch, the test accuracy read once
     at the end (by the run), and the sha256 of the weights training started from and ended with."""
     from tfopt._keras import keras
+
     from tfopt.runtime.job import weights_digest
 
     class InitialWeights(keras.callbacks.Callback):
@@ -466,9 +467,10 @@ def report(res: dict) -> str:
 
 def throughput(p: Params, gate: QuietGate, workdir: str) -> dict:
     """Every throughput repeat: ``{model: {"repeats": [...]}}``."""
+    from tfopt._keras import keras
+
     from peers import mixed_precision_guide as guide
 
-    from tfopt._keras import keras
     from tfopt.config import DataConfig
 
     arrays = {

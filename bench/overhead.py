@@ -221,6 +221,7 @@ def harness(argv: list[str]) -> int:
     started = time.perf_counter()
     if args.side == "tfopt":
         from tfopt._keras import keras
+
         from tfopt.train.stage import run
 
         clock = _clock(keras, stop=True, trace=args.trace)
@@ -229,8 +230,9 @@ def harness(argv: list[str]) -> int:
         except _Done:
             pass
     else:
-        from bench.peers import bare_fit
         from tfopt._keras import keras
+
+        from bench.peers import bare_fit
 
         strategy = bare_fit.make_strategy(
             cfg.runtime.strategy, cfg.runtime.cpu_replicas

@@ -296,6 +296,7 @@ def harness_train(argv: list[str]) -> int:
     cfg = cli.config_from_args(targs)
 
     from tfopt._keras import keras, tf
+
     from tfopt.train.stage import run
 
     class StepClock(keras.callbacks.Callback):
@@ -496,6 +497,7 @@ def harness_allreduce(argv: list[str]) -> int:
     bw_before = loopback_bandwidth(args.report_dir, index, nbytes, args.copies, "before")
 
     from tfopt._keras import tf
+
     from tfopt.config import RunConfig, RuntimeConfig
     from tfopt.runtime.job import connect
     from tfopt.runtime.tf_config import parse_tf_config

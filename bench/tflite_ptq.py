@@ -42,6 +42,8 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tfopt._keras import keras  # noqa: E402
+
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -58,7 +60,6 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import ptq_tutorial, qat_example  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt._keras import keras  # noqa: E402
 from tfopt.export import benchmark as bench  # noqa: E402
 from tfopt.export import tflite  # noqa: E402
 from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split  # noqa: E402

@@ -1,6 +1,7 @@
 """A quantization-sensitive run shared by the export tests."""
 
 from tfopt._keras import keras
+
 from tfopt.export.evaluate import load_split
 from tfopt.fileio import write_json
 from tfopt.models.io import save_model

@@ -2,9 +2,9 @@
 
 import os
 
-import numpy as np
-
 from tfopt._keras import tf
+
+import numpy as np
 
 ENCODERS = {
     "png": lambda x: tf.io.encode_png(x).numpy(),

@@ -12,8 +12,9 @@ import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from tfopt import config as C  # noqa: E402
 from tfopt._keras import tf  # noqa: E402
+
+from tfopt import config as C  # noqa: E402
 from tfopt.data import pipeline  # noqa: E402
 from tfopt.runtime.job import Job  # noqa: E402
 

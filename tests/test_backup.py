@@ -6,11 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 import pytest
 
 from tfopt import config as C
-from tfopt._keras import keras, tf
 from tfopt.errors import TrainingError
 from tfopt.runtime.backup import remove_debris
 from tfopt.runtime.job import Job

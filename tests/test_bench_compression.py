@@ -147,10 +147,11 @@ def test_compression_benchmark_smoke(tmp_path, tmp_path_factory):
 def test_largest_buffer_entropy_counts_the_biggest_kernels_bytes():
     """1 bit for a kernel whose int8 bytes take two values equally often, 0 for one value: the
     number follows the biggest buffer's byte histogram, not the file's."""
+    from tfopt._keras import keras, tf
+
     import numpy as np
 
     from bench.compression import largest_buffer_entropy
-    from tfopt._keras import keras, tf
 
     def converted(kernel):
         model = keras.Sequential([keras.layers.Dense(64, input_shape=(256,))])

@@ -1,9 +1,10 @@
 """Channel pruning to a measured LiteRT latency: the NetAdapt-style table and the plan it drives."""
 
+from tfopt._keras import keras
+
 import numpy as np
 import pytest
 
-from tfopt._keras import keras
 from tfopt.models.registry import cnn
 from tfopt.optimize import channel_prune as cp
 from tfopt.optimize import latency

@@ -11,12 +11,13 @@ import re
 import sys
 from importlib.metadata import version
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 import pytest
-import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
+import tensorflow_model_optimization as tfmot
 
 from tfopt import _compat
-from tfopt._keras import keras, tf
 
 TFMOT = f"tfmot {version('tensorflow-model-optimization')}"
 TF = f"TensorFlow {tf.__version__} / tf_keras {version('tf_keras')}"

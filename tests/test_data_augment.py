@@ -2,10 +2,11 @@
 
 import dataclasses
 
+from tfopt._keras import tf
+
 import numpy as np
 import pytest
 
-from tfopt._keras import tf
 from tfopt.config import DataConfig, apply_overrides, from_dict, parse_normalize
 from tfopt.data import build, make_dataset, parse_fn, prepare
 from tfopt.data.augment import crop_flip_augment, crop_flip_draws, eval_transform

@@ -4,11 +4,12 @@ with its own label, resized as asked, and every bad folder is one line naming th
 import os
 import sys
 
+from tfopt._keras import tf
+
 import numpy as np
 import pytest
 from image_folder import constant_folder, digits_folder, write_image
 
-from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import make_dataset, prepare
 from tfopt.data.sources import dataset_dir

@@ -6,10 +6,11 @@ import hashlib
 import os
 import shutil
 
+from tfopt._keras import tf
+
 import numpy as np
 import pytest
 
-from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import build, dataset_fn, distribute, make_dataset, parse_fn, prepare, shift_augment
 from tfopt.data.shards import encode_example

@@ -11,10 +11,11 @@ import hashlib
 import socket
 import time
 
+from tfopt._keras import tf
+
 import pytest
 
 from tfopt import config as C
-from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import build, parse_fn, prepare, service
 from tfopt.errors import ConfigError, DataError

@@ -9,9 +9,10 @@ import sys
 import threading
 import time
 
+from tfopt._keras import tf
+
 import pytest
 
-from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import prepare, shards
 from tfopt.errors import DataError

@@ -3,10 +3,11 @@
 import json
 import os
 
+from tfopt._keras import tf
+
 import numpy as np
 import pytest
 
-from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import builtin, prepare, source_names, tfds_source
 from tfopt.data.shards import encode_example

@@ -1,10 +1,11 @@
 """The Distiller: its loss against numpy, equivalences that pin it down, frozen teachers, strategies, tfmot."""
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 import pytest
 
 from tfopt import config as C
-from tfopt._keras import keras, tf
 from tfopt.data import pipeline, sources
 from tfopt.errors import ConfigError, ModelError
 from tfopt.models.distiller import (

@@ -12,12 +12,13 @@ import os
 import subprocess
 import sys
 
+from tfopt._keras import keras
+
 import numpy as np
 import pytest
 from isolation import ISOLATED
 
 from tfopt import config as C
-from tfopt._keras import keras
 
 # mlp: no batch norm (per-replica statistics would differ by design) and no dropout (per-replica RNG).
 COMMON = {

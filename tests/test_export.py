@@ -7,11 +7,12 @@ import subprocess
 import sys
 import zipfile
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 import pytest
 from export_fixtures import sensitive_run
 
-from tfopt._keras import keras, tf
 from tfopt.errors import ConfigError, DataError, ModelError
 from tfopt.export import benchmark, fidelity, metadata, parse_modes, tflite
 from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split

@@ -4,10 +4,11 @@ that compute the same outputs."""
 
 import json
 
+from tfopt._keras import keras
+
 import numpy as np
 import pytest
 
-from tfopt._keras import keras
 from tfopt.errors import ConfigError
 from tfopt.export import auto, tflite
 from tfopt.export.evaluate import TFLiteModel, keras_outputs, load_split

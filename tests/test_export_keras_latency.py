@@ -6,9 +6,10 @@ import os
 import subprocess
 import sys
 
+from tfopt._keras import keras
+
 import pytest
 
-from tfopt._keras import keras
 from tfopt.errors import ConfigError, ModelError
 from tfopt.export import benchmark, keras_latency
 

@@ -43,6 +43,7 @@ def test_no_class_names_packs_only_the_contract_and_a_bare_model_has_nothing():
 @pytest.mark.slow
 def test_an_interpreter_runs_the_packed_file_as_the_bare_one(tmp_path):
     from tfopt._keras import keras, tf
+
     from tfopt.export.evaluate import TFLiteModel
 
     model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(3)])

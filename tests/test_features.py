@@ -22,13 +22,14 @@ import os
 import subprocess
 import sys
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 import pytest
 from export_fixtures import sensitive_run
 from isolation import ISOLATED
 
 from tfopt import config as C
-from tfopt._keras import keras, tf
 from tfopt.models.io import load_model
 from tfopt.models.registry import build_model
 from tfopt.train import run as train

@@ -97,6 +97,7 @@ def test_atomic_dir_honours_the_umask_and_replaces_atomically(umask, tmp_path):
 
 def test_save_model_artifacts_honour_the_umask(umask, tmp_path):
     from tfopt._keras import keras
+
     from tfopt.models.io import save_model
 
     inputs = keras.Input((4,))

@@ -254,6 +254,7 @@ def test_fingerprint_ignores_where_and_how_loudly():
 
 def test_a_changed_input_model_or_tfopt_version_is_not_resumed(tmp_path, monkeypatch):
     from tfopt._keras import keras
+
     from tfopt.runs import load_input
     from tfopt.runtime.job import Job
 
@@ -285,6 +286,7 @@ def test_a_changed_input_model_or_tfopt_version_is_not_resumed(tmp_path, monkeyp
 
 def test_a_backup_of_another_model_is_refused_not_half_restored(tmp_path):
     from tfopt._keras import keras, tf
+
     from tfopt.errors import TrainingError
     from tfopt.runtime.backup import Backup
 

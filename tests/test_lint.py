@@ -22,3 +22,59 @@ def test_ruff_check_finds_nothing():
 def test_ruff_format_leaves_every_file_as_it_is():
     proc = _ruff("format", "--no-cache", "--check", ".")
     assert proc.returncode == 0, f"run: ruff format .\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+
+
+_TF_FAMILY = ("tensorflow", "tf_keras", "tensorflow_model_optimization", "tensorflow_datasets")
+
+
+def _imports_tensorflow_before_keras_flags(path: str) -> str | None:
+    """The first top-level TensorFlow-family import of the file, if no tfopt._keras import precedes it."""
+    import ast
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            if name == "tfopt._keras":
+                return None
+            if name.split(".")[0] in _TF_FAMILY:
+                return f"{os.path.relpath(path, ROOT)}:{node.lineno}: import {name}"
+    return None
+
+
+def test_tfopt_keras_comes_before_every_top_level_tensorflow_import():
+    # TF_USE_LEGACY_KERAS and the native log level are read when TensorFlow is first imported.
+    import glob
+
+    own = {os.path.join(ROOT, "tfopt", "_keras.py")}
+    files = [
+        p
+        for d in ("tfopt", "tests", "bench", "pipelines")
+        for p in glob.glob(os.path.join(ROOT, d, "**", "*.py"), recursive=True)
+        if p not in own
+    ]
+    early = [hit for hit in map(_imports_tensorflow_before_keras_flags, files) if hit]
+    assert early == [], "import tfopt._keras first (from tfopt._keras import tf):\n" + "\n".join(
+        early
+    )
+
+
+def test_the_import_order_check_finds_an_early_tensorflow_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import os\nimport tensorflow_model_optimization as tfmot\nfrom tfopt._keras import tf\n"
+    )
+    good = tmp_path / "good.py"
+    good.write_text(
+        "import os\nfrom tfopt._keras import tf\nimport tensorflow_model_optimization\n"
+    )
+    assert _imports_tensorflow_before_keras_flags(str(bad)).endswith(
+        "import tensorflow_model_optimization"
+    )
+    assert _imports_tensorflow_before_keras_flags(str(good)) is None

@@ -1,9 +1,10 @@
 """Low-rank factorization: exact surgery at full rank, ranks as numpy chooses them, FLOPs counted twice."""
 
+from tfopt._keras import keras
+
 import numpy as np
 import pytest
 
-from tfopt._keras import keras
 from tfopt.export.benchmark import keras_cost
 from tfopt.optimize import low_rank as lr
 from tfopt.optimize.common import OptimizeError, Selection
@@ -286,6 +287,7 @@ def test_keras_applications_factorize_exactly_and_convert_to_int8(name):
     """A keras.applications graph (residual adds, squeeze-and-excitation, batch norm) at full rank, then at
     a FLOPs budget, converted to int8 and run by the LiteRT interpreter."""
     from tfopt._keras import tf
+
     from tfopt.export.tflite import convert
 
     build = getattr(keras.applications, name)

@@ -9,11 +9,12 @@ naming a foreign module; metadata that cannot be parsed.
 import os
 import zipfile
 
+from tfopt._keras import keras
+
 import h5py
 import numpy as np
 import pytest
 
-from tfopt._keras import keras
 from tfopt.errors import ModelError
 from tfopt.models.io import load_model
 

@@ -5,10 +5,11 @@ import os
 import subprocess
 import sys
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 import pytest
 
-from tfopt._keras import keras, tf
 from tfopt.config import DataConfig, ModelConfig, RunConfig, from_dict
 from tfopt.data.augment import normalize_batches
 from tfopt.errors import ConfigError, ModelError

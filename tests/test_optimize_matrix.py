@@ -172,9 +172,10 @@ def _fmt(row):
 
 
 def _doc(rows) -> str:
+    from tfopt._keras import keras, tf
+
     import tensorflow_model_optimization as tfmot
 
-    from tfopt._keras import keras, tf
     from tfopt.optimize.techniques import MIXED_NOTES, TECHNIQUES
 
     order = {

@@ -1,10 +1,11 @@
 """tfopt.optimize pieces on small real tf_keras models: checkers, selection, policies, hooks, saving."""
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 import pytest
-import tensorflow_model_optimization as tfmot  # noqa: E402
+import tensorflow_model_optimization as tfmot
 
-from tfopt._keras import keras, tf
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib

@@ -265,6 +265,7 @@ def _cfg(out, precision_name):
 @pytest.mark.slow
 def test_auto_records_the_probe_and_trains_like_the_policy_it_chose(tmp_path, capfd):
     from tfopt._keras import keras
+
     from tfopt.train import run as train
 
     record = train(_cfg(tmp_path / "auto", "auto"))

@@ -2,9 +2,10 @@
 
 import json
 
+from tfopt._keras import keras, tf
+
 import pytest
 
-from tfopt._keras import keras, tf
 from tfopt.config import RuntimeConfig
 from tfopt.errors import ClusterError, ConfigError
 from tfopt.runtime import precision

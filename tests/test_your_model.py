@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 
+from tfopt._keras import keras
+
 import numpy as np
 import pytest
 from image_folder import digits_folder
 from isolation import ISOLATED
 
 from tfopt import config as C
-from tfopt._keras import keras
 from tfopt.export import metadata
 from tfopt.models.registry import build_model
 from tfopt.train import run as train

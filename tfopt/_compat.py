@@ -42,15 +42,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tfopt._keras import keras
+
 # TensorFlow 2.21: tf.lite.TFLiteConverter.convert() raises ConverterError (unsupported ops, failed
 # legalization), which tf.lite does not export; catching it by class needs the private module.
-from tensorflow.lite.python.convert_phase import ConverterError  # noqa: E402
+from tensorflow.lite.python.convert_phase import ConverterError
 
 # TensorFlow 2.21 / tf_keras 2.21: freezing a concrete function's variables into constants (for
 # the FLOPs profiler) has no public API; tf.compat.v1.graph_util only freezes v1 GraphDefs.
-from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2  # noqa: E402
-
-from tfopt._keras import keras
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 #: The versions every entry was checked against: the oldest and the newest of setup.cfg's range
 #: (CI runs the suite on the newest and its fast tier on the oldest).

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tfopt._keras import keras
+
 import numpy as np
 
-from tfopt._keras import keras
 from tfopt.config import DataConfig, RuntimeConfig
 from tfopt.data import pipeline, sources
 from tfopt.models.registry import build_model

@@ -29,9 +29,9 @@ average per replica).
 
 from __future__ import annotations
 
-import numpy as np
-
 from tfopt._keras import keras, tf
+
+import numpy as np
 
 TUTORIAL = 'keras.io "Knowledge Distillation" example'
 URL = "https://keras.io/examples/vision/knowledge_distillation/"

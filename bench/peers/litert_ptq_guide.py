@@ -21,9 +21,9 @@ them (resized and scaled the way the benchmark's pipeline feeds the Keras model)
 
 from __future__ import annotations
 
-import numpy as np
-
 from tfopt._keras import keras, tf
+
+import numpy as np
 
 GUIDE = 'LiteRT "Post-training quantization" guide'
 URL = "https://ai.google.dev/edge/litert/models/post_training_quantization"

@@ -29,9 +29,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from tfopt._keras import keras
+
 import numpy as np
 
-from tfopt._keras import keras
 from tfopt.config import DataConfig
 from tfopt.data import pipeline, sources
 

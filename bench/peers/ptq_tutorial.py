@@ -26,9 +26,9 @@ What a user following it does, step by step as the tutorial says:
 
 from __future__ import annotations
 
-import numpy as np
-
 from tfopt._keras import keras, tf
+
+import numpy as np
 
 TUTORIAL = 'TF "Post-training integer quantization" tutorial'
 URL = "https://www.tensorflow.org/lite/performance/post_training_integer_quant"

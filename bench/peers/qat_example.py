@@ -24,10 +24,11 @@ What a user following it does, step by step as the tutorial says:
 
 from __future__ import annotations
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 
 from bench.peers import ptq_tutorial
-from tfopt._keras import keras, tf
 
 TUTORIAL = 'tfmot "Quantization aware training in Keras example"'
 URL = "https://www.tensorflow.org/model_optimization/guide/quantization/training_example"

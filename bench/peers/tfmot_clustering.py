@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 import time
 
+from tfopt._keras import keras
+
 import numpy as np
 
 from bench.peers.tfmot_pruning import (
@@ -37,7 +39,6 @@ from bench.peers.tfmot_pruning import (
     tflite_dynamic_range,
     tflite_zipped_size,
 )
-from tfopt._keras import keras
 
 TUTORIAL = 'tfmot "Weight clustering in Keras example" (clustering_example)'
 URL = "https://www.tensorflow.org/model_optimization/guide/clustering/clustering_example"

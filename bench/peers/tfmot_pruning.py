@@ -35,9 +35,9 @@ import tempfile
 import time
 import zipfile
 
-import numpy as np
-
 from tfopt._keras import keras, tf
+
+import numpy as np
 
 TUTORIAL = 'tfmot "Pruning in Keras example" (pruning_with_keras)'
 URL = "https://www.tensorflow.org/model_optimization/guide/pruning/pruning_with_keras"

@@ -23,10 +23,11 @@ from __future__ import annotations
 import math
 import time
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 
 from bench.peers.tfmot_pruning import fresh_copy
-from tfopt._keras import keras, tf
 
 XNNPACK_GUIDE = 'tfmot "Pruning for on-device inference w/ XNNPACK"'
 XNNPACK_URL = (

@@ -31,6 +31,7 @@ import functools
 from collections.abc import Callable, Sequence
 
 from tfopt._keras import tf
+
 from tfopt.config import DataConfig, parse_normalize, reverses_channels
 from tfopt.errors import ConfigError
 

@@ -26,9 +26,10 @@ import hashlib
 import os
 import re
 
+from tfopt._keras import tf
+
 import numpy as np
 
-from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import shards
 from tfopt.data.builtin import plan_splits

@@ -31,10 +31,11 @@ import hashlib
 import os
 from collections.abc import Callable, Sequence
 
+from tfopt._keras import tf
+
 import numpy as np
 
 from tfopt import _compat
-from tfopt._keras import tf
 from tfopt.config import AUTOTUNE, DataConfig
 from tfopt.data import service
 from tfopt.data.augment import (

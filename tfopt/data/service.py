@@ -16,6 +16,7 @@ import uuid
 from urllib.parse import urlsplit
 
 from tfopt._keras import tf
+
 from tfopt.children import ISOLATED_ENV
 from tfopt.config import SERVICE_MODES, DataConfig, RunConfig
 from tfopt.errors import ConfigError, DataError

@@ -29,9 +29,10 @@ import struct
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
+from tfopt._keras import tf
+
 import numpy as np
 
-from tfopt._keras import tf
 from tfopt.errors import DataError
 from tfopt.fileio import write_bytes
 

@@ -21,9 +21,10 @@ import os
 import re
 import struct
 
+from tfopt._keras import tf
+
 import numpy as np
 
-from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import shards
 from tfopt.data.builtin import SPLITS, plan_splits, records_needed

@@ -26,9 +26,10 @@ import os
 import re
 from dataclasses import dataclass
 
+from tfopt._keras import tf
+
 import numpy as np
 
-from tfopt._keras import tf
 from tfopt.config import DataConfig
 from tfopt.data import shards
 from tfopt.errors import ConfigError, DataError

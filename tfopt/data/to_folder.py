@@ -37,6 +37,7 @@ def write_folder(cfg: DataConfig, out: str) -> dict[str, int]:
         DataError: the source cannot be prepared.
     """
     from tfopt._keras import tf
+
     from tfopt.data.pipeline import make_dataset
     from tfopt.data.sources import prepare
     from tfopt.fileio import atomic_dir

@@ -164,8 +164,9 @@ def keras_cost(model) -> dict:
 
     FLOPs come from TensorFlow's profiler on the model's frozen graph at batch 1.
     """
-    from tfopt._compat import convert_variables_to_constants_v2
     from tfopt._keras import tf
+
+    from tfopt._compat import convert_variables_to_constants_v2
 
     shape = [1, *[int(d) for d in model.input_shape[1:]]]
     flops = None

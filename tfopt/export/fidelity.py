@@ -18,10 +18,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 
 from tfopt import native_stderr
-from tfopt._keras import keras, tf
 from tfopt.errors import ConfigError
 from tfopt.export.evaluate import EvalResult
 from tfopt.export.tflite import ConvertOptions, make_converter, modify_io, representative_fn

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 from tfopt._keras import keras, tf
+
 from tfopt.errors import ModelError
 
 _EXPORT = """

@@ -39,8 +39,9 @@ _TIMEOUT_S = 600.0
 
 def _load(path: str, *, threads: int, trust_model: bool):
     """Runs in the child: starts TensorFlow at ``threads`` threads and loads the model as export sees it."""
-    from tfopt import native_stderr
     from tfopt._keras import tf
+
+    from tfopt import native_stderr
 
     with native_stderr.filtered():  # the runtime starts here: CUDA probe notices
         tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -55,9 +56,9 @@ def _load(path: str, *, threads: int, trust_model: bool):
 
 def _prepare(model):
     """Runs in the child: the traced batch-1 call of ``model`` and its fixed input."""
-    import numpy as np
-
     from tfopt._keras import tf
+
+    import numpy as np
 
     shape = [1, *[int(d) for d in model.input_shape[1:]]]
     x = tf.constant(np.random.default_rng(0).random(shape, dtype=np.float32))
@@ -72,6 +73,7 @@ def _time(fn, x, *, runs: int, warmup: int) -> dict:
     Eager execution is synchronous on CPU: each call returns with its result computed.
     """
     from tfopt._keras import tf
+
     from tfopt.timing import time_calls
 
     return {

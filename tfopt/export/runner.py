@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tfopt._keras import keras
+
 from tfopt.config import DataConfig, RunConfig
 from tfopt.data.sources import input_contract, prepare
 from tfopt.errors import ConfigError

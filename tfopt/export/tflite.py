@@ -35,6 +35,8 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 
 from tfopt import native_stderr
@@ -48,7 +50,6 @@ from tfopt._compat import (
     saved_model_converter,
     write_tflite_model,
 )  # noqa: E402
-from tfopt._keras import keras, tf
 from tfopt.config import DataConfig
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo

@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tfopt._compat import is_graph_network
 from tfopt._keras import ensure_tf_keras, keras, tf
+
+from tfopt._compat import is_graph_network
 from tfopt.config import COMBINE_MODES, DistillConfig
 from tfopt.errors import ConfigError, ModelError
 from tfopt.models.io import save_model

@@ -16,8 +16,9 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
-from tfopt import _compat
 from tfopt._keras import ensure_tf_keras, keras
+
+from tfopt import _compat
 from tfopt.errors import ModelError
 from tfopt.fileio import atomic_dir, atomic_path
 

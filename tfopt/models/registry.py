@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tfopt._keras import keras
+
 from tfopt.errors import ConfigError
 
 Builder = Callable[..., "keras.Model"]

@@ -30,9 +30,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tfopt._keras import ensure_tf_keras, keras
+
 import numpy as np
 
-from tfopt._keras import ensure_tf_keras, keras
 from tfopt.config import BGR_PREFIX, ModelConfig, RunConfig
 from tfopt.errors import ConfigError, ModelError
 from tfopt.fileio import tree_digest

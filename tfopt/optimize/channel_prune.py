@@ -25,9 +25,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tfopt._keras import keras
+
 import numpy as np
 
-from tfopt._keras import keras
 from tfopt.optimize import latency as latency_lib
 from tfopt.optimize.channels import Channels, trace
 from tfopt.optimize.common import OptimizeError, Selection

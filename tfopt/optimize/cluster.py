@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
+from tfopt._keras import keras
+
+import tensorflow_model_optimization as tfmot
 
 from tfopt._compat import (
     CLUSTER_WRAPPERS,
@@ -19,7 +21,6 @@ from tfopt._compat import (
     cluster_registry_supports,
     clusterable_weight_names,
 )
-from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError, Selection, check_model, weight_table
 
 _clustering = tfmot.clustering.keras

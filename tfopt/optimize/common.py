@@ -11,11 +11,12 @@ import gzip
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from tfopt._keras import ensure_tf_keras, keras
+
 import numpy as np
 
 from tfopt import _compat
 from tfopt._compat import is_graph_network, producing_layer
-from tfopt._keras import ensure_tf_keras, keras
 from tfopt.errors import OptimizeError  # noqa: F401  (re-exported)
 
 #: Kernel-like weights: what pruning and clustering act on (biases and BN statistics are not).

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tfopt._keras import keras
+
 from tfopt.errors import TfoptError
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import low_rank as low_rank_lib

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 
 from tfopt import native_stderr
 from tfopt._compat import signature_invoker
-from tfopt._keras import keras, tf
 from tfopt.timing import time_calls
 
 L = keras.layers

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tfopt._keras import keras
+
 import numpy as np
 
-from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError, Selection
 from tfopt.optimize.flops import model_macs
 from tfopt.optimize.surgery import Graph, fresh

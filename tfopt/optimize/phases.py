@@ -15,8 +15,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from tfopt._compat import tfmot_layer_dtype
 from tfopt._keras import keras, tf
+
+from tfopt._compat import tfmot_layer_dtype
 from tfopt.optimize import channel_prune as channel_lib
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import latency as latency_lib

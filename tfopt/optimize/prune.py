@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tfopt._keras import keras
+
 import numpy as np
-import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
+import tensorflow_model_optimization as tfmot
 
 from tfopt._compat import prunable_weight_names, prune_registry_supports
-from tfopt._keras import keras
 from tfopt.optimize.common import (
     OptimizeError,
     Selection,

@@ -43,10 +43,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import tensorflow_model_optimization as tfmot  # noqa: E402  (after tfopt._keras: tf_keras flavour)
+from tfopt._keras import keras
+
+import tensorflow_model_optimization as tfmot
 
 from tfopt._compat import QUANTIZE_LAYERS, fix_for_keras_format, float32_global_policy
-from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError, Selection, all_layers, check_model
 
 _q = tfmot.quantization.keras

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from tfopt._keras import keras
+
 from tfopt.config import RunConfig
 from tfopt.errors import TfoptError
 from tfopt.fileio import atomic_path, write_json, write_text

@@ -13,8 +13,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tfopt._compat import tfmot_layer_dtype
 from tfopt._keras import keras
+
+from tfopt._compat import tfmot_layer_dtype
 from tfopt.optimize import cluster as cluster_lib
 from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib

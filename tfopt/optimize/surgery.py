@@ -16,10 +16,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from tfopt._keras import keras
+
 import numpy as np
 
 from tfopt._compat import is_graph_network
-from tfopt._keras import keras
 from tfopt.optimize.common import OptimizeError
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 
-from tfopt._compat import build_step_state
 from tfopt._keras import keras
+
+from tfopt._compat import build_step_state
 from tfopt.config import RunConfig
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import prepare

@@ -51,9 +51,9 @@ def write(root: str, variants: Sequence[Variant], chosen: str | None) -> list[st
     Returns:
         The run names written (the variants' names).
     """
-    from tensorboard.plugins.hparams import api as hp
-
     from tfopt._keras import tf
+
+    from tensorboard.plugins.hparams import api as hp
 
     if not variants:
         return []

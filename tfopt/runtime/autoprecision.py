@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tfopt import _compat
 from tfopt._keras import keras, tf
+
+from tfopt import _compat
 from tfopt.data import pipeline
 from tfopt.runtime import precision
 from tfopt.specs import resolve as resolve_path

@@ -34,10 +34,11 @@ import os
 import shutil
 import signal
 
+from tfopt._keras import keras, tf
+
 import numpy as np
 
 from tfopt import _compat
-from tfopt._keras import keras, tf
 from tfopt.errors import Preempted, TfoptError, TrainingError
 from tfopt.fileio import write_text
 

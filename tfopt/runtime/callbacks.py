@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tfopt._keras import keras
+
 from tfopt.fileio import write_json, write_text
 
 

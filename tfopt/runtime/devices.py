@@ -1,6 +1,7 @@
 """Logical CPU devices, so `mirrored` runs several replicas on a machine without GPUs."""
 
 from tfopt._keras import tf
+
 from tfopt.errors import ConfigError
 
 

@@ -30,8 +30,9 @@ import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, version
 
-from tfopt import _compat
 from tfopt._keras import keras, tf
+
+from tfopt import _compat
 from tfopt._version import __version__
 from tfopt.config import RunConfig
 from tfopt.data import pipeline, service, sources

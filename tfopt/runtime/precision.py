@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 
 from tfopt._keras import keras, tf
+
 from tfopt.cpu import cpu_flags
 from tfopt.specs import AUTO_PRECISION, PRECISIONS
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from tfopt._keras import keras, tf
+
 from tfopt.fileio import write_json
 
 

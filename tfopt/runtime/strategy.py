@@ -25,9 +25,10 @@ import os
 import sys
 from typing import NoReturn
 
+from tfopt._keras import tf
+
 import numpy as np
 
-from tfopt._keras import tf
 from tfopt.config import RuntimeConfig
 from tfopt.errors import ClusterError, ConfigError
 from tfopt.runtime.devices import setup_cpu_replicas

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from tfopt._keras import keras
+
 from tfopt.config import RunConfig
 from tfopt.models import sources
 from tfopt.models.io import save_model
