@@ -166,3 +166,18 @@ def _run_pipeline_three_times(directory: str) -> dict:
         logs.append(proc.stdout.read())
         codes.append(proc.wait())
     return {"run": run, "codes": codes, "logs": logs}
+
+
+@pytest.fixture(autouse=True)
+def _unconfigured_tfopt_logging():
+    """Each test starts with tfopt's loggers as a library user finds them (a CLI run in-process
+    configures them): caplog sees their lines."""
+    yield
+    import logging
+
+    for name in ("tfopt", "tfopt.result"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True

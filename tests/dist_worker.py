@@ -14,6 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tfopt import log  # noqa: E402
 from tfopt.config import RuntimeConfig  # noqa: E402
 from tfopt.runtime.strategy import make_strategy, num_replicas, run_server  # noqa: E402
 from tfopt.runtime.tf_config import cluster_from_env  # noqa: E402
@@ -27,6 +28,7 @@ def _model(keras):
 
 
 def main(strategy_name: str, startup_timeout: float) -> None:
+    log.configure("tfopt")  # as a command line does: the server says where it listens
     cluster = cluster_from_env()
     runtime = RuntimeConfig(strategy=strategy_name, startup_timeout=startup_timeout)
     if strategy_name == "parameter_server" and cluster.task_type in ("worker", "ps"):

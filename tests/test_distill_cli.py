@@ -235,9 +235,9 @@ def _launch(tmp_path, mnist_run, strategy, *launch_args, extra=()):
 
 def _done(out):
     return [
-        json.loads(line.split("tfopt.distill: done ", 1)[1])
+        json.loads(line.split("tfopt distill: done ", 1)[1])
         for line in out.splitlines()
-        if "tfopt.distill: done " in line
+        if "tfopt distill: done " in line
     ]
 
 

@@ -720,15 +720,15 @@ def test_cli_filters_native_notices_and_forwards_other_native_lines_at_once(tiny
     warning = "W0000 tfopt-test: a native warning at interpreter creation"
     # The real notices (CUDA probe, XNNPACK delegate, quantizer settings) and the fake one are gone;
     # only progress lines and the native warning are left.
-    assert [ln for ln in lines if not ln.startswith("tfopt.export: ") and ln != warning] == [], (
+    assert [ln for ln in lines if not ln.startswith("tfopt export: ") and ln != warning] == [], (
         proc.stderr
     )
     # The warning shows when it is printed (before the next progress line), not when the export ends.
     first = lines.index(warning)
-    assert lines[first - 1] == "tfopt.export: [1/2] float32: evaluating on 299 test examples", (
+    assert lines[first - 1] == "tfopt export: [1/2] float32: evaluating on 299 test examples", (
         proc.stderr
     )
-    assert lines[first + 1] == "tfopt.export: [1/2] float32: benchmarking", proc.stderr
+    assert lines[first + 1] == "tfopt export: [1/2] float32: benchmarking", proc.stderr
 
 
 @pytest.mark.slow

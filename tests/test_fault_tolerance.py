@@ -60,8 +60,8 @@ def _run(cmd, timeout=600, **kw):
 
 def _done(text, task="local"):
     for line in text.splitlines():
-        if "tfopt.train: done " in line:
-            summary = json.loads(line.split("tfopt.train: done ", 1)[1])
+        if "tfopt train: done " in line:
+            summary = json.loads(line.split("tfopt train: done ", 1)[1])
             if summary["task"] == task:
                 return summary
     raise AssertionError(f"no done line of {task} in:\n{text[-3000:]}")
@@ -222,7 +222,7 @@ def test_multi_worker_kills_of_a_worker_and_the_chief_restart_to_identical_weigh
     log, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, log[-4000:]
     restarts = re.findall(r"restart (\d)/2", log)
-    resumed = [int(s) for s in re.findall(r"\[worker:0\] tfopt.train: resuming at step (\d+)", log)]
+    resumed = [int(s) for s in re.findall(r"\[worker:0\] tfopt train: resuming at step (\d+)", log)]
     print(
         f"\nmulti_worker_mirrored x2: faults 2 (kill -9 worker:1 after step {2 * EVERY}, kill -9 chief after step "
         f"{first_restart}), survived 2; resumed at steps {resumed}; weights bit-identical"
@@ -311,7 +311,7 @@ def test_sidecar_evaluator_evaluates_each_backup_as_the_chief_validates(tmp_path
     ]
     result = _run(cmd)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "[evaluator:0] tfopt.train: evaluator: step 64 " in result.stdout
+    assert "[evaluator:0] tfopt train: evaluator: step 64 " in result.stdout
     rows = json.loads((out / "evaluator.json").read_text())
     history = {r["epoch"] * 64: r for r in json.loads((out / "run.json").read_text())["history"]}
     print(f"\nsidecar evaluator: evaluated steps {[r['step'] for r in rows]}")

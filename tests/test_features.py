@@ -198,8 +198,8 @@ def test_multi_worker_mirrored_ring_collective_two_real_processes(tmp_path):
     assert proc.returncode == 0, text[-4000:]
     done = {}
     for line in text.splitlines():
-        if "tfopt.train: done " in line:
-            info = json.loads(line.split("tfopt.train: done ", 1)[1])
+        if "tfopt train: done " in line:
+            info = json.loads(line.split("tfopt train: done ", 1)[1])
             done[info["task"]] = info
     assert sorted(done) == ["worker:0", "worker:1"], text[-3000:]
     assert done["worker:0"]["weights_sha256"] == done["worker:1"]["weights_sha256"]

@@ -328,7 +328,7 @@ def test_a_host_that_is_not_this_machine_is_a_one_line_error():
         timeout=60,
     )
     assert proc.returncode == 2 and proc.stderr.startswith(
-        "tfopt.launch: --host '10.255.255.1' is not an address of this machine (Cannot assign requested address)"
+        "tfopt launch: --host '10.255.255.1' is not an address of this machine (Cannot assign requested address)"
     )
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -350,7 +350,7 @@ def test_isolate_fails_in_one_line_where_no_namespace_can_be_made(tmp_path):
     )
     assert proc.returncode == 2 and "[worker:0]" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1] == (
-        "tfopt.launch: --isolate cannot create a network namespace (unshare: unshare failed: Operation not "
+        "tfopt launch: --isolate cannot create a network namespace (unshare: unshare failed: Operation not "
         "permitted); run as root or enable unprivileged user namespaces (sysctl user.max_user_namespaces), or "
         "pass --no-isolate on a trusted machine"
     )

@@ -18,7 +18,7 @@ def tiny_run(tmp_path_factory):
 def _one_line_error(capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and needle in err[0] and err[0].startswith("tfopt.optimize: error: "), err
+    assert len(err) == 1 and needle in err[0] and err[0].startswith("tfopt optimize: error: "), err
     return err[0]
 
 
@@ -265,7 +265,7 @@ def test_prune_mirrored_writes_a_new_run_ready_for_export(tiny_run, tmp_path, ca
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert (
-        "tfopt.optimize: done " in printed and "sparsity" in printed.splitlines()[0]
+        "tfopt optimize: done " in printed and "sparsity" in printed.splitlines()[0]
     )  # the per-layer table
     run = json.load(open(out / "run.json"))
     assert run["strategy"] == {

@@ -345,7 +345,7 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
     # Multi-worker replicas end with identical weights, technique by technique.
     digests = {}
     for line in logs["multi_worker_mirrored"].splitlines():
-        for marker in ("tfopt.optimize: done ", "tfopt.optimize: worker done "):
+        for marker in ("tfopt optimize: done ", "tfopt optimize: worker done "):
             if marker in line:
                 info = json.loads(line.split(marker, 1)[1])
                 digests.setdefault(info["technique"], set()).add(info["weights_sha256"])

@@ -151,7 +151,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
         )
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines() == [
-            f"tfopt.pipeline: error: {result.stderr.split('error: ', 1)[1].strip()}"
+            f"tfopt pipeline: error: {result.stderr.split('error: ', 1)[1].strip()}"
         ]
         assert message in result.stderr
     assert os.listdir(not_ours) == ["notes.txt"]
@@ -241,7 +241,7 @@ def test_multi_worker_training_stages_run_under_the_launcher(tmp_path):
         )
     # both workers trained the same weights (the launcher's tasks each print their digest)
     digests = re.findall(
-        r"\[worker:(\d)\] tfopt.train: done \{\"task\": \"worker:\d\", \"weights_sha256\": \"(\w+)\"",
+        r"\[worker:(\d)\] tfopt train: done \{\"task\": \"worker:\d\", \"weights_sha256\": \"(\w+)\"",
         result.stdout,
     )
     assert sorted(w for w, _ in digests) == ["0", "1"] and len({d for _, d in digests}) == 1
@@ -313,13 +313,13 @@ def test_a_kill_mid_run_keeps_the_done_marks_of_stages_it_does_not_change(tmp_pa
     cfg = apply_overrides(load_pipeline(MNIST_EDGE, "smoke"), ["probe.steps=0"])
     out = str(tmp_path / "run")
     crash_at = None
-    runner.run_pipeline(cfg, out, report=False, say=lambda _: None)
+    runner.run_pipeline(cfg, out, report=False)
     order = [s.name for s in plan(cfg)]
     assert ran == order and order.index("student-pqat") < order.index("student-export")
     changed = apply_overrides(cfg, ["compress.sparsity=0.6"])  # student-pqat and its export only
     crash_at = "student-pqat"
     with pytest.raises(KeyboardInterrupt):
-        runner.run_pipeline(changed, out, report=False, say=lambda _: None)
+        runner.run_pipeline(changed, out, report=False)
     status = {
         s["name"]: s["status"]
         for s in json.load(open(os.path.join(out, "pipeline.json")))["stages"]
@@ -329,5 +329,5 @@ def test_a_kill_mid_run_keeps_the_done_marks_of_stages_it_does_not_change(tmp_pa
     }
     ran.clear()
     crash_at = None
-    runner.run_pipeline(changed, out, report=False, say=lambda _: None)
+    runner.run_pipeline(changed, out, report=False)
     assert ran == ["student-pqat", "student-pqat-export"]

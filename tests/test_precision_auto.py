@@ -213,15 +213,18 @@ def test_mixed_bfloat16_warns_only_without_bf16_hardware():
 
 
 def test_the_warning_is_printed_once_per_process(capsys):
+    from tfopt import log
+
     expected = precision.bf16_warning("mixed_bfloat16", cpu_flags(), precision.accelerators())
     precision._warned.clear()
+    log.configure("tfopt distill")  # the warning names the stage that warns, not the command
     for _ in range(3):
-        precision.warn_without_bf16_hardware("mixed_bfloat16", "tfopt.train")
+        precision.warn_without_bf16_hardware("mixed_bfloat16", "tfopt train")
     err = capsys.readouterr().err
     if expected is None:  # this machine has bf16 hardware
         assert err == ""
     else:
-        assert err == f"tfopt.train: {expected}\n"
+        assert err == f"tfopt train: warning: {expected}\n"
 
 
 # -- config and CLI --------------------------------------------------------------------------------
@@ -266,8 +269,10 @@ def _cfg(out, precision_name):
 def test_auto_records_the_probe_and_trains_like_the_policy_it_chose(tmp_path, capfd):
     from tfopt._keras import keras
 
+    from tfopt import log
     from tfopt.train import run as train
 
+    log.configure("tfopt")  # as the command line does; the line names its stage
     record = train(_cfg(tmp_path / "auto", "auto"))
     err = capfd.readouterr().err
     run = json.loads((tmp_path / "auto" / "run.json").read_text())
@@ -295,7 +300,7 @@ def test_auto_records_the_probe_and_trains_like_the_policy_it_chose(tmp_path, ca
         )
     assert ap.choose(probe["examples_per_sec"]) == (chosen, probe["reason"])
     line = ap.Probe(chosen, probe["reason"], probe["examples_per_sec"]).log_line()
-    assert f"tfopt.train: {line}\n" in err
+    assert f"tfopt train: {line}\n" in err
     # The probe left no trace in the run: the same weights as a run of the chosen policy.
     explicit = train(_cfg(tmp_path / "explicit", chosen))
     assert record.weights_sha256 == explicit.weights_sha256
@@ -346,7 +351,7 @@ def _launch(tmp_path, *launch_args, strategy):
     assert proc.returncode == 0, text[-4000:]
     lines = {}
     for line in text.splitlines():
-        if "tfopt.train: precision auto: " in line:
+        if "tfopt train: precision auto: " in line:
             task, _, rest = line.partition("] ")
             lines[task.lstrip("[")] = rest
     return json.loads((out / "run.json").read_text()), lines

@@ -508,12 +508,14 @@ def test_collect_makes_one_variant_per_model_and_format_with_figures_from_the_re
 
 
 @pytest.mark.slow
-def test_report_md_json_html_and_hparams_from_a_synthetic_run(tmp_path, tiny_tflite):
+def test_report_md_json_html_and_hparams_from_a_synthetic_run(tmp_path, tiny_tflite, caplog):
+    from tfopt.log import PROGRESS
     from tfopt.report import build
 
     run_dir = make_pipeline_dir(tmp_path, tflite=tiny_tflite)
-    lines = []
-    report = build(run_dir, progress=lines.append)
+    with caplog.at_level(PROGRESS, logger="tfopt"):
+        report = build(run_dir)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tfopt.report.builder"]
     out = os.path.join(run_dir, "report")
     assert sorted(os.listdir(out)) == [
         "hparams",
@@ -668,7 +670,7 @@ def test_cli_builds_and_bad_input_is_one_line_exit_2(tmp_path, capsys):
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("tfopt.report: error: ") and needle in err[0], (
+        assert len(err) == 1 and err[0].startswith("tfopt report: error: ") and needle in err[0], (
             err
         )
 

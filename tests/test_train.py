@@ -90,9 +90,9 @@ def _launch(tmp_path, strategy, *launch_args, timeout=300, epochs=2, quiet=True)
 
 def _done_lines(out):
     return [
-        json.loads(line.split("tfopt.train: done ", 1)[1])
+        json.loads(line.split("tfopt train: done ", 1)[1])
         for line in out.splitlines()
-        if "tfopt.train: done " in line
+        if "tfopt train: done " in line
     ]
 
 

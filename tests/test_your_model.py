@@ -134,9 +134,9 @@ def _launch(out, *args):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     done = [
-        json.loads(line.split("tfopt.train: done ", 1)[1])
+        json.loads(line.split("tfopt train: done ", 1)[1])
         for line in (proc.stdout + proc.stderr).splitlines()
-        if "tfopt.train: done " in line
+        if "tfopt train: done " in line
     ]
     assert sorted(d["task"] for d in done) == ["worker:0", "worker:1"]
     assert done[0]["weights_sha256"] == done[1]["weights_sha256"]  # the replicas stayed in sync

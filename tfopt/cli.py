@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 
 from tfopt import config as config_lib
+from tfopt import log
 from tfopt.errors import TfoptError
 from tfopt.specs import MODEL_SOURCES, PRECISIONS, STRATEGIES
 
@@ -180,7 +181,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace a finished run at -o, or discard an unfinished run of other settings there",
     )
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_verbosity(g, "no progress bar")
     _add_defaults(parser)
 
 
@@ -247,8 +248,23 @@ def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
     return config_lib.from_dict(raw, cfg)
 
 
-def run_main(prog: str, fn: Callable[[], int]) -> int:
-    """Runs a CLI body, turning a TfoptError into one line on stderr and exit code 2."""
+def add_verbosity(group, quiet_help: str) -> None:
+    """Adds ``--quiet`` (``quiet_help``; events and warnings still print) and ``--verbose``."""
+    group.add_argument("--quiet", action="store_true", help=quiet_help)
+    group.add_argument("--verbose", action="store_true", help="debug lines too")
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """The logging level ``--quiet`` and ``--verbose`` ask for (``--quiet`` wins)."""
+    if getattr(args, "quiet", False):
+        return log.QUIET
+    return log.VERBOSE if getattr(args, "verbose", False) else log.NORMAL
+
+
+def run_main(prog: str, fn: Callable[[], int], level: int = log.NORMAL) -> int:
+    """Runs a CLI body with tfopt's logging configured (:func:`tfopt.log.configure`), turning a
+    TfoptError into one line on stderr and exit code 2."""
+    log.configure(prog, level)
     try:
         return fn()
     except TfoptError as e:

@@ -205,7 +205,7 @@ def _stop(tasks: list[_Task], grace: float) -> None:
 
 
 def _say(message: str) -> None:
-    print(f"tfopt.launch: {message}", file=sys.stderr, flush=True)
+    print(f"tfopt launch: {message}", file=sys.stderr, flush=True)
 
 
 def _check(
@@ -457,7 +457,7 @@ def _isolation(isolate: bool | None, host: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tfopt launch`` (its own flags, before ``--``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m tfopt.launch",
+        prog="tfopt launch",
         description="Run a command as every task of a local tf.distribute cluster (one TF_CONFIG each), "
         "or print it as a Kubeflow TFJob.",
         epilog="example: python -m tfopt.launch --workers 2 --max-restarts 3 -- python -m tfopt.train "

@@ -8,9 +8,9 @@ Processing modes, shared jobs, determinism, lifetime and security: docs/data_ser
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-import sys
 import threading
 import uuid
 from urllib.parse import urlsplit
@@ -21,6 +21,8 @@ from tfopt.children import ISOLATED_ENV
 from tfopt.config import SERVICE_MODES, DataConfig, RunConfig
 from tfopt.errors import ConfigError, DataError
 from tfopt.specs import STRATEGIES
+
+log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0  # seconds a remote dispatcher has to accept a TCP connection
 LOCAL_WORKERS = 1  # see the module docstring: more in-process workers add memory, not compute
@@ -61,12 +63,10 @@ class LocalService:
         self.target = self.dispatcher.target
         self.stopped = False
         if not os.environ.get(ISOLATED_ENV):  # tfopt.launch --isolate: a private network namespace
-            print(
-                f"tfopt: warning: the in-process tf.data service (dispatcher port {self.target.rpartition(':')[2]} "
+            log.warning(
+                f"the in-process tf.data service (dispatcher port {self.target.rpartition(':')[2]} "
                 f"and {num_workers} worker port(s)) listens on every network interface, without authentication; "
-                "run on a trusted network, or under python -m tfopt.launch --isolate",
-                file=sys.stderr,
-                flush=True,
+                "run on a trusted network, or under tfopt launch --isolate"
             )
 
     def stop(self) -> None:

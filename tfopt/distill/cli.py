@@ -23,7 +23,7 @@ from tfopt.distill.options import DistillOptions, parse_feature
 from tfopt.errors import ConfigError
 from tfopt.optimize.techniques import ONE_PHASE
 
-PROG = "tfopt.distill"
+PROG = "tfopt distill"
 DESCRIPTION = (
     "Distil trained teacher runs into a student, optionally compressed while it learns. Defaults chosen "
     "on the validation split: bench/results/distill_defaults.json."
@@ -53,7 +53,7 @@ def _recipe_overrides(config_path: str | None) -> list[str]:
 
 def build_parser() -> cli.ArgumentParser:
     """The argument parser of ``python -m tfopt.distill``."""
-    parser = cli.ArgumentParser(prog="python -m tfopt.distill", description=DESCRIPTION)
+    parser = cli.ArgumentParser(prog=PROG, description=DESCRIPTION)
     g = parser.add_argument_group("distillation")
     g.add_argument(
         "--teacher",
@@ -182,4 +182,4 @@ def main(argv: list[str] | None = None) -> int:
         run(cfg, opts, overwrite=args.overwrite)
         return 0
 
-    return cli.run_main(PROG, body)
+    return cli.run_main(PROG, body, cli.verbosity(args))

@@ -31,7 +31,7 @@ from tfopt.runtime.job import Job, plain_copy, replace_config, weights_digest
 if TYPE_CHECKING:
     from tfopt._keras import keras
 
-PROG = "tfopt.distill"
+PROG = "tfopt distill"
 
 
 def _logits(model: keras.Model, dataset) -> tuple[np.ndarray, np.ndarray]:

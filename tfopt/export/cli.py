@@ -19,13 +19,13 @@ from tfopt import cli, native_stderr
 from tfopt.errors import ConfigError, ModelError
 from tfopt.export import choices
 
-PROG = "tfopt.export"
+PROG = "tfopt export"
 
 
 def build_parser() -> cli.ArgumentParser:
     """The argument parser of ``tfopt export``."""
     p = cli.ArgumentParser(
-        prog="python -m tfopt.export",
+        prog=PROG,
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 done, 1 fidelity gate failed, 2 user error",
     )
@@ -168,7 +168,7 @@ def build_parser() -> cli.ArgumentParser:
         action="store_true",
         help="load models that can run code (Lambda layers, tfmot wrappers); only for files you trust",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    cli.add_verbosity(p, "no progress lines")
     return p
 
 
@@ -237,10 +237,6 @@ def _start_tensorflow() -> None:
         tf.config.list_physical_devices()  # loads the device plugins: the CUDA probe prints here
 
 
-def _say(quiet: bool):
-    return None if quiet else (lambda msg: print(f"{PROG}: {msg}", file=sys.stderr, flush=True))
-
-
 def _body(args) -> int:
     _check_args(args)
     return _work(args)
@@ -294,7 +290,6 @@ def _work(args) -> int:
             settings,
             out_dir=args.output,
             overwrite=args.overwrite,
-            progress=_say(args.quiet),
             data=_data_config(args),
         )
         export = record.section
@@ -345,7 +340,7 @@ def _work(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m tfopt.export``; returns the exit code."""
     args = build_parser().parse_args(argv)
-    return cli.run_main(PROG, lambda: _body(args))
+    return cli.run_main(PROG, lambda: _body(args), cli.verbosity(args))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -37,11 +38,18 @@ from tfopt.export.evaluate import (
     read_tflite,
 )
 from tfopt.fileio import write_bytes, write_json, write_text
+from tfopt.log import PROGRESS
 from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.optimize.common import strip_wrappers
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
 from tfopt.runtime.job import run_record
 from tfopt.runtime.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def _progress(message: str) -> None:
+    log.log(PROGRESS, message)
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,6 @@ def run(
     out_dir: str | None = None,
     *,
     overwrite: bool = False,
-    progress: Callable[[str], None] | None = None,
     data: DataConfig | None = None,
 ) -> RunRecord:
     """Exports one run (or model file) to .tflite in every requested mode, measures each and commits a new run directory.
@@ -161,7 +168,6 @@ def run(
         out_dir: The new run directory (default ``<run_dir>-export``, or ``<file without suffix>-export``,
             then ``-export-2``, ...).
         overwrite: Replace a finished run at ``out_dir``.
-        progress: Called with one short line per step (e.g. ``print``), or None.
         data: A model file's data: evaluation, calibration and the input scaling (a run's own otherwise).
 
     Returns:
@@ -171,7 +177,7 @@ def run(
     Raises:
         TfoptError: bad run, data, options, or an unconvertible model.
     """
-    say = progress or (lambda _msg: None)
+    say = _progress
     modes = parse_modes(settings.modes)
     run = load_input(run_dir, RunConfig(data=data) if data is not None else None)
     pick = (lambda: fresh_dir(run.stem.rstrip(os.sep) + "-export")) if not out_dir else None

@@ -20,7 +20,7 @@ from tfopt.errors import ConfigError
 from tfopt.optimize.techniques import TECHNIQUES
 from tfopt.specs import PRECISIONS, STRATEGIES
 
-PROG = "tfopt.optimize"
+PROG = "tfopt optimize"
 DEFAULT_PRUNE_EPOCHS = 3  # and low-rank: structural changes need time to recover
 TECHNIQUE_NAMES = tuple(TECHNIQUES)
 
@@ -32,7 +32,7 @@ def _csv(text: str | None) -> tuple[str, ...]:
 def build_parser() -> cli.ArgumentParser:
     """The argument parser (no TensorFlow import: ``--help`` stays fast)."""
     p = cli.ArgumentParser(
-        prog="python -m tfopt.optimize",
+        prog=PROG,
         description=__doc__.splitlines()[0],
         epilog="techniques: "
         + ", ".join(TECHNIQUE_NAMES)
@@ -276,7 +276,7 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument(
         "--report", metavar="FILE", help="also write a JSON list of each technique's outcome"
     )
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    cli.add_verbosity(g, "no progress bar")
     return p
 
 
@@ -505,4 +505,4 @@ def _print_result(record: dict, out: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m tfopt.optimize``; returns the exit code."""
     args = build_parser().parse_args(argv)
-    return cli.run_main(PROG, lambda: _body(args))
+    return cli.run_main(PROG, lambda: _body(args), cli.verbosity(args))

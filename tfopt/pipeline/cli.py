@@ -9,7 +9,7 @@ import sys
 
 from tfopt import cli
 
-PROG = "tfopt.pipeline"
+PROG = "tfopt pipeline"
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -56,7 +56,7 @@ def build_parser() -> cli.ArgumentParser:
         action="store_true",
         help="skip the report (build it later: python -m tfopt.report RUN)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no Keras progress inside the stages")
+    cli.add_verbosity(parser, "no progress lines, no Keras progress inside the stages")
     parser.add_argument(
         "--isolate",
         action=argparse.BooleanOptionalAction,
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: report: {report['paths'].get('html')}")
         return 0
 
-    return cli.run_main(PROG, body)
+    return cli.run_main(PROG, body, cli.verbosity(args))
 
 
 if __name__ == "__main__":

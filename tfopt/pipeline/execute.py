@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
 
 from tfopt.pipeline import config as pipeline_config
 from tfopt.pipeline.config import PipelineConfig
@@ -26,7 +25,6 @@ def run_stage(
     run_dir: str,
     *,
     verbose: int = 1,
-    say: Callable[[str], None] = print,
 ) -> None:
     """Runs ``stage`` of the pipeline run ``run_dir`` and commits its run directory.
 
@@ -35,7 +33,6 @@ def run_stage(
         stage: The stage (from :func:`tfopt.pipeline.stages.plan`).
         run_dir: The pipeline's run directory.
         verbose: Keras progress of training stages (0, 1 or 2).
-        say: Called with short progress lines of the export stage.
 
     Raises:
         TfoptError: what the stage's entry raises.
@@ -85,7 +82,7 @@ def run_stage(
             calibration_steps=x["calibration_steps"],
             bench=BenchSettings(threads=tuple(x["threads"]), runs=x["runs"], warmup=x["warmup"]),
         )
-        run(source, settings, out, overwrite=True, progress=say)
+        run(source, settings, out, overwrite=True)
     else:  # pragma: no cover - plan() makes only the kinds above
         raise ValueError(f"unknown stage kind {stage.kind!r}")
 
@@ -116,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         run_stage(cfg, stage, run_dir, verbose=int(state.get("verbose", 2)))
         return 0
 
-    return run_main(f"tfopt.pipeline[{name}]", body)
+    return run_main(f"tfopt pipeline[{name}]", body)
 
 
 if __name__ == "__main__":

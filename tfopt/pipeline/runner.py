@@ -10,17 +10,21 @@ and ``parameter_server`` run as ``tfopt.launch`` process groups, with restarts.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 
 from tfopt.children import run_child
 from tfopt.errors import ConfigError, TfoptError
 from tfopt.fileio import write_json
+from tfopt.log import PROGRESS
 from tfopt.pipeline.config import MULTI_PROCESS, PipelineConfig
 from tfopt.pipeline.execute import STATE_FILE, read_state, run_stage
 from tfopt.pipeline.stages import Stage, plan, stage_dir
+
+log = logging.getLogger(__name__)
 
 SCHEMA = 1
 
@@ -100,7 +104,6 @@ def run_pipeline(
     file: str = "",
     verbose: int = 1,
     report: bool = True,
-    say: Callable[[str], None] = print,
 ) -> dict:
     """Runs (or resumes) a pipeline into ``run_dir`` and builds its report.
 
@@ -111,7 +114,6 @@ def run_pipeline(
         file: The pipeline file (recorded).
         verbose: Keras progress inside training stages (0 silent, 1 bar, 2 one line per epoch).
         report: Build ``report/`` at the end.
-        say: Where progress lines go.
 
     Returns:
         The content of ``pipeline.json`` (plus ``report``: the report's summary when built).
@@ -119,6 +121,7 @@ def run_pipeline(
     Raises:
         TfoptError: a bad run directory, or a stage's error (the finished stages stay finished).
     """
+    say = functools.partial(log.log, PROGRESS)
     run_dir = os.path.abspath(run_dir)
     old_state = check_run_dir(cfg, run_dir)
     previous = {s["name"]: s for s in old_state.get("stages", [])}
@@ -171,9 +174,7 @@ def run_pipeline(
         if multi and stage.trains:
             _launch(cfg, stage, run_dir)
         else:
-            run_stage(
-                cfg, stage, run_dir, verbose=verbose, say=lambda m, n=stage.name: say(f"  {n}: {m}")
-            )
+            run_stage(cfg, stage, run_dir, verbose=verbose)
         entry.update(status="done", seconds=round(time.perf_counter() - t0, 1))
         rerun.add(stage.name)
         write_json(os.path.join(run_dir, STATE_FILE), state)
@@ -195,7 +196,7 @@ def run_pipeline(
     return state
 
 
-def _probe(cfg: PipelineConfig, run_dir: str, say: Callable[[str], None]) -> dict:
+def _probe(cfg: PipelineConfig, run_dir: str, say) -> dict:
     from tfopt.pipeline.probe import measure
 
     say(f"pipeline {cfg.name}: measuring the input pipeline against the teacher's training step")

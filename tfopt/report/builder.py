@@ -13,14 +13,19 @@ the chosen model (read from its file).
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import time
 from collections.abc import Callable
 
 from tfopt.fileio import atomic_dir, write_bytes, write_json, write_text
+from tfopt.log import PROGRESS
 from tfopt.report import collect as collect_lib
 from tfopt.report import debugger, pareto, targets
 from tfopt.report.select import choose, parse_rule
+
+log = logging.getLogger(__name__)
 
 REPORT_DIR = "report"
 SCHEMA = 1
@@ -55,7 +60,6 @@ def build(
         run_dir: The pipeline run directory (``pipeline.json`` + one run directory per stage).
         select: The selection rule (e.g. ``acc_drop<=0.5,p50_us<=50``); None: the one in
             ``pipeline.json`` (and without one, the smallest .tflite of all).
-        progress: Called with one short line per step (e.g. ``print``), or None.
 
     Returns:
         The content of ``report.json``; ``paths`` holds where the report's files are.
@@ -63,7 +67,7 @@ def build(
     Raises:
         ConfigError: no pipeline run at ``run_dir``, or a bad rule.
     """
-    say = progress or (lambda _msg: None)
+    say = functools.partial(log.log, PROGRESS)
     run_dir = os.path.abspath(run_dir)
     state = collect_lib.read_state(run_dir)
     rule = select if select is not None else state.get("select")

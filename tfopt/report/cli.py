@@ -14,14 +14,14 @@ import sys
 
 from tfopt import cli
 
-PROG = "tfopt.report"
+PROG = "tfopt report"
 
 
 def _parser() -> cli.ArgumentParser:
     from tfopt.report.select import EXAMPLE, KEYS, OPS
 
     p = cli.ArgumentParser(
-        prog="python -m tfopt.report",
+        prog=PROG,
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 done, 2 user error",
     )
@@ -35,7 +35,7 @@ def _parser() -> cli.ArgumentParser:
         f"(keys: {', '.join(KEYS)}; operators: {' '.join(OPS)}; objective min:KEY or max:KEY, "
         "default min:gzip_kb: the best of the variants that satisfy every constraint wins)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    cli.add_verbosity(p, "no progress lines")
     return p
 
 
@@ -62,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         state = read_state(args.run)
         parse_rule(args.select if args.select is not None else state.get("select"))
         _start_tensorflow()
-        say = (
-            None
-            if args.quiet
-            else (lambda msg: print(f"{PROG}: {msg}", file=sys.stderr, flush=True))
-        )
-        report = build(args.run, args.select, progress=say)
+        report = build(args.run, args.select)
         sel = report["selection"]
         print(sel["statement"])
         for row in report["b8"]["rows"]:
@@ -79,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: wrote {paths['json']}")
         return 0
 
-    return cli.run_main(PROG, body)
+    return cli.run_main(PROG, body, cli.verbosity(args))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -37,6 +38,7 @@ from tfopt._version import __version__
 from tfopt.config import RunConfig
 from tfopt.data import pipeline, service, sources
 from tfopt.errors import PeerLost, TrainingError
+from tfopt.log import RESULT
 from tfopt.runs import RunRecord, default_output, fingerprint
 from tfopt.runtime import autoprecision, precision, sidecar
 from tfopt.runtime import strategy as strategy_lib
@@ -51,6 +53,8 @@ from tfopt.runtime.tf_config import (
 )
 from tfopt.runtime.watchdog import StartupWatchdog
 from tfopt.specs import AUTO_PRECISION, PRECISIONS, STRATEGIES
+
+log = logging.getLogger(__name__)
 
 # Settings that change where or how loudly a run writes, not what it computes.
 _NOT_FINGERPRINTED = {
@@ -188,7 +192,7 @@ class Job:
         self.fingerprint = fingerprint(stage, result_config(cfg), self.options)
         exposed = exposure_warning(self.cluster)
         if exposed and self.chief:  # once per job
-            print(f"tfopt.{stage}: {exposed}", file=sys.stderr, flush=True)
+            log.warning(exposed, extra={"prog": f"tfopt {stage}"})
         self.run_dir: RunDir | None = None
         if out_dir is not False:
             cluster = cluster_id(self.cluster)
@@ -251,6 +255,18 @@ class Job:
                 keras.backend.experimental.enable_tf_random_generator()
             service.resolve(self.cfg.data)  # a dead dispatcher fails now, not at the first batch
             self.info = sources.prepare(self.cfg.data)
+            prog = {"prog": f"tfopt {self.stage}"}
+            log.debug(
+                f"{self.cfg.runtime.strategy}: {self.strategy.num_replicas_in_sync} replica(s), "
+                f"global batch {self.cfg.data.global_batch_size}, seed {self.cfg.train.seed}",
+                extra=prog,
+            )
+            for split, info in self.info.splits.items():
+                log.debug(
+                    f"{self.info.name} {split}: {info.num_records} records in {len(info.files)} "
+                    f"{info.encoding} shard(s) under {os.path.dirname(info.files[0]) if info.files else '-'}",
+                    extra=prog,
+                )
             self._resolve_precision()
             if self.run_dir is not None:
                 self._resumed = self.run_dir.resuming  # before open() stamps the work directory
@@ -265,7 +281,7 @@ class Job:
     def _resolve_precision(self) -> None:
         """``auto``: probe the candidate policies, then run under the faster (``self.cfg`` names it
         from now on); an explicit ``mixed_bfloat16`` without bf16 hardware: a warning."""
-        prog = f"tfopt.{self.stage}"
+        prog = f"tfopt {self.stage}"
         if self.cfg.runtime.precision != AUTO_PRECISION:
             if self.chief:
                 precision.warn_without_bf16_hardware(self.cfg.runtime.precision, prog)
@@ -279,7 +295,7 @@ class Job:
             self.cfg.train.seed
         )  # the probe drew from the generators: same start as without it
         # Every process says what it runs under (multi-worker: the same averaged numbers, the same choice).
-        print(f"{prog}: {self.precision_probe.log_line()}", file=sys.stderr, flush=True)
+        log.info(self.precision_probe.log_line(), extra={"prog": prog})
 
     def __exit__(self, *exc) -> None:
         if self.run_dir is not None:
@@ -452,11 +468,10 @@ class Job:
                 self.resumed_from_step = start
                 if start and self.chief:
                     epoch, step = divmod(start, steps_per_epoch)
-                    print(
-                        f"tfopt.{self.stage}: resuming at step {start} (epoch {epoch + 1}, step {step}) "
+                    log.info(
+                        f"resuming at step {start} (epoch {epoch + 1}, step {step}) "
                         f"from {backup.directory}",
-                        file=sys.stderr,
-                        flush=True,
+                        extra={"prog": f"tfopt {self.stage}"},
                     )
                 try:
                     with _compat.fit_resumes_at(model, *divmod(start, steps_per_epoch)):
@@ -533,7 +548,7 @@ class Job:
             final_step=final_step,
             out_dirs=(work, self.run_dir.path),
             finished=committed,
-            prog=f"tfopt.{self.stage}",
+            prog=f"tfopt {self.stage}",
         )
         history = keras.callbacks.History()
         history.history = {
@@ -554,11 +569,10 @@ class Job:
         self.rollbacks += 1
         factor = self.cfg.train.nan_lr_factor
         if self.chief:
-            print(
-                f"tfopt.{self.stage}: {error.what} is not finite at step {error.step}; rolling back to the last "
+            log.warning(
+                f"{error.what} is not finite at step {error.step}; rolling back to the last "
                 f"backup with the learning rate x{factor} ({self.rollbacks}/{retries})",
-                file=sys.stderr,
-                flush=True,
+                extra={"prog": f"tfopt {self.stage}"},
             )
         return factor
 
@@ -649,14 +663,14 @@ class Job:
         return self.run_dir.commit(record)
 
     def done(self, prog: str, record: RunRecord | None, digest: str, **extra) -> None:
-        """Prints the one-line summary every process ends with (tests and launchers read it)."""
+        """Logs the one-line summary every process ends with on ``tfopt.result`` (launchers read it)."""
         task = f"{self.cluster.task_type}:{self.cluster.task_index}" if self.cluster else "local"
         summary = {"task": task, "weights_sha256": digest, **extra}
         if record is not None:
             summary.update(record.metrics, output=self.run_dir.path if self.run_dir else None)
             if record.train.get("examples_per_sec") is not None:
                 summary["examples_per_sec"] = record.train["examples_per_sec"]
-        print(f"{prog}: done {json.dumps(summary)}", flush=True)
+        logging.getLogger(RESULT).info(f"done {json.dumps(summary)}", extra={"prog": prog})
 
 
 @keras.saving.register_keras_serializable(package="tfopt")

@@ -21,12 +21,14 @@ An explicit ``mixed_bfloat16`` on a machine without bf16 hardware gets a one-lin
 
 from __future__ import annotations
 
-import sys
+import logging
 
 from tfopt._keras import keras, tf
 
 from tfopt.cpu import cpu_flags
 from tfopt.specs import AUTO_PRECISION, PRECISIONS
+
+log = logging.getLogger(__name__)
 
 # /proc/cpuinfo flags of the CPUs that compute in bfloat16 natively: AVX512_BF16 (Intel Cooper
 # Lake and later, AMD Zen 4 and later) and AMX (Intel Sapphire Rapids and later).
@@ -79,14 +81,14 @@ def bf16_warning(policy: str, flags: set[str], devices: list[str]) -> str | None
     if policy != "mixed_bfloat16" or devices or flags & set(BF16_CPU_FLAGS):
         return None
     return (
-        "warning: mixed_bfloat16 on a CPU without bf16 hardware (no avx512_bf16 or amx_bf16 flag, no GPU or "
+        "mixed_bfloat16 on a CPU without bf16 hardware (no avx512_bf16 or amx_bf16 flag, no GPU or "
         "TPU) likely trains slower than float32; use --precision auto to measure both, or float32"
     )
 
 
 def warn_without_bf16_hardware(policy: str, prog: str) -> None:
-    """Prints :func:`bf16_warning` for this machine on stderr, once per process."""
+    """Logs :func:`bf16_warning` for this machine, once per process."""
     message = bf16_warning(policy, cpu_flags(), accelerators())
     if message and message not in _warned:
         _warned.add(message)
-        print(f"{prog}: {message}", file=sys.stderr, flush=True)
+        log.warning(message, extra={"prog": prog})

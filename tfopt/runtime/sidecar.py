@@ -11,14 +11,16 @@ after the backup of the last step, or when the chief has committed the run.
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 
 from tfopt._keras import keras, tf
 
 from tfopt.fileio import write_json
+
+log = logging.getLogger(__name__)
 
 
 def evaluate_backups(
@@ -67,11 +69,10 @@ def evaluate_backups(
             row = {"step": int(step.numpy()), **{k: round(float(v), 6) for k, v in metrics.items()}}
             rows.append(row)
             _write(rows, metrics, out_dirs)
-            print(
-                f"{prog}: evaluator: step {row['step']} "
+            log.info(
+                f"evaluator: step {row['step']} "
                 + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
-                file=sys.stderr,
-                flush=True,
+                extra={"prog": prog},
             )
             if row["step"] >= final_step:
                 return rows

@@ -21,8 +21,8 @@ whose entries point at the factories here:
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from typing import NoReturn
 
 from tfopt._keras import tf
@@ -34,6 +34,8 @@ from tfopt.errors import ClusterError, ConfigError
 from tfopt.runtime.devices import setup_cpu_replicas
 from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
 from tfopt.specs import STRATEGIES
+
+log = logging.getLogger(__name__)
 
 _COLLECTIVES = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -211,11 +213,7 @@ def run_server(cluster: ClusterInfo) -> NoReturn:
             f"cannot start the {cluster.task_type}:{cluster.task_index} server on "
             f"{cluster.address!r} ({str(e).splitlines()[0]}); free the port or fix TF_CONFIG"
         ) from None
-    print(
-        f"tfopt: {cluster.task_type}:{cluster.task_index} server listening on {cluster.address}",
-        file=sys.stderr,
-        flush=True,
-    )
+    log.info(f"{cluster.task_type}:{cluster.task_index} server listening on {cluster.address}")
     server.join()
     raise SystemExit(0)  # join() never returns; satisfies NoReturn
 

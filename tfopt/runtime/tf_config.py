@@ -437,6 +437,6 @@ def exposure_warning(cluster: ClusterInfo | None, environ: dict | None = None) -
         else "run it on a private network (python -m tfopt.launch --render kubeflow adds a NetworkPolicy)"
     )
     return (
-        f"warning: TensorFlow's servers of this job listen on port(s) {', '.join(ports)} of every network "
+        f"TensorFlow's servers of this job listen on port(s) {', '.join(ports)} of every network "
         f"interface{' (not only 127.0.0.1)' if local else ''}, without authentication; {fix}"
     )

@@ -6,13 +6,13 @@ import json
 
 from tfopt import cli
 
-PROG = "tfopt.train"
+PROG = "tfopt train"
 DESCRIPTION = "Train a model under any tf.distribute strategy and write a run directory."
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m tfopt.train``; returns the exit code."""
-    parser = cli.ArgumentParser(prog="python -m tfopt.train", description=DESCRIPTION)
+    parser = cli.ArgumentParser(prog=PROG, description=DESCRIPTION)
     cli.add_config_args(parser)
     cli.group(parser, "model").add_argument(
         "--trust-model",
@@ -33,4 +33,4 @@ def main(argv: list[str] | None = None) -> int:
         run(cfg, overwrite=args.overwrite)
         return 0
 
-    return cli.run_main(PROG, body)
+    return cli.run_main(PROG, body, cli.verbosity(args))

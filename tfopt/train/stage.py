@@ -10,7 +10,7 @@ the run directory with its ``run.json``.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Sequence
 
 from tfopt._keras import keras
@@ -22,7 +22,9 @@ from tfopt.runs import RunRecord
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
 
-PROG = "tfopt.train"
+log = logging.getLogger(__name__)
+
+PROG = "tfopt train"
 
 
 def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) -> RunRecord | None:
@@ -75,11 +77,10 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                     steps_per_execution=spe,
                 )
             if head_only and job.chief:
-                print(
-                    f"{PROG}: epochs {done + 1}-{done + epochs}: {len(frozen)} base layers frozen, only "
+                log.info(
+                    f"epochs {done + 1}-{done + epochs}: {len(frozen)} base layers frozen, only "
                     f"{_head(model).name!r} trains",
-                    file=sys.stderr,
-                    flush=True,
+                    extra={"prog": PROG},
                 )
             job.fit(
                 model,
