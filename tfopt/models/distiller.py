@@ -168,8 +168,8 @@ class Distiller(keras.Model):
 
     def __init__(
         self,
-        student,
-        teachers,
+        student: keras.Model,
+        teachers: keras.Model | Sequence[keras.Model],
         *,
         temperature: float = _DEFAULTS.temperature,
         alpha: float = _DEFAULTS.alpha,
