@@ -78,3 +78,40 @@ def test_the_import_order_check_finds_an_early_tensorflow_import(tmp_path):
         "import tensorflow_model_optimization"
     )
     assert _imports_tensorflow_before_keras_flags(str(good)) is None
+
+
+# Modules that are programs: they print their results (a child's JSON protocol on stdout included).
+_PROGRAMS = ("cli.py", "__main__.py", "launch.py", "keras_latency.py", "to_folder.py")
+
+
+def _prints(path: str) -> list[int]:
+    import ast
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "print"
+    ]
+
+
+def test_the_library_logs_and_only_programs_print():
+    # A line for the user goes through logging (tfopt.log): the command lines decide where it goes.
+    import glob
+
+    found = [
+        f"{os.path.relpath(path, ROOT)}:{line}"
+        for path in glob.glob(os.path.join(ROOT, "tfopt", "**", "*.py"), recursive=True)
+        if not path.endswith(_PROGRAMS)
+        for line in _prints(path)
+    ]
+    assert found == [], "log it (logging.getLogger(__name__)) instead:\n" + "\n".join(found)
+
+
+def test_the_print_check_finds_a_print(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import sys\n\ndef f():\n    print('x', file=sys.stderr)\n")
+    assert _prints(str(module)) == [4]
