@@ -17,7 +17,12 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tfopt import log
 from tfopt.export.summary import markdown_table  # noqa: F401  (the benchmarks' tables: one implementation)
+
+# The benchmarks are programs: tfopt's lines (precision auto's choice, a resume) show as the
+# commands print them.
+log.configure("bench", log.QUIET)
 
 
 def median(values: Iterable[float]) -> float:

@@ -247,8 +247,10 @@ def test_job_names():
 
 @pytest.mark.slow
 def test_the_local_service_says_its_ports_are_open_unless_isolated(capfd, monkeypatch):
+    from tfopt import log
     from tfopt.data.service import LocalService
 
+    log.configure("tfopt")  # as a command line does
     monkeypatch.delenv("TFOPT_ISOLATED", raising=False)
     with LocalService(1) as svc:
         port = svc.target.rpartition(":")[2]

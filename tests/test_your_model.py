@@ -346,7 +346,7 @@ def test_bad_model_sources_are_one_line_and_write_nothing(folder, tmp_path, args
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("tfopt.train")]
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("tfopt train")]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
@@ -412,7 +412,9 @@ def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_p
             timeout=120,
         )
         assert proc.returncode == 2, (module, proc.stderr)
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith(module)]
+        lines = [
+            ln for ln in proc.stderr.strip().splitlines() if ln.startswith(module.replace(".", " "))
+        ]
         assert len(lines) == 1 and needle in lines[0], (module, proc.stderr)
         assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists(), module
 

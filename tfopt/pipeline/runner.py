@@ -10,7 +10,6 @@ and ``parameter_server`` run as ``tfopt.launch`` process groups, with restarts.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
@@ -19,7 +18,6 @@ import time
 from tfopt.children import run_child
 from tfopt.errors import ConfigError, TfoptError
 from tfopt.fileio import write_json
-from tfopt.log import PROGRESS
 from tfopt.pipeline.config import MULTI_PROCESS, PipelineConfig
 from tfopt.pipeline.execute import STATE_FILE, read_state, run_stage
 from tfopt.pipeline.stages import Stage, plan, stage_dir
@@ -121,7 +119,7 @@ def run_pipeline(
     Raises:
         TfoptError: a bad run directory, or a stage's error (the finished stages stay finished).
     """
-    say = functools.partial(log.log, PROGRESS)
+    say = log.info  # a stage starting or kept: an event (--quiet keeps it)
     run_dir = os.path.abspath(run_dir)
     old_state = check_run_dir(cfg, run_dir)
     previous = {s["name"]: s for s in old_state.get("stages", [])}
