@@ -33,6 +33,8 @@ machine it runs on:
 
 from __future__ import annotations
 
+import functools
+import logging
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,7 +47,10 @@ from tfopt.errors import ConfigError
 from tfopt.export import benchmark as bench
 from tfopt.export import fidelity, tflite
 from tfopt.export.evaluate import EvalResult, _interpreter_class
+from tfopt.log import PROGRESS
 from tfopt.timing import time_calls
+
+log = logging.getLogger(__name__)
 
 # Ops the quantizer inserts at float <-> int8 borders: not ops of the model itself.
 _BORDER_OPS = ("QUANTIZE", "DEQUANTIZE")
@@ -167,7 +172,8 @@ def candidate_sets(timings: Sequence[OpTiming], max_candidates: int = 5) -> list
     """The float-node sets to try end to end: none, then the slow ops cumulatively, largest loss first.
 
     The whole slow set is always the last set; with more slow ops than ``max_candidates`` allows,
-    the middle prefixes are dropped.
+    the middle prefixes are dropped. A set that keeps every denylistable op in float is left out:
+    it is the float model, not an int8 one (and the quantization debugger cannot build it).
 
     Raises:
         ConfigError: ``max_candidates`` < 2 (plain int8 and the slow set are the least to compare).
@@ -178,7 +184,9 @@ def candidate_sets(timings: Sequence[OpTiming], max_candidates: int = 5) -> list
             "(--auto-candidates)"
         )
     ranked = sorted(slow_ops(timings), key=lambda t: -(t.loss_ms or 0.0))
+    quantized = {t.node for t in timings if t.denylistable}
     sets = [[t.node for t in ranked[:k]] for k in range(len(ranked) + 1)]
+    sets = [s for s in sets if not s or not quantized <= set(s)]
     if len(sets) > max_candidates:
         sets = sets[: max_candidates - 1] + [sets[-1]]
     return sets
@@ -348,7 +356,6 @@ def search(
     runs: int = 100,
     warmup: int = 10,
     max_candidates: int = 5,
-    progress: Callable[[str], None] | None = None,
 ) -> AutoResult:
     """Int8 with the ops whose int8 kernel is slower kept in float: the fastest such model that passes the gate.
 
@@ -365,7 +372,6 @@ def search(
         runs: Timed invokes per model per round.
         warmup: Untimed invokes first.
         max_candidates: Models timed and scored end to end (>= 2).
-        progress: Called with one short line per step, or None.
 
     Returns:
         Every op's timings, every candidate and the chosen model.
@@ -374,7 +380,7 @@ def search(
         ConfigError: bad ``max_candidates``, ``rounds``, ``runs`` or ``threads``.
         tflite.ConversionError: the converter failed, or the float and int8 ops do not pair.
     """
-    say = progress or (lambda _msg: None)
+    say = functools.partial(log.log, PROGRESS)  # shown unless --quiet
     for name, value, low in (
         ("rounds", rounds, 1),
         ("runs", runs, 1),

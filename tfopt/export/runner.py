@@ -537,7 +537,6 @@ def _auto(
         runs=b.runs,
         warmup=b.warmup,
         max_candidates=settings.auto_candidates,
-        progress=say,
     )
     content = tflite.finish(found.content, settings.options)
     search_s = time.perf_counter() - started
