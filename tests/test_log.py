@@ -15,7 +15,7 @@ def _lines(capsys):
 def _say_everything():
     logger = logging.getLogger("tfopt.export.runner")
     logger.debug("a detail")
-    log.progress(logger, "[1/2] int8: converting")
+    logger.log(log.PROGRESS, "[1/2] int8: converting")
     logger.info("resuming at step 40", extra={"prog": "tfopt train"})
     logger.warning("the servers listen on every interface")
     logging.getLogger(log.RESULT).info('done {"task": "local"}', extra={"prog": "tfopt train"})
@@ -58,6 +58,6 @@ def test_configuring_again_replaces_the_handlers(capsys):
 
 def test_unconfigured_tfopt_leaves_its_lines_to_python_logging(caplog, capsys):
     with caplog.at_level(log.PROGRESS, logger="tfopt"):
-        log.progress(logging.getLogger("tfopt.report.builder"), "drawing the figures")
+        logging.getLogger("tfopt.report.builder").log(log.PROGRESS, "drawing the figures")
     assert [r.getMessage() for r in caplog.records] == ["drawing the figures"]
     assert _lines(capsys) == ([], [])  # no handler of tfopt's own

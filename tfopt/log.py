@@ -68,8 +68,3 @@ def configure(prog: str, level: int = NORMAL) -> None:
         logger.addHandler(handler)
         logger.setLevel(lvl)
         logger.propagate = False
-
-
-def progress(logger: logging.Logger, message: str) -> None:
-    """Logs a progress line (shown unless ``--quiet``)."""
-    logger.log(PROGRESS, message)

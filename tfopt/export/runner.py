@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -46,10 +47,6 @@ from tfopt.runtime.job import run_record
 from tfopt.runtime.rundir import RunDir
 
 log = logging.getLogger(__name__)
-
-
-def _progress(message: str) -> None:
-    log.log(PROGRESS, message)
 
 
 @dataclass(frozen=True)
@@ -177,7 +174,7 @@ def run(
     Raises:
         TfoptError: bad run, data, options, or an unconvertible model.
     """
-    say = _progress
+    say = functools.partial(log.log, PROGRESS)  # shown unless --quiet
     modes = parse_modes(settings.modes)
     run = load_input(run_dir, RunConfig(data=data) if data is not None else None)
     pick = (lambda: fresh_dir(run.stem.rstrip(os.sep) + "-export")) if not out_dir else None
