@@ -80,16 +80,25 @@ def write_image(path: str, image: np.ndarray) -> None:
 
 
 def digits_folder(
-    root: str, per_class: int = 40, classes: int = 10, scale: int = 4, rgb: bool = True
+    root: str,
+    per_class: int = 40,
+    classes: int = 10,
+    scale: int = 4,
+    rgb: bool = True,
+    start: int = 0,
 ) -> str:
     """Real handwritten digits as class folders ``root/digit_K/``: each 8x8 digit enlarged ``scale`` times
-    (32x32 by default), as PNG, RGB when ``rgb``; the first ``per_class`` images of each class."""
+    (32x32 by default), as PNG, RGB when ``rgb``; images ``start`` to ``start + per_class - 1``
+    of each class."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     seen = np.zeros(10, int)
     for image, label in zip(digits.images, digits.target):
-        if label >= classes or seen[label] >= per_class:
+        if label >= classes or seen[label] >= start + per_class:
+            continue
+        if seen[label] < start:
+            seen[label] += 1
             continue
         x = np.rint(np.kron(image, np.ones((scale, scale))) * (255 / 16)).astype(np.uint8)[
             ..., None
@@ -99,6 +108,16 @@ def digits_folder(
             np.repeat(x, 3, axis=2) if rgb else x,
         )
         seen[label] += 1
+    return root
+
+
+def split_digits_folder(root: str, counts=(24, 6, 10), classes: int = 3, **kw) -> str:
+    """Digits as ``root/train``, ``root/val`` and ``root/test`` class folders (no image in two
+    splits): ``counts`` images per class in each; ``kw`` as :func:`digits_folder` takes them."""
+    start = 0
+    for split, n in zip(("train", "val", "test"), counts):
+        digits_folder(os.path.join(root, split), n, classes, start=start, **kw)
+        start += n
     return root
 
 

@@ -63,6 +63,13 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         choices=(1, 3),
         help="convert images to 1 (gray) or 3 (RGB) channels (default: as stored)",
     )
+    g.add_argument(
+        "--input-scale",
+        metavar=_choices(config_lib.INPUT_SCALES),
+        help="what the model's input gets: auto (read from the model: 0-255 pixels when its first "
+        "layers scale them, as Rescaling(1/255) does), unit (pixels / 255, then data.normalize) or "
+        "raw (0-255 pixels)",
+    )
     g.add_argument("--data-dir", metavar="DIR", help="where datasets are cached as TFRecord shards")
     g.add_argument(
         "--limit",
@@ -226,6 +233,7 @@ _FLAG_KEYS = {
     "data_service_mode": ("data", "service_mode"),
     "image_size": ("data", "image_size"),
     "channels": ("data", "channels"),
+    "input_scale": ("data", "input_scale"),
     "head": ("model", "head"),
     "trust_model_file": ("model", "trust"),
     "freeze_epochs": ("model", "freeze_epochs"),

@@ -25,6 +25,10 @@ COLLECTIVES = ("auto", "ring", "nccl")
 AUGMENTS = ("none", "shift", "crop_flip")
 BGR_PREFIX = "bgr:"  # data.normalize=bgr:MEAN/STD reverses the channels (RGB -> BGR) first, as caffe-style models expect
 NORMALIZE_PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+# data.input_scale: what the model's input gets. auto: read from the model's input side
+# (tfopt.models.inputs); unit: pixels / 255, then data.normalize; raw: 0-255 pixels as float.
+INPUT_SCALES = ("auto", "unit", "raw")
+RAW_NORMALIZE = "0/0.00392156862745098"  # data.normalize's way of saying "pixels as they are"
 
 
 def default_data_dir() -> str:
@@ -59,6 +63,7 @@ class DataConfig:
     normalize: str = (
         ""  # "" (off) | imagenet | MEAN/STD per channel in [0, 1] units, e.g. 0.5,0.5,0.5/0.25
     )
+    input_scale: str = "auto"  # auto (read from the model) | unit ([0, 1]) | raw (0-255 pixels)
     interleave_cycle_length: int = AUTOTUNE
     num_parallel_reads: int = AUTOTUNE
     num_parallel_calls: int = AUTOTUNE
@@ -180,6 +185,7 @@ _CHOICES = {
     ("train", "lr_schedule"): ("constant", "cosine"),
     ("model", "head"): HEADS,
     ("data", "channels"): (0, 1, 3),
+    ("data", "input_scale"): INPUT_SCALES,
 }
 
 
@@ -282,6 +288,22 @@ def parse_image_size(text: str) -> tuple[int, int] | None:
     return h, w
 
 
+def feed_normalize(data: DataConfig) -> str:
+    """The ``data.normalize`` the input pipeline applies: :data:`RAW_NORMALIZE` (pixels x 255 on
+    [0, 1] images, so 0-255 again) for ``data.input_scale=raw``, else ``data.normalize``."""
+    return RAW_NORMALIZE if data.input_scale == "raw" else data.normalize
+
+
+def is_raw_normalize(normalize: str) -> bool:
+    """True when ``data.normalize`` gives the model 0-255 pixels (mean 0, std 1/255 on every channel)."""
+    values = parse_normalize(normalize) if not reverses_channels(normalize) else None
+    return (
+        bool(values)
+        and all(abs(m) < 1e-9 for m in values[0])
+        and all(abs(s * 255.0 - 1.0) < 1e-6 for s in values[1])
+    )
+
+
 def reverses_channels(normalize: str) -> bool:
     """True when ``data.normalize`` starts with ``bgr:``: the channels are reversed before normalizing."""
     return normalize.strip().startswith(BGR_PREFIX)
@@ -298,6 +320,11 @@ def _validate_augment(data: DataConfig) -> None:
                 f"set data.augment=crop_flip or leave data.{key} at 0"
             )
     parse_normalize(data.normalize)
+    if data.input_scale == "raw" and data.normalize:
+        raise ConfigError(
+            f"data.input_scale=raw gives the model 0-255 pixels, but data.normalize={data.normalize!r} "
+            "also scales them; leave data.normalize empty, or use --input-scale unit with it"
+        )
 
 
 def _validate(cfg: RunConfig) -> RunConfig:

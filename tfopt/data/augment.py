@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 from tfopt._keras import tf
 
-from tfopt.config import DataConfig, parse_normalize, reverses_channels
+from tfopt.config import DataConfig, feed_normalize, parse_normalize, reverses_channels
 from tfopt.errors import ConfigError
 
 _ENDLESS = 2**62  # batch indices of a training stream: never reached
@@ -164,7 +164,10 @@ class _Window:
             )
         self.out_shape = (self.crop[0], self.crop[1], c)
         self._kernel = _kernel(
-            p, self.crop, *_scale_bias(cfg.normalize, c, dtype), reverses_channels(cfg.normalize)
+            p,
+            self.crop,
+            *_scale_bias(feed_normalize(cfg), c, dtype),
+            reverses_channels(cfg.normalize),
         )
 
     def __call__(self, images, oy, ox, flip):
@@ -217,7 +220,7 @@ def eval_transform(cfg: DataConfig) -> Transform | None:
     With ``crop_flip``: the central window, scaled and normalized like training batches; else
     ``data.normalize`` alone (None when it is off).
     """
-    if cfg.augment != "crop_flip" and not cfg.normalize:
+    if cfg.augment != "crop_flip" and not feed_normalize(cfg):
         return None
 
     def apply(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -239,7 +242,7 @@ def normalize_batches(cfg: DataConfig) -> Transform:
             raise ConfigError(
                 f"data.normalize needs [batch, height, width, channels] images, got {spec.shape}"
             )
-        scale, bias = _scale_bias(cfg.normalize, spec.shape[-1], spec.dtype)
+        scale, bias = _scale_bias(feed_normalize(cfg), spec.shape[-1], spec.dtype)
         bgr = reverses_channels(cfg.normalize)
         return ds.map(
             lambda x, y: (_affine(x, scale, bias, bgr), y), num_parallel_calls=tf.data.AUTOTUNE

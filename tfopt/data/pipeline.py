@@ -36,7 +36,7 @@ from tfopt._keras import tf
 import numpy as np
 
 from tfopt import _compat
-from tfopt.config import AUTOTUNE, DataConfig
+from tfopt.config import AUTOTUNE, DataConfig, feed_normalize
 from tfopt.data import service
 from tfopt.data.augment import (
     check_model_shape,
@@ -390,7 +390,7 @@ def build(
             ds = ds.apply(shift_augment(seed, start=start))
         elif cfg.augment == "crop_flip":  # normalizes in the same pass
             ds = ds.apply(crop_flip_augment(cfg, seed, start=start))
-        if cfg.normalize and (augment is not None or cfg.augment != "crop_flip"):
+        if feed_normalize(cfg) and (augment is not None or cfg.augment != "crop_flip"):
             ds = ds.apply(normalize_batches(cfg))
         if served:  # everything above runs on the service workers, with these options
             ds = service.maybe_distribute(

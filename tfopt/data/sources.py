@@ -239,17 +239,22 @@ def input_contract(cfg: DataConfig, info: DatasetInfo) -> dict:
     """How pixels reach a model trained on this data: what an exported model expects as its input.
 
     Images are resized to ``image_shape`` (bilinear, the aspect ratio not kept) when the stored
-    ones differ, converted to its channels (gray repeated to RGB, or RGB to luma), scaled to
-    [0, 1] (pixels / 255), then normalized per channel: ``(x - mean) / std``, the channels first
-    reversed to BGR when ``bgr`` is true.
+    ones differ, converted to its channels (gray repeated to RGB, or RGB to luma), then given as
+    0-255 pixels (``input_scale`` ``raw``: the model scales them itself) or scaled to [0, 1]
+    (pixels / 255) and normalized per channel: ``(x - mean) / std``, the channels first reversed
+    to BGR when ``bgr`` is true.
     """
     from tfopt.config import parse_normalize, reverses_channels
 
+    raw = cfg.input_scale == "raw"
     mean, std = parse_normalize(cfg.normalize) or ((0.0,), (1.0,))
     return {
         "image_shape": list(info.image_shape),
         "layout": "NHWC float32",
-        "scale": "pixels / 255",
+        "input_scale": cfg.input_scale,
+        "scale": "pixels (0-255, as float: the model scales them itself)"
+        if raw
+        else "pixels / 255",
         "normalize": cfg.normalize or None,
         "mean": list(mean),
         "std": list(std),

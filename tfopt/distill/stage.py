@@ -11,27 +11,30 @@ accuracies, the gap to the teachers, the compression measured on the saved weigh
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfopt.config import RunConfig
+from tfopt.config import DataConfig, RunConfig
 from tfopt.distill.options import DistillOptions
 from tfopt.errors import ConfigError, ModelError
-from tfopt.models import sources
+from tfopt.models import inputs, sources
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
 from tfopt.models.io import save_model
 from tfopt.optimize import student as student_lib
 from tfopt.optimize.common import compile_for_eval
 from tfopt.runs import Run, RunRecord, load_input
 from tfopt.runtime.callbacks import PlainValidation
-from tfopt.runtime.job import Job, plain_copy, replace_config, weights_digest
+from tfopt.runtime.job import Job, plain_copy, weights_digest
 
 if TYPE_CHECKING:
     from tfopt._keras import keras
 
 PROG = "tfopt distill"
+log = logging.getLogger(__name__)
 
 
 def _logits(model: keras.Model, dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -53,23 +56,50 @@ def _check_teacher(run: Run, teacher: keras.Model, info, dataset: str) -> None:
         )
 
 
-def _teachers_scaling(cfg: RunConfig, teacher_runs: list[Run]) -> RunConfig:
-    """``cfg`` with the input scaling (``data.normalize``) the teacher runs were trained with: the
-    student sees the teachers' inputs. A model file brings no record of it: the user's flags hold."""
-    scalings = sorted({r.config.data.normalize for r in teacher_runs if not r.model_file})
-    if len(scalings) > 1:
-        raise ConfigError(
-            f"the teacher runs were trained with different data.normalize ({', '.join(map(repr, scalings))}); "
-            "give teachers trained on the same inputs"
-        )
-    if not scalings or cfg.data.normalize == scalings[0]:
-        return cfg
-    if cfg.data.normalize:
-        raise ConfigError(
-            f"data.normalize={cfg.data.normalize!r} differs from the teachers' {scalings[0]!r}; the student "
-            f"must see the teachers' inputs: drop the setting or give {scalings[0]!r}"
-        )
-    return replace_config(cfg, data={"normalize": scalings[0]})
+def _teachers_data(cfg: RunConfig, teacher_runs: list[Run]) -> DataConfig | None:
+    """The input scaling (``data.input_scale`` and ``data.normalize``) the teacher runs were
+    trained with, when they all agree (None otherwise, or with model files only). A student
+    without preprocessing of its own, and no scaling given, is fed the same."""
+    found = {
+        (r.config.data.input_scale, r.config.data.normalize)
+        for r in teacher_runs
+        if not r.model_file
+    }
+    if len(found) != 1:
+        return None
+    scale, normalize = found.pop()
+    return dataclasses.replace(cfg.data, input_scale=scale, normalize=normalize)
+
+
+def _teacher_expects(run: Run, teacher, cfg: RunConfig, job: Job) -> DataConfig:
+    """The inputs a teacher was trained on: its run's scaling, or for a model file (no record) what
+    its graph says, with the user's own ``data.normalize`` for a model that does not scale."""
+    if not run.model_file and run.config.data.input_scale != "auto":
+        return run.config.data
+    data = run.config.data if not run.model_file else cfg.data
+    return inputs.settle(data, teacher, job.info.image_shape, run.source, origin="config")[0]
+
+
+def _student_data(job: Job, student, name: str, teachers: DataConfig | None) -> dict:
+    """Settles what the student is fed (its own graph first; else the teachers' scaling, unless
+    the user gave one) on the job; returns what decided it."""
+    data = job.cfg.data
+    side = inputs.measure(student, job.info.image_shape)
+    inherit = (
+        teachers is not None
+        and side.expects is None
+        and data.input_scale == "auto"
+        and not data.normalize
+    )
+    data, decided = inputs.resolve(teachers if inherit else data, side, name)
+    if inherit:
+        decided = dict(decided, decided_by="teachers")
+    job.use_data(data, decided)
+    if job.chief:
+        warning = inputs.probe_dataset(student, job.dataset("validation"))
+        if warning:
+            log.warning(warning, extra={"prog": PROG})
+    return decided
 
 
 def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> RunRecord | None:
@@ -103,7 +133,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
                 f"-o {cfg.train.output_dir!r} is an input run; a stage writes a NEW run directory: "
                 "give another -o"
             )
-    cfg = _teachers_scaling(cfg, teacher_runs)
+    teachers_data = _teachers_data(cfg, teacher_runs)
     # The teachers' weights (or files) are part of what the student is: a retrained teacher is another run.
     job = Job(
         cfg,
@@ -115,7 +145,6 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
-        val_ds, test_ds = job.dataset("validation"), job.dataset("test")
         with job.strategy.scope():
             teachers = [
                 sources.load_stage_input(
@@ -123,8 +152,19 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
                 )
                 for r in teacher_runs
             ]
+            built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
+            student = built.model
         for r, teacher in zip(teacher_runs, teachers):
             _check_teacher(r, teacher, job.info, cfg.data.dataset)
+        _student_data(job, student, cfg.model.name, teachers_data)
+        with job.strategy.scope():  # each teacher sees the inputs it was trained on
+            teachers = [
+                inputs.adapted(
+                    t, job.cfg.data, _teacher_expects(r, t, cfg, job), f"teacher {r.source!r}"
+                )
+                for r, t in zip(teacher_runs, teachers)
+            ]
+        val_ds, test_ds = job.dataset("validation"), job.dataset("test")
         # Score the teachers on strategy-free copies (identical on every worker: deterministic data).
         plain_teachers = [plain_copy(t) for t in teachers]
         val_acc = [_accuracy(*_logits(t, val_ds)) for t in plain_teachers]
@@ -135,8 +175,6 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
         )
         weights = [w / sum(weights) for w in weights]
         with job.strategy.scope():
-            built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
-            student = built.model
             compression = student_lib.wrap(
                 student,
                 opts.technique,

@@ -40,6 +40,7 @@ from tfopt.export.evaluate import (
 )
 from tfopt.fileio import write_bytes, write_json, write_text
 from tfopt.log import PROGRESS
+from tfopt.models import inputs
 from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.optimize.common import strip_wrappers
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
@@ -245,6 +246,10 @@ def _export(
 ) -> RunRecord:
     data_cfg: DataConfig = run.config.data
     info = prepare(data_cfg)
+    decided = None
+    if isinstance(model, keras.Model) and not qat:  # a QAT model's input side fake-quantizes
+        origin = "flag" if run.model_file else "config"
+        data_cfg, decided = inputs.settle(data_cfg, model, info.image_shape, run.source, origin)
     say(f"reading the test split of {data_cfg.dataset}")
     x_test, y_test = load_split(data_cfg, "test", settings.eval_limit, info)
     reference = keras_outputs(model, x_test)
@@ -252,11 +257,14 @@ def _export(
     if not qat and any(MODES.get(m).calibration for m in modes):
         say(f"drawing {settings.calibration_steps} calibration batches from the training pipeline")
         calibration = tflite.calibration_batches(data_cfg, settings.calibration_steps, info)
+        warning = inputs.probe(model, calibration[0]) if decided and calibration else None
+        if warning:
+            log.warning(warning)
     cost = bench.keras_cost(model)
     rd.open()
     out_dir = rd.work
     # What a user of the .tflite files needs besides them: the input contract and the class names.
-    contract = input_contract(data_cfg, info)
+    contract = {**input_contract(data_cfg, info), **({"model_input": decided} if decided else {})}
     write_json(os.path.join(out_dir, "input.json"), contract)
     if contract["class_names"]:
         write_text(os.path.join(out_dir, "labels.txt"), "\n".join(contract["class_names"]) + "\n")

@@ -16,7 +16,8 @@ activation, a ``Softmax`` or ``Activation("softmax")`` layer) is removed, so tha
 distillation and quantization see the same kind of output for every model; ``model.head``
 replaces or adds the classification layer when the class count differs. What was done is
 described in the run record (``model`` section). A ``keras.applications`` model's own
-``preprocess_input`` becomes the data's ``data.normalize`` (see :func:`resolve_config`), so
+``preprocess_input`` becomes the data's ``data.normalize`` (see :func:`resolve_config`), and
+preprocessing inside the model sets ``data.input_scale`` (:mod:`tfopt.models.inputs`), so
 training, evaluation, calibration and the exported model's input contract all use it.
 """
 
@@ -34,7 +35,7 @@ from tfopt._keras import ensure_tf_keras, keras
 
 import numpy as np
 
-from tfopt.config import BGR_PREFIX, ModelConfig, RunConfig
+from tfopt.config import BGR_PREFIX, ModelConfig, RunConfig, is_raw_normalize
 from tfopt.errors import ConfigError, ModelError
 from tfopt.fileio import tree_digest
 from tfopt.models import io, registry
@@ -150,7 +151,9 @@ def preprocessing(name: str) -> str:
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """``cfg`` with the model's own input scaling: a ``keras.applications`` model's ``preprocess_input``
-    as ``data.normalize``, unless the user set ``data.normalize`` already.
+    as ``data.normalize``, unless the user set ``data.normalize`` already. A family that scales
+    inside the model (``preprocess_input`` passes pixels through) is left to its graph
+    (:mod:`tfopt.models.inputs`), which also sees ``include_preprocessing=False``.
 
     Reads no TensorFlow device (safe before a MultiWorkerMirrored strategy exists).
     """
@@ -158,6 +161,8 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     if source.form != "applications" or cfg.data.normalize:
         return cfg
     normalize = preprocessing(source.target)
+    if is_raw_normalize(normalize):  # the family scales inside the model: its graph says how
+        return cfg
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, normalize=normalize))
 
 

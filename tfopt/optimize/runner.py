@@ -21,7 +21,7 @@ from tfopt._keras import keras
 from tfopt.config import RunConfig
 from tfopt.errors import TfoptError
 from tfopt.fileio import atomic_path, write_json, write_text
-from tfopt.models import sources
+from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
 from tfopt.optimize import channel_prune as channel_lib
 from tfopt.optimize import cluster as cluster_lib
@@ -275,6 +275,7 @@ def _run_all(
             ),
             f"model of {from_dir!r}",
         )
+        inputs.adopt(job, base, from_dir, origin="config")
         ctx = Context(job=job)
         for settings, rd in zip(settings_list, dirs):
             outcome = Outcome(settings.technique, rd.path)

@@ -35,7 +35,7 @@ from tfopt._keras import keras, tf
 
 from tfopt import _compat
 from tfopt._version import __version__
-from tfopt.config import RunConfig
+from tfopt.config import DataConfig, RunConfig
 from tfopt.data import pipeline, service, sources
 from tfopt.errors import PeerLost, TrainingError
 from tfopt.log import RESULT
@@ -224,6 +224,7 @@ class Job:
         self._lr_scale = None
         self._previous_policy: str | None = None
         self.precision_probe: autoprecision.Probe | None = None  # what `auto` measured and chose
+        self.model_input: dict | None = None  # what settled data.input_scale (use_data)
 
     @property
     def serves(self) -> bool:
@@ -358,6 +359,13 @@ class Job:
         return opt
 
     # -- data ---------------------------------------------------------------------------------
+
+    def use_data(self, data: DataConfig, model_input: dict | None = None) -> None:
+        """Runs on with ``data`` as the data section (``data.input_scale`` settled for the model):
+        every dataset made afterwards, and the record, follow it. ``model_input`` (what decided
+        the scale) goes into the record's ``data.model_input``."""
+        self.cfg = dataclasses.replace(self.cfg, data=data)
+        self.model_input = model_input
 
     def train_input(self, start_step: int = 0):
         """The distributed, endless training input for ``fit``, from global step ``start_step`` on.
@@ -604,6 +612,8 @@ class Job:
                 if k != "class_names"
             },
         }
+        if self.model_input:
+            out["model_input"] = self.model_input
         if info.stored_shape:
             out["stored_shape"] = list(info.stored_shape)
         if info.class_names:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from tfopt._keras import keras
 
 from tfopt.config import RunConfig
-from tfopt.models import sources
+from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
 from tfopt.runs import RunRecord
 from tfopt.runtime.callbacks import PlainValidation
@@ -61,6 +61,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         with job.strategy.scope():
             built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
             model = built.model
+        inputs.adopt(job, model, cfg.model.name)
         copy = plain_copy(
             model
         )  # before any freezing: what is validated and saved trains as a whole
