@@ -85,6 +85,10 @@ def test_a_division_written_as_a_tensor_operation_is_read_too():
 def test_a_model_without_preprocessing_expects_nothing_in_particular():
     side = inputs.measure(_net(), SHAPE)
     assert side.readable and not side.scales and side.expects is None
+    i = keras.Input(SHAPE)  # an MLP: Flatten before the first Dense
+    mlp = keras.Model(i, L.Dense(2)(L.Flatten()(L.Rescaling(1 / 255)(i))))
+    assert inputs.measure(mlp, SHAPE).expects == "raw"
+    assert inputs.measure(keras.Model(i, L.Dense(2)(L.Flatten()(i))), SHAPE).expects is None
 
 
 @pytest.mark.slow

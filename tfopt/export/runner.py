@@ -234,6 +234,10 @@ def run(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _is_tf_keras(model) -> bool:
+    return isinstance(model, keras.Model)  # not a Keras 3 model reached through a SavedModel
+
+
 def _export(
     run,
     model,
@@ -247,7 +251,7 @@ def _export(
     data_cfg: DataConfig = run.config.data
     info = prepare(data_cfg)
     decided = None
-    if isinstance(model, keras.Model) and not qat:  # a QAT model's input side fake-quantizes
+    if _is_tf_keras(model) and not qat:  # a QAT model's input side fake-quantizes
         origin = "flag" if run.model_file else "config"
         data_cfg, decided = inputs.settle(data_cfg, model, info.image_shape, run.source, origin)
     say(f"reading the test split of {data_cfg.dataset}")

@@ -180,6 +180,10 @@ def measure(model: keras.Model, image_shape: Sequence[int]) -> InputSide:
         x = step(x, training=False)
     y = np.asarray(x, np.float64)
     size = tuple(int(d) for d in y.shape[1:3]) if y.ndim == 4 else None
+    if y.ndim != 4 and y[0].size == h * w * c:  # Flatten, Reshape: the same values, rearranged
+        y = y.reshape(len(_PROBES), h, w, c)
+    elif y.ndim != 4 and y.shape[-1] == c:  # a global pooling: one value per channel
+        y = y.reshape(len(_PROBES), 1, 1, c)
     if y.ndim != 4 or y.shape[-1] != c:
         return InputSide(tuple(passed), first, (), (), size)
     mean = y[:, y.shape[1] // 2, y.shape[2] // 2, :]  # the centre: padding only adds borders
