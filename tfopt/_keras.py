@@ -10,27 +10,23 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from tfopt import native_stderr  # noqa: E402  (standard library only: no TensorFlow)
+
 
 def _import_quietly():
-    # TensorFlow's C++ start-up notices (oneDNN, CUDA probing) go to fd 2 before its log level
-    # applies; hide them unless the user asked for TF's info logs (TF_CPP_MIN_LOG_LEVEL=0).
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
+    # TensorFlow's native start-up notices go to fd 2 whatever TF_CPP_MIN_LOG_LEVEL says (absl
+    # logs them before its logging is set up): some at import (oneDNN, CPU instructions, cuDNN
+    # factories), the CUDA probe's failure only when devices are first listed. Both happen here, in
+    # a block that drops them and forwards any other line (native_stderr's rule; --verbose shows
+    # all). On a machine with a GPU the probe is left to its first use: a failure there is real
+    # (shown anyway), and CUDA is not initialized before the program has set up its devices.
+    with native_stderr.filtered():
         import tensorflow
         import tf_keras
 
-        return tensorflow, tf_keras
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import tensorflow
-        import tf_keras
-
-        return tensorflow, tf_keras
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+        if not native_stderr.gpu_present():
+            tensorflow.config.list_physical_devices()  # the CUDA probe: cuInit fails here
+    return tensorflow, tf_keras
 
 
 tf, keras = _import_quietly()

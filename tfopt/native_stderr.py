@@ -2,10 +2,13 @@
 
 TensorFlow, the TFLite converter and the LiteRT interpreter write to file descriptor 2 directly,
 below Python: start-up notices (no CUDA driver here, the XNNPACK delegate is on, the quantizer's
-settings) and the converter's MLIR diagnostics, which its exception repeats anyway. Two blocks
-hide them, each used only around a call known to print them:
+settings) and the converter's MLIR diagnostics, which its exception repeats anyway. Most come
+from absl's logging before it is initialized, which ``TF_CPP_MIN_LOG_LEVEL`` does not reach. Two
+blocks hide them, each used only around a call known to print them (``tfopt._keras`` imports
+TensorFlow and runs its CUDA probe in one):
 
-- ``filtered()``: lines matching ``NOISE`` are dropped; every other line is forwarded at once.
+- ``filtered()``: lines :func:`is_noise` calls start-up notices are dropped; every other line is
+  forwarded at once.
 - ``quiet()``: lines are held back and dropped when the block ends, normally or by an exception
   (the converter: ``explain_error`` turns its exception into one line). If the process dies
   inside the block (a native abort, a kill), the held lines are printed.
@@ -13,8 +16,15 @@ hide them, each used only around a call known to print them:
 For the block, fd 2 becomes a pipe read by a small child process (this file run as a script,
 standard library only) that writes to the real stderr. A thread would die with the process and
 lose the last lines of a native abort; a child reads the pipe to its end. Blocks nest; they are
-not meant for several threads at once (fd 2 is process-wide). ``TF_CPP_MIN_LOG_LEVEL=0`` (the
-user wants TensorFlow's own logs) turns both off.
+not meant for several threads at once (fd 2 is process-wide). Both are off, everything native code
+prints showing, when tfopt logs debug lines (a command's ``--verbose``) or when
+``TF_CPP_MIN_LOG_LEVEL=0`` (the user wants TensorFlow's own logs).
+
+The CUDA probe's failure (``failed call to cuInit``, ``cudart_stub``: no driver) is a notice only
+on a machine without a GPU: it is dropped only when :func:`gpu_present` finds no GPU device node
+(``/dev/nvidia*``, WSL's ``/dev/dxg``, Jetson's ``/dev/nvhost-*``) and no
+``/proc/driver/nvidia``; on a machine with a GPU it is a real failure (a driver the CUDA libraries
+do not match, a device in a bad state) and is shown.
 """
 
 from __future__ import annotations
@@ -27,17 +37,70 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-# Start-up notices, not messages for the user: CUDA probing on a machine without a GPU, absl's
-# note before its logging starts, LiteRT's default XNNPACK delegate, the quantizer's settings.
-NOISE = re.compile(rb"XNNPACK delegate for CPU|cuInit|cuda_|fully_quantize: \d|absl::InitializeLog")
+# A native log line's start: absl's (``E0000 00:00:1700000000.123456    4242 cuda_platform.cc:52] ``)
+# or older TensorFlow's (``2023-01-01 00:00:00.123456: E tensorflow/.../cuda_driver.cc:268] ``),
+# up to the source file's name. Never a fatal (F) line: a crash's message always shows.
+_NATIVE = rb"^(?:[IWE]\d{4} \S+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: [IWE] )(?:\S*/)?"
+# Start-up notices on every machine: absl's note before its logging starts, oneDNN and CPU
+# instruction notices, plugins registered twice, TensorRT not installed (optional), LiteRT's
+# default XNNPACK delegate, the quantizer's settings.
+NOISE = re.compile(
+    rb"^WARNING: All log messages before absl::InitializeLog\(\) is called"
+    rb"|^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler"
+    rb"|^INFO: Created TensorFlow Lite XNNPACK delegate for CPU"
+    rb"|fully_quantize: \d"
+    + rb"|"
+    + _NATIVE
+    + rb"(?:port\.cc:\d+\] oneDNN custom operations are on"
+    rb"|cpu_feature_guard\.cc:\d+\] "
+    rb"|computation_placer\.cc:\d+\] computation placer already registered"
+    rb"|\S+:\d+\] Unable to register cu(?:DNN|FFT|BLAS) factory"
+    rb"|\S+:\d+\] TF-TRT Warning)"
+)
+# The CUDA probe failing: a notice only where there is no GPU to probe (see gpu_present).
+NO_GPU_NOISE = re.compile(
+    _NATIVE + rb"(?:cudart_stub\.cc:\d+\] "
+    rb"|cuda_diagnostics\.cc:\d+\] "
+    rb"|\S+:\d+\] .*\bcuInit\b"
+    rb"|\S+:\d+\] Cannot dlopen some GPU libraries)"
+)
+_GPU_NODES = ("nvidia", "dxg", "nvhost-")  # /dev/nvidia0, nvidiactl...; WSL2; Jetson
 _WAIT_S = 10.0  # for the child to forward what is left; it only ever waits on the pipe
 
 
+def gpu_present(dev: str = "/dev", driver: str = "/proc/driver/nvidia") -> bool:
+    """Whether this machine has a GPU CUDA could use: an NVIDIA device node or a loaded driver.
+
+    Args:
+        dev: The device directory holding ``nvidia*`` (``dxg`` under WSL2, ``nvhost-*`` on Jetson).
+        driver: The NVIDIA kernel driver's proc directory (present whenever it is loaded, in a
+            container too).
+    """
+    if os.path.exists(driver):
+        return True
+    try:
+        return any(name.startswith(_GPU_NODES) for name in os.listdir(dev))
+    except OSError:  # no /dev to read: nothing says there is a GPU
+        return False
+
+
+def is_noise(line: bytes, gpu: bool) -> bool:
+    """Whether a native line is a start-up notice to drop (the module's rule).
+
+    Args:
+        line: One line the native code wrote on fd 2.
+        gpu: What :func:`gpu_present` says: with a GPU, the CUDA probe's failure is shown.
+    """
+    return bool(NOISE.search(line)) or (not gpu and bool(NO_GPU_NOISE.search(line)))
+
+
 def _enabled() -> bool:
-    return os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") not in (
-        "",
-        "0",
-    )  # tfopt._keras defaults it to 2
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in ("", "0"):  # tfopt._keras defaults it to 2
+        return False
+    import logging
+
+    # --verbose (or a library user's DEBUG logging) shows everything native code prints.
+    return not logging.getLogger("tfopt").isEnabledFor(logging.DEBUG)
 
 
 def _marker(token: str) -> bytes:
@@ -60,7 +123,15 @@ def _through_child(mode: str) -> Iterator[None]:
         # The child inherits the real fd 2; its own session keeps a Ctrl-C from killing it first:
         # it ends when the pipe closes, after forwarding everything.
         child = subprocess.Popen(
-            [sys.executable, "-I", "-S", os.path.abspath(__file__), mode, token],
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                os.path.abspath(__file__),
+                mode,
+                token,
+                "gpu" if gpu_present() else "no-gpu",
+            ],
             stdin=r,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
@@ -104,7 +175,7 @@ def quiet() -> contextlib.AbstractContextManager:
     return _through_child("quiet")
 
 
-def _serve(mode: str, token: str) -> None:
+def _serve(mode: str, token: str, gpu: bool) -> None:
     """The child: reads the pipe on fd 0 until it closes, writes the kept lines to fd 2."""
     done = _marker(token)
     held: list[bytes] = []
@@ -120,7 +191,7 @@ def _serve(mode: str, token: str) -> None:
             broken = True
 
     def handle(line: bytes) -> None:
-        if NOISE.search(line):
+        if is_noise(line, gpu):
             return
         if mode == "quiet":
             held.append(line)
@@ -151,4 +222,4 @@ if __name__ == "__main__":
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # outlive the parent's Ctrl-C; end at end of input
-    _serve(sys.argv[1], sys.argv[2])
+    _serve(sys.argv[1], sys.argv[2], sys.argv[3] == "gpu")
