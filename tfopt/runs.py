@@ -50,6 +50,8 @@ class RunRecord:
         section: The stage-specific section, stored under the stage's name.
         weights_sha256: Digest of the saved model's weights.
         fingerprint: Digest of everything that determines the result (config + stage options).
+        warnings: One line each: what makes the result doubtful (e.g. a test accuracy at chance,
+            :mod:`tfopt.runtime.quality`).
     """
 
     stage: str
@@ -65,6 +67,7 @@ class RunRecord:
     section: dict = field(default_factory=dict)
     weights_sha256: str | None = None
     fingerprint: str | None = None
+    warnings: list = field(default_factory=list)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     tfopt_version: str = ""
     schema_version: int = SCHEMA_VERSION

@@ -233,6 +233,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
                 )
             artifacts = save_model(plain, job.write_dir)
             teacher_params = max(int(t.count_params()) for t in plain_teachers)
+            metrics = section.pop("metrics")
             record = job.record(
                 model={
                     "name": cfg.model.name,
@@ -244,10 +245,11 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
                     ),
                 },
                 train=job.train_section(steps, spe, lr),
-                metrics=section.pop("metrics"),
+                metrics=metrics,
                 weights_sha256=digest,
                 artifacts=job.relative(artifacts),
                 section=section,
+                warnings=job.judge(plain, metrics["test_accuracy"]),
             )
             job.commit(record)
         job.done(PROG, record, digest)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 from tfopt._keras import keras
 
+import numpy as np
+
 from tfopt.config import DataConfig, RunConfig
 from tfopt.data.sources import input_contract, prepare
 from tfopt.errors import ConfigError
@@ -44,6 +46,7 @@ from tfopt.models import inputs
 from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.optimize.common import strip_wrappers
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
+from tfopt.runtime import quality
 from tfopt.runtime.job import run_record
 from tfopt.runtime.rundir import RunDir
 
@@ -346,6 +349,11 @@ def _export(
                 )
             )
     _pack_metadata(rows, out_dir, metadata.files_of(contract))
+    # A gate that passes says the .tflite agrees with the Keras model, not that the model is any good.
+    keras_accuracy = float(np.mean(np.argmax(reference, axis=-1) == y_test))
+    worth = quality.verdict(quality.Evidence(keras_accuracy, info.num_classes, int(len(y_test))))
+    if worth:
+        log.warning(worth)
     keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
     table = summary.export_table(rows)
     write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.source}\n\n{table}\n")
@@ -378,6 +386,7 @@ def _export(
         },
         artifacts=artifacts,
         fingerprint=rd.fingerprint,
+        warnings=[worth] if worth else [],
         section={
             "source": run.source,
             "output": rd.path,

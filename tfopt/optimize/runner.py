@@ -476,6 +476,7 @@ def _write(
         section=section,
         weights_sha256=digest,
         fingerprint=rd.fingerprint,
+        warnings=job.judge(float_model, float(metrics["accuracy"])),
     )
     rd.commit(record)
     return record

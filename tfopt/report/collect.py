@@ -222,6 +222,9 @@ def _keras_variant(stage: StageInfo, export: StageInfo | None, technique: str) -
         v.p50_us_2t, v.p95_us_2t = _us(lat, "2t", "p50_ms"), _us(lat, "2t", "p95_ms")
         if not lat:
             v.notes.append("Keras latency not measured by this export")
+    # What the stage and its export found doubtful (a test accuracy at chance, ...), said once per model.
+    found = list(rec.warnings) + (list(export.record.warnings) if export and export.record else [])
+    v.notes.extend(f"warning: {w}" for w in dict.fromkeys(found))
     if v.size_bytes is None and v.params is not None:
         v.size_bytes = 4 * int(v.params)
         v.notes.append("size estimated as params x 4 bytes (the export recorded no weight bytes)")

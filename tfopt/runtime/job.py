@@ -33,6 +33,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from tfopt._keras import keras, tf
 
+import numpy as np
+
 from tfopt import _compat
 from tfopt._version import __version__
 from tfopt.config import DataConfig, RunConfig
@@ -40,7 +42,7 @@ from tfopt.data import pipeline, service, sources
 from tfopt.errors import PeerLost, TrainingError
 from tfopt.log import RESULT
 from tfopt.runs import RunRecord, default_output, fingerprint
-from tfopt.runtime import autoprecision, precision, sidecar
+from tfopt.runtime import autoprecision, precision, quality, sidecar
 from tfopt.runtime import strategy as strategy_lib
 from tfopt.runtime.backup import Backup, NonFinite
 from tfopt.runtime.callbacks import EpochTimer, MetricsLogger, PlainValidation
@@ -658,6 +660,35 @@ class Job:
             self.run_dir.path if self.run_dir is not None else None,
             **{**base, **fields},
         )
+
+    def judge(self, model: keras.Model, test_accuracy: float, test_examples: int = 0) -> list[str]:
+        """Whether the model this job trained is worth having (:mod:`tfopt.runtime.quality`): the
+        chief logs a warning line when not. Returns the lines for the record's ``warnings``."""
+        rows = self.logger.rows if self.logger else []
+        last = rows[-1] if rows else {}
+        momenta = [
+            float(m.momentum)
+            for m in model.submodules
+            if isinstance(m, keras.layers.BatchNormalization)
+        ]
+        sizes = [int(np.prod(w.shape)) for w in model.weights]
+        trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        line = quality.verdict(
+            quality.Evidence(
+                test_accuracy=float(test_accuracy),
+                num_classes=self.info.num_classes,
+                test_examples=test_examples or self.info.splits["test"].num_records,
+                train_accuracy=last.get("accuracy"),
+                val_accuracy=last.get("val_accuracy"),
+                steps=self.optimizer_steps,
+                bn_momentum=max(momenta) if momenta else None,
+                trainable_share=trainable / max(sum(sizes), 1),
+                learning_rate=self.cfg.train.learning_rate,
+            )
+        )
+        if line and self.chief:
+            log.warning(line, extra={"prog": f"tfopt {self.stage}"})
+        return [line] if line else []
 
     def relative(self, artifacts: dict[str, str]) -> dict[str, str]:
         """Artifact paths relative to the run directory (where they will be once committed)."""

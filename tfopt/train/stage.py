@@ -98,6 +98,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         record = None
         if job.chief:
             metrics = copy.evaluate(job.dataset("test"), return_dict=True, verbose=0)
+            warnings = job.judge(copy, metrics["accuracy"])
             artifacts = save_model(copy, job.write_dir)
             record = job.record(
                 model={
@@ -112,6 +113,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                 metrics={f"test_{k}": float(v) for k, v in metrics.items()},
                 weights_sha256=digest,
                 artifacts=job.relative(artifacts),
+                warnings=warnings,
             )
             job.commit(record)
         job.done(PROG, record, digest)
