@@ -222,6 +222,11 @@ def _keras_variant(stage: StageInfo, export: StageInfo | None, technique: str) -
         v.p50_us_2t, v.p95_us_2t = _us(lat, "2t", "p50_ms"), _us(lat, "2t", "p95_ms")
         if not lat:
             v.notes.append("Keras latency not measured by this export")
+    fed = (rec.data or {}).get("model_input")
+    if fed:  # what the model's input gets, and what decided it (tfopt.models.inputs)
+        what = "0-255 pixels" if fed["input_scale"] == "raw" else "pixels / 255"
+        layers = ", ".join(fed.get("layers") or []) or "no preprocessing layer"
+        v.notes.append(f"input: {what} ({fed['input_scale']}, by {fed['decided_by']}: {layers})")
     # What the stage and its export found doubtful (a test accuracy at chance, ...), said once per model.
     found = list(rec.warnings) + (list(export.record.warnings) if export and export.record else [])
     v.notes.extend(f"warning: {w}" for w in dict.fromkeys(found))
