@@ -468,6 +468,14 @@ class Job:
             )
         # The optimizer's slots and the compiled metrics exist before the first step: traced once.
         _compat.build_step_state(model, predictions=getattr(model, "step_predictions", None))
+        # A step returns its metrics' results, which every replica has already all-reduced (metric
+        # variables are sync-on-read). tf_keras 2.21's default reduction ("auto": "sum" off TPU)
+        # then sums them again over the workers under MultiWorkerMirroredStrategy, so the progress
+        # bar's per-step figures came out times the replica count (accuracy 1.97 on 2 workers);
+        # only the epoch-end figures, read from the metrics, were right. Take one replica's copy.
+        if model.distribute_reduction_method != "first":
+            model.distribute_reduction_method = "first"
+            model.train_function = None  # traced under the old reduction: trace it again
         started = time.perf_counter()
         lowered = 1.0  # learning-rate factor of a roll-back, applied on top of the restored scale
         try:
