@@ -230,7 +230,7 @@ def resolve(
     ):  # 0-255 pixels, spelled as a normalize
         data = dataclasses.replace(data, normalize="")
         requested = "raw"
-    if requested == "auto" and not side.readable and side.layers:
+    if requested == "auto" and not side.readable and side.layers and side.first:
         raise ModelError(
             f"model {model_name!r} transforms its input before {side.first or 'its output'} in a "
             f"way tfopt cannot read ({', '.join(side.layers)}); say what it expects with "
