@@ -212,6 +212,19 @@ def test_optimize_distill_and_export_keep_the_pixels_the_model_was_built_for(use
     _tflite_agrees_on_raw_pixels(
         str(tmp_path / "export" / rows["int8"]["file"]), keras_file, users, 0.9
     )
+    # --evaluate reads the scale from the contract packed into the .tflite
+    _tfopt(
+        "tfopt.export",
+        "--evaluate",
+        str(tmp_path / "export" / rows["int8"]["file"]),
+        "--dataset",
+        f"folder:{users['images']}",
+        "-o",
+        str(tmp_path / "evaluated"),
+        **where,
+    )
+    evaluated = json.load(open(tmp_path / "evaluated" / "evaluate.json"))
+    assert evaluated["eval"]["accuracy"] == rows["int8"]["eval"]["accuracy"]
 
 
 @pytest.mark.slow

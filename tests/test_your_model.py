@@ -176,7 +176,7 @@ def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
         *data,
         *MOBILENET,
         "--image-size",
-        "48x48",
+        "36x36",
         "--epochs",
         "1",
         "--batch-size",
@@ -204,8 +204,8 @@ def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
     )
     pqat = json.load(open(tmp_path / "pqat" / "run.json"))
     assert pqat["optimize"]["source"]["form"] == "run" and pqat["data"]["image_shape"] == [
-        48,
-        48,
+        36,
+        36,
         3,
     ]
     # One epoch leaves the network near chance with near-tied outputs, where int8 flips many top-1
@@ -242,7 +242,7 @@ def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
         metadata.labels(str(tmp_path / "pqat-export" / row["file"])) == labels
     )  # packed into the .tflite too
     contract = json.load(open(tmp_path / "pqat-export" / "input.json"))
-    assert contract["image_shape"] == [48, 48, 3] and contract["normalize"] == "0.5/0.5"
+    assert contract["image_shape"] == [36, 36, 3] and contract["normalize"] == "0.5/0.5"
     # distil the MobileNetV2 run into a user's factory-free built-in student, at the teacher's inputs
     _stage(
         "tfopt.distill",
@@ -252,7 +252,7 @@ def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
         "small_cnn",
         *data,
         "--image-size",
-        "48x48",
+        "36x36",
         "--epochs",
         "1",
         "--batch-size",

@@ -131,6 +131,13 @@ def build_parser() -> cli.ArgumentParser:
         help="--evaluate, or --from a model file: the model's input "
         "scaling on [0, 1] pixels, e.g. 0.5/0.5 for [-1, 1] (see docs/your_model.md)",
     )
+    g.add_argument(
+        "--input-scale",
+        choices=("auto", "unit", "raw"),
+        help="--evaluate, or --from a model file: what the model's input gets: auto (a model "
+        "file: read from its first layers; a .tflite: its packed input.json), unit (pixels / 255, "
+        "then --normalize) or raw (0-255 pixels)",
+    )
     g.add_argument("--split", default="test", help="--evaluate: test or validation")
     g.add_argument(
         "--keras",
@@ -219,6 +226,7 @@ def _data_config(args):
         ("image_size", "image_size"),
         ("channels", "channels"),
         ("normalize", "normalize"),
+        ("input_scale", "input_scale"),
     ):
         if getattr(args, flag) is not None:
             data[key] = getattr(args, flag)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import os
 import shutil
@@ -650,6 +651,11 @@ def evaluate_file(
     """``--evaluate``: scores one .tflite on a dataset split (and against a Keras model when given)."""
     content = read_tflite(path)
     model = TFLiteModel(content, num_threads=threads)
+    packed = json.loads(metadata.read(content).get(metadata.INPUT, b"{}"))
+    if data_cfg.input_scale == "auto" and packed.get("input_scale") in ("unit", "raw"):
+        # The contract the export packed says what the file takes (0-255 pixels for a model
+        # that scales inside); data.normalize stays the user's (--normalize).
+        data_cfg = dataclasses.replace(data_cfg, input_scale=packed["input_scale"])
     x, y = load_split(data_cfg, split, limit)
     reference = keras_outputs(load_source_model(keras_path, trust_model), x) if keras_path else None
     result = evaluate(model, x, y, reference)
