@@ -59,6 +59,7 @@ def check_result(res: dict) -> None:
         auto = rows["int8_auto"]["auto"]
         assert auto["slow"] == [t["node"] for t in auto["ops"] if t["slower_in_int8"]]
         assert rows["int8_auto"]["float_nodes"] == auto["candidates"][auto["chosen"]]["float_nodes"]
+        check_search(auto)
         for q in fam["qat"]:
             assert q["loss_pt"] == pytest.approx(
                 100 * (q["control_keras_accuracy"] - q["qat_tflite_accuracy"]), abs=1e-3
@@ -91,3 +92,29 @@ def check_result(res: dict) -> None:
     assert speed["values"] == res["families"]["mobilenet_tiny"]["models"]["int8_auto"][
         "latency_interleaved"
     ]["xnnpack/1t"]["speedup_rounds"] and speed["peer"].startswith('TF "Post-training')
+
+
+def check_search(auto: dict) -> None:
+    """int8_auto's search by its mechanism, whatever a loaded machine timed: every op and every
+    candidate timed with one protocol (the same number of rounds), no candidate keeps every
+    quantized op in float (the quantization debugger cannot build it), plain int8 first, and the
+    chosen one the argmin of the recorded medians among the candidates that passed the gate (plain
+    int8 kept unless one beat it; the best agreement when none passed)."""
+    rounds = {len(t["float_rounds"]) for t in auto["ops"] if t["float_rounds"]}
+    rounds |= {len(t["int8_rounds"]) for t in auto["ops"] if t["float_rounds"]}
+    rounds |= {len(c["p50_rounds"]) for c in auto["candidates"]}
+    assert len(rounds) == 1 and rounds.pop() >= 1, auto
+    cands, chosen = auto["candidates"], auto["chosen"]
+    quantized = {t["node"] for t in auto["ops"] if t["denylistable"]}
+    assert cands[0]["float_nodes"] == [] and not any(
+        quantized <= set(c["float_nodes"]) for c in cands[1:]
+    )
+    medians = [statistics.median(c["p50_rounds"]) for c in cands]
+    assert all(c["p50_ms"] == pytest.approx(m) for c, m in zip(cands, medians))
+    passing = [i for i, c in enumerate(cands) if c["gate"]["passed"]]
+    if passing:
+        assert chosen == min(passing, key=lambda i: medians[i])
+        assert chosen == 0 or 0 not in passing or medians[chosen] < medians[0]
+    else:
+        agreement = [c["result"]["agreement"] or 0.0 for c in cands]
+        assert agreement[chosen] == max(agreement)
