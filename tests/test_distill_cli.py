@@ -316,8 +316,12 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run, referen
             "is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER",
         ),
         (
-            ["--teacher", "{run}", "--teacher-weights", "1,2"],
-            "must be equal, accuracy or 1 comma-separated",
+            ["--teacher", "{run}", "--teacher", "{run}", "--teacher-weights", "1,2,3"],
+            "must be equal, accuracy or 2 comma-separated",
+        ),
+        (
+            ["--teacher", "{run}", "--teacher-weights", "1"],
+            "--teacher-weights is not used with one --teacher (it needs several --teacher)",
         ),
         (
             ["--teacher", "{run}", "--technique", "quantize"],

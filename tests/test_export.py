@@ -372,7 +372,10 @@ def _cli(*args, timeout=300):
         ),
         (["--from", ".", "--modes", "float32,int4"], "unknown mode 'int4'; choose one of"),
         (["--from", ".", "--io", "int16"], "unknown io 'int16'; choose one of float, int8, uint8"),
-        (["--from", ".", "--modes", "float16", "--float-layers", "conv0"], "applies to int8"),
+        (
+            ["--from", ".", "--modes", "float16", "--float-layers", "conv0"],
+            "--float-layers is not used by --modes float16 (it belongs to int8); add int8 to --modes",
+        ),
         (["--benchmark", "missing.tflite"], "--benchmark 'missing.tflite': no such file"),
         (
             ["--evaluate", "missing.tflite", "--dataset", "mnist"],
@@ -686,13 +689,13 @@ def _wrapped_cli(tmp_path, how, *args):
 
 def _export_args(run_dir, tmp_path, modes="float32"):
     # The tiny model is untrained: an open gate keeps the exit code about what is tested here.
+    int8 = ["--calibration-steps", "2", "--no-selective"] if "int8" in modes else []
     return [
         "--from",
         run_dir,
         "--modes",
         modes,
-        "--calibration-steps",
-        "2",
+        *int8,
         "--runs",
         "2",
         "--warmup",
@@ -703,7 +706,6 @@ def _export_args(run_dir, tmp_path, modes="float32"):
         "0",
         "--max-accuracy-drop",
         "100",
-        "--no-selective",
         "--no-plot",
         "-o",
         str(tmp_path / "out"),

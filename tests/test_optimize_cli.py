@@ -160,7 +160,8 @@ def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
             "-o",
             out,
         ],
-        "exclude each other",
+        "--block-size is not used by prune_2of4 (it belongs to prune, pqat, pcqat); "
+        "prune_2of4 takes --policy",
     )
     _one_line_error(
         capsys,

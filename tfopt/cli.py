@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from tfopt import config as config_lib
-from tfopt import log
+from tfopt import flagcheck, log
 from tfopt.errors import TfoptError
 from tfopt.specs import MODEL_SOURCES, PRECISIONS, STRATEGIES
 
@@ -254,6 +254,46 @@ def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
     if getattr(args, "quiet", False):
         raw.setdefault("train", {})["verbose"] = 0
     return config_lib.from_dict(raw, cfg)
+
+
+def check_config_flags(cfg: config_lib.RunConfig, given: Collection[str]) -> None:
+    """Refuses a distribution or data flag the resolved config does not read.
+
+    ``--cpu-replicas`` is read by ``mirrored`` only, ``--collective`` by
+    ``multi_worker_mirrored`` only and ``--data-service-mode`` only with a tf.data service.
+
+    Args:
+        cfg: The resolved config (its strategy may come from ``--config`` or an input run).
+        given: The options given explicitly (:func:`tfopt.flagcheck.explicit`).
+
+    Raises:
+        ConfigError: e.g. ``--cpu-replicas is not used with --strategy one_device (it needs
+            --strategy mirrored); give --strategy mirrored, or drop --cpu-replicas``.
+    """
+    strategy = f"--strategy {cfg.runtime.strategy}"
+    flagcheck.refuse_off(
+        {
+            "--cpu-replicas": (
+                cfg.runtime.strategy == "mirrored",
+                strategy,
+                "--strategy mirrored",
+                None,
+            ),
+            "--collective": (
+                cfg.runtime.strategy == "multi_worker_mirrored",
+                strategy,
+                "--strategy multi_worker_mirrored",
+                None,
+            ),
+            "--data-service-mode": (
+                bool(cfg.data.service),
+                "no --data-service",
+                "--data-service local or grpc://HOST:PORT",
+                None,
+            ),
+        },
+        given,
+    )
 
 
 def add_verbosity(group, quiet_help: str) -> None:

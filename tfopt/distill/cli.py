@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from tfopt import cli
+from tfopt import cli, flagcheck
 from tfopt import config as config_lib
 from tfopt.config import COMBINE_MODES
 from tfopt.distill.options import DistillOptions, parse_feature
@@ -31,6 +31,8 @@ DESCRIPTION = (
 # The student's training recipe where the user sets none (flags, --set and --config win); chosen
 # on validation with the temperature and alpha defaults (DistillOptions), see the module doc.
 RECIPE = {("train", "learning_rate"): 0.01, ("data", "augment"): "shift"}
+# The --technique each compression flag is read by (tfopt.optimize.student.wrap).
+FLAG_USERS = {"--sparsity": ("prune",), "--clusters": ("cluster",)}
 
 
 def _recipe_overrides(config_path: str | None) -> list[str]:
@@ -146,11 +148,54 @@ def build_parser() -> cli.ArgumentParser:
     return parser
 
 
+def check_flags(args, given: set[str]) -> None:
+    """Refuses --sparsity or --clusters with a --technique that does not read it, and
+    --teacher-weights, --combine with one teacher or --feature-weight without --feature.
+
+    Args:
+        args: The parsed command line.
+        given: The options given explicitly (:func:`tfopt.flagcheck.explicit`).
+
+    Raises:
+        ConfigError: e.g. ``--sparsity is not used by --technique cluster (it belongs to
+            prune); ...``. An unknown technique is left to DistillOptions' own check.
+    """
+    if args.technique in ONE_PHASE:
+        own = [flag for flag, users in FLAG_USERS.items() if args.technique in users]
+        takes = f"{args.technique} takes {flagcheck.join(own)}; " if own else ""
+        flagcheck.refuse_unused(
+            FLAG_USERS,
+            (args.technique,),
+            given,
+            chosen_as=f"--technique {args.technique}",
+            fix=lambda flag, users: (
+                f"{takes}give --technique {flagcheck.join(users)}, or drop {flag}"
+            ),
+        )
+    teachers = "one --teacher"
+    flagcheck.refuse_off(
+        {
+            "--teacher-weights": (len(args.teacher) != 1, teachers, "several --teacher", None),
+            "--combine": (len(args.teacher) != 1, teachers, "several --teacher", None),
+            "--feature-weight": (
+                bool(args.feature),
+                "no --feature",
+                "--feature TEACHER_LAYER:STUDENT_LAYER",
+                None,
+            ),
+        },
+        given,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m tfopt.distill``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = flagcheck.explicit(parser, argv)
 
     def body() -> int:
+        check_flags(args, given)
         if args.student and args.model and args.student != args.model:
             raise ConfigError(
                 f"--student {args.student!r} and --model {args.model!r} disagree; give only --student"
@@ -159,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [] if args.seed is None else [f"train.seed={args.seed}", f"data.seed={args.seed}"]
         args.set = [*_recipe_overrides(args.config), *seeds, *args.set]
         cfg = cli.config_from_args(args)
+        cli.check_config_flags(cfg, given)
         opts = DistillOptions(
             teachers=tuple(args.teacher),
             temperature=args.temperature,

@@ -15,11 +15,46 @@ from __future__ import annotations
 import os
 import sys
 
-from tfopt import cli, native_stderr
+from tfopt import cli, flagcheck, native_stderr
 from tfopt.errors import ConfigError, ModelError
 from tfopt.export import choices
 
 PROG = "tfopt export"
+
+_FROM, _EVALUATE, _BENCHMARK = "--from", "--evaluate", "--benchmark"
+_MODES = choices.MODES.names()
+_CALIBRATED = tuple(m for m in _MODES if choices.MODES.get(m).calibration)
+_INT_IO = tuple(m for m in _MODES if len(choices.MODES.get(m).io_types) > 1)
+_LATENCY = (_FROM, _BENCHMARK)
+# Who reads each flag that only some runs read (runner.run and the --evaluate/--benchmark
+# functions): a --modes name, or --from (any mode), --evaluate, --benchmark. The data flags
+# (--dataset ... --input-scale), --output and --trust-model serve every run: not listed.
+FLAG_USERS = {
+    "--modes": (_FROM,),
+    "--io": _INT_IO,  # tflite.make_converter and int8_auto's search; other modes keep float I/O
+    "--calibration-steps": _CALIBRATED,
+    "--float-layers": ("int8",),  # the extra int8 model with these layers in float
+    "--allow-select-tf-ops": (_FROM,),
+    "--sparsity": (_FROM,),
+    "--strip-strings": (_FROM,),
+    "--auto-candidates": ("int8_auto",),
+    "--min-agreement": (_FROM,),
+    "--max-accuracy-drop": (_FROM,),
+    "--no-selective": ("int8",),  # the selective retry of an int8 failing the gate
+    "--max-float-layers": ("int8",),
+    "--search-limit": ("int8", "int8_auto"),  # the validation split both searches score on
+    "--eval-limit": (_FROM, _EVALUATE),
+    "--split": (_EVALUATE,),
+    "--keras": (_EVALUATE, _BENCHMARK),
+    "--threads": _LATENCY,
+    "--runs": _LATENCY,
+    "--warmup": _LATENCY,
+    "--kernels": _LATENCY,
+    "--litert-benchmark": _LATENCY,
+    "--no-keras-latency": (_FROM,),
+    "--overwrite": (_FROM,),
+    "--no-plot": (_FROM,),
+}
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -179,13 +214,52 @@ def build_parser() -> cli.ArgumentParser:
     return p
 
 
-def _check_args(args) -> None:
-    """Every flag validated before TensorFlow is imported, so mistakes fail in a blink."""
+def check_flags(args, given: set[str]) -> None:
+    """Refuses a flag the run does not read: e.g. --calibration-steps without a calibrated
+    mode, --float-layers without int8, --modes with --evaluate, --split with --from.
+
+    Args:
+        args: The parsed command line.
+        given: The options given explicitly (:func:`tfopt.flagcheck.explicit`).
+
+    Raises:
+        ConfigError: one line naming the flag, what reads it and the fix.
+    """
+    action = (
+        _FROM if args.source is not None else _EVALUATE if args.evaluate is not None else _BENCHMARK
+    )
+    # First the action (a mode's flag belongs to --from), then, for --from, the modes.
+    by_action = {
+        flag: tuple(dict.fromkeys(_FROM if user in _MODES else user for user in users))
+        for flag, users in FLAG_USERS.items()
+    }
+    own = [flag for flag, users in by_action.items() if action in users]
+    flagcheck.refuse_unused(
+        by_action,
+        (action,),
+        given,
+        chosen_as=action,
+        fix=lambda flag, users: (
+            f"use it with {flagcheck.join(users)}, or drop it"
+            if action == _FROM
+            else f"{action} takes {flagcheck.join(own)}"
+        ),
+    )
+    if action != _FROM:
+        return
     modes = choices.parse_modes(args.modes)
-    if args.float_layers.strip() and "int8" not in modes:
-        raise ConfigError(
-            f"--float-layers {args.float_layers!r} applies to int8; add int8 to --modes"
-        )
+    flagcheck.refuse_unused(
+        {flag: users for flag, users in FLAG_USERS.items() if set(users) <= set(_MODES)},
+        modes,
+        given,
+        chosen_as=f"--modes {','.join(modes)}",
+        fix=lambda flag, users: f"add {flagcheck.join(users)} to --modes, or drop {flag}",
+    )
+
+
+def _check_args(args, given: set[str]) -> None:
+    """Every flag validated before TensorFlow is imported, so mistakes fail in a blink."""
+    check_flags(args, given)  # parses --modes (for --from)
     choices.check_choice("io", args.io, choices.IO_TYPES, "--io")
     choices.check_choice("sparsity", args.sparsity, choices.SPARSITY_CHOICES, "--sparsity")
     choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
@@ -245,8 +319,8 @@ def _start_tensorflow() -> None:
         tf.config.list_physical_devices()  # loads the device plugins: the CUDA probe prints here
 
 
-def _body(args) -> int:
-    _check_args(args)
+def _body(args, given: set[str]) -> int:
+    _check_args(args, given)
     return _work(args)
 
 
@@ -347,8 +421,10 @@ def _work(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of ``python -m tfopt.export``; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return cli.run_main(PROG, lambda: _body(args), cli.verbosity(args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = flagcheck.explicit(parser, argv)
+    return cli.run_main(PROG, lambda: _body(args, given), cli.verbosity(args))
 
 
 if __name__ == "__main__":

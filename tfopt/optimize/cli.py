@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from tfopt import cli
+from tfopt import cli, flagcheck
 from tfopt import config as config_lib
 from tfopt.errors import ConfigError
 from tfopt.optimize.techniques import TECHNIQUES
@@ -23,6 +23,52 @@ from tfopt.specs import PRECISIONS, STRATEGIES
 PROG = "tfopt optimize"
 DEFAULT_PRUNE_EPOCHS = 3  # and low-rank: structural changes need time to recover
 TECHNIQUE_NAMES = tuple(TECHNIQUES)
+
+
+# Which phase reads each technique-specific flag (through the spec settings_for fills and the
+# phase's code): a phase kind, or "magnitude" = a pruning phase on a sparsity schedule.
+# prune_2of4's pruning phase reads --policy only: tfmot computes its 2:4 mask once, at step 1,
+# with no schedule (tfmot's pruning_impl), its check is the 2:4 one, and it excludes blocks.
+FLAG_PHASES = {
+    "--sparsity": "magnitude",
+    "--schedule": "magnitude",
+    "--initial-sparsity": "magnitude",
+    "--begin-step": "magnitude",
+    "--end-step": "magnitude",
+    "--frequency": "magnitude",
+    "--block-size": "magnitude",
+    "--policy": "prune",
+    "--clusters": "cluster",
+    "--centroid-init": "cluster",
+    "--per-channel": "cluster",
+    "--low-rank-by": "low_rank",
+    "--low-rank-flops": "low_rank",
+    "--low-rank-energy": "low_rank",
+    "--low-rank-round-to": "low_rank",
+    "--low-rank-conv": "low_rank",
+    "--channels-flops": "channel_prune",
+    "--channels-ratio": "channel_prune",
+    "--target-latency-us": "channel_prune",
+    "--latency-threads": "channel_prune",
+    "--importance": "channel_prune",
+    "--taylor-batches": "channel_prune",
+    "--ranking": "channel_prune",
+    "--round-to": "channel_prune",
+    "--prune-iterations": "channel_prune",
+}
+
+
+def _reads(technique: str) -> set[str]:
+    """What of FLAG_PHASES a technique's phases read."""
+    t = TECHNIQUES[technique]
+    return set(t.phases) | ({"magnitude"} if "prune" in t.phases and t.m_by_n is None else set())
+
+
+#: flag -> the techniques that use it (FLAG_PHASES spelled out over the registry).
+FLAG_USERS = {
+    flag: tuple(t for t in TECHNIQUE_NAMES if phase in _reads(t))
+    for flag, phase in FLAG_PHASES.items()
+}
 
 
 def _csv(text: str | None) -> tuple[str, ...]:
@@ -409,9 +455,95 @@ def _outputs(args, techniques: tuple[str, ...]) -> list[str | None]:
     return [os.path.join(args.output, t) for t in techniques]
 
 
-def _body(args) -> int:
+def check_flags(args, given: set[str]) -> tuple[str, ...]:
+    """Validates the technique names and refuses a technique flag none of them uses.
+
+    Args:
+        args: The parsed command line.
+        given: The options given explicitly (:func:`tfopt.flagcheck.explicit`).
+
+    Returns:
+        The technique names (empty with ``--inspect``, which uses no technique flag).
+
+    Raises:
+        ConfigError: an unknown technique, or e.g. ``--sparsity`` with ``channel_prune``.
+    """
+    names = () if args.inspect else _csv(args.technique)
+    if not args.inspect and not names:
+        raise ConfigError(f"no technique given; choose from {', '.join(TECHNIQUE_NAMES)}")
+    for name in names:
+        if name not in TECHNIQUE_NAMES:
+            raise ConfigError(
+                f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUE_NAMES)}"
+            )
+    chosen = names or ("--inspect",)
+    flagcheck.refuse_unused(
+        FLAG_USERS, chosen, given, chosen_as=",".join(chosen), fix=lambda *_: _takes(chosen)
+    )
+    flagcheck.refuse_off(_read_by_value(args), given)
+    return names
+
+
+def _read_by_value(args) -> dict[str, tuple[bool, str, str, str | None]]:
+    """The technique flags read only for some values of another (see flagcheck.refuse_off)."""
+    target = (
+        f"--channels-ratio {args.channels_ratio:g}"
+        if args.channels_ratio
+        else f"--target-latency-us {args.target_latency_us:g}"
+    )
+    return {
+        "--taylor-batches": (
+            args.importance == "taylor",
+            f"--importance {args.importance}",
+            "--importance taylor",
+            None,
+        ),
+        "--latency-threads": (
+            bool(args.target_latency_us),
+            "no --target-latency-us",
+            "--target-latency-us US",
+            None,
+        ),
+        "--channels-flops": (
+            not (args.channels_ratio or args.target_latency_us),
+            target,
+            "no other channel target",
+            f"give one target: --channels-flops or {target.split()[0]}",
+        ),
+        "--initial-sparsity": (
+            args.schedule != "constant",
+            "--schedule constant",
+            "--schedule polynomial",
+            None,
+        ),
+        "--low-rank-flops": (
+            args.low_rank_by == "flops",
+            f"--low-rank-by {args.low_rank_by}",
+            "--low-rank-by flops",
+            None,
+        ),
+        "--low-rank-energy": (
+            args.low_rank_by == "energy",
+            f"--low-rank-by {args.low_rank_by}",
+            "--low-rank-by energy",
+            None,
+        ),
+    }
+
+
+def _takes(chosen: tuple[str, ...]) -> str:
+    """What each chosen technique takes instead, e.g. ``qat takes none of these flags``."""
+    parts = []
+    for name in chosen:
+        flags = [flag for flag, users in FLAG_USERS.items() if name in users]
+        parts.append(f"{name} takes {flagcheck.join(flags) if flags else 'none of these flags'}")
+    return "; ".join(parts)
+
+
+def _body(args, given: set[str]) -> int:
     from tfopt.runs import is_model_file, load_input
 
+    names = check_flags(args, given)
     run = load_input(args.source, _file_config(args) if is_model_file(args.source) else None)
     if args.inspect:
         from tfopt.models.io import load_model
@@ -421,13 +553,8 @@ def _body(args) -> int:
             format_report(inspect_model(load_model(run.model_path, trust_model=args.trust_model)))
         )
         return 0
-    names = _csv(args.technique)
-    for name in names:
-        if name not in TECHNIQUE_NAMES:
-            raise ConfigError(
-                f"technique {name!r} is not valid; choose one of {', '.join(TECHNIQUE_NAMES)}"
-            )
     cfg = resolve_config(args, run.config)
+    cli.check_config_flags(cfg, given)
     from tfopt.optimize.runner import run as run_optimize
 
     settings = [settings_for(args, t) for t in names]
@@ -504,5 +631,7 @@ def _print_result(record: dict, out: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m tfopt.optimize``; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return cli.run_main(PROG, lambda: _body(args), cli.verbosity(args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = flagcheck.explicit(parser, argv)
+    return cli.run_main(PROG, lambda: _body(args, given), cli.verbosity(args))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from tfopt import cli
+from tfopt import cli, flagcheck
 
 PROG = "tfopt train"
 DESCRIPTION = "Train a model under any tf.distribute strategy and write a run directory."
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point of ``python -m tfopt.train``; returns the exit code."""
+def build_parser() -> cli.ArgumentParser:
+    """The argument parser of ``tfopt train``."""
     parser = cli.ArgumentParser(prog=PROG, description=DESCRIPTION)
     cli.add_config_args(parser)
     cli.group(parser, "model").add_argument(
@@ -21,10 +21,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="load a model file that can run code (Lambda layers, custom objects): only if trusted (default: off)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point of ``python -m tfopt.train``; returns the exit code."""
+    parser = build_parser()
     args = parser.parse_args(argv)
+    given = flagcheck.explicit(parser, argv)
 
     def body() -> int:
         cfg = cli.config_from_args(args)
+        cli.check_config_flags(cfg, given)
         if args.print_config:
             print(json.dumps(cfg.to_dict(), indent=2))
             return 0
