@@ -309,9 +309,29 @@ def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
     assert exported["export"]["modes"][0]["eval"]["agreement"] == 1.0
 
 
-@pytest.mark.parametrize(
-    "args, needle",
-    [
+def _refused(capsys, command: str, argv: list[str], out) -> str:
+    """Runs ``python -m tfopt.<command> argv`` in this process; returns its one error line.
+
+    In-process (the stage's own ``main``): the same parsing, checks and one-line printing as the
+    command line, without starting TensorFlow again for every bad input.
+    """
+    import importlib
+
+    main = importlib.import_module(f"tfopt.{command}.cli").main
+    capsys.readouterr()
+    code = main([*argv, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith(f"tfopt {command}")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert not os.path.exists(out), f"tfopt {command} wrote {out} for a refused input"
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_bad_model_sources_are_one_line_and_write_nothing(folder, tmp_path, capsys):
+    data = ["--dataset", f"folder:{folder['images']}", "--strategy", "one_device"]
+    for args, needle in (
         (
             ["--model", "keras.applications:MobilenetV2"],
             "keras.applications:MobilenetV2 does not exist; did you mean MobileNetV2",
@@ -324,67 +344,17 @@ def test_every_stage_takes_the_user_model_and_data(folder, tmp_path):
         (["--model", "/nope/mine.keras"], "model file '/nope/mine.keras' does not exist"),
         (["--model", "x y"], "is not a model source; give a built-in model name"),
         (["--image-size", "big"], "data.image_size='big' is not valid; give HEIGHTxWIDTH"),
-    ],
-)
-@pytest.mark.slow
-def test_bad_model_sources_are_one_line_and_write_nothing(folder, tmp_path, args, needle):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tfopt.train",
-            "--dataset",
-            f"folder:{folder['images']}",
-            "--strategy",
-            "one_device",
-            "-o",
-            str(tmp_path / "run"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("tfopt train")]
-    assert len(lines) == 1 and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+        (
+            ["--model", folder["mine"], "--image-size", "40x40", "--channels", "1"],
+            "takes 32x32x3 images but the data gives 40x40x1; resize them with --image-size "
+            "32x32 and --channels 3",
+        ),
+    ):
+        assert needle in _refused(capsys, "train", [*data, *args], tmp_path / "run"), args
 
 
 @pytest.mark.slow
-def test_a_model_that_does_not_take_the_images_names_both_shapes(folder, tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tfopt.train",
-            "--dataset",
-            f"folder:{folder['images']}",
-            "--model",
-            folder["mine"],
-            "--image-size",
-            "40x40",
-            "--channels",
-            "1",
-            "--strategy",
-            "one_device",
-            "-o",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert (
-        "takes 32x32x3 images but the data gives 40x40x1; resize them with --image-size 32x32 and --channels 3"
-        in proc.stderr
-    ), proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-@pytest.mark.slow
-def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_path):
+def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_path, capsys):
     garbage = tmp_path / "notes.keras"
     garbage.write_bytes(b"these are my notes, not a model")
     k3 = tmp_path / "k3.keras"
@@ -400,23 +370,12 @@ def test_a_file_that_is_not_a_model_and_a_keras3_file_are_one_line(folder, tmp_p
         env={**os.environ, "TF_USE_LEGACY_KERAS": "0"},
     )
     data = ["--dataset", f"folder:{folder['images']}", "--strategy", "one_device"]
-    for module, args, needle in (
-        ("tfopt.train", ["--model", str(garbage)], "is not a valid .keras file"),
-        ("tfopt.optimize", ["--from", str(k3), "--technique", "prune"], "was saved by Keras 3"),
-        ("tfopt.distill", ["--teacher", str(k3)], "was saved by Keras 3"),
+    for command, args, needle in (
+        ("train", ["--model", str(garbage)], "is not a valid .keras file"),
+        ("optimize", ["--from", str(k3), "--technique", "prune"], "was saved by Keras 3"),
+        ("distill", ["--teacher", str(k3)], "was saved by Keras 3"),
     ):
-        proc = subprocess.run(
-            [sys.executable, "-m", module, *args, *data, "-o", str(tmp_path / "out")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 2, (module, proc.stderr)
-        lines = [
-            ln for ln in proc.stderr.strip().splitlines() if ln.startswith(module.replace(".", " "))
-        ]
-        assert len(lines) == 1 and needle in lines[0], (module, proc.stderr)
-        assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists(), module
+        assert needle in _refused(capsys, command, [*args, *data], tmp_path / "out"), command
 
 
 @pytest.mark.slow
