@@ -245,7 +245,27 @@ def check_05(nb, text: str, cwd: str) -> None:
     assert len(predicted) == 8 and all(p in names and t in names for p, t in predicted), text[
         -2000:
     ]
-    assert os.path.isfile(os.path.join(cwd, "runs", "folder_edge-smoke", "report", "report.html"))
+    # The folder_edge example pipeline (smoke) on the same folder: its one end-to-end run here.
+    run = os.path.join(cwd, "runs", "folder_edge-smoke")
+
+    def read(*path):
+        with open(os.path.join(run, *path), encoding="utf-8") as f:
+            return f.read()
+
+    state = json.loads(read("pipeline.json"))
+    assert [s["status"] for s in state["stages"]] == ["done"] * 6, state["stages"]
+    teacher = json.loads(read("teacher", "run.json"))
+    assert (
+        teacher["model"]["source"] == "keras.applications:MobileNetV2"
+        and teacher["model"]["head"] == "new"
+    )
+    assert teacher["config"]["data"]["normalize"] == "0.5/0.5"  # MobileNetV2's own input scaling
+    student = json.loads(read("student", "run.json"))
+    assert student["config"]["data"]["normalize"] == "0.5/0.5"  # the teacher's inputs
+    for export in ("teacher-export", "student-export", "student-pqat-export"):
+        assert read(export, "labels.txt").splitlines() == names, export
+        assert json.loads(read(export, "input.json"))["image_shape"] == [32, 32, 3], export
+    assert os.path.getsize(os.path.join(run, "report", "report.html")) > 1000
     assert "edge model:" in text and images_in(nb) >= 1
 
 

@@ -251,48 +251,6 @@ def test_multi_worker_training_stages_run_under_the_launcher(tmp_path):
     )
 
 
-@pytest.mark.slow
-def test_folder_edge_smoke_on_a_generated_image_folder(tmp_path):
-    from image_folder import digits_folder
-
-    photos = digits_folder(str(tmp_path / "photos"), per_class=25)  # real digits, 32x32 RGB PNGs
-    run = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tfopt.pipeline",
-            os.path.join(ROOT, "pipelines", "folder_edge.py"),
-            "--variant",
-            "smoke",
-            "--set",
-            f"data.dataset=folder:{photos}",
-            "-o",
-            str(run),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    state = json.load(open(run / "pipeline.json"))
-    assert [s["status"] for s in state["stages"]] == ["done"] * 6, state["stages"]
-    teacher = json.load(open(run / "teacher" / "run.json"))
-    assert (
-        teacher["model"]["source"] == "keras.applications:MobileNetV2"
-        and teacher["model"]["head"] == "new"
-    )
-    assert teacher["config"]["data"]["normalize"] == "0.5/0.5"  # MobileNetV2's own input scaling
-    student = json.load(open(run / "student" / "run.json"))
-    assert student["config"]["data"]["normalize"] == "0.5/0.5"  # the teacher's inputs
-    names = [f"digit_{k}" for k in range(10)]
-    for export in ("teacher-export", "student-export", "student-pqat-export"):
-        assert open(run / export / "labels.txt").read().split() == names
-        assert json.load(open(run / export / "input.json"))["image_shape"] == [32, 32, 3]
-    assert os.path.getsize(run / "report" / "report.html") > 1000
-
-
 def test_a_kill_mid_run_keeps_the_done_marks_of_stages_it_does_not_change(tmp_path, monkeypatch):
     from tfopt.pipeline import runner
     from tfopt.pipeline.stages import stage_dir
