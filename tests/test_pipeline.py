@@ -110,6 +110,16 @@ def test_overrides_and_their_errors():
             r"launch.isolate='true' is not valid; choose one of auto, on, off",
         ),
         (["compress.flops=0"], r"compress.flops=0.0 must be in \(0, 1\]"),
+        (
+            ["compress.techniques=channel_prune", "compress.sparsity=0.6"],
+            r"^compress.sparsity is not used by compress.techniques='channel_prune' \(it belongs "
+            r"to prune, pqat, pcqat\); add one of them to compress.techniques, or drop",
+        ),
+        (
+            ["compress.flops=0.4"],
+            r"^compress.flops is not used by compress.techniques='pqat' \(it belongs to low_rank, "
+            r"low_rank_qat, channel_prune, channel_prune_qat\)",
+        ),
     ]:
         with pytest.raises(ConfigError, match=message):
             apply_overrides(cfg, bad)

@@ -290,7 +290,26 @@ def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig
                 "or data.limit=2048) or select=RULE"
             )
         raw.setdefault(section, {})[key] = value.strip()
-    return from_dict(raw, cfg)
+    out = from_dict(raw, cfg)
+    _refuse_unused_compress(set(raw.get("compress", {})), out.compress.techniques)
+    return out
+
+
+def _refuse_unused_compress(given: set[str], techniques: tuple[str, ...]) -> None:
+    """Refuses ``--set compress.sparsity``/``compress.flops`` that no chosen technique reads."""
+    from tfopt.optimize.techniques import STRUCTURAL, TECHNIQUES
+
+    readers = {
+        "sparsity": [n for n, t in TECHNIQUES.items() if "prune" in t.phases and not t.m_by_n],
+        "flops": [n for n, t in TECHNIQUES.items() if set(STRUCTURAL) & set(t.phases)],
+    }
+    for key, users in readers.items():
+        if key in given and not set(users) & set(techniques):
+            raise ConfigError(
+                f"compress.{key} is not used by compress.techniques={','.join(techniques)!r} (it "
+                f"belongs to {', '.join(users)}); add one of them to compress.techniques, or drop "
+                f"compress.{key}"
+            )
 
 
 def example_dirs() -> list[str]:
