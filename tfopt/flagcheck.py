@@ -10,7 +10,9 @@ table (flag -> the modes that read it) and refuses such a flag before any work s
     # ConfigError: --sparsity is not used by channel_prune (it belongs to prune, pqat, pcqat); drop it
 
 Only flags the user gives count (a default is never refused); a flag is fine when any chosen mode
-reads it, and a flag the table does not list is read by every mode.
+reads it, and a flag the table does not list is read by every mode. A flag that another flag's
+value turns off (``--taylor-batches`` without ``--importance taylor``, ``--cpu-replicas`` under a
+strategy other than ``mirrored``) is refused by :func:`refuse_off`.
 """
 
 from __future__ import annotations
