@@ -34,3 +34,25 @@ def sensitive_run(cfg, tmp_path, epochs: int = 1):
     save_model(mlp, str(out))
     write_json(str(out / "run.json"), {"config": cfg.to_dict()})
     return str(out), mlp
+
+
+def keras_macs(model) -> dict:
+    """Multiply-adds per example from the Keras layers' own shapes (independent of the .tflite)."""
+    from tfopt._keras import keras
+
+    import numpy as np
+
+    from tfopt.export import ops
+
+    by_kind = {ops.CONV: 0, ops.DEPTHWISE: 0}
+    for layer in model.layers:
+        out = layer.output.shape[1:]
+        if isinstance(layer, keras.layers.DepthwiseConv2D):
+            kh, kw = layer.kernel_size
+            by_kind[ops.DEPTHWISE] += int(np.prod(out)) * kh * kw
+        elif isinstance(layer, keras.layers.Conv2D):
+            kh, kw = layer.kernel_size
+            by_kind[ops.CONV] += int(np.prod(out)) * kh * kw * layer.input.shape[-1]
+        elif isinstance(layer, keras.layers.Dense):
+            by_kind[ops.CONV] += int(np.prod(out)) * layer.input.shape[-1]
+    return by_kind

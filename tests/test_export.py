@@ -11,7 +11,7 @@ from tfopt._keras import keras, tf
 
 import numpy as np
 import pytest
-from export_fixtures import sensitive_run
+from export_fixtures import keras_macs, sensitive_run
 
 from tfopt.errors import ConfigError, DataError, ModelError
 from tfopt.export import benchmark, fidelity, metadata, parse_modes, tflite
@@ -57,9 +57,10 @@ def exported(mnist_run, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
+def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, model):
     record, out = exported
     rows = {r["mode"]: r for r in record["modes"]}
+    macs = sum(keras_macs(model).values())
     assert list(rows) == list(tflite.MODES)
     for mode, row in rows.items():
         ev = row["eval"]
@@ -73,6 +74,12 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
         assert 0 < row["gzip_bytes"] <= row["size_bytes"] * 1.01
         for key in ("xnnpack/1t", "xnnpack/2t"):
             assert 0 < row["latency"][key]["p50_ms"] <= row["latency"][key]["p95_ms"]
+            # The roofline: the Keras layers' multiply-adds, and a bound no measured time beats.
+            roof = row["roofline"][key]
+            assert roof["macs"] == macs and roof["ratio"] > 1, (mode, key, roof)
+        roof = row["roofline"]["xnnpack/1t"]
+        assert sum(c["ms"] for c in roof["classes"].values()) == pytest.approx(roof["p50_ms"])
+        assert roof["summary"].startswith("time: conv/FC "), roof["summary"]
     assert rows["float32"]["eval"]["max_abs_error"] < 1e-3  # same float math as Keras
     # Every file carries its labels and input contract, and still runs as the bare flatbuffer does.
     int8 = out / rows["int8"]["file"]
@@ -94,7 +101,12 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run):
     assert on_disk["stage"] == "export" and on_disk["schema_version"] == 2
     assert on_disk["export"]["modes"] == record["modes"] and on_disk["model"]["params"] == 220522
     assert on_disk["artifacts"]["int8"] == "model_int8.tflite"
-    assert (out / "export.md").read_text().count("\n| ") == len(rows) + 1
+    table, roofline_md = (out / "export.md").read_text().split("## Roofline")
+    assert table.count("\n| ") == len(rows) + 1
+    assert (
+        roofline_md.count("| whole model ") == len(rows) and "one core's peaks at " in roofline_md
+    )
+    assert record["cpu_peaks"]["fp32"]["gmacs"] > 0
     assert (out / "export.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in os.listdir(out) if p.startswith(".tmp")]
     assert "export" not in os.listdir(mnist_run)  # -o given: the input run is untouched

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tfopt.errors import ConfigError
-from tfopt.export import auto, fidelity, tflite
+from tfopt.export import auto, fidelity, ops, tflite
 from tfopt.export.evaluate import EvalResult, TFLiteModel, keras_outputs, load_split
 from tfopt.export.runner import BenchSettings, ExportSettings
 from tfopt.export.runner import run as export_run
@@ -87,22 +87,22 @@ def test_one_op_models_compute_what_the_op_computes():
         inputs, keras.layers.Dense(3, name="logits")(keras.layers.Flatten(name="flat")(h))
     )
     content = tflite.convert(model, "float32").content
-    ops = auto.model_ops(content)
-    assert [op for op, _ in ops] == ["CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED"]
+    float_ops = ops.model_ops(content)
+    assert [op for op, _ in float_ops] == ["CONV_2D", "MAX_POOL_2D", "RESHAPE", "FULLY_CONNECTED"]
     x = np.random.default_rng(1).random((1, 12, 12, 1), dtype=np.float32)
-    conv = TFLiteModel(auto.single_op_model(content, 0))
+    conv = TFLiteModel(ops.single_op_model(content, 0))
     want = keras.Model(inputs, model.get_layer("conv0").output)(x).numpy()
     np.testing.assert_allclose(conv.predict(x), want, rtol=1e-5, atol=1e-5)
-    pool = auto.single_op_model(content, 1)
+    pool = ops.single_op_model(content, 1)
     got = TFLiteModel(pool).predict(want)
     np.testing.assert_allclose(got, want.reshape(1, 5, 2, 5, 2, 4).max(axis=(2, 4)), rtol=1e-6)
     # The int8 model's ops pair with the float ones once QUANTIZE / DEQUANTIZE are set aside.
     calib = [np.random.default_rng(2).random((8, 12, 12, 1), dtype=np.float32)]
-    int8_ops = auto.model_ops(tflite.convert(model, "int8", calibration=calib).content)
+    int8_ops = ops.model_ops(tflite.convert(model, "int8", calibration=calib).content)
     assert [op for op, _ in int8_ops][0] == "QUANTIZE" and int8_ops[-1][0] == "DEQUANTIZE"
-    assert auto.pair_ops(ops, int8_ops) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert auto.pair_ops(float_ops, int8_ops) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     with pytest.raises(tflite.ConversionError, match="cannot pair the ops"):
-        auto.pair_ops(ops[:3], int8_ops)
+        auto.pair_ops(float_ops[:3], int8_ops)
     with pytest.raises(ConfigError, match="chosen by measuring"):
         tflite.convert(model, "int8_auto", calibration=calib)
 
@@ -148,7 +148,7 @@ def test_int8_auto_search_when_every_op_times_slower_in_int8(monkeypatch, end_to
         evaluated.append(content)
         return EvalResult(100, 0.9, keras_accuracy=0.9, accuracy_delta_pt=0.0, agreement=1.0)
 
-    monkeypatch.setattr(auto._OpRunner, "p50_ms", op_p50)
+    monkeypatch.setattr(ops.OpRunner, "p50_ms", op_p50)
     monkeypatch.setattr(benchmark, "latency", latency)
     calib = [np.random.default_rng(2).random((8, 12, 12, 1), dtype=np.float32)]
     found = auto.search(

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from tfopt.errors import ConfigError
+from tfopt.export import ops, roofline
 from tfopt.fileio import write_json
 from tfopt.report import pareto, targets
 from tfopt.report.collect import Variant, collect
@@ -280,6 +281,25 @@ def _row(mode, acc, keras_acc, agreement, size, gzip, p50_ms, gate=True, **extra
     }
 
 
+PEAKS = {
+    "fp32": {"gmacs": 50.0, "instruction": "vfmadd231ps zmmN", "instructions_per_cycle": 2.0},
+    "int8": {"gmacs": 200.0, "instruction": "vpdpbusd zmmN", "instructions_per_cycle": 2.0},
+    "clock_ghz": 3.0,
+}
+ROOFLINE = {
+    "xnnpack/1t": roofline.analyze(
+        [
+            ops.OpCost(0, "CONV_2D", ops.CONV, 1_000_000, "int8", "int8"),
+            ops.OpCost(1, "FULLY_CONNECTED", ops.CONV, 200_000, "int8", "int8"),
+            ops.OpCost(2, "SOFTMAX", ops.OTHER, 0, "fp32", "int8"),
+        ],
+        PEAKS,
+        p50_ms=0.02,
+        op_ms=[0.012, 0.004, 0.002],
+    )
+}
+
+
 def _export(model, params, flops, weights, keras_p50_ms, rows):
     section = {
         "modes": rows,
@@ -406,9 +426,10 @@ def make_pipeline_dir(root, *, probe=True, pending=(), tflite=None) -> str:
             400_000,
             58_024,
             0.5,
-            [_row("int8", 0.9865, 0.9862, 0.999, 19_728, 12_000, 0.02)],
+            [_row("int8", 0.9865, 0.9862, 0.999, 19_728, 12_000, 0.02, roofline=ROOFLINE)],
         ),
     }
+    records["student-pqat-export"]["export"]["cpu_peaks"] = PEAKS
     stages = []
     for name, rec in records.items():
         kind = rec["stage"]
@@ -585,6 +606,7 @@ def test_report_md_json_html_and_hparams_from_a_synthetic_run(tmp_path, tiny_tfl
         "## Input pipeline",
         "## Quantization debugger",
         "## Chosen model's ops (TFLite analyzer)",
+        "## Roofline",
         "## Environment",
         "## Resolved config",
     ):
@@ -594,6 +616,11 @@ def test_report_md_json_html_and_hparams_from_a_synthetic_run(tmp_path, tiny_tfl
     assert "![" in md and "(pareto.png)" in md and "(training_curves.png)" in md
     assert md.count("\n| teacher/") == 4 + 4  # the variants table and the selection table
     assert "size is the bytes of the float32 weights" in md and "2.2%" in md
+    # The roofline of the one variant that has it: bound 1.2M MACs / 200 GMAC/s = 6 µs, p50 20 µs.
+    pqat = next(v for v in report["variants"] if v["name"] == "student-pqat/int8")
+    assert pqat["bound_us"] == pytest.approx(6.0) and "| 3.33x " in md
+    assert "`student-pqat/int8`: time: conv/FC 89% (3.0x its bound; 68 of 200 GMAC/s int8)" in md
+    assert "one core's peaks at 3.00 GHz: fp32 50 GMAC/s (vfmadd231ps zmm" in md
     with open(report["paths"]["html"], encoding="utf-8") as f:
         page = f.read()
     assert page.count('src="data:image/png;base64,') == 2 and '<table id="variants">' in page

@@ -16,7 +16,8 @@ TensorFlow and runs its CUDA probe in one):
 For the block, fd 2 becomes a pipe read by a small child process (this file run as a script,
 standard library only) that writes to the real stderr. A thread would die with the process and
 lose the last lines of a native abort; a child reads the pipe to its end. Blocks nest; they are
-not meant for several threads at once (fd 2 is process-wide). Both are off, everything native code
+not meant for several threads at once (fd 2 is process-wide); ``filtered()`` inside an open block
+starts no child of its own. Both are off, everything native code
 prints showing, when tfopt logs debug lines (a command's ``--verbose``) or when
 ``TF_CPP_MIN_LOG_LEVEL=0`` (the user wants TensorFlow's own logs).
 
@@ -66,6 +67,7 @@ NO_GPU_NOISE = re.compile(
 )
 _GPU_NODES = ("nvidia", "dxg", "nvhost-")  # /dev/nvidia0, nvidiactl...; WSL2; Jetson
 _WAIT_S = 10.0  # for the child to forward what is left; it only ever waits on the pipe
+_depth = 0  # blocks open in this process: filtered() inside one adds nothing but a child's start
 
 
 def gpu_present(dev: str = "/dev", driver: str = "/proc/driver/nvidia") -> bool:
@@ -109,7 +111,8 @@ def _marker(token: str) -> bytes:
 
 @contextlib.contextmanager
 def _through_child(mode: str) -> Iterator[None]:
-    if not _enabled():
+    global _depth
+    if not _enabled() or (mode == "filter" and _depth):
         yield
         return
     try:
@@ -145,9 +148,11 @@ def _through_child(mode: str) -> Iterator[None]:
     sys.stderr.flush()
     os.dup2(w, 2)
     os.close(w)
+    _depth += 1
     try:
         yield
     finally:
+        _depth -= 1
         sys.stderr.flush()
         try:
             os.write(2, _marker(token) + b"\n")  # the block ended with Python in control: no crash

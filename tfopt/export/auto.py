@@ -9,16 +9,8 @@ machine it runs on:
    debugger (:mod:`tfopt.export.fidelity`), whose ``denylisted_nodes`` later keep chosen ops in
    float. Pair the ops of the two models: the same ops in the same order once int8's QUANTIZE and
    DEQUANTIZE are set aside (a mismatch is a ConversionError, not a guess).
-2. Per-op latency: every op is cut out of its .tflite into a one-op model (the same tensors,
-   weights, quantization parameters and fused activation) and timed with the LiteRT interpreter
-   the whole model runs in (XNNPACK, ``threads``), float and int8 interleaved over ``rounds``; each
-   op's figure is the median of its rounds' p50. Why one-op models and not an op profiler:
-   ai-edge-litert 2.3's ``litert-benchmark`` command has no op-profiling flag (its ``--help``
-   lists none), its Python ``Interpreter`` exposes no profiler, and the C API's profiler
-   (``LiteRtCompiledModelGetProfiler``) is reachable only through ctypes and unpublished option
-   structures; TFLite's ``benchmark_model --enable_op_profiling`` is a separate binary that no
-   package installs. One-op models time the very kernels the model runs, through the public
-   interpreter API.
+2. Per-op latency: every op is timed alone as a one-op model (:mod:`tfopt.export.ops`), float
+   and int8 interleaved over ``rounds``; each op's figure is the median of its rounds' p50.
 3. Decision: the ops whose int8 p50 is above their float p50 (and that the debugger can keep in
    float) form the slow set.
 4. Candidates: plain int8, then the slow ops kept in float cumulatively, the largest loss first,
@@ -41,14 +33,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from tfopt import native_stderr
-from tfopt._compat import interpreter_ops_details, read_tflite_model, write_tflite_model
 from tfopt.errors import ConfigError
 from tfopt.export import benchmark as bench
 from tfopt.export import fidelity, tflite
-from tfopt.export.evaluate import EvalResult, _interpreter_class
+from tfopt.export.evaluate import EvalResult
+from tfopt.export.ops import OpRunner, model_ops, single_op_model
 from tfopt.log import PROGRESS
-from tfopt.timing import time_calls
 
 log = logging.getLogger(__name__)
 
@@ -195,21 +185,6 @@ def candidate_sets(timings: Sequence[OpTiming], max_candidates: int = 5) -> list
 # -- the models' ops --------------------------------------------------------------------------------
 
 
-def model_ops(content: bytes) -> list[tuple[str, str]]:
-    """``(op name, first output tensor name)`` of every op of subgraph 0, in execution order."""
-    Interpreter, OpResolverType = _interpreter_class()
-    with native_stderr.filtered():
-        interpreter = Interpreter(
-            model_content=content,
-            experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
-        )
-    names = {t["index"]: t["name"] for t in interpreter.get_tensor_details()}
-    return [
-        (op["op_name"], names.get(int(op["outputs"][0]), "") if len(op["outputs"]) else "")
-        for op in interpreter_ops_details(interpreter)
-    ]
-
-
 def pair_ops(
     float_ops: Sequence[tuple[str, str]], int8_ops: Sequence[tuple[str, str]]
 ) -> list[tuple[int, int]]:
@@ -227,67 +202,6 @@ def pair_ops(
             "export --modes int8 (with --float-layers to keep layers in float) instead"
         )
     return list(zip(f, q))
-
-
-def single_op_model(content: bytes, index: int) -> bytes:
-    """The op ``index`` of subgraph 0 alone as a .tflite: its tensors, weights and options unchanged.
-
-    Its non-constant inputs become the model's inputs, its outputs the model's outputs. Buffers
-    keep their indices (unused ones stay in the file: they cost bytes, not time).
-    """
-    model = read_tflite_model(content)
-    graph = model.subgraphs[0]
-    op = graph.operators[index]
-    used = [t for t in [*op.inputs, *op.outputs, *(op.intermediates or [])] if t >= 0]
-    remap = {old: new for new, old in enumerate(dict.fromkeys(used))}
-    graph.tensors = [graph.tensors[old] for old in remap]
-    op.inputs = [remap[t] if t >= 0 else -1 for t in op.inputs]
-    op.outputs = [remap[t] for t in op.outputs]
-    if op.intermediates:
-        op.intermediates = [remap[t] for t in op.intermediates]
-
-    def constant(t: int) -> bool:
-        buf = model.buffers[graph.tensors[t].buffer]
-        return buf.data is not None and len(buf.data) > 0
-
-    graph.inputs = [t for t in op.inputs if t >= 0 and not constant(t)]
-    graph.outputs = list(op.outputs)
-    graph.operators = [op]
-    model.subgraphs = [graph]
-    model.signatureDefs = None  # they name tensors of the whole graph
-    return write_tflite_model(model)
-
-
-class _OpRunner:
-    """A one-op model in the LiteRT interpreter (XNNPACK), its inputs filled with random values."""
-
-    def __init__(self, content: bytes, threads: int, seed: int = 0):
-        Interpreter, OpResolverType = _interpreter_class()
-        with native_stderr.filtered():
-            self.interpreter = Interpreter(
-                model_content=content,
-                num_threads=threads,
-                experimental_op_resolver_type=OpResolverType.AUTO,
-            )
-            self.interpreter.allocate_tensors()
-        rng = np.random.default_rng(seed)
-        for detail in self.interpreter.get_input_details():
-            dtype = np.dtype(detail["dtype"])
-            shape = [max(1, int(d)) for d in detail["shape"]]
-            if dtype.kind == "f":
-                value = rng.random(shape).astype(dtype)  # like images scaled to [0, 1)
-            elif dtype in (np.int8, np.uint8, np.int16):
-                info = np.iinfo(dtype)
-                value = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
-            else:
-                raise ValueError(
-                    f"input of type {dtype} (only float and quantized inputs are timed alone)"
-                )
-            self.interpreter.set_tensor(detail["index"], value)
-        self.interpreter.invoke()  # first run: XNNPACK packs the weights
-
-    def p50_ms(self, runs: int, warmup: int) -> float:
-        return time_calls(self.interpreter.invoke, warmup=warmup, runs=runs)["p50_ms"]
 
 
 def time_ops(
@@ -323,8 +237,8 @@ def time_ops(
             runners.append(
                 (
                     timing,
-                    _OpRunner(single_op_model(float_content, fi), threads),
-                    _OpRunner(single_op_model(int8_content, qi), threads),
+                    OpRunner(single_op_model(float_content, fi), threads),
+                    OpRunner(single_op_model(int8_content, qi), threads),
                 )
             )
         except (

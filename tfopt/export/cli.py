@@ -325,7 +325,7 @@ def _body(args, given: set[str]) -> int:
 
 
 def _work(args) -> int:
-    from tfopt.export import runner, summary
+    from tfopt.export import roofline, runner, summary
     from tfopt.export.fidelity import Thresholds
     from tfopt.export.tflite import ConvertOptions
     from tfopt.fileio import write_json
@@ -376,6 +376,8 @@ def _work(args) -> int:
         )
         export = record.section
         print(export["table"])
+        if export.get("roofline_table"):
+            print(export["roofline_table"])
         for note in export["notes"]:
             print(f"note: {note}")
         print(f"{PROG}: wrote {os.path.join(export['output'], 'run.json')}")
@@ -405,6 +407,8 @@ def _work(args) -> int:
         args.benchmark, bench, keras_path=args.keras, trust_model=args.trust_model
     )
     print(summary.export_table([row]))
+    if row.get("roofline"):
+        print(f"{roofline.peak_summary(row['cpu_peaks'])}\n\n{summary.roofline_table([row])}")
     for key, k in row["kernels"].items():
         print(
             f"kernels {key}: {k['delegated_ops']}/{k['total_ops']} ops in {k['delegate_partitions']} XNNPACK "

@@ -28,9 +28,10 @@ from tfopt._keras import keras
 import numpy as np
 
 from tfopt.config import DataConfig, RunConfig
+from tfopt.cpu import peaks
 from tfopt.data.sources import input_contract, prepare
 from tfopt.errors import ConfigError
-from tfopt.export import auto, fidelity, keras3, metadata, summary, tflite
+from tfopt.export import auto, fidelity, keras3, metadata, roofline, summary, tflite
 from tfopt.export import benchmark as bench
 from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
 from tfopt.export.evaluate import (
@@ -149,6 +150,7 @@ def _row(
             k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()
         },
         "kernels": kernels,
+        "roofline": roofline.measure(content, latency),
         **extra,
     }
 
@@ -357,7 +359,13 @@ def _export(
         log.warning(worth)
     keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
     table = summary.export_table(rows)
-    write_text(os.path.join(out_dir, "export.md"), f"# Export of {run.source}\n\n{table}\n")
+    cpu_peaks = peaks()
+    roofline_md = summary.roofline_table(rows)
+    if roofline_md:
+        roofline_md = f"## Roofline\n\n{roofline.peak_summary(cpu_peaks)}.\n\n{roofline_md}\n"
+    write_text(
+        os.path.join(out_dir, "export.md"), f"# Export of {run.source}\n\n{table}\n\n{roofline_md}"
+    )
     plot = None
     if settings.plot:
         plot = summary.plot(
@@ -396,6 +404,8 @@ def _export(
             "keras": keras_figures,
             "notes": notes,
             "table": table,
+            "cpu_peaks": cpu_peaks,
+            "roofline_table": roofline_md,
             "gate_failures": gate_failures(rows),
         },
     )
@@ -687,6 +697,8 @@ def benchmark_file(
             k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()
         },
         "kernels": {k: v["kernels"] for k, v in latency.items() if "kernels" in v},
+        "roofline": roofline.measure(content, latency),
+        "cpu_peaks": peaks(),
     }
     if keras_path:
         out["keras"] = bench.keras_cost(load_source_model(keras_path, trust_model))

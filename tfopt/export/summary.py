@@ -50,15 +50,84 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     )
 
 
+def _roofline_key(rows: Sequence[dict]) -> str | None:
+    """The first latency setting that has a roofline (e.g. ``xnnpack/1t``)."""
+    return next((k for row in rows for k in (row.get("roofline") or {})), None)
+
+
+def _ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _bound_cells(row: dict, key: str) -> list[str]:
+    r = (row.get("roofline") or {}).get(key) or {}
+    return [_ms(r.get("bound_ms")), _ratio(r.get("ratio"))]
+
+
+def roofline_table(rows: Sequence[dict]) -> str:
+    """Per model and kernel class: multiply-adds, time, GMAC/s achieved, compute bound, measured/bound.
+
+    The class times come from each op timed alone, scaled to the model's p50
+    (:mod:`tfopt.export.roofline`); the last column is the one line saying where the time goes.
+    """
+    key = _roofline_key(rows)
+    if key is None:
+        return ""
+    header = ["mode", "class", "ops", "MMACs", "arithmetic", f"{key} ms", "share", "GMAC/s"]
+    header += ["bound ms", "measured/bound"]
+    body = []
+    for row in rows:
+        r = (row.get("roofline") or {}).get(key)
+        if not r:
+            continue
+        body.append(
+            [
+                row["mode"],
+                "whole model",
+                sum(c["ops"] for c in r["classes"].values()),
+                f"{r['macs'] / 1e6:.2f}",
+                "",
+                _ms(r["p50_ms"]),
+                "100%",
+                "-" if r.get("gmacs") is None else f"{r['gmacs']:.1f}",
+                _ms(r["bound_ms"]),
+                _ratio(r["ratio"]),
+            ]
+        )
+        for kind, c in r["classes"].items():
+            body.append(
+                [
+                    "",
+                    kind,
+                    c["ops"],
+                    f"{c['macs'] / 1e6:.2f}",
+                    c["arithmetic"],
+                    _ms(c.get("ms")),
+                    "-" if c.get("share") is None else f"{c['share']:.0%}",
+                    "-" if c.get("gmacs") is None else f"{c['gmacs']:.1f}",
+                    _ms(c["bound_ms"]),
+                    _ratio(c.get("ratio")),
+                ]
+            )
+    lines = [
+        f"- {row['mode']}: {row['roofline'][key]['summary']}"
+        for row in rows
+        if (row.get("roofline") or {}).get(key, {}).get("summary")
+    ]
+    return markdown_table(header, body) + ("\n\n" + "\n".join(lines) if lines else "")
+
+
 def export_table(rows: Sequence[dict]) -> str:
     """One line per exported model: mode, size, gzip size, p50/p95 per setting, accuracy, delta, agreement."""
     keys = latency_keys(rows)
+    first = _roofline_key(rows)
     header = [
         "mode",
         "io",
         "size",
         "gzip",
         *[f"{p} {k} ms" for k in keys for p in ("p50", "p95")],
+        *([f"bound {first} ms", "p50/bound"] if first else []),
         "accuracy",
         "Δ vs Keras (pt)",
         "agreement",
@@ -77,6 +146,7 @@ def export_table(rows: Sequence[dict]) -> str:
                 _kib(row.get("size_bytes")),
                 _kib(row.get("gzip_bytes")),
                 *[_ms((lat.get(k) or {}).get(p)) for k in keys for p in ("p50_ms", "p95_ms")],
+                *(_bound_cells(row, first) if first else []),
                 _pct(ev.get("accuracy")),
                 _signed(ev.get("accuracy_delta_pt")),
                 _pct(ev.get("agreement")),

@@ -125,6 +125,14 @@ def build(
         "b8": b8,
         "quantization_debugger": debugger.findings(run),
         "analyzer": analyzer,
+        "cpu_peaks": next(
+            (
+                s.record.section.get("cpu_peaks")
+                for s in run.stages
+                if s.kind == "export" and s.record and s.record.section.get("cpu_peaks")
+            ),
+            None,
+        ),
         "hparams": {"dir": paths["hparams"], "runs": []},
         "warnings": list(run.warnings),
         "paths": paths,

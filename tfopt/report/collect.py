@@ -75,6 +75,10 @@ class Variant:
         gzip_bytes: gzip -9 of the .tflite (None for Keras rows).
         p50_us, p95_us: Batch-1 latency at 1 thread, microseconds.
         p50_us_2t, p95_us_2t: The same at 2 threads.
+        bound_us: The compute bound at 1 thread on the machine that measured p50_us
+            (:mod:`tfopt.export.roofline`); None where unknown.
+        roofline: The 1-thread roofline of a .tflite: per kernel class, its multiply-adds, time,
+            GMAC/s and bound, and the line saying where the time goes.
         gate: The export's fidelity gate verdict (``{"passed", "reasons"}``) or None.
         file: The .tflite (or model.keras) path.
         notes: What a reader must know about this row's figures.
@@ -97,6 +101,8 @@ class Variant:
     p95_us: float | None = None
     p50_us_2t: float | None = None
     p95_us_2t: float | None = None
+    bound_us: float | None = None
+    roofline: dict | None = None
     gate: dict | None = None
     file: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -241,6 +247,7 @@ def _tflite_variant(
 ) -> Variant:
     ev = row.get("eval") or {}
     lat = row.get("latency") or {}
+    roof = (row.get("roofline") or {}).get("xnnpack/1t")
     v = Variant(
         name=f"{stage.name}/{row['mode']}",
         model=stage.name,
@@ -258,6 +265,8 @@ def _tflite_variant(
         p95_us=_us(lat, "xnnpack/1t", "p95_ms"),
         p50_us_2t=_us(lat, "xnnpack/2t", "p50_ms"),
         p95_us_2t=_us(lat, "xnnpack/2t", "p95_ms"),
+        bound_us=roof["bound_ms"] * 1e3 if roof and roof.get("bound_ms") else None,
+        roofline=roof,
         gate=row.get("gate"),
         file=os.path.join(export.dir, row["file"]) if row.get("file") else None,
     )

@@ -135,6 +135,10 @@ def _variants(report: dict) -> list[dict]:
                 _kib(v["gzip_bytes"]),
                 _us(v["p50_us"]),
                 _us(v["p95_us"]),
+                _us(v.get("bound_us")),
+                "-"
+                if not v.get("bound_us") or not v["p50_us"]
+                else f"{v['p50_us'] / v['bound_us']:.2f}x",
                 _us(v["p50_us_2t"]),
                 _us(v["p95_us_2t"]),
                 "-" if not gate else ("pass" if gate.get("passed") else "FAIL"),
@@ -148,7 +152,8 @@ def _variants(report: dict) -> list[dict]:
         "Keras model. *Keras rows: size is the bytes of the float32 weights (no .tflite, no gzip); latency is "
         "`model(x, training=False)` in a `tf.function` with 1 or 2 TensorFlow intra-op threads. .tflite rows: "
         "LiteRT with the XNNPACK delegate, batch 1. FLOPs per example (multiply-add = 2). gate: the export's "
-        "fidelity gate against the variant's Keras model."
+        "fidelity gate against the variant's Keras model. bound: the compute bound on the machine that measured "
+        "the latency (see Roofline)."
     )
     header = [
         "variant",
@@ -161,11 +166,13 @@ def _variants(report: dict) -> list[dict]:
         "gzip KiB",
         "p50 1t µs",
         "p95 1t µs",
+        "bound 1t µs",
+        "p50/bound",
         "p50 2t µs",
         "p95 2t µs",
         "gate",
     ]
-    numeric = [False] + [True] * 11 + [False]
+    numeric = [False] + [True] * 13 + [False]
     if not any(v["p50_us_2t"] is not None or v["p95_us_2t"] is not None for v in variants):
         keep = [
             i for i, h in enumerate(header) if "2t" not in h
@@ -423,6 +430,57 @@ def _ops(report: dict) -> list[dict]:
     return out
 
 
+def _roofline(report: dict) -> list[dict]:
+    """Per .tflite variant and kernel class: time, GMAC/s, compute bound, and where the time goes."""
+    variants = [v for v in report["variants"] if v.get("roofline")]
+    if not variants:
+        return []
+    from tfopt.export.roofline import peak_summary
+
+    rows, lines = [], []
+    for v in variants:
+        r = v["roofline"]
+        for kind, c in r["classes"].items():
+            rows.append(
+                [
+                    v["name"],
+                    kind,
+                    str(c["ops"]),
+                    f"{c['macs'] / 1e6:.2f}",
+                    c["arithmetic"],
+                    _us(c["ms"] * 1e3 if c.get("ms") is not None else None),
+                    "-" if c.get("gmacs") is None else f"{c['gmacs']:.1f}",
+                    _us(c["bound_ms"] * 1e3 if c.get("bound_ms") else None),
+                    "-" if c.get("ratio") is None else f"{c['ratio']:.2f}x",
+                ]
+            )
+        if r.get("summary"):
+            lines.append(f"`{v['name']}`: {r['summary']}")
+    peaks = report.get("cpu_peaks")
+    note = (
+        (peak_summary(peaks) + ". " if peaks else "")
+        + "The bound: each op's multiply-adds over that peak (int8 dot product for integer weights, "
+        "fp32 FMA otherwise and for depthwise); class times: every op timed alone, scaled to the p50."
+    )
+    header = [
+        "variant",
+        "class",
+        "ops",
+        "MMACs",
+        "arithmetic",
+        "1t µs",
+        "GMAC/s",
+        "bound µs",
+        "×bound",
+    ]
+    numeric = [False, False, True, True, False, True, True, True, True]
+    return [
+        {"type": "h2", "text": "Roofline"},
+        _table("roofline", header, rows, note, None, numeric),
+        {"type": "list", "items": lines},
+    ]
+
+
 def _environment(report: dict) -> list[dict]:
     env = report["environment"]
     cpu = env["cpu"]
@@ -476,6 +534,7 @@ def blocks(report: dict) -> list[dict]:
     out += _probe(report)
     out += _debugger(report)
     out += _ops(report)
+    out += _roofline(report)
     out += _environment(report)
     out += [
         {"type": "h2", "text": "Resolved config"},
