@@ -62,6 +62,7 @@ from bench.peers import ptq_tutorial, qat_example  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
 from tfopt.export import benchmark as bench  # noqa: E402
 from tfopt.export import tflite  # noqa: E402
+from tfopt.export.choices import DEFAULT_MODES
 from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split  # noqa: E402
 from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
 from tfopt.export.runner import run as export_run  # noqa: E402
@@ -198,7 +199,7 @@ def ensure_run(workdir: str, p: Params, model: str) -> str:
 def export_family(run_dir: str, workdir: str, name: str, p: Params) -> dict:
     """The export stage on one trained run: every mode, stripped; returns its rows and the plain sizes."""
     settings = ExportSettings(
-        modes=tflite.MODES.names(),
+        modes=DEFAULT_MODES,
         options=tflite.ConvertOptions(strip_strings=True),
         calibration_steps=p.calibration_steps,
         eval_limit=p.eval_limit,

@@ -14,7 +14,8 @@ import pytest
 from export_fixtures import keras_macs, sensitive_run
 
 from tfopt.errors import ConfigError, DataError, ModelError
-from tfopt.export import benchmark, fidelity, metadata, parse_modes, tflite
+from tfopt.export import benchmark, fidelity, metadata, parse_modes, summary, tflite
+from tfopt.export.choices import DEFAULT_MODES
 from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split
 from tfopt.export.runner import BenchSettings, ExportSettings
 from tfopt.export.runner import run as export_run
@@ -61,7 +62,7 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, mode
     record, out = exported
     rows = {r["mode"]: r for r in record["modes"]}
     macs = sum(keras_macs(model).values())
-    assert list(rows) == list(tflite.MODES)
+    assert list(rows) == list(DEFAULT_MODES)
     for mode, row in rows.items():
         ev = row["eval"]
         assert ev["examples"] == 500
@@ -107,6 +108,8 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, mode
         roofline_md.count("| whole model ") == len(rows) and "one core's peaks at " in roofline_md
     )
     assert record["cpu_peaks"]["fp32"]["gmacs"] > 0
+    # Whatever the timings were, every mode slower than float32 is named in the notes.
+    assert set(summary.slower_than_float(record["modes"])) <= set(record["notes"])
     assert (out / "export.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in os.listdir(out) if p.startswith(".tmp")]
     assert "export" not in os.listdir(mnist_run)  # -o given: the input run is untouched

@@ -14,6 +14,7 @@ from tfopt.export import auto, fidelity, ops, tflite
 from tfopt.export.evaluate import EvalResult, TFLiteModel, keras_outputs, load_split
 from tfopt.export.runner import BenchSettings, ExportSettings
 from tfopt.export.runner import run as export_run
+from tfopt.models.io import load_model
 from tfopt.runs import load_run
 
 
@@ -236,6 +237,24 @@ def test_int8_auto_keeps_the_slower_int8_ops_in_float_and_exports_the_fastest_pa
     ]
     op_of = {t["node"]: t["op"] for t in found["ops"]}
     assert sorted(float_ops) == sorted(op_of[n] for n in row["float_nodes"])
+    # The choice as an ai-edge-quantizer recipe beside the model; re-applied (--modes recipe), the
+    # same ops compute in float.
+    recipe = json.loads((out / row["recipe"]).read_text())
+    assert row["recipe"] == "model_int8_auto_recipe.json" and recipe[0]["operation"] == "*"
+    assert [(e["operation"], e["algorithm_key"]) for e in recipe[1:]] == [
+        (op_of[n], "no_quantize") for n in row["float_nodes"]
+    ]
+    run = load_run(mnist_run)
+    again = tflite.convert(
+        load_model(run.model_path),
+        "recipe",
+        calibration=tflite.calibration_batches(run.config.data, 2),
+        options=tflite.ConvertOptions(recipe=str(out / row["recipe"])),
+    ).content
+    floats = [c.op for c in ops.op_costs(again) if c.macs and c.activations == "float32"]
+    assert sorted(floats) == sorted(
+        op for op in float_ops if op in ops._CONV_OPS + ("DEPTHWISE_CONV_2D",)
+    )
     # Stripped: no tensor name left in any exported model, and run.json has the row with its timings.
     for r in rows.values():
         names = [

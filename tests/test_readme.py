@@ -104,6 +104,28 @@ def section_commands(pipelines: bool) -> list[str]:
     return out
 
 
+def _export_small(args: list[str]) -> list[str]:
+    """SMALL's export flags that the command's modes read (export refuses a flag nothing reads)."""
+    from tfopt.export.choices import DEFAULT_MODES
+    from tfopt.export.cli import FLAG_USERS
+
+    modes = (
+        set(args[args.index("--modes") + 1].split(",")) if "--modes" in args else set(DEFAULT_MODES)
+    )
+    small, out = SMALL["tfopt.export"], []
+    for j, flag in enumerate(small):
+        if not flag.startswith("--"):
+            continue
+        if "--from" in FLAG_USERS.get(flag, ("--from",)) or modes & set(FLAG_USERS[flag]):
+            value = (
+                small[j + 1 : j + 2]
+                if j + 1 < len(small) and not small[j + 1].startswith("--")
+                else []
+            )
+            out += [flag, *value]
+    return out
+
+
 def shrink(command: str) -> str:
     """``command`` with the small-slice flags added after every ``python -m tfopt.X``."""
     words = shlex.split(command)
@@ -113,6 +135,9 @@ def shrink(command: str) -> str:
         if i >= 1 and words[i - 1] == "-m" and word in SMALL:
             if word == "tfopt.export" and "--from" not in words[i + 1 :]:
                 continue  # --evaluate / --benchmark take their own flags
+            if word == "tfopt.export":
+                out.extend(_export_small(words[i + 1 :]))
+                continue
             if word == "tfopt.optimize" and "--inspect" in words[i + 1 :]:
                 continue
             out.extend(SMALL[word])

@@ -115,14 +115,21 @@ OFF = [
 # ---- tfopt export: flag -> who reads it (a --modes name, --evaluate, --benchmark) -----------
 
 ALL_MODES = set(MODES.names())
+QUANTIZER_MODES = {
+    "dynamic_selective",
+    "int8_weights",
+    "int4_weights",
+    "recipe",
+}  # ai-edge-quantizer
 EVALUATE, BENCHMARK = "--evaluate", "--benchmark"
 EXPORT_READERS = {
     "--modes": ALL_MODES,
     "--io": {"int8", "int8_auto"},
-    "--calibration-steps": {"int8", "int8_auto", "int16x8"},
+    "--calibration-steps": {"int8", "int8_auto", "int16x8", "recipe"},
     "--float-layers": {"int8"},
     "--allow-select-tf-ops": ALL_MODES,
-    "--sparsity": ALL_MODES,
+    "--sparsity": ALL_MODES - QUANTIZER_MODES,  # the converter's sparse encoding
+    "--recipe": {"recipe"},
     "--strip-strings": ALL_MODES,
     "--auto-candidates": {"int8_auto"},
     "--min-agreement": ALL_MODES,
@@ -336,8 +343,8 @@ def test_export_main_prints_the_refusal_on_one_line_and_exits_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "tfopt export: error: --calibration-steps is not used by --modes float32 (it belongs to "
-        "int8, int8_auto, int16x8); add int8, int8_auto or int16x8 to --modes, or drop "
-        "--calibration-steps"
+        "int8, int8_auto, int16x8, recipe); add int8, int8_auto, int16x8 or recipe to --modes, or "
+        "drop --calibration-steps"
     ], err
 
 

@@ -153,6 +153,18 @@ class AutoResult:
         }
 
 
+def recipe(found: AutoResult) -> list[dict]:
+    """The search's per-op choice as an ai-edge-quantizer recipe: full-integer int8 everywhere,
+    the chosen float ops kept float. ``tfopt export --modes recipe --recipe FILE`` re-applies it
+    (with ai-edge-quantizer's int8, not the converter's: the same choice, not the same bytes)."""
+    from tfopt.export import aeq
+
+    kept = set(found.candidates[found.chosen].float_nodes)
+    nodes = [(t.op, t.node) for t in found.ops if t.node in kept]
+    return aeq.keep_float([{"regex": ".*", "operation": "*", "algorithm_key": aeq.MIN_MAX,
+                            "op_config": aeq.static_int8()}], nodes)  # fmt: skip
+
+
 def slow_ops(timings: Sequence[OpTiming]) -> list[OpTiming]:
     """The ops to keep in float: timed alone, int8 slower than float, and denylistable; in model order."""
     return [t for t in timings if t.slower]

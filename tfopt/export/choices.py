@@ -29,6 +29,8 @@ class PtqMode:
         io_types: Input/output types it can give the model (``--io``).
         latency_aware: Chosen by measurement (:mod:`tfopt.export.auto`): int8 with the ops whose
             int8 kernel is slower than float kept in float. The converter settings are int8's.
+        quantizer: Quantized by ai-edge-quantizer (:mod:`tfopt.export.aeq`) from the float32
+            .tflite, with the recipe of the same name (``recipe``: the ``--recipe`` file).
     """
 
     name: str
@@ -39,6 +41,7 @@ class PtqMode:
     ops: str = "builtins"
     io_types: tuple[str, ...] = ("float",)
     latency_aware: bool = False
+    quantizer: bool = False
 
 
 MODES: Registry[PtqMode] = Registry(
@@ -64,12 +67,37 @@ MODES: Registry[PtqMode] = Registry(
         ),
         PtqMode(
             "int16x8",
-            "int16 activations, int8 weights, calibrated",
+            "int16 activations, int8 weights (w8a16), calibrated",
             calibration=True,
             ops="int16x8",
         ),
+        PtqMode(
+            "dynamic_selective",
+            "dynamic-range int8 weights on CONV_2D and FULLY_CONNECTED only, depthwise float: every "
+            "op stays on XNNPACK (ai-edge-quantizer)",
+            quantizer=True,
+        ),
+        PtqMode(
+            "int8_weights",
+            "weight-only int8, dequantized to float at load: 4x smaller, float speed (ai-edge-quantizer)",
+            quantizer=True,
+        ),
+        PtqMode(
+            "int4_weights",
+            "weight-only int4 where ops allow it: smallest file, runs on builtin kernels "
+            "(ai-edge-quantizer)",
+            quantizer=True,
+        ),
+        PtqMode(
+            "recipe",
+            "the ops quantized as the --recipe file says (ai-edge-quantizer)",
+            calibration=True,
+            quantizer=True,
+        ),
     ),
 )
+# What --modes means when not given: the converter's modes. The ai-edge-quantizer modes are asked by name.
+DEFAULT_MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int16x8")
 IO_TYPES = ("float", "int8", "uint8")
 SPARSITY_CHOICES = ("auto", "on", "off")
 KERNELS = ("xnnpack", "builtin", "both")

@@ -35,7 +35,8 @@ FLAG_USERS = {
     "--calibration-steps": _CALIBRATED,
     "--float-layers": ("int8",),  # the extra int8 model with these layers in float
     "--allow-select-tf-ops": (_FROM,),
-    "--sparsity": (_FROM,),
+    "--sparsity": tuple(m for m in _MODES if not choices.MODES.get(m).quantizer),
+    "--recipe": ("recipe",),
     "--strip-strings": (_FROM,),
     "--auto-candidates": ("int8_auto",),
     "--min-agreement": (_FROM,),
@@ -78,7 +79,9 @@ def build_parser() -> cli.ArgumentParser:
     what.add_argument("--benchmark", metavar="TFLITE", help="measure a .tflite's latency and size")
     g = p.add_argument_group("conversion (--from)")
     g.add_argument(
-        "--modes", default=",".join(choices.MODES), help=f"comma-separated: {choices.MODES.help()}"
+        "--modes",
+        default=",".join(choices.DEFAULT_MODES),
+        help=f"comma-separated (default {','.join(choices.DEFAULT_MODES)}): {choices.MODES.help()}",
     )
     g.add_argument(
         "--io", default="float", help=f"int8 model input/output type: {', '.join(choices.IO_TYPES)}"
@@ -104,6 +107,13 @@ def build_parser() -> cli.ArgumentParser:
         "--sparsity",
         default="auto",
         help="sparse weight encoding: auto (when >= 50%% zeros and smaller), on, off",
+    )
+    g.add_argument(
+        "--recipe",
+        metavar="FILE.json",
+        default="",
+        help="mode recipe: an ai-edge-quantizer recipe (e.g. the model_int8_auto_recipe.json an "
+        "export wrote, edited or not)",
     )
     g.add_argument(
         "--strip-strings",
@@ -277,6 +287,8 @@ def _check_args(args, given: set[str]) -> None:
     ):
         if value < low:
             raise ConfigError(f"{flag} {value} must be >= {low}")
+    if args.source is not None:
+        _check_quantizer_modes(args)
     if args.source is not None and not os.path.exists(args.source):
         raise ConfigError(
             f"{args.source!r} does not exist; give the -o directory of a training run or a model file"
@@ -288,6 +300,22 @@ def _check_args(args, given: set[str]) -> None:
         raise ModelError(
             f"--keras {args.keras!r} does not exist; give a .keras file or a run directory"
         )
+
+
+def _check_quantizer_modes(args) -> None:
+    """ai-edge-quantizer present and in range, and a readable --recipe, before TensorFlow starts."""
+    modes = choices.parse_modes(args.modes)
+    if not any(choices.MODES.get(m).quantizer for m in modes):
+        return
+    from tfopt.export import aeq
+
+    aeq.require()
+    if "recipe" in modes:
+        if not args.recipe:
+            raise ConfigError(
+                "--modes recipe quantizes as a recipe file says; give --recipe FILE.json"
+            )
+        aeq.read_recipe(args.recipe)
 
 
 def _data_config(args):
@@ -352,6 +380,7 @@ def _work(args) -> int:
                 allow_select_tf_ops=args.allow_select_tf_ops,
                 sparsity=args.sparsity,
                 strip_strings=args.strip_strings,
+                recipe=args.recipe,
             ),
             calibration_steps=args.calibration_steps,
             thresholds=Thresholds(

@@ -33,7 +33,7 @@ from tfopt.data.sources import input_contract, prepare
 from tfopt.errors import ConfigError
 from tfopt.export import auto, fidelity, keras3, metadata, roofline, summary, tflite
 from tfopt.export import benchmark as bench
-from tfopt.export.choices import KERNELS, MODES, check_choice, parse_modes
+from tfopt.export.choices import DEFAULT_MODES, KERNELS, MODES, check_choice, parse_modes
 from tfopt.export.evaluate import (
     EvalResult,
     TFLiteModel,
@@ -85,7 +85,7 @@ class BenchSettings:
 class ExportSettings:
     """Everything ``export_run`` needs besides the run."""
 
-    modes: tuple[str, ...] = MODES.names()
+    modes: tuple[str, ...] = DEFAULT_MODES
     options: tflite.ConvertOptions = field(default_factory=tflite.ConvertOptions)
     calibration_steps: int = 25
     thresholds: fidelity.Thresholds = field(default_factory=fidelity.Thresholds)
@@ -306,6 +306,10 @@ def _export(
         convert_s = time.perf_counter() - started
         file = f"model_{mode}.tflite"
         write_bytes(os.path.join(out_dir, file), conv.content)
+        extra = {}
+        if conv.recipe is not None:  # beside the model: readable, editable, --recipe re-applies it
+            extra["recipe"] = f"model_{mode}_recipe.json"
+            write_json(os.path.join(out_dir, extra["recipe"]), conv.recipe)
         say(f"[{i}/{len(modes)}] {mode}: evaluating on {len(y_test)} test examples")
         result = evaluate(TFLiteModel(conv.content), x_test, y_test, reference)
         gate = fidelity.check(result, settings.thresholds)
@@ -326,6 +330,7 @@ def _export(
                 qat=conv.qat,
                 convert_seconds=round(convert_s, 2),
                 notes=conv.notes,
+                **extra,
             )
         )
         if mode == "int8" and not gate.passed and settings.selective and not qat:
@@ -357,6 +362,10 @@ def _export(
     worth = quality.verdict(quality.Evidence(keras_accuracy, info.num_classes, int(len(y_test))))
     if worth:
         log.warning(worth)
+    slower = summary.slower_than_float(rows)
+    for line in slower:
+        log.warning(line)
+    notes.extend(slower)
     keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
     table = summary.export_table(rows)
     cpu_peaks = peaks()
@@ -372,6 +381,7 @@ def _export(
             rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.source}"
         )
     artifacts = {r["mode"]: r["file"] for r in rows if r.get("file")}
+    artifacts.update({f"{r['mode']}_recipe": r["recipe"] for r in rows if r.get("recipe")})
     artifacts.update(
         table="export.md",
         input="input.json",
@@ -395,7 +405,7 @@ def _export(
         },
         artifacts=artifacts,
         fingerprint=rd.fingerprint,
-        warnings=[worth] if worth else [],
+        warnings=([worth] if worth else []) + slower,
         section={
             "source": run.source,
             "output": rd.path,
@@ -590,6 +600,8 @@ def _auto(
     notes.append(trade)
     say(trade)
     latency = _latency(content, b, os.path.join(out_dir, file))
+    recipe = "model_int8_auto_recipe.json"
+    write_json(os.path.join(out_dir, recipe), auto.recipe(found))
     return _row(
         "int8_auto",
         _io_of(content),
@@ -599,6 +611,7 @@ def _auto(
         gate,
         latency,
         float_nodes=chosen.float_nodes,
+        recipe=recipe,
         search_seconds=round(search_s, 2),
         auto={
             **found.to_dict(),

@@ -117,6 +117,56 @@ def roofline_table(rows: Sequence[dict]) -> str:
     return markdown_table(header, body) + ("\n\n" + "\n".join(lines) if lines else "")
 
 
+# The faster choice to name when a mode times slower than float32.
+_INSTEAD = {"dynamic": "dynamic_selective", "int16x8": "int8", "int4_weights": "int8_weights"}
+# Measured ratio over float32 above which a mode is called slower (beyond timing noise).
+SLOWER = 1.10
+
+
+def slower_than_float(rows: Sequence[dict]) -> list[str]:
+    """One line per mode whose p50 is over :data:`SLOWER` times float32's, at the same setting.
+
+    Each names the measured ratio, the setting and the faster alternative (its ratio too when it
+    was exported), e.g. ``dynamic is 2.70x slower than float32 (p50 xnnpack/1t); use
+    dynamic_selective (0.61x) ...``.
+    """
+    by_mode = {r["mode"]: r for r in rows}
+    base = by_mode.get("float32")
+    if base is None:
+        return []
+    key = next((k for k in base.get("latency", {}) if k.startswith("xnnpack/")), None)
+    reference = ((base.get("latency") or {}).get(key) or {}).get("p50_ms")
+    if not reference:
+        return []
+
+    def ratio(mode: str) -> float | None:
+        p50 = ((by_mode.get(mode, {}).get("latency") or {}).get(key) or {}).get("p50_ms")
+        return p50 / reference if p50 else None
+
+    lines = []
+    for row in rows:
+        r = ratio(row["mode"])
+        if row["mode"] == "float32" or r is None or r <= SLOWER:
+            continue
+        instead = _INSTEAD.get(row["mode"], "float32")
+        builtin = [
+            op for op in (row.get("kernels") or {}).get("builtin_kernel_ops", []) if op != "SOFTMAX"
+        ]
+        why = (
+            f"{', '.join(builtin[:4])}{' ...' if len(builtin) > 4 else ''} run on LiteRT's builtin "
+            "kernels, not XNNPACK"
+            if builtin
+            else "its kernels are slower on this CPU"
+        )
+        alt = ratio(instead)
+        alt_text = f" ({alt:.2f}x)" if alt and instead != "float32" else ""
+        lines.append(
+            f"{row['mode']} is {r:.2f}x slower than float32 (p50 {key}): {why}; use "
+            f"{instead}{alt_text} for speed"
+        )
+    return lines
+
+
 def export_table(rows: Sequence[dict]) -> str:
     """One line per exported model: mode, size, gzip size, p50/p95 per setting, accuracy, delta, agreement."""
     keys = latency_keys(rows)

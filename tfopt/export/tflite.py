@@ -11,6 +11,8 @@ Modes (``MODES``):
 - ``int16x8``: 16-bit activations, 8-bit weights (calibrated; float I/O).
 - ``int8_auto``: int8 with the ops whose int8 kernel is slower kept in float, chosen by measurement
   (:mod:`tfopt.export.auto`; ``convert`` refuses it, the export runner does the search).
+- ``dynamic_selective``, ``int8_weights``, ``int4_weights``, ``recipe``: the float32 conversion,
+  then quantized op by op by ai-edge-quantizer (:mod:`tfopt.export.aeq`).
 
 ``ConvertOptions.strip_strings`` removes what the runtime never reads from the flatbuffer (tensor
 names, the subgraph name, the model description): see :func:`strip_strings`.
@@ -87,12 +89,14 @@ class ConvertOptions:
             of the weights are zero, keep it if the file is smaller), ``on`` or ``off``.
         strip_strings: Strip tensor names and other strings the runtime does not need
             (:func:`strip_strings`).
+        recipe: The ai-edge-quantizer recipe file of mode ``recipe``.
     """
 
     io: str = "float"
     allow_select_tf_ops: bool = False
     sparsity: str = "auto"
     strip_strings: bool = False
+    recipe: str = ""
 
     def __post_init__(self):
         check_choice("io", self.io, IO_TYPES, "--io")
@@ -109,6 +113,7 @@ class Converted:
     sparse: bool = False  # written with the sparse weight encoding
     qat: bool = False  # converted from a quantization-aware-trained model
     notes: list[str] = field(default_factory=list)
+    recipe: list[dict] | None = None  # the ai-edge-quantizer recipe it was quantized with
 
 
 def check_modes_for(model: keras.Model, modes: Sequence[str]) -> None:
@@ -444,6 +449,8 @@ def convert(
             f"mode {mode!r} is chosen by measuring candidate models, not by one conversion: use "
             "tfopt.export.auto.search, or python -m tfopt.export --modes int8_auto"
         )
+    if MODES.get(mode).quantizer:
+        return _by_recipe(model, mode, calibration, options)
     model = float32_copy(model)
     qat = is_qat_model(model)
     content = _run(
@@ -479,6 +486,42 @@ def convert(
     io_type = options.io if mode == "int8" else "float"
     return Converted(
         mode=mode, content=finish(content, options), io=io_type, sparse=sparse, qat=qat, notes=notes
+    )
+
+
+def _by_recipe(
+    model: keras.Model,
+    mode: str,
+    calibration: Sequence[np.ndarray] | None,
+    options: ConvertOptions,
+) -> Converted:
+    """The float32 conversion, quantized by ai-edge-quantizer with the mode's recipe."""
+    from tfopt.export import aeq
+    from tfopt.export.ops import model_ops
+
+    aeq.require()  # before converting: a missing package is one line, at once
+    if mode == "recipe":
+        if not options.recipe:
+            raise ConfigError(
+                "mode recipe quantizes as a recipe file says; give --recipe FILE.json"
+            )
+        recipe, where = aeq.read_recipe(options.recipe), options.recipe
+    else:
+        recipe, where = aeq.named_recipe(mode), mode
+    model = float32_copy(model)
+    base = _run(make_converter(model, "float32", options=options), model, "float32", options)
+    if mode == "recipe":
+        aeq.check_recipe(recipe, model_ops(base), where)
+    content = aeq.quantize(base, recipe, calibration=calibration, where=where)
+    from ai_edge_litert.interpreter import Interpreter
+
+    dtype = np.dtype(Interpreter(model_content=content).get_input_details()[0]["dtype"])
+    return Converted(
+        mode=mode,
+        content=finish(content, options),
+        io="float" if dtype.kind == "f" else str(dtype),
+        notes=[f"{mode}: quantized by ai-edge-quantizer from the float32 model"],
+        recipe=recipe,
     )
 
 

@@ -1,0 +1,232 @@
+"""Modes quantized by ai-edge-quantizer: which ops each recipe touches, that every op of
+dynamic_selective stays on XNNPACK where the converter's dynamic mode leaves depthwise behind, a
+recipe file re-applied byte for byte, int8_auto's choice as a recipe, and the one-line refusals."""
+
+import json
+import os
+from importlib import metadata
+
+from tfopt._keras import keras
+
+import numpy as np
+import pytest
+
+from tfopt.errors import ConfigError
+from tfopt.export import aeq, auto, benchmark, fidelity, ops, summary, tflite
+from tfopt.export.cli import main as export_main
+from tfopt.export.evaluate import EvalResult, TFLiteModel, read_tflite
+from tfopt.export.runner import BenchSettings, ExportSettings
+from tfopt.export.runner import run as export_run
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    # Every weighted layer holds over 1,024 weights: the converter's dynamic mode skips smaller ones.
+    x = keras.layers.Conv2D(128, 3, padding="same", activation="relu", name="stem")(inputs)
+    x = keras.layers.DepthwiseConv2D(3, padding="same", activation="relu", name="dw")(x)
+    x = keras.layers.Conv2D(64, 1, activation="relu", name="project")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(20, name="logits")(x))
+
+
+def _close(got, want, share: float = 0.05):
+    """Within ``share`` of the outputs' range: what a quantized model of random weights keeps."""
+    assert np.abs(got - want).max() <= share * np.abs(want).max(), np.abs(got - want).max()
+
+
+@pytest.fixture(scope="module")
+def x():
+    return np.random.default_rng(1).random((16, 16, 16, 3), dtype=np.float32)
+
+
+def _weights(content: bytes | str) -> dict[str, set[str]]:
+    """Op name -> the arithmetic of its weights (int8 or fp32), from the flatbuffer."""
+    content = read_tflite(content) if isinstance(content, str) else content
+    out: dict[str, set[str]] = {}
+    for c in ops.op_costs(content):
+        if c.macs:
+            out.setdefault(c.op, set()).add(c.arithmetic)
+    return out
+
+
+def test_dynamic_selective_keeps_depthwise_float_and_every_op_on_xnnpack(model, x):
+    selective = tflite.convert(model, "dynamic_selective").content
+    assert _weights(selective) == {
+        "CONV_2D": {"int8"},
+        "DEPTHWISE_CONV_2D": {"fp32"},
+        "FULLY_CONNECTED": {"int8"},
+    }
+    kernels = benchmark.kernel_report(TFLiteModel(selective))
+    assert kernels["builtin_kernel_ops"] == [] or kernels["builtin_kernel_ops"] == ["SOFTMAX"]
+    assert "DEPTHWISE_CONV_2D" not in kernels["builtin_kernel_ops"]
+    # The converter's dynamic range quantizes depthwise too, and XNNPACK leaves it to LiteRT.
+    dynamic = tflite.convert(model, "dynamic").content
+    assert _weights(dynamic)["DEPTHWISE_CONV_2D"] == {"int8"}
+    assert (
+        "DEPTHWISE_CONV_2D" in benchmark.kernel_report(TFLiteModel(dynamic))["builtin_kernel_ops"]
+    )
+    _close(TFLiteModel(selective).predict(x), model.predict(x, verbose=0))
+
+
+def test_weight_only_modes_dequantize_to_float_and_int4_is_smaller(model, x):
+    float32 = tflite.convert(model, "float32").content
+    int8w = tflite.convert(model, "int8_weights")
+    int4w = tflite.convert(model, "int4_weights")
+    for conv in (int8w, int4w):
+        names = [op for op, _ in ops.model_ops(conv.content)]
+        assert "DEQUANTIZE" in names and conv.io == "float"
+        assert conv.recipe == aeq.named_recipe(conv.mode)
+    assert len(int4w.content) < len(int8w.content) < len(float32) / 2.5  # biases stay float
+    want = model.predict(x, verbose=0)
+    _close(TFLiteModel(int8w.content).predict(x), want)
+    _close(TFLiteModel(int4w.content).predict(x), want, share=0.3)
+
+
+def test_a_recipe_file_reapplies_byte_for_byte(model, tmp_path):
+    selective = tflite.convert(model, "dynamic_selective")
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(selective.recipe))
+    again = tflite.convert(model, "recipe", options=tflite.ConvertOptions(recipe=str(path)))
+    assert again.content == selective.content and again.recipe == selective.recipe
+
+
+def test_int8_autos_choice_as_a_recipe_keeps_exactly_those_ops_float(model, x):
+    float32 = tflite.convert(model, "float32").content
+    names = ops.model_ops(float32)
+    dw = next(n for n in names if n[0] == "DEPTHWISE_CONV_2D")
+    timings = [auto.OpTiming(index=i, op=op, node=node) for i, (op, node) in enumerate(names)]
+    gate = fidelity.GateResult(True, [])
+    result = EvalResult(examples=1, accuracy=1.0, keras_accuracy=1.0, agreement=1.0)
+    candidates = [auto.Candidate([dw[1]], 1, [0.1], result, gate)]
+    recipe = auto.recipe(auto.AutoResult(threads=1, ops=timings, candidates=candidates, chosen=0))
+    assert recipe[-1]["regex"] == f"^{__import__('re').escape(dw[1] + ';')}$"
+    content = aeq.quantize(float32, json.loads(json.dumps(recipe)), calibration=[x], where="auto")
+    costs = [c for c in ops.op_costs(content) if c.macs]
+    assert [(c.op, c.arithmetic, c.activations) for c in costs] == [
+        ("CONV_2D", "int8", "int8"),
+        ("DEPTHWISE_CONV_2D", "fp32", "float32"),
+        ("CONV_2D", "int8", "int8"),
+        ("FULLY_CONNECTED", "int8", "int8"),
+    ]
+    assert TFLiteModel(content).input_dtype == np.int8  # ai-edge-quantizer's static int8 I/O
+    _close(TFLiteModel(content).predict(x), model.predict(x, verbose=0), share=0.1)
+
+
+def test_recipe_mistakes_are_one_line_errors(model, tmp_path):
+    names = ops.model_ops(tflite.convert(model, "float32").content)
+    with pytest.raises(ConfigError, match=r"entry 1 names BATCH_MATMUL ops matching '\.\*', which"):
+        aeq.check_recipe([{"regex": ".*", "operation": "BATCH_MATMUL"}], names, "r.json")
+    bad = tmp_path / "bad.json"
+    for text, needle in (
+        ("{", "is not JSON"),
+        ("[]", "holds no entries"),
+        ('[{"regex": ".*"}]', "entry 1 has no operation"),
+        ('[{"regex": "(", "operation": "*"}]', "is not a regular expression"),
+    ):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=needle):
+            aeq.read_recipe(str(bad))
+    unsupported = [aeq._entry("DEPTHWISE_CONV_2D", aeq._weight_only(4))]
+    bad.write_text(json.dumps(unsupported))
+    with pytest.raises(
+        ConfigError, match="ai-edge-quantizer refused the recipe: Unsupported op"
+    ) as e:
+        tflite.convert(model, "recipe", options=tflite.ConvertOptions(recipe=str(bad)))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "version, needle",
+    [
+        (
+            None,
+            "ai-edge-quantizer (>=0.10,<0.11), which is not installed; pip install 'tfopt[quantizer]'",
+        ),
+        (
+            "0.9.0",
+            "ai-edge-quantizer 0.9.0 is installed; tfopt needs ai-edge-quantizer>=0.10,<0.11",
+        ),
+    ],
+)
+def test_a_missing_or_out_of_range_quantizer_is_named_with_the_extra(monkeypatch, version, needle):
+    def fake(name):
+        if version is None:
+            raise metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(aeq.metadata, "version", fake)
+    with pytest.raises(ConfigError) as e:
+        aeq.require()
+    assert needle in str(e.value)
+
+
+def test_the_cli_refuses_a_recipe_mode_without_its_file_before_anything_is_written(
+    tmp_path, capsys
+):
+    out = tmp_path / "out"
+    argv = ["--from", str(tmp_path), "--modes", "recipe", "-o", str(out)]
+    assert export_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "tfopt export: error: --modes recipe quantizes as a recipe file says; give --recipe FILE.json"
+    ]
+    assert export_main([*argv[:4], "--recipe", str(tmp_path / "none.json")]) == 2
+    assert "cannot read --recipe" in capsys.readouterr().err
+    assert not os.path.exists(out)
+
+
+def test_export_writes_each_quantizer_mode_gated_timed_and_with_its_recipe(mnist_run, tmp_path):
+    settings = ExportSettings(
+        modes=("float32", "dynamic_selective", "int8_weights"),
+        eval_limit=300,
+        bench=BenchSettings(threads=(1,), runs=5, warmup=1, keras=False),
+        plot=False,
+    )
+    out = tmp_path / "out"
+    record = export_run(mnist_run, settings, out_dir=str(out))
+    rows = {r["mode"]: r for r in record.section["modes"]}
+    for mode in ("dynamic_selective", "int8_weights"):
+        row = rows[mode]
+        assert row["gate"]["passed"] and row["eval"]["agreement"] >= 0.99, row["eval"]
+        assert json.loads((out / row["recipe"]).read_text()) == aeq.named_recipe(mode)
+        assert record.artifacts[f"{mode}_recipe"] == f"model_{mode}_recipe.json"
+        assert row["roofline"]["xnnpack/1t"]["ratio"] > 1
+        assert row["size_bytes"] < rows["float32"]["size_bytes"] / 3
+    assert _weights(str(out / rows["dynamic_selective"]["file"])) == {
+        "CONV_2D": {"int8"},
+        "FULLY_CONNECTED": {"int8"},
+    }
+
+
+def _timed(mode, p50, builtin=()):
+    return {
+        "mode": mode,
+        "latency": {"xnnpack/1t": {"p50_ms": p50}, "xnnpack/2t": {"p50_ms": p50 / 2}},
+        "kernels": {"builtin_kernel_ops": list(builtin)},
+    }
+
+
+def test_a_mode_slower_than_float_says_so_with_the_ratio_and_the_faster_choice():
+    rows = [
+        _timed("float32", 1.0),
+        _timed("dynamic", 2.7, ["DEPTHWISE_CONV_2D", "SOFTMAX"]),
+        _timed("dynamic_selective", 0.61),
+        _timed("float16", 1.05),  # within the noise margin: no word
+        _timed("int8", 0.5),
+        _timed("int16x8", 42.0, ["ADD", "CONV_2D", "DEPTHWISE_CONV_2D", "MEAN", "PAD", "SOFTMAX"]),
+        _timed("int4_weights", 7.4, ["CONV_2D", "DEQUANTIZE"]),
+        _timed("int8_weights", 1.3),
+    ]
+    assert summary.slower_than_float(rows) == [
+        "dynamic is 2.70x slower than float32 (p50 xnnpack/1t): DEPTHWISE_CONV_2D run on LiteRT's "
+        "builtin kernels, not XNNPACK; use dynamic_selective (0.61x) for speed",
+        "int16x8 is 42.00x slower than float32 (p50 xnnpack/1t): ADD, CONV_2D, DEPTHWISE_CONV_2D, "
+        "MEAN ... run on LiteRT's builtin kernels, not XNNPACK; use int8 (0.50x) for speed",
+        "int4_weights is 7.40x slower than float32 (p50 xnnpack/1t): CONV_2D, DEQUANTIZE run on "
+        "LiteRT's builtin kernels, not XNNPACK; use int8_weights (1.30x) for speed",
+        "int8_weights is 1.30x slower than float32 (p50 xnnpack/1t): its kernels are slower on this "
+        "CPU; use float32 for speed",
+    ]
+    assert summary.slower_than_float(rows[1:]) == []  # no float32 to compare with
