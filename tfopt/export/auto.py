@@ -99,13 +99,17 @@ class Candidate:
 
     float_nodes: list[str]
     size_bytes: int
-    p50_rounds: list[float]  # end-to-end p50 (ms) of every round
+    p50_rounds: list[float]  # end-to-end p50 (ms) of every round, at the first thread count
     result: EvalResult
     gate: fidelity.GateResult
+    rounds_by_threads: dict[int, list[float]] = field(default_factory=dict)  # every thread count
+
+    def __post_init__(self):
+        self.rounds_by_threads = self.rounds_by_threads or {1: list(self.p50_rounds)}
 
     @property
     def p50_ms(self) -> float:
-        """Median over rounds of the end-to-end p50."""
+        """Median over rounds of the end-to-end p50 at the first thread count."""
         return statistics.median(self.p50_rounds)
 
     def to_dict(self) -> dict:
@@ -115,9 +119,40 @@ class Candidate:
             "size_bytes": self.size_bytes,
             "p50_ms": self.p50_ms,
             "p50_rounds": self.p50_rounds,
+            "p50_rounds_by_threads": {str(t): r for t, r in self.rounds_by_threads.items()},
             "result": self.result.to_dict(),
             "gate": self.gate.to_dict(),
         }
+
+
+def beats(candidate: Candidate, plain: Candidate) -> bool:
+    """True when ``candidate`` is faster than ``plain`` beyond the measured noise at every thread
+    count: each of its rounds faster than every round of ``plain``."""
+    return all(
+        max(rounds) < min(plain.rounds_by_threads[t])
+        for t, rounds in candidate.rounds_by_threads.items()
+    )
+
+
+def choose(candidates: Sequence[Candidate]) -> int:
+    """The candidate to export (``candidates[0]`` is plain int8).
+
+    Plain int8 when it passes the gate, unless another passing candidate :func:`beats` it (then
+    the fastest of those by the sum of medians over thread counts): int8_auto is never slower
+    than plain int8 at the thread counts it was asked for. When plain int8 fails the gate, the
+    fastest passing candidate; when none passes, the one with the best agreement.
+    """
+
+    def total(i: int) -> float:
+        return sum(statistics.median(r) for r in candidates[i].rounds_by_threads.values())
+
+    passing = [i for i, c in enumerate(candidates) if c.gate.passed]
+    if not passing:
+        return max(range(len(candidates)), key=lambda i: candidates[i].result.agreement or 0.0)
+    if 0 not in passing:
+        return min(passing, key=total)
+    better = [i for i in passing if i and beats(candidates[i], candidates[0])]
+    return min(better, key=total) if better else 0
 
 
 @dataclass
@@ -277,7 +312,7 @@ def search(
     thresholds: fidelity.Thresholds,
     *,
     io_type: str = "float",
-    threads: int = 1,
+    threads: int | Sequence[int] = 1,
     rounds: int = 3,
     runs: int = 100,
     warmup: int = 10,
@@ -293,7 +328,8 @@ def search(
         thresholds: The fidelity gate.
         io_type: I/O type of the candidates (``float``, ``int8``, ``uint8``; an op kept in float at
             the model's edge keeps float I/O there).
-        threads: Interpreter threads the latency is measured (and minimized) at.
+        threads: Interpreter thread count(s) the candidates are timed at; the ops are timed alone
+            at the first. The chosen candidate must beat plain int8 at every one (:func:`choose`).
         rounds: Interleaved rounds for the per-op and the end-to-end timings.
         runs: Timed invokes per model per round.
         warmup: Untimed invokes first.
@@ -307,10 +343,12 @@ def search(
         tflite.ConversionError: the converter failed, or the float and int8 ops do not pair.
     """
     say = functools.partial(log.log, PROGRESS)  # shown unless --quiet
+    counts = [threads] if isinstance(threads, int) else list(threads)
+    threads = counts[0] if counts else 0
     for name, value, low in (
         ("rounds", rounds, 1),
         ("runs", runs, 1),
-        ("threads", threads, 1),
+        ("threads", min(counts, default=0), 1),
         ("warmup", warmup, 0),
     ):
         if value < low:
@@ -337,28 +375,33 @@ def search(
         f"timing {len(sets)} candidate(s) end to end"
     )
     contents = [fidelity.requantize(debugger, s, io_type) for s in sets]
-    p50s: list[list[float]] = [[] for _ in sets]
+    # The final table's protocol (bench.latency: warmup, then runs timed invokes, p50), in
+    # interleaved rounds at every thread count.
+    p50s: list[dict[int, list[float]]] = [{t: [] for t in counts} for _ in sets]
     for r in range(rounds):
         order = list(range(len(sets)))
         order = (
             order[r % len(order) :] + order[: r % len(order)]
         )  # rotate: no candidate always goes first
-        for i in order:
-            p50s[i].append(
-                bench.latency(contents[i], threads=threads, warmup=warmup, runs=runs)["p50_ms"]
-            )
+        for t in counts:
+            for i in order:
+                p50s[i][t].append(
+                    bench.latency(contents[i], threads=t, warmup=warmup, runs=runs)["p50_ms"]
+                )
     candidates = []
-    for s, content, rounds_ms in zip(sets, contents, p50s):
+    for s, content, by_threads in zip(sets, contents, p50s):
         result = evaluate_fn(content)
         candidates.append(
-            Candidate(list(s), len(content), rounds_ms, result, fidelity.check(result, thresholds))
+            Candidate(
+                list(s),
+                len(content),
+                by_threads[threads],
+                result,
+                fidelity.check(result, thresholds),
+                by_threads,
+            )
         )
-    passing = [i for i, c in enumerate(candidates) if c.gate.passed]
-    chosen = (
-        min(passing, key=lambda i: candidates[i].p50_ms)
-        if passing
-        else max(range(len(candidates)), key=lambda i: candidates[i].result.agreement or 0.0)
-    )
+    chosen = choose(candidates)
     return AutoResult(
         threads=threads, ops=timings, candidates=candidates, chosen=chosen, content=contents[chosen]
     )

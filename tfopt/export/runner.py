@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -562,7 +563,8 @@ def _auto(
     say,
     notes,
 ) -> dict:
-    """int8_auto: the latency-aware search (timed at the first --threads count), then the usual row."""
+    """int8_auto: the latency-aware search (ops timed alone at the first --threads count,
+    candidates at every one), then the usual row."""
     b = settings.bench
     started = time.perf_counter()
     found = auto.search(
@@ -571,7 +573,7 @@ def _auto(
         validation.score,
         settings.thresholds,
         io_type=settings.options.io,
-        threads=b.threads[0],
+        threads=b.threads,
         rounds=settings.auto_rounds,
         runs=b.runs,
         warmup=b.warmup,
@@ -587,15 +589,22 @@ def _auto(
     chosen = found.candidates[found.chosen]
     plain = found.candidates[0]
     kept = ", ".join(chosen.float_nodes) or "no op"
-    why = (
-        "the fastest that passed the gate on validation"
-        if found.passed
-        else "no candidate passed the gate on validation"
+    counts = "/".join(str(t) for t in b.threads)
+    if not found.passed:
+        why = "no candidate passed the gate on validation"
+    elif found.chosen == 0:
+        why = f"plain int8: no candidate beat it beyond the timing noise at {counts} thread(s)"
+    else:
+        why = f"faster than plain int8 in every timing round at {counts} thread(s), gate passed"
+    timed = ", ".join(
+        f"{t}t {statistics.median(chosen.rounds_by_threads[t]):.3f} vs "
+        f"{statistics.median(plain.rounds_by_threads[t]):.3f} ms"
+        for t in chosen.rounds_by_threads
     )
     trade = (
         f"int8_auto: int8 measured slower than float for {', '.join(found.slow) or 'no op'} "
-        f"({b.threads[0]} thread(s)); kept in float: {kept} ({why}; end to end {chosen.p50_ms:.3f} ms vs "
-        f"{plain.p50_ms:.3f} ms for plain int8)"
+        f"({b.threads[0]} thread(s)); kept in float: {kept} ({why}; end to end {timed} for "
+        "plain int8)"
     )
     notes.append(trade)
     say(trade)
