@@ -4,6 +4,8 @@ recipe file re-applied byte for byte, int8_auto's choice as a recipe, and the on
 
 import json
 import os
+import subprocess
+import sys
 from importlib import metadata
 
 from tfopt._keras import keras
@@ -230,3 +232,49 @@ def test_a_mode_slower_than_float_says_so_with_the_ratio_and_the_faster_choice()
         "CPU; use float32 for speed",
     ]
     assert summary.slower_than_float(rows[1:]) == []  # no float32 to compare with
+
+
+def test_fastest_runtime_names_the_winner_per_thread_count():
+    row = {
+        "latency": {
+            "xnnpack/1t": {"p50_ms": 0.774},
+            "latest/1t": {"p50_ms": 0.781},
+            "compiled/1t": {"p50_ms": 0.769},
+            "builtin/1t": {"p50_ms": 0.5},  # another kernel set, not a runtime setting
+            "xnnpack/2t": {"p50_ms": 0.5},
+        }
+    }
+    assert summary.fastest_runtime(row) == (
+        "fastest runtime: 1t compiled 0.769 ms (xnnpack 0.774, latest 0.781)"
+    )
+    assert summary.fastest_runtime({"latency": {"xnnpack/1t": {"p50_ms": 1.0}}}) == ""
+    settings = BenchSettings(threads=(1, 2), runtimes=("interpreter", "compiled"), kernels="both")
+    assert [k for k, *_ in settings.settings()] == [
+        "xnnpack/1t",
+        "xnnpack/2t",
+        "builtin/1t",
+        "builtin/2t",
+        "compiled/1t",
+        "compiled/2t",
+    ]
+    with pytest.raises(ConfigError, match="unknown runtime 'ynnpack'; choose one of interpreter"):
+        BenchSettings(runtimes=("ynnpack",))
+
+
+def test_every_runtime_setting_times_the_model_quietly(model, tmp_path):
+    path = tmp_path / "m.tflite"
+    path.write_bytes(tflite.convert(model, "float32").content)
+    for runtime in ("interpreter", "latest", "compiled"):
+        result = benchmark.latency(path.read_bytes(), threads=1, runs=3, warmup=1, runtime=runtime)
+        assert result["runtime"] == runtime and result["p50_ms"] > 0
+    assert result["kernels"]["fully_accelerated"] is True  # every op on the CompiledModel's CPU
+    done = subprocess.run(
+        [sys.executable, "-m", "tfopt.export", "--benchmark", str(path), "--threads", "1"]
+        + ["--runs", "3", "--warmup", "1", "--runtime", "interpreter,latest,compiled"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "", done.stderr  # no LiteRT start-up notice, no deprecation line
+    assert "fastest runtime: 1t " in done.stdout and "p50 compiled/1t ms" in done.stdout

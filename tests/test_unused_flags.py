@@ -144,6 +144,7 @@ EXPORT_READERS = {
     "--runs": ALL_MODES | {BENCHMARK},
     "--warmup": ALL_MODES | {BENCHMARK},
     "--kernels": ALL_MODES | {BENCHMARK},
+    "--runtime": ALL_MODES | {BENCHMARK},
     "--litert-benchmark": ALL_MODES | {BENCHMARK},
     "--no-keras-latency": ALL_MODES,
     "--overwrite": ALL_MODES,

@@ -30,6 +30,7 @@ do not match, a device in a bad state) and is shown.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -44,12 +45,20 @@ from collections.abc import Iterator
 _NATIVE = rb"^(?:[IWE]\d{4} \S+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: [IWE] )(?:\S*/)?"
 # Start-up notices on every machine: absl's note before its logging starts, oneDNN and CPU
 # instruction notices, plugins registered twice, TensorRT not installed (optional), LiteRT's
-# default XNNPACK delegate, the quantizer's settings.
+# default XNNPACK delegate, the quantizer's settings, CompiledModel's start-up.
 NOISE = re.compile(
     rb"^WARNING: All log messages before absl::InitializeLog\(\) is called"
     rb"|^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler"
     rb"|^INFO: Created TensorFlow Lite XNNPACK delegate for CPU"
     rb"|fully_quantize: \d"
+    # ai-edge-litert's CompiledModel: its runtime's INFO lines, and the optional NPU / vendor
+    # plugins (OpenVINO) that are not installed; the Interpreter's latest-features delegate
+    # announcing a flag LiteRT made its default.
+    rb"|^INFO: \[[\w./]+\.cc:\d+\] "
+    rb"|^WARNING: \[npu_registry\.cc:\d+\] NPU accelerator could not be loaded"
+    rb"|^WARNING: \[compiler_plugin\.cc:\d+\] Failed to load plugin at: \S*/vendors/"
+    rb"|^(?:\xe2\x94\x94 )?Could not load shared library \S*/vendors/"
+    rb"|^ERROR: Subgraph reshaping is enabled by default, TFLITE_XNNPACK_DELEGATE_FLAG_ENABLE_SUBGRAPH"
     + rb"|"
     + _NATIVE
     + rb"(?:port\.cc:\d+\] oneDNN custom operations are on"
@@ -67,6 +76,7 @@ NO_GPU_NOISE = re.compile(
 )
 _GPU_NODES = ("nvidia", "dxg", "nvhost-")  # /dev/nvidia0, nvidiactl...; WSL2; Jetson
 _WAIT_S = 10.0  # for the child to forward what is left; it only ever waits on the pipe
+_exit_filter = None  # what filter_until_exit() registered
 _depth = 0  # blocks open in this process: filtered() inside one adds nothing but a child's start
 
 
@@ -109,6 +119,25 @@ def _marker(token: str) -> bytes:
     return f"\x1btfopt-native-stderr-end-{token}".encode()
 
 
+def _child(mode: str, token: str, pipe: int) -> subprocess.Popen:
+    # The child inherits the real fd 2; its own session keeps a Ctrl-C from killing it first:
+    # it ends when the pipe closes, after forwarding everything.
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            os.path.abspath(__file__),
+            mode,
+            token,
+            "gpu" if gpu_present() else "no-gpu",
+        ],
+        stdin=pipe,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 @contextlib.contextmanager
 def _through_child(mode: str) -> Iterator[None]:
     global _depth
@@ -123,22 +152,7 @@ def _through_child(mode: str) -> Iterator[None]:
     token = secrets.token_hex(8)
     r, w = os.pipe()
     try:
-        # The child inherits the real fd 2; its own session keeps a Ctrl-C from killing it first:
-        # it ends when the pipe closes, after forwarding everything.
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",
-                "-S",
-                os.path.abspath(__file__),
-                mode,
-                token,
-                "gpu" if gpu_present() else "no-gpu",
-            ],
-            stdin=r,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        child = _child(mode, token, r)
     except OSError:  # cannot start the filter: leave fd 2 alone
         for fd in (r, w, saved):
             os.close(fd)
@@ -173,6 +187,39 @@ def _through_child(mode: str) -> Iterator[None]:
 def filtered() -> contextlib.AbstractContextManager:
     """Drops known native start-up notices printed inside the block; forwards every other line at once."""
     return _through_child("filter")
+
+
+def filter_until_exit() -> None:
+    """Filters fd 2 from the moment Python starts to exit until the process ends.
+
+    For native code that prints its notices when it is torn down, after every ``with`` block has
+    closed (the LiteRT environments of ai-edge-litert's CompiledModel announce each accelerator
+    they destroy). The block opened at exit is never closed: its child forwards every other line
+    and ends when the process does.
+    """
+    global _exit_filter
+    if _exit_filter is not None:
+        return
+
+    def start() -> None:
+        if not _enabled():
+            return
+        r, w = os.pipe()
+        try:
+            _child("filter", secrets.token_hex(8), r)
+        except OSError:  # cannot start the filter: leave fd 2 alone
+            os.close(w)
+            return
+        finally:
+            os.close(r)
+        sys.stderr.flush()
+        os.dup2(
+            w, 2
+        )  # never restored: the pipe closes when the process ends, and the child with it
+        os.close(w)
+
+    _exit_filter = start
+    atexit.register(start)
 
 
 def quiet() -> contextlib.AbstractContextManager:

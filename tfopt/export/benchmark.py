@@ -12,6 +12,7 @@ baseline every .tflite is compared with.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -22,6 +23,7 @@ import tempfile
 
 import numpy as np
 
+from tfopt import native_stderr
 from tfopt.errors import ConfigError
 from tfopt.export.evaluate import TFLiteModel
 from tfopt.timing import time_calls
@@ -76,8 +78,58 @@ def _example_input(model: TFLiteModel, seed: int = 0) -> np.ndarray:
     return model.quantize_input(x)
 
 
+def _compiled_call(content: bytes, threads: int, q: np.ndarray):
+    """A CompiledModel (ai-edge-litert, CPU) of ``content`` with its input set: its run, and its report."""
+    # CompiledModel announces (on fd 2) the accelerators and vendor plugins that are not installed
+    # when it builds its environment, at the first buffer or run: all of that inside the filter.
+    with native_stderr.filtered():
+        try:
+            from ai_edge_litert.compiled_model import CompiledModel
+            from ai_edge_litert.options import CpuOptions, Options
+        except ImportError:
+            import importlib.metadata as md
+
+            raise ConfigError(
+                f"--runtime compiled needs ai-edge-litert's CompiledModel, which ai-edge-litert "
+                f"{md.version('ai-edge-litert')} lacks; use --runtime interpreter or pip install "
+                "'ai-edge-litert>=2.3'"
+            ) from None
+        cm = CompiledModel.from_buffer(
+            content, options=Options(cpu_options=CpuOptions(num_threads=threads))
+        )
+        inputs, outputs = cm.create_input_buffers(0), cm.create_output_buffers(0)
+        inputs[0].write(np.ascontiguousarray(q))
+        cm.run_by_index(0, inputs, outputs)  # first run: XNNPACK packs the weights
+
+    held = {"model": cm, "buffers": (inputs, outputs)}
+
+    def call():
+        held["model"].run_by_index(0, inputs, outputs)
+
+    def close():  # it says goodbye to each accelerator on fd 2 too
+        with native_stderr.filtered():
+            fully = held["model"].is_fully_accelerated()
+            environment = held["model"].environment
+            held.clear()
+            inputs.clear()
+            outputs.clear()
+            cm.close()
+            environment.close()
+            gc.collect()  # the wrappers' last references, so the environment goes inside the filter
+        native_stderr.filter_until_exit()  # the buffers' shared environment goes at exit
+        return fully
+
+    return call, close
+
+
 def latency(
-    model: str | bytes, *, threads: int = 1, warmup: int = 20, runs: int = 200, xnnpack: bool = True
+    model: str | bytes,
+    *,
+    threads: int = 1,
+    warmup: int = 20,
+    runs: int = 200,
+    xnnpack: bool = True,
+    runtime: str = "interpreter",
 ) -> dict:
     """Batch-1 latency of one .tflite with the LiteRT interpreter.
 
@@ -87,6 +139,9 @@ def latency(
         warmup: Untimed runs first (caches, lazy packing of weights).
         runs: Timed runs.
         xnnpack: Keep LiteRT's default XNNPACK delegate (False: builtin kernels only).
+        runtime: ``interpreter`` (LiteRT's Interpreter), ``latest`` (the Interpreter with
+            ``experimental_default_delegate_latest_features``) or ``compiled`` (ai-edge-litert's
+            CompiledModel on the CPU, default CpuOptions); ``xnnpack`` applies to the interpreter.
 
     Returns:
         ``{"p50_ms", "p95_ms", "mean_ms", "min_ms", "runs", "warmup", "threads", "kernels"}``.
@@ -97,14 +152,19 @@ def latency(
     """
     if runs < 1 or warmup < 0:
         raise ConfigError(f"runs={runs} must be >= 1 and warmup={warmup} >= 0 (--runs, --warmup)")
-    m = TFLiteModel(model, num_threads=threads, xnnpack=xnnpack)
+    m = TFLiteModel(
+        model, num_threads=threads, xnnpack=xnnpack, latest_features=runtime == "latest"
+    )
     q = _example_input(m)
     m.invoke_raw(q)  # sets the input and sizes the tensors; later calls only invoke
-    return {
-        **time_calls(m.interpreter.invoke, warmup=warmup, runs=runs),
-        "threads": threads,
-        "kernels": kernel_report(m),
-    }
+    call, kernels = m.interpreter.invoke, kernel_report(m)
+    close = None
+    if runtime == "compiled":  # the same graph partition, run by CompiledModel
+        call, close = _compiled_call(m.content, threads, q)
+    timed = time_calls(call, warmup=warmup, runs=runs)
+    if close is not None:
+        kernels = {**kernels, "runtime": "compiled", "fully_accelerated": close()}
+    return {**timed, "threads": threads, "runtime": runtime, "kernels": kernels}
 
 
 def litert_benchmark(

@@ -101,6 +101,10 @@ DEFAULT_MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int16x8"
 IO_TYPES = ("float", "int8", "uint8")
 SPARSITY_CHOICES = ("auto", "on", "off")
 KERNELS = ("xnnpack", "builtin", "both")
+# LiteRT runtime settings a latency can be timed with (--runtime): the Interpreter with its default
+# XNNPACK delegate (and --kernels), the Interpreter's experimental_default_delegate_latest_features,
+# and ai-edge-litert's CompiledModel on the CPU (its XNNPACK with default CpuOptions).
+RUNTIMES = ("interpreter", "latest", "compiled")
 
 
 def check_choice(what: str, value: str, choices: Sequence[str], flag: str) -> str:
@@ -124,6 +128,22 @@ def parse_modes(text: str | Sequence[str]) -> list[str]:
     if not modes:
         raise ConfigError(f"no mode given; choose from {', '.join(MODES)} (--modes float32,int8)")
     return modes
+
+
+def parse_runtimes(text: str | Sequence[str]) -> list[str]:
+    """Parses ``"interpreter,compiled"`` into known runtime settings (order kept, repeats dropped).
+
+    Raises:
+        ConfigError: an unknown runtime, or none.
+    """
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: list[str] = []
+    for item in (i.strip() for i in items):
+        if item and item not in out:
+            out.append(check_choice("runtime", item, RUNTIMES, "--runtime"))
+    if not out:
+        raise ConfigError(f"no runtime given; choose from {', '.join(RUNTIMES)} (--runtime)")
+    return out
 
 
 def parse_threads(text: str | Sequence[int]) -> list[int]:

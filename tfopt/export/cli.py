@@ -51,6 +51,7 @@ FLAG_USERS = {
     "--runs": _LATENCY,
     "--warmup": _LATENCY,
     "--kernels": _LATENCY,
+    "--runtime": _LATENCY,
     "--litert-benchmark": _LATENCY,
     "--no-keras-latency": (_FROM,),
     "--overwrite": (_FROM,),
@@ -200,6 +201,13 @@ def build_parser() -> cli.ArgumentParser:
         "(LiteRT's default) and/or builtin kernels only",
     )
     g.add_argument(
+        "--runtime",
+        default="interpreter",
+        help=f"comma-separated LiteRT runtime settings to time: {', '.join(choices.RUNTIMES)} "
+        "(the Interpreter, the Interpreter with experimental_default_delegate_latest_features, "
+        "ai-edge-litert's CompiledModel on the CPU); default interpreter",
+    )
+    g.add_argument(
         "--litert-benchmark", action="store_true", help="also run the litert-benchmark command"
     )
     g.add_argument(
@@ -273,6 +281,7 @@ def _check_args(args, given: set[str]) -> None:
     choices.check_choice("io", args.io, choices.IO_TYPES, "--io")
     choices.check_choice("sparsity", args.sparsity, choices.SPARSITY_CHOICES, "--sparsity")
     choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
+    choices.parse_runtimes(args.runtime)
     choices.check_choice("split", args.split, ("test", "validation"), "--split")
     choices.parse_threads(args.threads)
     _data_config(args)
@@ -369,6 +378,7 @@ def _work(args) -> int:
         runs=args.runs,
         warmup=args.warmup,
         kernels=args.kernels,
+        runtimes=tuple(choices.parse_runtimes(args.runtime)),
         litert_benchmark=args.litert_benchmark,
         keras=not args.no_keras_latency,
     )
@@ -438,6 +448,8 @@ def _work(args) -> int:
     print(summary.export_table([row]))
     if row.get("roofline"):
         print(f"{roofline.peak_summary(row['cpu_peaks'])}\n\n{summary.roofline_table([row])}")
+    if summary.fastest_runtime(row):
+        print(summary.fastest_runtime(row))
     for key, k in row["kernels"].items():
         print(
             f"kernels {key}: {k['delegated_ops']}/{k['total_ops']} ops in {k['delegate_partitions']} XNNPACK "

@@ -51,13 +51,22 @@ class TFLiteModel:
         num_threads: Interpreter threads (None = LiteRT's default).
         xnnpack: Use the default XNNPACK delegate (True, LiteRT's default) or only the builtin
             kernels (``OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES``).
+        latest_features: The interpreter's ``experimental_default_delegate_latest_features``: its
+            own XNNPACK delegate with the latest operators and subgraph reshaping.
 
     Raises:
         ModelError: missing file, not a TFLite model, more than one input or output, or an op
             the interpreter cannot run (e.g. Flex ops without the Flex delegate).
     """
 
-    def __init__(self, model: str | bytes, *, num_threads: int | None = None, xnnpack: bool = True):
+    def __init__(
+        self,
+        model: str | bytes,
+        *,
+        num_threads: int | None = None,
+        xnnpack: bool = True,
+        latest_features: bool = False,
+    ):
         content = read_tflite(model) if isinstance(model, str) else bytes(model)
         self.name = model if isinstance(model, str) else "<bytes>"
         self.content = content
@@ -73,6 +82,7 @@ class TFLiteModel:
                     model_content=content,
                     num_threads=num_threads,
                     experimental_op_resolver_type=resolver,
+                    experimental_default_delegate_latest_features=latest_features,
                 )
                 self.interpreter.allocate_tensors()
         except (ValueError, RuntimeError) as e:

@@ -34,7 +34,14 @@ from tfopt.data.sources import input_contract, prepare
 from tfopt.errors import ConfigError
 from tfopt.export import auto, fidelity, keras3, metadata, roofline, summary, tflite
 from tfopt.export import benchmark as bench
-from tfopt.export.choices import DEFAULT_MODES, KERNELS, MODES, check_choice, parse_modes
+from tfopt.export.choices import (
+    DEFAULT_MODES,
+    KERNELS,
+    MODES,
+    check_choice,
+    parse_modes,
+    parse_runtimes,
+)
 from tfopt.export.evaluate import (
     EvalResult,
     TFLiteModel,
@@ -64,6 +71,7 @@ class BenchSettings:
     runs: int = 200
     warmup: int = 20
     kernels: str = "xnnpack"  # xnnpack (LiteRT's default) | builtin (no delegate) | both
+    runtimes: tuple[str, ...] = ("interpreter",)  # and/or latest, compiled (choices.RUNTIMES)
     litert_benchmark: bool = False  # also run the `litert-benchmark` command
     keras: bool = (
         True  # also time the Keras model (float baseline), one child process per thread count
@@ -71,15 +79,25 @@ class BenchSettings:
 
     def __post_init__(self):
         check_choice("kernels", self.kernels, KERNELS, "--kernels")
+        parse_runtimes(self.runtimes)
         if not self.threads:
             raise ConfigError("no thread count given; use e.g. --threads 1,2")
 
-    def settings(self) -> list[tuple[str, bool, int]]:
-        """``(key, xnnpack, threads)`` for every measurement, e.g. ``("xnnpack/1t", True, 1)``."""
+    def settings(self) -> list[tuple[str, str, bool, int]]:
+        """``(key, runtime, xnnpack, threads)`` for every measurement, e.g.
+        ``("xnnpack/1t", "interpreter", True, 1)`` or ``("compiled/2t", "compiled", True, 2)``."""
         kinds = {"xnnpack": [True], "builtin": [False], "both": [True, False]}[self.kernels]
-        return [
-            (f"{'xnnpack' if x else 'builtin'}/{t}t", x, t) for x in kinds for t in self.threads
-        ]
+        out = []
+        for runtime in self.runtimes:
+            if runtime == "interpreter":
+                out += [
+                    (f"{'xnnpack' if x else 'builtin'}/{t}t", runtime, x, t)
+                    for x in kinds
+                    for t in self.threads
+                ]
+            else:
+                out += [(f"{runtime}/{t}t", runtime, True, t) for t in self.threads]
+        return out
 
 
 @dataclass(frozen=True)
@@ -113,9 +131,14 @@ def load_source_model(path: str, trust_model: bool = False) -> keras.Model:
 
 def _latency(content: bytes, settings: BenchSettings, path: str) -> dict:
     out = {}
-    for key, xnnpack, threads in settings.settings():
+    for key, runtime, xnnpack, threads in settings.settings():
         out[key] = bench.latency(
-            content, threads=threads, warmup=settings.warmup, runs=settings.runs, xnnpack=xnnpack
+            content,
+            threads=threads,
+            warmup=settings.warmup,
+            runs=settings.runs,
+            xnnpack=xnnpack,
+            runtime=runtime,
         )
     if settings.litert_benchmark:
         for t in settings.threads:
@@ -140,7 +163,7 @@ def _row(
     kernels = next(
         (v["kernels"] for v in latency.values() if "kernels" in v and v["kernels"]["xnnpack"]), None
     )
-    return {
+    row = {
         "mode": mode,
         "io": converted_io,
         "file": file,
@@ -154,6 +177,8 @@ def _row(
         "roofline": roofline.measure(content, latency),
         **extra,
     }
+    row["fastest_runtime"] = summary.fastest_runtime(row)
+    return row
 
 
 def run(
@@ -367,6 +392,7 @@ def _export(
     for line in slower:
         log.warning(line)
     notes.extend(slower)
+    notes.extend(f"{r['mode']}: {r['fastest_runtime']}" for r in rows if r.get("fastest_runtime"))
     keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
     table = summary.export_table(rows)
     cpu_peaks = peaks()

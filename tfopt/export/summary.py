@@ -167,6 +167,28 @@ def slower_than_float(rows: Sequence[dict]) -> list[str]:
     return lines
 
 
+def fastest_runtime(row: dict) -> str:
+    """Which runtime setting gave the lowest p50 at each thread count, when several were timed.
+
+    E.g. ``fastest runtime: 1t compiled 0.769 ms (xnnpack 0.774, latest 0.741)``; empty when
+    one runtime was timed.
+    """
+    by_threads: dict[str, dict[str, float]] = {}
+    for key, value in (row.get("latency") or {}).items():
+        name, _, threads = key.partition("/")
+        if name in ("builtin", "litert-benchmark") or not value.get("p50_ms"):
+            continue
+        by_threads.setdefault(threads, {})[name] = value["p50_ms"]
+    parts = []
+    for threads, p50s in by_threads.items():
+        if len(p50s) < 2:
+            continue
+        best = min(p50s, key=p50s.get)
+        others = ", ".join(f"{k} {v:.3f}" for k, v in p50s.items() if k != best)
+        parts.append(f"{threads} {best} {p50s[best]:.3f} ms ({others})")
+    return "fastest runtime: " + "; ".join(parts) if parts else ""
+
+
 def export_table(rows: Sequence[dict]) -> str:
     """One line per exported model: mode, size, gzip size, p50/p95 per setting, accuracy, delta, agreement."""
     keys = latency_keys(rows)

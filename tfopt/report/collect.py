@@ -267,6 +267,7 @@ def _tflite_variant(
         p95_us_2t=_us(lat, "xnnpack/2t", "p95_ms"),
         bound_us=roof["bound_ms"] * 1e3 if roof and roof.get("bound_ms") else None,
         roofline=roof,
+        notes=[row["fastest_runtime"]] if row.get("fastest_runtime") else [],
         gate=row.get("gate"),
         file=os.path.join(export.dir, row["file"]) if row.get("file") else None,
     )
