@@ -10,13 +10,17 @@ What it does, in one run on one machine (BENCHMARKS.md, row B9):
    becomes the input scaling ([-1, 1]) of training, evaluation and calibration.
 3. Exports each with the library's export stage (``tfopt.export.runner.run``, what
    ``python -m tfopt.export --from RUN --strip-strings`` does): float32, dynamic, float16, int8,
-   int8_auto and int16x8, 25 calibration batches from the run's training pipeline, float I/O.
+   int8_auto (searched at 1 and 2 threads) and int16x8, 25 calibration batches from the run's
+   training pipeline, float I/O; and ai-edge-quantizer's dynamic_selective, int8_weights and
+   int4_weights.
    Every .tflite is scored on the same test images: accuracy, top-1 agreement with Keras.
 4. The peer on the same trained model: the LiteRT "Post-training quantization" guide's recipes
    (``bench/peers/litert_ptq_guide.py``), one plain ``TFLiteConverter`` per mode.
 5. Latency at batch 1 with the LiteRT interpreter (XNNPACK, LiteRT's default) at 1 and 2
    threads: ``--repeats`` rounds, every model of both arms interleaved (order rotated) in every
-   round, each round's ratio taken against its own float32; median and range reported.
+   round, each round's ratio taken against its own float32; median and range reported. Every
+   model's roofline (:mod:`tfopt.export.roofline`): its compute bound on this CPU at each setting,
+   measured / bound, and per kernel class where the 1-thread time goes.
 
 Writes ``bench/results/edge_architecture.json`` (figures via ``bench/_common.figure``).
 
@@ -52,7 +56,8 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.export import tflite  # noqa: E402
+from tfopt.cpu import peaks  # noqa: E402
+from tfopt.export import roofline, tflite  # noqa: E402
 from tfopt.export.evaluate import load_split  # noqa: E402
 from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
 from tfopt.export.runner import run as export_run  # noqa: E402
@@ -60,6 +65,8 @@ from tfopt.runs import load_run  # noqa: E402
 
 SETTINGS = (("xnnpack/1t", 1), ("xnnpack/2t", 2))
 MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int16x8")
+# ai-edge-quantizer's modes (tfopt[quantizer]), beside the converter's.
+QUANTIZER_MODES = ("dynamic_selective", "int8_weights", "int4_weights")
 # B9 on width 1.0: int8_auto >= 2.5x faster than the float .tflite at 1 thread, >= 3.5x smaller,
 # <= 1 pt below the float model; no PTQ mode more than 5% slower than the guide's same mode.
 TARGETS = {
@@ -89,6 +96,7 @@ class Params:
     runs: int = 100
     warmup: int = 10
     export_runs: int = 50
+    export_threads: tuple = (1, 2)  # the export's own timing and int8_auto's search
     smoke: bool = False
 
 
@@ -134,6 +142,7 @@ def parse_args(argv=None):
             runs=10,
             warmup=2,
             export_runs=5,
+            export_threads=(1,),
             smoke=True,
         )
     gate = QuietGate(enabled=not (a.no_gate or a.smoke))
@@ -183,13 +192,15 @@ def ensure_run(workdir: str, folder: str, p: Params, alpha: float) -> str:
 def export_family(run_dir: str, workdir: str, name: str, p: Params) -> dict:
     """The export stage on one trained run: every mode, stripped; returns its rows."""
     settings = ExportSettings(
-        modes=MODES,
+        modes=MODES + QUANTIZER_MODES,
         options=tflite.ConvertOptions(strip_strings=True),
         calibration_steps=p.calibration_steps,
         eval_limit=p.eval_limit,
         search_limit=p.search_limit,
         selective=False,
-        bench=BenchSettings(threads=(1,), runs=p.export_runs, warmup=p.warmup, keras=False),
+        bench=BenchSettings(
+            threads=p.export_threads, runs=p.export_runs, warmup=p.warmup, keras=False
+        ),
         plot=False,
     )
     out = os.path.join(workdir, f"{name}-export{'-smoke' if p.smoke else ''}")
@@ -260,10 +271,18 @@ def main(argv=None) -> int:
         per = interleaved_latency(
             timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar
         )
-    return publish(summarize(p, families, peers, per), gate, t_start, report, out, "B9")
+        bar.set_postfix_str("rooflines (every op timed alone)")
+        summary = summarize(p, families, peers, per, peaks())
+    return publish(summary, gate, t_start, report, out, "B9")
 
 
-def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
+def _roofline(content: bytes, per_model: dict, peaks: dict) -> dict:
+    """The roofline of one model at the interleaved medians (per-class times at 1 thread)."""
+    latency = {k: {"p50_ms": median(per_model[k]), "threads": t} for k, t in SETTINGS}
+    return roofline.measure(content, latency, peaks=peaks)
+
+
+def summarize(p: Params, families: dict, peers: dict, per: dict, peaks: dict) -> dict:
     figures, out_families = [], {}
     for name, fam in families.items():
         keras_acc = fam["keras_test_accuracy"]
@@ -275,6 +294,7 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
                 "size_ratio_vs_float32": fam["rows"]["float32"]["size_bytes"] / r["size_bytes"],
                 "accuracy_loss_vs_keras_pt": round(100 * (keras_acc - r["eval"]["accuracy"]), 3),
                 "latency_interleaved": speedups(per, f"{name}/tfopt/{mode}", base, SETTINGS),
+                "roofline": _roofline(r["content"], per[f"{name}/tfopt/{mode}"], peaks),
             }
         peer_rows = {}
         for mode, r in peers[name].items():
@@ -284,6 +304,9 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
             )
             peer_rows[mode]["size_ratio_vs_float32"] = (
                 peers[name]["float32"]["size_bytes"] / r["size_bytes"]
+            )
+            peer_rows[mode]["roofline"] = _roofline(
+                r["content"], per[f"{name}/guide/{mode}"], peaks
             )
         # tfopt's mode vs the guide's same mode, per round (>1: tfopt slower)
         vs_peer = {}
@@ -311,6 +334,36 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
                 f"{1e3 * rows['float32']['latency_interleaved']['xnnpack/1t']['p50_ms']:.0f} us; kept in "
                 f"float: {kept}; plain int8 "
                 f"{rows['int8']['latency_interleaved']['xnnpack/1t']['speedup_vs_float32']:.2f}x",
+            ),
+            figure(
+                f"{name}: int8_auto p50 / compute bound (1 thread; 1.0 = the CPU's peak)",
+                [auto["roofline"]["xnnpack/1t"]["ratio"]],
+                "x",
+                detail=f"bound {1e3 * auto['roofline']['xnnpack/1t']['bound_ms']:.0f} us "
+                f"({auto['roofline']['xnnpack/1t']['macs'] / 1e6:.1f}M MACs); "
+                f"{auto['roofline']['xnnpack/1t']['summary']}; float32 at "
+                f"{rows['float32']['roofline']['xnnpack/1t']['ratio']:.2f}x its bound",
+            ),
+            figure(
+                f"{name}: dynamic_selective speedup vs float32 (1 thread)",
+                rows["dynamic_selective"]["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"],
+                "x",
+                peer=f"the converter's dynamic: "
+                f"{rows['dynamic']['latency_interleaved']['xnnpack/1t']['speedup_vs_float32']:.2f}x",
+                detail=f"ceiling: the regular convolutions' float share of the time; "
+                f"{rows['dynamic_selective']['roofline']['xnnpack/1t']['summary']}",
+            ),
+            figure(
+                f"{name}: int8_auto / plain int8 p50 (1 thread; <= 1 = never slower)",
+                [
+                    a / b
+                    for a, b in zip(
+                        per[f"{name}/tfopt/int8_auto"]["xnnpack/1t"],
+                        per[f"{name}/tfopt/int8"]["xnnpack/1t"],
+                    )
+                ],
+                "x",
+                detail=f"2 threads: {median([a / b for a, b in zip(per[f'{name}/tfopt/int8_auto']['xnnpack/2t'], per[f'{name}/tfopt/int8']['xnnpack/2t'])]):.3f}; kept in float: {kept}",
             ),
             figure(
                 f"{name}: int8_auto speedup vs float32 (2 threads)",
@@ -362,6 +415,7 @@ def summarize(p: Params, families: dict, peers: dict, per: dict) -> dict:
         params=dataclasses.asdict(p),
         families=out_families,
         latency_rounds=per,
+        cpu_peaks=peaks,
         peer={"guide": guide.GUIDE, "url": guide.URL},
     )
 
@@ -383,6 +437,8 @@ def report(res: dict) -> str:
                             f"{lat[k]['p50_ms'] * 1e3:.0f} ({lat[k]['speedup_vs_float32']:.2f}x)"
                             for k, _ in SETTINGS
                         ],
+                        f"{r['roofline']['xnnpack/1t']['bound_ms'] * 1e3:.0f}",
+                        f"{r['roofline']['xnnpack/1t']['ratio']:.2f}x",
                         f"{100 * acc:.2f}",
                     ]
                 )
@@ -399,11 +455,14 @@ def report(res: dict) -> str:
                     "size KiB",
                     "smaller",
                     *[f"p50 {k} us (speedup)" for k, _ in SETTINGS],
+                    "bound 1t us",
+                    "p50/bound 1t",
                     "test acc %",
                 ],
                 rows,
             )
         )
+    parts.append(f"Bounds: {roofline.peak_summary(res['cpu_peaks'])}.")
     parts.append(figures_table(res["figures"]))
     return "\n\n".join(parts)
 

@@ -22,11 +22,33 @@ def test_edge_architecture_benchmark_smoke(tmp_path):
         3,
     ]
     assert len(fam["data"]["class_names"]) == 10  # Fashion-MNIST's names, through the folder
-    assert list(fam["tfopt"]) == ["float32", "dynamic", "float16", "int8", "int8_auto", "int16x8"]
+    assert list(fam["tfopt"]) == [
+        "float32",
+        "dynamic",
+        "float16",
+        "int8",
+        "int8_auto",
+        "int16x8",
+        "dynamic_selective",
+        "int8_weights",
+        "int4_weights",
+    ]
     assert list(fam["guide"]) == ["float32", "dynamic", "float16", "int8", "int16x8"]
     auto = fam["tfopt"]["int8_auto"]
     speedup = statistics.median(auto["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"])
     assert res["figures"][0]["value"] == pytest.approx(speedup)
     f32 = fam["tfopt"]["float32"]["size_bytes"]
     assert auto["size_ratio_vs_float32"] == pytest.approx(f32 / auto["size_bytes"])
+    # Every model of both arms has its roofline: the bound and measured / bound at each setting.
+    for arm in ("tfopt", "guide"):
+        for mode, row in fam[arm].items():
+            for key in ("xnnpack/1t", "xnnpack/2t"):
+                roof = row["roofline"][key]
+                p50 = statistics.median(
+                    res["latency_rounds"][f"mobilenetv2_0.35/{arm}/{mode}"][key]
+                )
+                assert roof["p50_ms"] == pytest.approx(p50) and roof["ratio"] > 1, (arm, mode, key)
+    bound = fam["tfopt"]["int8_auto"]["roofline"]["xnnpack/1t"]
+    ratio = next(f for f in res["figures"] if "int8_auto p50 / compute bound" in f["name"])
+    assert ratio["value"] == pytest.approx(bound["ratio"]) and res["cpu_peaks"]["int8"]["gmacs"] > 0
     check_figures(res)  # every verdict follows from its numbers
