@@ -373,6 +373,15 @@ def interleaved_latency(
     return per
 
 
+def roofline_at(content: bytes, per_model: dict, settings, peaks: dict) -> dict:
+    """One model's roofline at its interleaved medians (:func:`tfopt.export.roofline.measure`):
+    the bound and measured / bound per setting, per kernel class at the first."""
+    from tfopt.export import roofline
+
+    latency = {k: {"p50_ms": median(per_model[k]), "threads": t} for k, t in settings}
+    return roofline.measure(content, latency, peaks=peaks)
+
+
 def speedups(per: dict, name: str, base: str, settings) -> dict:
     """Per setting: ``name``'s p50 median and rounds, and its per-round speedup over ``base`` (same round)."""
     out = {}

@@ -52,6 +52,7 @@ from bench._common import (  # noqa: E402
     median,
     publish,
     result,
+    roofline_at,
     speedups,
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
@@ -276,12 +277,6 @@ def main(argv=None) -> int:
     return publish(summary, gate, t_start, report, out, "B9")
 
 
-def _roofline(content: bytes, per_model: dict, peaks: dict) -> dict:
-    """The roofline of one model at the interleaved medians (per-class times at 1 thread)."""
-    latency = {k: {"p50_ms": median(per_model[k]), "threads": t} for k, t in SETTINGS}
-    return roofline.measure(content, latency, peaks=peaks)
-
-
 def summarize(p: Params, families: dict, peers: dict, per: dict, peaks: dict) -> dict:
     figures, out_families = [], {}
     for name, fam in families.items():
@@ -294,7 +289,7 @@ def summarize(p: Params, families: dict, peers: dict, per: dict, peaks: dict) ->
                 "size_ratio_vs_float32": fam["rows"]["float32"]["size_bytes"] / r["size_bytes"],
                 "accuracy_loss_vs_keras_pt": round(100 * (keras_acc - r["eval"]["accuracy"]), 3),
                 "latency_interleaved": speedups(per, f"{name}/tfopt/{mode}", base, SETTINGS),
-                "roofline": _roofline(r["content"], per[f"{name}/tfopt/{mode}"], peaks),
+                "roofline": roofline_at(r["content"], per[f"{name}/tfopt/{mode}"], SETTINGS, peaks),
             }
         peer_rows = {}
         for mode, r in peers[name].items():
@@ -305,8 +300,8 @@ def summarize(p: Params, families: dict, peers: dict, per: dict, peaks: dict) ->
             peer_rows[mode]["size_ratio_vs_float32"] = (
                 peers[name]["float32"]["size_bytes"] / r["size_bytes"]
             )
-            peer_rows[mode]["roofline"] = _roofline(
-                r["content"], per[f"{name}/guide/{mode}"], peaks
+            peer_rows[mode]["roofline"] = roofline_at(
+                r["content"], per[f"{name}/guide/{mode}"], SETTINGS, peaks
             )
         # tfopt's mode vs the guide's same mode, per round (>1: tfopt slower)
         vs_peer = {}

@@ -54,12 +54,14 @@ from bench._common import (  # noqa: E402
     markdown_table,
     publish,
     result,
+    roofline_at,
     speedups,
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from bench.peers import tfmot_xnnpack_guide as peers  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.export import tflite  # noqa: E402
+from tfopt.cpu import peaks  # noqa: E402
+from tfopt.export import roofline, tflite  # noqa: E402
 from tfopt.export.evaluate import load_split  # noqa: E402
 from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
 from tfopt.export.runner import run as export_run  # noqa: E402
@@ -391,10 +393,12 @@ def main(argv=None) -> int:
         per = interleaved_latency(
             timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar
         )
-    return publish(summarize(p, families, per), gate, t_start, report, out, "B10")
+        bar.set_postfix_str("rooflines (every op timed alone)")
+        summary = summarize(p, families, per, peaks())
+    return publish(summary, gate, t_start, report, out, "B10")
 
 
-def summarize(p: Params, families: dict, per: dict) -> dict:
+def summarize(p: Params, families: dict, per: dict, peaks: dict) -> dict:
     figures, out = [], {}
     for family, fam in families.items():
         base = f"{family}/dense/float32"
@@ -410,6 +414,9 @@ def summarize(p: Params, families: dict, per: dict) -> dict:
                         100 * (dense["rows"]["float32"]["accuracy"] - r["accuracy"]), 3
                     ),
                     "latency_interleaved": speedups(per, f"{family}/{name}/{mode}", base, SETTINGS),
+                    "roofline": roofline_at(
+                        r["content"], per[f"{family}/{name}/{mode}"], SETTINGS, peaks
+                    ),
                 }
                 for mode, r in arm.get("rows", {}).items()
             }
@@ -524,6 +531,7 @@ def summarize(p: Params, families: dict, per: dict) -> dict:
         params=dataclasses.asdict(p),
         families=out,
         latency_rounds=per,
+        cpu_peaks=peaks,
         peers={
             "xnnpack": {"guide": peers.XNNPACK_GUIDE, "url": peers.XNNPACK_URL},
             "magnitude": {"guide": peers.MAGNITUDE_GUIDE},
@@ -538,7 +546,9 @@ def report(res: dict) -> str:
         rows = []
         for name, arm in arms.items():
             if "refused" in arm:
-                rows.append([name, "-", "-", "refused: " + arm["refused"][:60], "", "", "", ""])
+                rows.append(
+                    [name, "-", "-", "refused: " + arm["refused"][:60], "", "", "", "", "", ""]
+                )
                 continue
             for mode, r in arm["modes"].items():
                 lat = r["latency_interleaved"]
@@ -552,6 +562,8 @@ def report(res: dict) -> str:
                             f"{lat[k]['p50_ms'] * 1e3:.0f} ({lat[k]['speedup_vs_float32']:.2f}x)"
                             for k, _ in SETTINGS
                         ],
+                        f"{r['roofline']['xnnpack/1t']['bound_ms'] * 1e3:.0f}",
+                        f"{r['roofline']['xnnpack/1t']['ratio']:.2f}x",
                         f"{100 * r['accuracy']:.2f}",
                     ]
                 )
@@ -568,11 +580,14 @@ def report(res: dict) -> str:
                     "MMACs",
                     "size KiB",
                     *[f"p50 {k} us (speedup)" for k, _ in SETTINGS],
+                    "bound 1t us",
+                    "p50/bound 1t",
                     "test acc %",
                 ],
                 rows,
             )
         )
+    parts.append(f"Bounds: {roofline.peak_summary(res['cpu_peaks'])}.")
     parts.append(figures_table(res["figures"]))
     return "\n\n".join(parts)
 

@@ -53,4 +53,11 @@ def test_structured_benchmark_smoke(tmp_path):
     assert res["figures"][0]["value"] == pytest.approx(
         statistics.median(cp["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"])
     )
+    # Every timed model has its roofline; pruned to fewer multiply-adds, a lower bound.
+    for name, arm in arms.items():
+        for mode, row in arm.get("modes", {}).items():
+            roof = row["roofline"]["xnnpack/1t"]
+            assert roof["ratio"] > 1 and roof["bound_ms"] > 0, (name, mode)
+    dense_bound = arms["dense"]["modes"]["float32"]["roofline"]["xnnpack/1t"]["bound_ms"]
+    assert cp["roofline"]["xnnpack/1t"]["bound_ms"] < dense_bound
     check_figures(res)  # every verdict follows from its numbers
