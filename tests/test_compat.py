@@ -268,6 +268,15 @@ def test_litert_signature_invoke_is_still_private():
     )
 
 
+def test_tflite_schema_module_still_has_the_names_tfopt_reads():
+    schema = _compat.tflite_schema()
+    codes = schema.BuiltinOperator
+    assert (codes.CONV_2D, codes.DEPTHWISE_CONV_2D, codes.FULLY_CONNECTED) == (3, 4, 9), (
+        "the TFLite schema renumbered its ops: re-check tfopt.export.ops"
+    )
+    assert schema.BufferT().data is None and hasattr(schema, "ModelT")
+
+
 def test_tflite_model_editing_is_still_private():
     import ai_edge_litert
     from ai_edge_litert.interpreter import Interpreter

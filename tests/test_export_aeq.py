@@ -278,3 +278,14 @@ def test_every_runtime_setting_times_the_model_quietly(model, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == "", done.stderr  # no LiteRT start-up notice, no deprecation line
     assert "fastest runtime: 1t " in done.stdout and "p50 compiled/1t ms" in done.stdout
+
+
+def test_a_runtime_the_installed_litert_lacks_is_one_line(model, monkeypatch):
+    content = tflite.convert(model, "float32").content
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.compiled_model", None)  # import fails
+    with pytest.raises(ConfigError) as e:
+        benchmark.latency(content, threads=1, runs=1, warmup=0, runtime="compiled")
+    assert "--runtime compiled needs ai-edge-litert's CompiledModel, which ai-edge-litert" in str(
+        e.value
+    )
+    assert "use --runtime interpreter" in str(e.value) and "\n" not in str(e.value)

@@ -81,6 +81,7 @@ __all__ = [
     "parameter_server_workers",
     "read_tflite_model",
     "write_tflite_model",
+    "tflite_schema",
     "saved_model_converter",
     "fix_for_keras_format",
     "StepCountingClusteringSummaries",  # noqa: F822 (made on first use by __getattr__)
@@ -403,6 +404,17 @@ def read_tflite_model(content: bytes):
     from ai_edge_litert.tools import flatbuffer_utils
 
     return flatbuffer_utils.read_model_from_bytearray(bytearray(content))
+
+
+def tflite_schema():
+    """The flatbuffer schema's generated Python module (``BuiltinOperator`` codes, ``BufferT``...).
+
+    ai-edge-litert 2.3 ships it as ``ai_edge_litert.schema_py_generated``, undocumented, the
+    module :func:`read_tflite_model`'s objects come from.
+    """
+    from ai_edge_litert import schema_py_generated
+
+    return schema_py_generated
 
 
 def write_tflite_model(model) -> bytes:

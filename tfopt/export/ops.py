@@ -20,7 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tfopt import native_stderr
-from tfopt._compat import interpreter_ops_details, read_tflite_model, write_tflite_model
+from tfopt._compat import (
+    interpreter_ops_details,
+    read_tflite_model,
+    tflite_schema,
+    write_tflite_model,
+)
 from tfopt.export.evaluate import _interpreter_class
 from tfopt.timing import time_calls
 
@@ -61,9 +66,7 @@ def model_ops(content: bytes) -> list[tuple[str, str]]:
 
 
 def _builtin_names() -> dict[int, str]:
-    from ai_edge_litert import schema_py_generated as schema
-
-    ops = schema.BuiltinOperator
+    ops = tflite_schema().BuiltinOperator
     return {v: k for k, v in vars(ops).items() if k.isupper() and isinstance(v, int)}
 
 
@@ -121,8 +124,6 @@ def op_costs(content: bytes) -> list[OpCost]:
 
 def _one_op(model, index: int):
     """A shallow copy of ``model`` holding only op ``index`` of subgraph 0 (``model`` is not changed)."""
-    from ai_edge_litert import schema_py_generated as schema
-
     graph = model.subgraphs[0]
     op = copy.copy(graph.operators[index])
     used = [t for t in [*op.inputs, *op.outputs, *(op.intermediates or [])] if t >= 0]
@@ -133,7 +134,7 @@ def _one_op(model, index: int):
     if op.intermediates is not None and len(op.intermediates):
         op.intermediates = [remap[t] for t in op.intermediates]
     keep = {t.buffer for t in tensors}
-    empty = schema.BufferT()
+    empty = tflite_schema().BufferT()
     buffers = [buf if b in keep else empty for b, buf in enumerate(model.buffers)]
 
     def constant(t: int) -> bool:
