@@ -62,9 +62,10 @@ def test_peaks_are_measured_once_in_a_child_then_read_from_the_cache(tmp_path, m
         expected = p["instructions_per_cycle"] * first["clock_ghz"] * p["macs_per_instruction"]
         assert p["gmacs"] == pytest.approx(expected, rel=0.02)
         # 12 independent instructions per loop: a kernel whose instructions waited on each other
-        # (latency 4-5 cycles) would issue at most 0.25 per cycle; no x86 core issues over 4.
-        assert 0.5 < p["instructions_per_cycle"] <= 4.0, first
-    assert 0.5 < first["clock_ghz"] < 7.0
+        # (latency 4-5 cycles) would issue at most 0.25 per cycle. Measured here 1.8-2.1 per cycle,
+        # beside the soak's CPU hog too (the fastest of 21 short runs); the margin is wide on purpose.
+        assert 0.3 < p["instructions_per_cycle"] <= 8.0, first
+    assert 0.3 < first["clock_ghz"] < 8.0
     cached = list((tmp_path / "tfopt").iterdir())
     assert len(cached) == 1 and json.loads(cached[0].read_text())["fp32"] == first["fp32"]
     again = cpu.peaks()
