@@ -448,8 +448,9 @@ def _work(args) -> int:
     print(summary.export_table([row]))
     if row.get("roofline"):
         print(f"{roofline.peak_summary(row['cpu_peaks'])}\n\n{summary.roofline_table([row])}")
-    if summary.fastest_runtime(row):
-        print(summary.fastest_runtime(row))
+    fastest = summary.fastest_runtime(row)
+    if fastest:
+        print(fastest)
     for key, k in row["kernels"].items():
         print(
             f"kernels {key}: {k['delegated_ops']}/{k['total_ops']} ops in {k['delegate_partitions']} XNNPACK "
