@@ -340,3 +340,24 @@ def test_strip_strings_gives_a_smaller_model_with_identical_outputs(mnist_run, m
     (name,) = b.interpreter.get_signature_list()["serving_default"]["inputs"]
     out = runner(**{name: x[:1]})
     np.testing.assert_array_equal(next(iter(out.values())), a.predict(x[:1]))
+
+
+def test_explain_says_why_the_chosen_candidate_won():
+    slow = [1.0, 1.0, 1.0]
+    fast = {1: [0.7, 0.7, 0.7], 2: [0.6, 0.6, 0.6]}
+    plain_fails = auto.Candidate(
+        [], 1000, slow, EvalResult(100, 0.9, keras_accuracy=0.9, agreement=0.987),
+        fidelity.GateResult(False, ["agreement 0.9870 < 0.99"]), {1: slow, 2: [0.5, 0.5, 0.5]},
+    )  # fmt: skip
+    found = auto.AutoResult(1, [], [plain_fails, _candidate(fast)], chosen=1)
+    line = auto.explain(found, (1, 2))
+    # Plain int8 is faster at 2 threads but fails the gate: the line must not claim the opposite.
+    assert "plain int8 failed the gate (agreement 0.9870 < 0.99)" in line
+    assert "faster than plain int8" not in line
+    assert line.endswith("end to end 1t 0.700 vs 1.000 ms, 2t 0.600 vs 0.500 ms for plain int8)")
+    found = auto.AutoResult(1, [], [_candidate(PLAIN), _candidate(fast)], chosen=1)
+    assert "faster than plain int8 in every timing round at 1/2 thread(s)" in auto.explain(
+        found, (1, 2)
+    )
+    found = auto.AutoResult(1, [], [_candidate(PLAIN), _candidate(fast)], chosen=0)
+    assert "plain int8: no candidate beat it" in auto.explain(found, (1, 2))

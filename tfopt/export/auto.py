@@ -188,6 +188,33 @@ class AutoResult:
         }
 
 
+def explain(found: AutoResult, threads: Sequence[int]) -> str:
+    """The one line that says what int8_auto kept in float and why, with end-to-end timings."""
+    chosen, plain = found.candidates[found.chosen], found.candidates[0]
+    counts = "/".join(str(t) for t in threads)
+    if not found.passed:
+        why = "no candidate passed the gate on validation"
+    elif found.chosen == 0:
+        why = f"plain int8: no candidate beat it beyond the timing noise at {counts} thread(s)"
+    elif not plain.gate.passed:
+        why = (
+            f"plain int8 failed the gate ({'; '.join(plain.gate.reasons)}): the passing candidate "
+            f"fastest over {counts} thread(s)"
+        )
+    else:
+        why = f"faster than plain int8 in every timing round at {counts} thread(s), gate passed"
+    timed = ", ".join(
+        f"{t}t {statistics.median(chosen.rounds_by_threads[t]):.3f} vs "
+        f"{statistics.median(plain.rounds_by_threads[t]):.3f} ms"
+        for t in chosen.rounds_by_threads
+    )
+    return (
+        f"int8_auto: int8 measured slower than float for {', '.join(found.slow) or 'no op'} "
+        f"({threads[0]} thread(s)); kept in float: {', '.join(chosen.float_nodes) or 'no op'} "
+        f"({why}; end to end {timed} for plain int8)"
+    )
+
+
 def recipe(found: AutoResult) -> list[dict]:
     """The search's per-op choice as an ai-edge-quantizer recipe: full-integer int8 everywhere,
     the chosen float ops kept float. ``tfopt export --modes recipe --recipe FILE`` re-applies it

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -612,26 +611,7 @@ def _auto(
     say("int8_auto: evaluating the chosen model on the test split")
     result = evaluate(TFLiteModel(content), x_test, y_test, reference)
     gate = fidelity.check(result, settings.thresholds)
-    chosen = found.candidates[found.chosen]
-    plain = found.candidates[0]
-    kept = ", ".join(chosen.float_nodes) or "no op"
-    counts = "/".join(str(t) for t in b.threads)
-    if not found.passed:
-        why = "no candidate passed the gate on validation"
-    elif found.chosen == 0:
-        why = f"plain int8: no candidate beat it beyond the timing noise at {counts} thread(s)"
-    else:
-        why = f"faster than plain int8 in every timing round at {counts} thread(s), gate passed"
-    timed = ", ".join(
-        f"{t}t {statistics.median(chosen.rounds_by_threads[t]):.3f} vs "
-        f"{statistics.median(plain.rounds_by_threads[t]):.3f} ms"
-        for t in chosen.rounds_by_threads
-    )
-    trade = (
-        f"int8_auto: int8 measured slower than float for {', '.join(found.slow) or 'no op'} "
-        f"({b.threads[0]} thread(s)); kept in float: {kept} ({why}; end to end {timed} for "
-        "plain int8)"
-    )
+    trade = auto.explain(found, b.threads)
     notes.append(trade)
     say(trade)
     latency = _latency(content, b, os.path.join(out_dir, file))
@@ -645,7 +625,7 @@ def _auto(
         result,
         gate,
         latency,
-        float_nodes=chosen.float_nodes,
+        float_nodes=found.candidates[found.chosen].float_nodes,
         recipe=recipe,
         search_seconds=round(search_s, 2),
         auto={

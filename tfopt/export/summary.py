@@ -127,7 +127,7 @@ def slower_than_float(rows: Sequence[dict]) -> list[str]:
     """One line per mode whose p50 is over :data:`SLOWER` times float32's, at the same setting.
 
     Each names the measured ratio, the setting and the faster alternative (its ratio too when it
-    was exported), e.g. ``dynamic is 2.70x slower than float32 (p50 xnnpack/1t); use
+    was exported; float32 when the usual alternative measured no faster), e.g. ``dynamic is 2.70x slower than float32 (p50 xnnpack/1t); use
     dynamic_selective (0.61x) ...``.
     """
     by_mode = {r["mode"]: r for r in rows}
@@ -149,6 +149,8 @@ def slower_than_float(rows: Sequence[dict]) -> list[str]:
         if row["mode"] == "float32" or r is None or r <= SLOWER:
             continue
         instead = _INSTEAD.get(row["mode"], "float32")
+        if (ratio(instead) or 0.0) >= r:  # measured, and no faster: float32 is the faster choice
+            instead = "float32"
         builtin = [
             op for op in (row.get("kernels") or {}).get("builtin_kernel_ops", []) if op != "SOFTMAX"
         ]
