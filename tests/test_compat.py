@@ -751,3 +751,17 @@ def test_parameter_server_workers_reads_what_is_still_private():
     assert "cluster_resolver" not in vars(cls), (
         "ParameterServerStrategy has its own cluster_resolver: use it in tfopt._compat.parameter_server_workers"
     )
+
+
+def test_sharded_container_reads_what_is_still_private():
+    # The real thing runs in tests/test_sharding.py (a real parameter-server cluster); here:
+    # TensorFlow still links each shard to its ShardedVariable only by a private weak reference.
+    from tensorflow.python.distribute import sharded_variable
+
+    source = inspect.getsource(sharded_variable)
+    assert "v._sharded_container = weakref.ref(self)" in source, (
+        "ShardedVariable no longer sets _sharded_container: update tfopt._compat.sharded_container"
+    )
+    from tfopt._compat import sharded_container
+
+    assert sharded_container(tf.Variable(1.0)) is None

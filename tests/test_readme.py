@@ -62,6 +62,7 @@ DOCS = (
     "docs/training.md",
     "docs/data.md",
     "docs/fault_tolerance.md",
+    "docs/scaling.md",
     "docs/distillation.md",
     "docs/compression.md",
     "docs/structured.md",

@@ -374,6 +374,16 @@ def parameter_server_workers(strategy) -> int:
     return strategy.extended._num_workers
 
 
+def sharded_container(variable):
+    """The ``ShardedVariable`` that ``variable`` is a shard of, or None for a whole variable.
+
+    A tf_keras layer lists a sharded weight as its shards (``layer.weights``); TensorFlow links each
+    shard to its container only through the private weak reference ``_sharded_container``.
+    """
+    ref = getattr(variable, "_sharded_container", None)
+    return ref() if ref is not None else None
+
+
 def keras_saved_model_metadata(path: str) -> list[tuple[str, str]]:
     """``(node_path, metadata JSON)`` of every object a tf_keras SavedModel's ``keras_metadata.pb`` describes.
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 
 from tfopt import config as config_lib
 from tfopt import flagcheck, log
-from tfopt.errors import TfoptError
+from tfopt.errors import ConfigError, TfoptError
 from tfopt.specs import MODEL_SOURCES, PRECISIONS, STRATEGIES
 
 
@@ -137,6 +137,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         metavar=_choices(config_lib.COLLECTIVES),
         help="the multi_worker_mirrored all-reduce (nccl: GPUs)",
     )
+    add_shard_variables(g)
 
     g = parser.add_argument_group("training")
     g.add_argument("--precision", metavar=_choices(PRECISIONS), help=f"one of: {PRECISIONS.help()}")
@@ -249,11 +250,40 @@ def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
         value = getattr(args, flag, None)
         if value is not None:
             raw.setdefault(section, {})[key] = value
+    raw.setdefault("runtime", {}).update(shard_variables(args))
     if getattr(args, "model_arg", None):
         raw.setdefault("model", {})["args"] = ",".join(args.model_arg)
     if getattr(args, "quiet", False):
         raw.setdefault("train", {})["verbose"] = 0
     return config_lib.from_dict(raw, cfg)
+
+
+def add_shard_variables(group) -> None:
+    """Adds ``--shard-variables MIN_SHARD_MB`` (parameter_server; see :mod:`tfopt.runtime.sharding`)."""
+    group.add_argument(
+        "--shard-variables",
+        type=float,
+        metavar="MIN_SHARD_MB",
+        help="parameter_server: split each variable of at least 2 x MIN_SHARD_MB MiB into shards "
+        "of at least MIN_SHARD_MB over the ps tasks (one shard per ps task at most)",
+    )
+
+
+def shard_variables(args: argparse.Namespace) -> dict:
+    """The ``runtime`` settings ``--shard-variables`` gives (none when it is not given).
+
+    Raises:
+        ConfigError: a size that is not positive.
+    """
+    mb = getattr(args, "shard_variables", None)
+    if mb is None:
+        return {}
+    if not mb > 0:
+        raise ConfigError(
+            f"--shard-variables {mb:g}: give the smallest shard size in MiB, a number > 0 "
+            "(e.g. --shard-variables 1)"
+        )
+    return {"variable_partitioner": "min_size", "min_shard_bytes": max(1, round(mb * (1 << 20)))}
 
 
 def check_config_flags(cfg: config_lib.RunConfig, given: Collection[str]) -> None:

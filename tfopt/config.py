@@ -22,6 +22,7 @@ AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow her
 CACHE_MODES = ("memory", "none", "file")
 SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 COLLECTIVES = ("auto", "ring", "nccl")
+PARTITIONERS = ("none", "min_size", "max_size")  # runtime.variable_partitioner
 AUGMENTS = ("none", "shift", "crop_flip")
 BGR_PREFIX = "bgr:"  # data.normalize=bgr:MEAN/STD reverses the channels (RGB -> BGR) first, as caffe-style models expect
 NORMALIZE_PRESETS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
@@ -115,6 +116,11 @@ class RuntimeConfig:
     deterministic: bool = (
         False  # op determinism + deterministic input: bit-identical reruns and resumes
     )
+    # parameter_server only: shard large variables over the ps tasks (tfopt.runtime.sharding).
+    variable_partitioner: str = "none"  # none | min_size | max_size
+    min_shard_bytes: int = 256 << 10  # min_size: no shard smaller than this
+    max_shard_bytes: int = 1 << 20  # max_size: no shard larger than this
+    max_shards: int = 0  # 0 = one per ps task
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ _CHOICES = {
     ("runtime", "strategy"): STRATEGIES.names(),
     ("runtime", "precision"): PRECISIONS.names(),
     ("runtime", "collective"): COLLECTIVES,
+    ("runtime", "variable_partitioner"): PARTITIONERS,
     ("data", "cache"): CACHE_MODES,
     ("data", "augment"): AUGMENTS,
     ("data", "service_mode"): SERVICE_MODES,
@@ -338,6 +345,8 @@ def _validate(cfg: RunConfig) -> RunConfig:
         ("data", "global_batch_size"),
         ("data", "num_shards"),
         ("runtime", "cpu_replicas"),
+        ("runtime", "min_shard_bytes"),
+        ("runtime", "max_shard_bytes"),
         ("train", "epochs"),
         ("data", "shuffle_buffer"),
     }
@@ -356,6 +365,13 @@ def _validate(cfg: RunConfig) -> RunConfig:
             raise ConfigError(
                 f"data.{key}={value} is not valid; give a positive int or -1 for AUTOTUNE"
             )
+    if cfg.runtime.variable_partitioner != "none" and cfg.runtime.strategy != "parameter_server":
+        raise ConfigError(
+            f"runtime.variable_partitioner={cfg.runtime.variable_partitioner!r} shards variables over "
+            f"ps tasks, which only strategy 'parameter_server' has (strategy is "
+            f"{cfg.runtime.strategy!r}); use --strategy parameter_server, or leave variables whole "
+            "(drop --shard-variables, or set runtime.variable_partitioner=none)"
+        )
     if not 0 <= cfg.model.freeze_epochs <= cfg.train.epochs:
         raise ConfigError(
             f"model.freeze_epochs={cfg.model.freeze_epochs} must be in [0, train.epochs="
@@ -368,6 +384,7 @@ def _validate(cfg: RunConfig) -> RunConfig:
         ("data", "ram_budget_mb"),
         ("train", "backup_every"),
         ("train", "nan_retries"),
+        ("runtime", "max_shards"),
     ):
         if getattr(getattr(cfg, section), key) < 0:
             raise ConfigError(

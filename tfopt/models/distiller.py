@@ -40,6 +40,7 @@ from tfopt._compat import is_graph_network
 from tfopt.config import COMBINE_MODES, DistillConfig
 from tfopt.errors import ConfigError, ModelError
 from tfopt.models.io import save_model
+from tfopt.runtime import sharding
 
 _DEFAULTS = DistillConfig()
 
@@ -428,7 +429,7 @@ class Distiller(keras.Model):
 
         Reading weights under MultiWorkerMirroredStrategy is a collective: every worker calls it.
         """
-        return self.student.get_weights()
+        return sharding.full_weights(self.student)
 
     def plain_student(self) -> keras.Model:
         """A strategy-free copy of the student, for evaluation and saving.
@@ -436,7 +437,7 @@ class Distiller(keras.Model):
         Every worker must call it under MultiWorkerMirroredStrategy (it reads the weights). A
         student wrapped by tfmot is copied by :func:`tfopt.optimize.student.plain_copy` instead.
         """
-        weights = self.student.get_weights()
+        weights = sharding.full_weights(self.student)
 
         def copy():
             # A helper thread has no strategy scope (scopes are thread-local): the copy is plain.

@@ -274,6 +274,7 @@ def build_parser() -> cli.ArgumentParser:
         "--collective",
         help=f"multi_worker_mirrored all-reduce: {', '.join(config_lib.COLLECTIVES)}",
     )
+    cli.add_shard_variables(g)
     g.add_argument(
         "--epochs",
         type=int,
@@ -356,6 +357,7 @@ def resolve_config(args, base: config_lib.RunConfig) -> config_lib.RunConfig:
     for flag, (section, key) in _FLAGS.items():
         if getattr(args, flag) is not None:
             raw.setdefault(section, {})[key] = getattr(args, flag)
+    raw.setdefault("runtime", {}).update(cli.shard_variables(args))
     raw.setdefault("train", {}).update(verbose=0 if args.quiet else 1)
     return config_lib.from_dict(raw, cfg)
 

@@ -18,6 +18,7 @@ import numpy as np
 from tfopt import _compat
 from tfopt._compat import is_graph_network, producing_layer
 from tfopt.errors import OptimizeError  # noqa: F401  (re-exported)
+from tfopt.runtime import sharding
 
 #: Kernel-like weights: what pruning and clustering act on (biases and BN statistics are not).
 KERNEL_NAMES = ("kernel", "depthwise_kernel", "pointwise_kernel", "embeddings", "recurrent_kernel")
@@ -93,7 +94,10 @@ def output_layer_names(model: keras.Model) -> set[str]:
 
 
 def rebuild(
-    model: keras.Model, policy: str = "float32", float32_layers: Iterable[str] = ()
+    model: keras.Model,
+    policy: str = "float32",
+    float32_layers: Iterable[str] = (),
+    whole_layers: Iterable[str] = (),
 ) -> keras.Model:
     """Builds a fresh copy of ``model`` with its weights, in the current (strategy) scope.
 
@@ -106,20 +110,23 @@ def rebuild(
         model: A functional or Sequential tf_keras model (e.g. loaded outside any strategy).
         policy: ``float32``, ``mixed_bfloat16`` or ``mixed_float16``.
         float32_layers: Layer names that must compute in float32 whatever ``policy`` says.
+        whole_layers: Layer names whose variables must not be sharded (those tfmot will wrap;
+            see :mod:`tfopt.runtime.sharding`).
 
     Returns:
         The copy, with exactly ``model``'s weights.
     """
-    keep = output_layer_names(model) | set(float32_layers)
+    keep, whole = output_layer_names(model) | set(float32_layers), set(whole_layers)
 
     def clone(layer):
         config = layer.get_config()
         if not isinstance(layer, keras.layers.InputLayer) and "dtype" in config:
             config["dtype"] = "float32" if (policy == "float32" or layer.name in keep) else policy
-        return layer.__class__.from_config(config)
+        new = layer.__class__.from_config(config)
+        return sharding.build_whole(new) if layer.name in whole else new
 
     copy = keras.models.clone_model(model, clone_function=clone)
-    copy.set_weights(model.get_weights())
+    sharding.set_full_weights(copy, sharding.full_weights(model))
     return copy
 
 

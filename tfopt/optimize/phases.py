@@ -26,8 +26,22 @@ from tfopt.optimize import prune as prune_lib
 from tfopt.optimize import quantize as quantize_lib
 from tfopt.optimize.common import compute_dtypes, rebuild
 from tfopt.optimize.flops import model_macs
+from tfopt.runtime import sharding
 from tfopt.runtime.job import Job
 from tfopt.runtime.strategy import from_chief
+
+log = logging.getLogger(__name__)
+
+
+def _whole(ctx: Context, kind: str, names: list[str]) -> list[str]:
+    """``names``, after the chief says once per phase that they stay whole under sharding."""
+    if ctx.job.cfg.runtime.variable_partitioner != "none" and ctx.job.chief and names:
+        log.info(
+            f"{kind}: the {len(names)} layer(s) tfmot wraps keep their variables whole (tfmot's "
+            "wrappers cannot hold a ShardedVariable); the other layers' are sharded",
+            extra={"prog": "tfopt optimize"},
+        )
+    return names
 
 
 @dataclass(frozen=True)
@@ -114,8 +128,14 @@ def _strip_phase(ctx: Context, ft: FineTune, src, kind: str, names: list[str], w
     policy = ctx.job.cfg.runtime.precision
     dtype = tfmot_layer_dtype(policy)
     with ctx.job.strategy.scope():
-        model = rebuild(src, policy, float32_layers=names if dtype else ())
-        wrapped = wrap(model, dtype)
+        model = rebuild(
+            src,
+            policy,
+            float32_layers=names if dtype else (),
+            whole_layers=_whole(ctx, kind, names),
+        )
+        with sharding.kept_whole():  # tfmot's wrappers cannot hold a ShardedVariable
+            wrapped = wrap(model, dtype)
         _compile(wrapped, ctx, ft)
     info = _fit(ctx, ft, wrapped, lib.callbacks(_log_dir(ctx, kind)), kind)
     with ctx.job.strategy.scope():
@@ -161,8 +181,9 @@ def qat_phase(ctx: Context, ft: FineTune, src, spec: quantize_lib.QatSpec):
     policy = ctx.job.cfg.runtime.precision
     names = quantize_lib.quantizable_names(src, spec)
     with ctx.job.strategy.scope():
-        model = rebuild(src, policy, float32_layers=names)
-        wrapped = quantize_lib.wrap(model, spec, names)
+        model = rebuild(src, policy, float32_layers=names, whole_layers=_whole(ctx, "qat", names))
+        with sharding.kept_whole():  # quantize_apply rebuilds every layer; tfmot needs them whole
+            wrapped = quantize_lib.wrap(model, spec, names)
         _compile(wrapped, ctx, ft)
     info = _fit(ctx, ft, wrapped, [], "qat")
     info.update(layers=names, scheme=spec.scheme)

@@ -49,6 +49,7 @@ import tensorflow_model_optimization as tfmot
 
 from tfopt._compat import QUANTIZE_LAYERS, fix_for_keras_format, float32_global_policy
 from tfopt.optimize.common import OptimizeError, Selection, all_layers, check_model
+from tfopt.runtime import sharding
 
 _q = tfmot.quantization.keras
 SCHEMES = ("default", "prune_preserve", "cluster_preserve", "sparsity_cluster_preserve")
@@ -273,16 +274,16 @@ def savable_copy(
         )
     values = []
     for mine, theirs in zip(copy.layers, trained.layers):
-        for var in mine.weights:
+        for name in sharding.whole_names(mine.weights):
             # Auto-named layers (quantize_layer, quantize_layer_1, ...) differ between the two
             # models: match a variable by its name relative to its layer.
-            key = _relative(var.name, mine.name, theirs.name)
+            key = _relative(name, mine.name, theirs.name)
             if key not in weights:
                 raise OptimizeError(
-                    f"QAT copy: variable {var.name!r} has no counterpart in the trained model"
+                    f"QAT copy: variable {name!r} has no counterpart in the trained model"
                 )
             values.append(weights[key])
-    copy.set_weights(values)
+    sharding.set_full_weights(copy, values)
     fix_for_keras_format(copy)
     return copy
 
@@ -301,8 +302,7 @@ def _relative(name: str, own_layer: str, other_layer: str) -> str:
 
 def read_named_weights(model: keras.Model) -> dict:
     """``{variable name: numpy value}`` of every weight of ``model`` (a collective under MWMS)."""
-    values = model.get_weights()
-    return {var.name: value for var, value in zip(model.weights, values)}
+    return dict(sharding.whole_values(model.weights))
 
 
 def is_qat_model(model: keras.Model) -> bool:
@@ -332,7 +332,10 @@ def inner_float_model(qat_model: keras.Model, float_model: keras.Model) -> keras
         by_layer[inner.name] = variables
     values = []
     for layer in float_model.layers:
-        candidates = {v.name.split("/")[-1]: v for v in by_layer.get(layer.name, [])}
+        candidates = {
+            name.split("/")[-1]: value
+            for name, value in sharding.whole_values(by_layer.get(layer.name, []))
+        }
         for var in layer.weights:
             match = candidates.get(var.name.split("/")[-1])
             if match is None:
@@ -340,7 +343,7 @@ def inner_float_model(qat_model: keras.Model, float_model: keras.Model) -> keras
                     f"QAT model lacks the float weight {var.name!r} of layer {layer.name!r}; "
                     "was it built from this model?"
                 )
-            values.append(match.numpy())
+            values.append(match)
     float_model.set_weights(values)
     return float_model
 

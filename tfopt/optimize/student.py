@@ -27,7 +27,7 @@ from tfopt.optimize.common import (
     weight_table,
 )
 from tfopt.optimize.techniques import ONE_PHASE
-from tfopt.runtime import precision
+from tfopt.runtime import precision, sharding
 
 
 @dataclass
@@ -105,7 +105,7 @@ def wrap(
 
 def plain_weights(model: keras.Model) -> list:
     """The weights of ``plain_copy(model)``, in its order (a collective under MultiWorkerMirrored)."""
-    return strip_wrappers(model).get_weights()
+    return sharding.full_weights(strip_wrappers(model))
 
 
 def plain_copy(model: keras.Model) -> keras.Model:
@@ -115,7 +115,7 @@ def plain_copy(model: keras.Model) -> keras.Model:
     worker must call it under MultiWorkerMirroredStrategy (it reads the weights).
     """
     stripped = strip_wrappers(model)
-    weights = stripped.get_weights()
+    weights = sharding.full_weights(stripped)
     qat = quantize_lib.is_qat_model(stripped)
 
     def copy():

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tfopt._keras import keras
 
 from tfopt.fileio import write_json, write_text
+from tfopt.runtime import sharding
 
 
 class EpochTimer(keras.callbacks.Callback):
@@ -108,7 +109,9 @@ class PlainValidation(keras.callbacks.Callback):
 
     def evaluate(self, model: keras.Model) -> dict:
         """Evaluates ``model``'s current weights (through ``weights_fn`` when given) on the split."""
-        self.copy.set_weights(self.weights_fn() if self.weights_fn else model.get_weights())
+        sharding.set_full_weights(
+            self.copy, self.weights_fn() if self.weights_fn else sharding.full_weights(model)
+        )
         with ThreadPoolExecutor(1) as pool:
             return pool.submit(
                 self.copy.evaluate, self.dataset, return_dict=True, verbose=0
@@ -117,10 +120,10 @@ class PlainValidation(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         # Every worker reads the weights: reading sync-on-read variables (batch-norm statistics)
         # under MultiWorkerMirroredStrategy is a collective all-reduce.
-        weights = self.weights_fn() if self.weights_fn else self.model.get_weights()
+        weights = self.weights_fn() if self.weights_fn else sharding.full_weights(self.model)
         if not self.enabled or logs is None:
             return
-        self.copy.set_weights(weights)
+        sharding.set_full_weights(self.copy, weights)
         with ThreadPoolExecutor(1) as pool:
             results = pool.submit(
                 self.copy.evaluate, self.dataset, return_dict=True, verbose=0

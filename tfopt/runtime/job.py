@@ -42,7 +42,7 @@ from tfopt.data import pipeline, service, sources
 from tfopt.errors import PeerLost, TrainingError
 from tfopt.log import RESULT
 from tfopt.runs import RunRecord, default_output, fingerprint
-from tfopt.runtime import autoprecision, precision, quality, sidecar
+from tfopt.runtime import autoprecision, precision, quality, sharding, sidecar
 from tfopt.runtime import strategy as strategy_lib
 from tfopt.runtime.backup import Backup, NonFinite
 from tfopt.runtime.callbacks import EpochTimer, MetricsLogger, PlainValidation
@@ -67,6 +67,11 @@ _NOT_FINGERPRINTED = {
     ("data", "verify"),
     ("runtime", "startup_timeout"),
     ("train", "backup_every"),
+    # A checkpoint restores into any sharding (tfopt.runtime.sharding): a resume may change it.
+    ("runtime", "variable_partitioner"),
+    ("runtime", "min_shard_bytes"),
+    ("runtime", "max_shard_bytes"),
+    ("runtime", "max_shards"),
 }
 
 
@@ -107,7 +112,7 @@ def run_record(stage: str, cfg: RunConfig, output_dir: str | None = None, **sect
 def weights_digest(model: keras.Model) -> str:
     """Returns a sha256 over all of ``model``'s weights (identical models, identical digests)."""
     h = hashlib.sha256()
-    for w in model.get_weights():
+    for w in sharding.full_weights(model):
         h.update(w.tobytes())
     return h.hexdigest()
 
@@ -115,7 +120,7 @@ def weights_digest(model: keras.Model) -> str:
 def plain_copy(model: keras.Model) -> keras.Model:
     """A copy of ``model`` outside any strategy, compiled for evaluation: what gets validated and saved."""
     copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
+    sharding.set_full_weights(copy, sharding.full_weights(model))
     copy.compile(
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
     )
@@ -222,6 +227,7 @@ class Job:
             0  # steps the optimizer applied in the last fit (all of them, resumed or not)
         )
         self._fits = 0
+        self._fitted: keras.Model | None = None  # the model of the last fit (its shard table)
         self._unopened = False  # an attached run directory not opened yet
         self._lr_scale = None
         self._previous_policy: str | None = None
@@ -449,6 +455,7 @@ class Job:
             Preempted: SIGTERM arrived; a backup was written at the next step boundary.
         """
         slot, self._fits = self._fits, self._fits + 1
+        self._fitted = model
         if self.evaluator:
             return self._evaluate_backups(model, callbacks, slot, epochs * steps_per_epoch)
         backup = None
@@ -605,6 +612,11 @@ class Job:
             "num_workers": self.cluster.num_workers if self.cluster else 1,
             "precision": self.cfg.runtime.precision,
             **({"precision_auto": self.precision_probe.to_dict()} if self.precision_probe else {}),
+            **(
+                {"variables": sharding.shard_table(self._fitted)}
+                if self._fitted is not None and self.cfg.runtime.strategy == "parameter_server"
+                else {}
+            ),
         }
 
     def data_section(self) -> dict:

@@ -16,7 +16,9 @@ whose entries point at the factories here:
   timeout, until every peer has started: wrap it in
   :class:`tfopt.runtime.watchdog.StartupWatchdog`.
 * ``parameter_server``: ``ParameterServerStrategy`` on the chief (the coordinator); the
-  ``worker`` and ``ps`` tasks run :func:`run_server` instead of the training program.
+  ``worker`` and ``ps`` tasks run :func:`run_server` instead of the training program. Large
+  variables may be sharded over the ps tasks (``runtime.variable_partitioner``, see
+  :mod:`tfopt.runtime.sharding`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 
 from tfopt.config import RuntimeConfig
 from tfopt.errors import ClusterError, ConfigError
+from tfopt.runtime import sharding
 from tfopt.runtime.devices import setup_cpu_replicas
 from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
 from tfopt.specs import STRATEGIES
@@ -116,7 +119,7 @@ def multi_worker(
 
 
 def parameter_server(
-    runtime: RuntimeConfig, cluster: ClusterInfo | None, *, variable_partitioner=None, **_
+    runtime: RuntimeConfig, cluster: ClusterInfo | None, **_
 ) -> tf.distribute.Strategy:
     assert cluster is not None  # validate_for_strategy guarantees it
     if cluster.task_type != "chief":
@@ -126,22 +129,20 @@ def parameter_server(
         )
     _set_inter_op_threads(cluster.num_workers + 1)
     return tf.distribute.ParameterServerStrategy(
-        _resolver(cluster), variable_partitioner=variable_partitioner
+        _resolver(cluster),
+        variable_partitioner=sharding.partitioner(runtime, len(cluster.cluster.get("ps", ()))),
     )
 
 
-def make_strategy(
-    runtime: RuntimeConfig, cluster: ClusterInfo | None, *, variable_partitioner=None
-) -> tf.distribute.Strategy:
+def make_strategy(runtime: RuntimeConfig, cluster: ClusterInfo | None) -> tf.distribute.Strategy:
     """Builds the distribution strategy named by ``runtime.strategy``.
 
     Args:
-        runtime: Strategy name, CPU replica count and collective implementation.
+        runtime: Strategy name, CPU replica count, collective implementation and (for
+            ``parameter_server``) how variables are sharded over the ps tasks
+            (:mod:`tfopt.runtime.sharding`).
         cluster: The parsed TF_CONFIG (see :func:`tfopt.runtime.tf_config.parse_tf_config`),
             or None for a single process.
-        variable_partitioner: ``parameter_server`` only: shards large variables over the ps
-            tasks, e.g. ``tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=256 << 10, max_shards=num_ps)``. None keeps variables whole.
 
     Returns:
         The strategy. Build models, optimizers and tfmot wrappers inside its ``scope()``.
@@ -160,7 +161,7 @@ def make_strategy(
             f"TF_CONFIG task.type='evaluator' takes no part in the training (strategy {spec.name!r}); "
             "evaluate the chief's checkpoints beside it instead of calling make_strategy()"
         )
-    return spec.build(runtime, cluster, variable_partitioner=variable_partitioner)
+    return spec.build(runtime, cluster)
 
 
 def _set_inter_op_threads(n: int) -> None:

@@ -19,6 +19,7 @@ from tfopt.config import RunConfig
 from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
 from tfopt.runs import RunRecord
+from tfopt.runtime import sharding
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
 
@@ -93,7 +94,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                 layer.trainable = True
             done += epochs
         # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
-        copy.set_weights(model.get_weights())
+        sharding.set_full_weights(copy, sharding.full_weights(model))
         digest = weights_digest(copy)
         record = None
         if job.chief:
