@@ -136,8 +136,9 @@ LATENCY_TARGET_US = 1e6
 # exits 1. 3 runs with the constant schedule ended at 0.8 each.
 PS_FLAGS = ["--schedule", "constant"]
 # Parameter servers shard every variable of 2 x 8 KiB or more over their 2 ps tasks: tiny_cnn's
-# 79 KiB head kernel and what low_rank and channel_prune make of it. tfmot's wrappers cannot hold
-# a ShardedVariable, so the layers prune, cluster and QAT wrap keep their variables whole.
+# 79 KiB head kernel, which channel_prune keeps plain and sharded (low_rank makes it rank 1, 8 KiB:
+# whole). tfmot's wrappers cannot hold a ShardedVariable, so the layers prune, cluster and QAT wrap
+# keep their variables whole.
 SHARD_MB = "0.0078125"  # 8 KiB
 
 
@@ -176,7 +177,7 @@ def _fmt(row):
         ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in sorted(row["checks"].items())) or "-"
     )
     if row["strategy"] == "parameter_server":
-        checks += "; sharded: " + (", ".join(row["sharded"]) or "none (tfmot wraps every layer)")
+        checks += "; sharded: " + (", ".join(row["sharded"]) or "none")
     # One decimal: what every run reproduces (the sparsity check holds each kernel within 0.01).
     return (
         f"| {row['technique']} | {row['strategy']} | {row['precision']} | ok | {row['sparsity']:.1f} | "
@@ -367,7 +368,7 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
             assert row["test_accuracy"] >= ref - 0.2, (where, row, ref)
         assert (row["precision"] != "float32") == bool(row["notes"]), where
         if row["strategy"] == "parameter_server":  # plain layers sharded, tfmot-wrapped ones whole
-            assert bool(row["sharded"]) == (row["technique"] in ("low_rank", "channel_prune")), row
+            assert bool(row["sharded"]) == (row["technique"] == "channel_prune"), row
     # Multi-worker replicas end with identical weights, technique by technique.
     digests = {}
     for line in logs["multi_worker_mirrored"].splitlines():

@@ -138,7 +138,7 @@ def _strip_phase(ctx: Context, ft: FineTune, src, kind: str, names: list[str], w
             wrapped = wrap(model, dtype)
         _compile(wrapped, ctx, ft)
     info = _fit(ctx, ft, wrapped, lib.callbacks(_log_dir(ctx, kind)), kind)
-    with ctx.job.strategy.scope():
+    with ctx.job.strategy.scope(), sharding.kept_whole():  # the stripped layers take whole arrays
         stripped = lib.strip(wrapped)
     info["layers"] = names
     return rebuild(
