@@ -245,3 +245,22 @@ def test_sharded_parameter_servers_resume_across_shardings_bit_identically(tmp_p
         assert r.returncode == 0, r.stderr[-3000:]
         tflites.append(open(tmp_path / f"{run}-export" / "model_float32.tflite", "rb").read())
     assert tflites[0] == tflites[1]
+    # A teacher loaded from a file keeps its whole variables (they load); the student is sharded.
+    launch = "-m tfopt.launch --chief --workers 1 --ps 2 --timeout 300 --".split()
+    distill = (
+        f"-m tfopt.distill --teacher {tmp_path / 'whole'} --student wide_mlp --strategy "
+        "parameter_server --shard-variables 1 --epochs 1 --steps-per-epoch 5 --limit 2000 --quiet"
+    ).split()
+    out = tmp_path / "distilled"
+    r = subprocess.run(
+        [*ISOLATED, sys.executable, *launch, sys.executable, *distill, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    variables = json.load(open(out / "run.json"))["strategy"]["variables"]
+    # The teacher's and the student's layers share names: the table lists both.
+    assert [len(v["shards"]) for v in variables if v["name"] == "wide/kernel"] in ([1, 2], [2, 1])
+    assert [v["name"] for v in variables if len(v["shards"]) > 1] == ["wide/kernel"], variables

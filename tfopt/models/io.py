@@ -21,6 +21,7 @@ from tfopt._keras import ensure_tf_keras, keras
 from tfopt import _compat
 from tfopt.errors import ModelError
 from tfopt.fileio import atomic_dir, atomic_path
+from tfopt.runtime import sharding
 
 # tfmot wrappers (QAT, pruning, clustering) are registered Keras classes of a known library.
 _SAFE_MODULE_PREFIXES = ("keras", "tf_keras", "tensorflow_model_optimization")
@@ -250,7 +251,10 @@ def load_model(
     if path.endswith(".keras"):
         kwargs["safe_mode"] = not trust_model
     try:
-        model = keras.models.load_model(path, **kwargs)
+        # A model file's weights are whole: under a variable partitioner (parameter servers with
+        # --shard-variables) its layers must not be created sharded, or they would not load.
+        with sharding.kept_whole():
+            model = keras.models.load_model(path, **kwargs)
     except (ValueError, TypeError, OSError) as e:
         raise ModelError(f"cannot load {path}: {str(e).splitlines()[0]}") from None
     return ensure_tf_keras(model)
