@@ -127,8 +127,8 @@ def slower_than_float(rows: Sequence[dict]) -> list[str]:
     """One line per mode whose p50 is over :data:`SLOWER` times float32's, at the same setting.
 
     Each names the measured ratio, the setting and the faster alternative (its ratio too when it
-    was exported; float32 when the usual alternative measured no faster), e.g. ``dynamic is 2.70x slower than float32 (p50 xnnpack/1t); use
-    dynamic_selective (0.61x) ...``.
+    was exported; float32 when the usual alternative measured no faster), e.g. ``dynamic is
+    2.70x slower than float32 (p50 xnnpack/1t); use dynamic_selective (0.61x) ...``.
     """
     by_mode = {r["mode"]: r for r in rows}
     base = by_mode.get("float32")

@@ -302,7 +302,7 @@ def _relative(name: str, own_layer: str, other_layer: str) -> str:
 
 def read_named_weights(model: keras.Model) -> dict:
     """``{variable name: numpy value}`` of every weight of ``model`` (a collective under MWMS)."""
-    return dict(sharding.whole_values(model.weights))
+    return sharding.named_full_weights(model)
 
 
 def is_qat_model(model: keras.Model) -> bool:

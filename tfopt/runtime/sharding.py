@@ -167,9 +167,9 @@ def _whole_name(group: list) -> str:
     return name.rsplit("/part_", 1)[0] + ":0" if len(group) > 1 else name
 
 
-def whole_values(weights: list) -> list[tuple[str, np.ndarray]]:
-    """``(name, value)`` of each whole variable among ``weights`` (a layer's or a model's)."""
-    values = iter(keras.backend.batch_get_value(list(weights)))
+def _joined(weights: list, values: list) -> list[tuple[str, np.ndarray]]:
+    """``(name, whole value)`` of each variable among ``weights``, given their ``values``."""
+    values = iter(values)
     return [
         (
             _whole_name(group),
@@ -181,9 +181,20 @@ def whole_values(weights: list) -> list[tuple[str, np.ndarray]]:
     ]
 
 
+def whole_values(weights: list) -> list[tuple[str, np.ndarray]]:
+    """``(name, value)`` of each whole variable among ``weights`` (a layer's, say)."""
+    return _joined(list(weights), keras.backend.batch_get_value(list(weights)))
+
+
 def whole_names(weights: list) -> list[str]:
     """The name of each whole variable among ``weights``, in :func:`full_weights`' order."""
     return [_whole_name(group) for group in _groups(weights)]
+
+
+def named_full_weights(model: keras.Model) -> dict[str, np.ndarray]:
+    """``{whole variable name: whole value}`` of ``model``, read as ``model.get_weights()`` reads
+    them (in the model's strategy scope: a collective under MultiWorkerMirrored)."""
+    return dict(_joined(model.weights, model.get_weights()))
 
 
 def full_weights(model: keras.Model) -> list[np.ndarray]:
@@ -192,11 +203,7 @@ def full_weights(model: keras.Model) -> list[np.ndarray]:
     The list fits ``set_weights`` of the same model built without a partitioner; for a model
     without sharded variables it is ``model.get_weights()``.
     """
-    values = iter(model.get_weights())
-    return [
-        np.concatenate([next(values) for _ in group], axis=0) if len(group) > 1 else next(values)
-        for group in _groups(model.weights)
-    ]
+    return [value for _, value in _joined(model.weights, model.get_weights())]
 
 
 def set_full_weights(model: keras.Model, values: list) -> None:
