@@ -53,6 +53,7 @@ def launcher_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ps", type=int, default=0)
     parser.add_argument("--chief", action="store_true")
     parser.add_argument("--evaluator", action="store_true")
+    parser.add_argument("--data-workers", type=int, default=0)
     kube.add_render_arguments(parser)
     return parser
 
@@ -661,3 +662,85 @@ def test_a_network_policy_admits_only_the_jobs_own_pods():
         not selected.items()
         <= other["spec"]["tfReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"].items()
     )
+
+
+# -- the tf.data service of --data-workers N -------------------------------------------------
+
+
+def test_data_workers_render_the_service_beside_the_job():
+    from kubernetes.client import ApiClient as K8sClient
+
+    from tfopt.data.serve import build_parser as serve_parser
+
+    docs = list(
+        yaml.safe_load_all(
+            render_text([*BRIEF, "--name", "mnist", "--namespace", "ml", "--data-workers", "3"])
+        )
+    )
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert kinds == [
+        ("TFJob", "mnist"),
+        ("Deployment", "mnist-data-dispatcher"),
+        ("Service", "mnist-data-dispatcher"),
+        ("Deployment", "mnist-data-worker"),
+        ("NetworkPolicy", "mnist-only-own-pods"),
+    ]
+    job, dispatcher, service, worker, policy = docs
+    assert rejected_by(job) == set()
+    k8s = K8sClient()
+    for doc, model in (
+        (dispatcher, "V1Deployment"),
+        (service, "V1Service"),
+        (worker, "V1Deployment"),
+    ):
+        typed = k8s.deserialize(_Response(doc), model)
+        assert k8s.sanitize_for_serialization(typed) == doc, model  # nothing it does not know
+        assert doc["metadata"]["namespace"] == "ml"
+    # Every replica of the TFJob dials the dispatcher's Service.
+    target = "grpc://mnist-data-dispatcher:5050"
+    for spec in job["spec"]["tfReplicaSpecs"].values():
+        assert {"name": "TFOPT_DATA_SERVICE", "value": target} in spec["template"]["spec"][
+            "containers"
+        ][0]["env"]
+    pod_labels = dispatcher["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["port"] == 5050
+    assert dispatcher["spec"]["replicas"] == 1 and worker["spec"]["replicas"] == 3
+    assert dispatcher["spec"]["strategy"] == {"type": "Recreate"}
+    for deployment in (dispatcher, worker):
+        template = deployment["spec"]["template"]
+        assert deployment["spec"]["selector"]["matchLabels"] == template["metadata"]["labels"]
+        # The job's NetworkPolicy covers the service's pods too.
+        assert (
+            policy["spec"]["podSelector"]["matchLabels"].items()
+            <= template["metadata"]["labels"].items()
+        )
+        [container] = template["spec"]["containers"]
+        assert container["command"][:3] == ["python", "-m", "tfopt.data.serve"]
+        serve_parser().parse_args(container["command"][3:])  # the commands tfopt.data.serve takes
+    [dispatch] = dispatcher["spec"]["template"]["spec"]["containers"]
+    assert dispatch["command"][-2:] == ["--work-dir", "/runs/mnist/data-dispatcher"]
+    assert dispatch["volumeMounts"] == [{"name": "runs", "mountPath": "/runs"}]
+    [work] = worker["spec"]["template"]["spec"]["containers"]
+    assert work["command"][3:] == [
+        "worker",
+        "--dispatcher",
+        "mnist-data-dispatcher:5050",
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        "5051",
+    ]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in work[
+        "env"
+    ]
+    # Without --data-workers: no service, and no address in the replicas.
+    plain = list(yaml.safe_load_all(render_text(BRIEF)))
+    assert [d["kind"] for d in plain] == ["TFJob", "NetworkPolicy"]
+    assert "TFOPT_DATA_SERVICE" not in render_text(BRIEF)
+
+
+def test_a_name_too_long_for_the_dispatcher_service_is_refused():
+    name = "n" * 48
+    with pytest.raises(ConfigError, match=r"shorten --name to at most 47 characters"):
+        render_text(["--render", "kubeflow", "--image", "i", "--name", name, "--data-workers", "1"])

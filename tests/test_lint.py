@@ -81,7 +81,15 @@ def test_the_import_order_check_finds_an_early_tensorflow_import(tmp_path):
 
 
 # Modules that are programs: they print their results (a child's JSON protocol on stdout included).
-_PROGRAMS = ("cli.py", "__main__.py", "launch.py", "keras_latency.py", "to_folder.py", "/cpu.py")
+_PROGRAMS = (
+    "cli.py",
+    "__main__.py",
+    "launch.py",
+    "keras_latency.py",
+    "to_folder.py",
+    "/cpu.py",
+    "data/serve.py",
+)
 
 
 def _prints(path: str) -> list[int]:

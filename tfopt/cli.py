@@ -82,8 +82,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--data-service",
-        metavar="local|grpc://HOST:PORT",
-        help="feed the input through the tf.data service: in-process (local) or an existing dispatcher (default: off)",
+        metavar="local|grpc://HOST:PORT|launched",
+        help="feed the input through the tf.data service: in-process (local), an existing "
+        "dispatcher, or the one tfopt launch --data-workers N started (default: launched in "
+        "such a launch's tasks, else off; '' turns it off)",
     )
     g.add_argument(
         "--data-service-mode",

@@ -32,6 +32,17 @@ INPUT_SCALES = ("auto", "unit", "raw")
 RAW_NORMALIZE = "0/0.00392156862745098"  # data.normalize's way of saying "pixels as they are"
 
 
+#: Set by ``tfopt launch --data-workers N`` in the training tasks: its dispatcher's ``grpc://`` address.
+DATA_SERVICE_ENV = "TFOPT_DATA_SERVICE"
+#: ``data.service`` value: read through the dispatcher ``tfopt launch --data-workers N`` started.
+LAUNCHED_SERVICE = "launched"
+
+
+def default_data_service() -> str:
+    """``data.service``'s default: ``launched`` in a task of ``tfopt launch --data-workers N``, else off."""
+    return LAUNCHED_SERVICE if os.environ.get(DATA_SERVICE_ENV) else ""
+
+
 def default_data_dir() -> str:
     """Returns the data cache directory: ``$TFOPT_DATA_DIR`` or ``~/.cache/tfopt``."""
     return os.environ.get("TFOPT_DATA_DIR") or os.path.join(
@@ -77,9 +88,9 @@ class DataConfig:
     channels: int = 0  # 1 or 3: convert gray <-> RGB; 0 = as stored
     feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
     verify: bool = False  # re-hash every shard on prepare (else only when its size/mtime changed)
-    service: str = (
-        ""  # tf.data service: "" (off) | local (in-process) | grpc://HOST:PORT (a dispatcher)
-    )
+    # tf.data service: "" (off) | local (in-process) | grpc://HOST:PORT (a dispatcher) |
+    # launched (the one tfopt launch --data-workers N started; the default in its tasks)
+    service: str = field(default_factory=default_data_service)
     service_mode: str = "distributed_epoch"  # distributed_epoch (each batch once) | parallel_epochs
 
 
@@ -400,11 +411,12 @@ def _validate(cfg: RunConfig) -> RunConfig:
     parse_image_size(cfg.data.image_size)
     parse_model(cfg.model.name, cfg.model.args)
     service = cfg.data.service
-    if service not in ("", "local") and not (
+    if service not in ("", "local", LAUNCHED_SERVICE) and not (
         service.startswith("grpc://") and ":" in service[len("grpc://") :]
     ):
         raise ConfigError(
-            f"data.service={service!r} is not valid; give local, grpc://HOST:PORT or nothing (off)"
+            f"data.service={service!r} is not valid; give local, grpc://HOST:PORT, "
+            f"{LAUNCHED_SERVICE} or nothing (off)"
         )
     if cfg.train.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")

@@ -13,6 +13,7 @@ import posixpath
 import re
 from typing import Any
 
+from tfopt.config import DATA_SERVICE_ENV
 from tfopt.errors import ConfigError
 from tfopt.specs import STAGES  # the tfopt commands that take -o/--output
 
@@ -35,6 +36,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 ISTIO_INJECT = "sidecar.istio.io/inject"
 JOB_LABEL = "tfopt.dev/job"  # on every pod of the job: what its NetworkPolicy admits
 DEFAULT_NAME, DEFAULT_CLAIM, DEFAULT_MOUNT = "tfopt", "tfopt-runs", "/runs"
+ROLE_LABEL = "tfopt.dev/role"  # on the tf.data service pods: what their Deployment selects
+DISPATCHER_PORT, DATA_WORKER_PORT = 5050, 5051
 
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -120,8 +123,9 @@ def render_from_args(args: argparse.Namespace, command: list[str]) -> str:
         command: The command after ``--``, run by every replica.
 
     Returns:
-        The YAML of one ``kubeflow.org/v1`` TFJob and the NetworkPolicy that admits only its own
-        pods (:func:`render_network_policy`), for ``kubectl apply -f``.
+        The YAML of one ``kubeflow.org/v1`` TFJob, with ``--data-workers N`` the tf.data service
+        beside it (:func:`render_data_service`), and the NetworkPolicy that admits only the
+        job's own pods (:func:`render_network_policy`), for ``kubectl apply -f``.
 
     Raises:
         ConfigError: a missing ``--image``, an empty command, a bad name, count, quantity or
@@ -138,7 +142,9 @@ def render_from_args(args: argparse.Namespace, command: list[str]) -> str:
             "--render kubeflow needs --image: the container image with tfopt installed, "
             "e.g. --image registry.example.com/tfopt:1 (see docs/kubernetes.md)"
         )
+    data_workers = getattr(args, "data_workers", 0)
     doc = render_tfjob(
+        data_service=data_service_target(args.name) if data_workers else None,
         name=args.name,
         namespace=args.namespace,
         image=args.image,
@@ -157,8 +163,22 @@ def render_from_args(args: argparse.Namespace, command: list[str]) -> str:
         mount_path=args.mount_path,
     )
     check_tfjob(doc)
+    service = (
+        render_data_service(
+            name=args.name,
+            namespace=args.namespace,
+            image=args.image,
+            data_workers=data_workers,
+            cpu=args.cpu,
+            memory=args.memory,
+            volume_claim=args.volume_claim,
+            mount_path=args.mount_path,
+        )
+        if data_workers
+        else []
+    )
     policy = render_network_policy(args.name, args.namespace)
-    return yaml.safe_dump_all([doc, policy], sort_keys=False, width=120)
+    return yaml.safe_dump_all([doc, *service, policy], sort_keys=False, width=120)
 
 
 def render_tfjob(
@@ -179,6 +199,7 @@ def render_tfjob(
     gpus: int = 0,
     volume_claim: str = DEFAULT_CLAIM,
     mount_path: str = DEFAULT_MOUNT,
+    data_service: str | None = None,
 ) -> dict[str, Any]:
     """Builds a ``kubeflow.org/v1`` TFJob as a plain dict (see the module docstring for its semantics).
 
@@ -199,6 +220,9 @@ def render_tfjob(
         gpus: ``nvidia.com/gpu`` limit of chief, worker and evaluator pods (ps pods get none).
         volume_claim: The shared PersistentVolumeClaim (ReadWriteMany) for run directories.
         mount_path: Where every replica mounts it.
+        data_service: ``grpc://`` address of a tf.data service dispatcher (see
+            :func:`data_service_target`), given to every replica as ``$TFOPT_DATA_SERVICE``:
+            tfopt stages then read their training input through it.
 
     Returns:
         The TFJob: ``apiVersion``, ``kind``, ``metadata``, ``spec.runPolicy``, ``spec.tfReplicaSpecs``.
@@ -250,6 +274,10 @@ def render_tfjob(
         )
         for role, n in counts.items()
     }
+    if data_service:
+        for spec in specs.values():
+            [container] = spec["template"]["spec"]["containers"]
+            container["env"].append({"name": DATA_SERVICE_ENV, "value": data_service})
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -503,6 +531,148 @@ def render_network_policy(name: str, namespace: str | None = None) -> dict[str, 
             "podSelector": selector,
             "policyTypes": ["Ingress"],
             "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}]}],
+        },
+    }
+
+
+def data_service_target(name: str) -> str:
+    """The ``grpc://`` address of job ``name``'s tf.data dispatcher: its Service, in-namespace."""
+    return f"grpc://{name}-data-dispatcher:{DISPATCHER_PORT}"
+
+
+def render_data_service(
+    *,
+    name: str,
+    image: str,
+    data_workers: int,
+    namespace: str | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
+    volume_claim: str = DEFAULT_CLAIM,
+    mount_path: str = DEFAULT_MOUNT,
+) -> list[dict[str, Any]]:
+    """The tf.data service of ``tfopt launch --data-workers N`` as Kubernetes objects.
+
+    A dispatcher Deployment (one pod, its journal on the shared volume so that a restarted pod
+    resumes its jobs) and its Service ``<name>-data-dispatcher``, which the TFJob's replicas dial;
+    a Deployment of N worker pods, each registering its pod IP. Kubernetes restarts any pod that
+    dies, as the launcher does; the pods carry the job's label, so the job's NetworkPolicy admits
+    them. They outlive the TFJob: ``kubectl delete -f`` the rendered file when the job is done.
+
+    Args:
+        name: The TFJob's name; the objects are ``<name>-data-dispatcher`` and ``<name>-data-worker``.
+        image: Container image with tfopt installed.
+        data_workers: Number of worker pods (>= 1).
+        namespace: The objects' namespace; None leaves it to kubectl.
+        cpu: CPU request and limit of every pod, or None.
+        memory: Memory request and limit of every pod, or None.
+        volume_claim: The shared PersistentVolumeClaim (the dispatcher's journal goes there).
+        mount_path: Where the dispatcher mounts it.
+
+    Returns:
+        ``[dispatcher Deployment, dispatcher Service, worker Deployment]``.
+
+    Raises:
+        ConfigError: a bad count or quantity, or a name too long for the objects' names.
+    """
+    if _check_count(data_workers, "--data-workers") < 1:
+        raise ConfigError(
+            f"--data-workers={data_workers} starts no tf.data service; give 1 or more, or drop it"
+        )
+    if len(f"{name}-data-dispatcher") > 63:
+        raise ConfigError(
+            f"--name={name!r} makes the Service name {name}-data-dispatcher longer than the 63 "
+            f"characters Kubernetes allows: shorten --name to at most {63 - 16} characters"
+        )
+    metadata = {} if namespace is None else {"namespace": namespace}
+    resources = _resources(cpu, memory, 0)
+    serve = ["python", "-m", "tfopt.data.serve"]
+    mount_path = _check_mount_path(mount_path)
+    journal = f"{mount_path}/{name}/data-dispatcher"
+    dispatcher = _deployment(
+        f"{name}-data-dispatcher",
+        name,
+        1,
+        [*serve, "dispatcher", "--port", str(DISPATCHER_PORT), "--work-dir", journal],
+        DISPATCHER_PORT,
+        image,
+        resources,
+        metadata,
+        volume=(volume_claim, mount_path),
+    )
+    dispatcher["spec"]["strategy"] = {"type": "Recreate"}  # one journal, one writer
+    worker = _deployment(
+        f"{name}-data-worker",
+        name,
+        data_workers,
+        [
+            *serve,
+            "worker",
+            "--dispatcher",
+            f"{name}-data-dispatcher:{DISPATCHER_PORT}",
+            "--host",
+            "$(POD_IP)",
+            "--port",
+            str(DATA_WORKER_PORT),
+        ],
+        DATA_WORKER_PORT,
+        image,
+        resources,
+        metadata,
+    )
+    worker["spec"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    )
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{name}-data-dispatcher", **metadata},
+        "spec": {
+            "selector": {JOB_LABEL: name, ROLE_LABEL: "data-dispatcher"},
+            "ports": [{"name": "grpc", "port": DISPATCHER_PORT, "targetPort": DISPATCHER_PORT}],
+        },
+    }
+    return [dispatcher, service, worker]
+
+
+def _deployment(
+    full_name: str,
+    job: str,
+    replicas: int,
+    command: list[str],
+    port: int,
+    image: str,
+    resources: dict,
+    metadata: dict,
+    volume: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    role = full_name[len(job) + 1 :]
+    labels = {JOB_LABEL: job, ROLE_LABEL: role}
+    container: dict[str, Any] = {
+        "name": role,
+        "image": image,
+        "command": command,
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": "grpc", "containerPort": port}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+        "resources": {kind: dict(amounts) for kind, amounts in resources.items()},
+    }
+    pod: dict[str, Any] = {"containers": [container]}
+    if volume is not None:
+        claim, mount_path = volume
+        container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": mount_path}]
+        pod["volumes"] = [{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim}}]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": full_name, **metadata},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": dict(labels)},
+            "template": {
+                "metadata": {"annotations": {ISTIO_INJECT: "false"}, "labels": dict(labels)},
+                "spec": pod,
+            },
         },
     }
 

@@ -30,6 +30,12 @@ Job semantics:
   names, and this keeps them off the network. Where the kernel refuses a namespace the job runs
   as it is and its chief warns once. ``--isolate`` makes the namespace a requirement (an error
   where it cannot be made); ``--no-isolate`` leaves the servers on the host's network.
+* ``--data-workers N`` starts a tf.data service beside the cluster: a dispatcher and N workers
+  (``python -m tfopt.data.serve``) on free ports of ``--host``, up before the trainers, which
+  read their training input through it (``$TFOPT_DATA_SERVICE``, ``data.service=launched``).
+  A service task that exits is started again on its port (a dispatcher from its journal, losing
+  nothing; a worker losing at most the rest of its split under ``distributed_epoch``), up to 5
+  times; one that does not accept connections within 60 s stops the job with code 1.
 * ``--render kubeflow`` prints a Kubeflow ``TFJob`` for the same cluster and command instead of
   running it (see :mod:`tfopt.kube` and docs/kubernetes.md).
 
@@ -46,6 +52,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -53,12 +60,18 @@ from typing import IO
 
 from tfopt import kube
 from tfopt.children import ISOLATED_ENV, LOOPBACK, die_with_parent
+from tfopt.config import DATA_SERVICE_ENV
 from tfopt.errors import ConfigError
 
 TIMEOUT_EXIT = 124
 INTERRUPT_EXIT = 130
 PREEMPTED_EXIT = 143
 RETRYABLE_FROM = 128  # exit codes from here on: signals, preemption (143), a lost peer (138)
+NOT_UP_EXIT = 1  # a tf.data service task never came up: final, like bad input
+DATA_ROLES = ("dispatcher", "data-worker")  # tf.data service tasks (python -m tfopt.data.serve)
+DATA_READY_TIMEOUT = 60.0  # seconds a tf.data service task has to accept connections
+DATA_RESTARTS = 5  # times one tf.data service task is started again within one attempt
+SERVE = [sys.executable, "-m", "tfopt.data.serve"]  # runs a dispatcher or a worker
 _POLL = 0.05
 
 
@@ -125,6 +138,51 @@ def make_cluster(
     return {role: [f"{host}:{next(ports)}" for _ in range(n)] for role, n in counts.items() if n}
 
 
+def data_service_tasks(
+    data_workers: int, host: str, taken: list[str], work_dir: str
+) -> dict[str, list[tuple[list[str], int]]]:
+    """The commands and ports of a tf.data service beside a cluster: one dispatcher, N workers.
+
+    Args:
+        data_workers: Number of tf.data service workers (>= 1).
+        host: Address the servers listen on and register (the cluster's host).
+        taken: The cluster's ``HOST:PORT`` addresses; the service's ports differ from them.
+        work_dir: The dispatcher's journal directory (fault-tolerant mode).
+
+    Returns:
+        ``{"dispatcher": [(command, port)], "data-worker": [(command, port), ...]}``; the trainers
+        read from ``grpc://HOST:PORT`` of the dispatcher.
+    """
+    used = {int(address.rpartition(":")[2]) for address in taken}
+    ports: list[int] = []
+    while len(ports) < data_workers + 1:
+        ports += [p for p in free_ports(data_workers + 1 - len(ports), host) if p not in used]
+        used.update(ports)
+    serve = list(SERVE)
+    dispatcher, *workers = ports
+    return {
+        "dispatcher": [
+            ([*serve, "dispatcher", "--port", str(dispatcher), "--work-dir", work_dir], dispatcher)
+        ],
+        "data-worker": [
+            (
+                [
+                    *serve,
+                    "worker",
+                    "--dispatcher",
+                    f"{host}:{dispatcher}",
+                    "--host",
+                    host,
+                    "--port",
+                    str(port),
+                ],
+                port,
+            )
+            for port in workers
+        ],
+    }
+
+
 class _Task:
     """One child process and the thread that copies its output with a prefix."""
 
@@ -139,6 +197,14 @@ class _Task:
     ):
         self.role, self.index = role, index
         self.name = f"{role}:{index}"
+        self.port: int | None = None  # a data-service task's port: it is up once that accepts
+        self.restarts = 0
+        self._args = (command, env, out, lock)
+        self.start()
+
+    def start(self) -> None:
+        """Starts (or starts again) the process, with the same command and environment."""
+        command, env, out, lock = self._args
         self.proc = subprocess.Popen(
             command,
             env=env,
@@ -216,8 +282,13 @@ def _check(
     timeout: float | None,
     host: str,
     max_restarts: int,
+    data_workers: int = 0,
 ) -> None:
     """Raises ConfigError on arguments no job can start with, before anything starts."""
+    if data_workers < 0:
+        raise ConfigError(
+            f"--data-workers={data_workers} must be >= 0; 0 starts no tf.data service"
+        )
     if not command:
         raise ConfigError(
             "no command to launch; put it after `--`, e.g. "
@@ -244,6 +315,7 @@ def launch(
     out: IO[str] | None = None,
     max_restarts: int = 0,
     evaluator: bool = False,
+    data_workers: int = 0,
 ) -> int:
     """Runs ``command`` once per cluster task, each with its own TF_CONFIG, and waits for the job.
 
@@ -260,15 +332,20 @@ def launch(
         out: Where prefixed output lines go (default ``sys.stdout``).
         max_restarts: Start a job that failed with a retryable code (>= 128) again, this many times.
         evaluator: Add an ``evaluator`` task (it evaluates the chief's backups while training runs).
+        data_workers: Start a tf.data service beside the cluster: a dispatcher and this many
+            workers (``python -m tfopt.data.serve``), up before the trainers, which get its
+            address in ``$TFOPT_DATA_SERVICE`` (``data.service=launched``). A service task
+            that exits is started again on its port; one that does not come up stops the job.
 
     Returns:
         The job's exit code: 0 on success, the failing task's code (128 + N when killed by
-        signal N), 124 on timeout, 130 on Ctrl-C, 143 when the launcher got SIGTERM.
+        signal N), 124 on timeout, 130 on Ctrl-C, 143 when the launcher got SIGTERM, 1 when a
+        tf.data service task did not come up.
 
     Raises:
         ConfigError: an empty command or impossible task counts.
     """
-    _check(command, workers, ps, chief, timeout, host, max_restarts)
+    _check(command, workers, ps, chief, timeout, host, max_restarts, data_workers)
     base = dict(os.environ if env is None else env)
     base.setdefault("PYTHONUNBUFFERED", "1")
     out = out or sys.stdout
@@ -278,9 +355,14 @@ def launch(
     try:
         for attempt in range(max_restarts + 1):
             cluster = make_cluster(workers, ps=ps, chief=chief, host=host, evaluator=evaluator)
-            code, failed = _run_once(
-                command, cluster, base, out, grace, deadline, timeout, terminated
-            )
+            with tempfile.TemporaryDirectory(prefix="tfopt-dispatcher-") as work_dir:
+                taken = [a for addresses in cluster.values() for a in addresses]
+                service = (
+                    data_service_tasks(data_workers, host, taken, work_dir) if data_workers else {}
+                )
+                code, failed = _run_once(
+                    command, cluster, service, base, out, grace, deadline, timeout, terminated
+                )
             if (
                 code == 0
                 or code < RETRYABLE_FROM
@@ -328,10 +410,24 @@ def _on_sigterm(event: threading.Event):
         return None
 
 
-def _run_once(command, cluster, base, out, grace, deadline, timeout, terminated) -> tuple[int, str]:
+def _run_once(
+    command, cluster, service, base, out, grace, deadline, timeout, terminated
+) -> tuple[int, str]:
     lock = threading.Lock()
     tasks: list[_Task] = []
+    host = next(iter(cluster.values()))[0].rpartition(":")[0]
     try:
+        for role, entries in service.items():  # the tf.data service is up before the trainers
+            for index, (serve, port) in enumerate(entries):
+                task = _Task(role, index, serve, base, out, lock)
+                task.port = port
+                tasks.append(task)
+                if not _came_up(task, host):
+                    _stop(tasks, grace)
+                    return NOT_UP_EXIT, task.name
+        if service:
+            target = f"grpc://{host}:{tasks[0].port}"
+            base = dict(base, **{DATA_SERVICE_ENV: target})
         for role, addresses in cluster.items():
             for index in range(len(addresses)):
                 tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
@@ -344,11 +440,64 @@ def _run_once(command, cluster, base, out, grace, deadline, timeout, terminated)
                         f"cannot start command {command[0]!r} ({e.strerror or e}); "
                         "check the program name after `--`"
                     ) from None
-        return _wait(tasks, "ps" in cluster, deadline, timeout, grace, terminated)
+        return _wait(tasks, "ps" in cluster, deadline, timeout, grace, terminated, host)
     except KeyboardInterrupt:
         _say(f"interrupted; stopping {len(tasks)} task(s)")
         _stop(tasks, grace)
         return INTERRUPT_EXIT, "launcher"
+
+
+def _came_up(task: _Task, host: str) -> bool:
+    """Waits until a tf.data service task accepts connections on its port; False (said) if it never does."""
+    timeout = DATA_READY_TIMEOUT
+    deadline = time.monotonic() + timeout
+    while task.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, task.port), timeout=1.0).close()
+            return True
+        except OSError:
+            time.sleep(0.2)
+    code = task.proc.poll()
+    why = (
+        f"exited with code {_exit_code(code)}"
+        if code is not None
+        else f"did not accept connections on port {task.port} within {timeout:g} s"
+    )
+    _say(
+        f"{task.name} (tf.data service) {why} before it came up; stopping the job: see its "
+        "log above (python -m tfopt.data.serve) and check that TensorFlow imports there"
+    )
+    return False
+
+
+def _lost(task: _Task) -> str:
+    """What the trainers lose when a tf.data service task dies and starts again."""
+    if task.role == "dispatcher":
+        return "it reloads its jobs from its journal; the trainers wait for it and lose no element"
+    return (
+        "under distributed_epoch the rest of the split it was producing (at most one pass of "
+        "the data) is skipped: the service visits each element at most once; under "
+        "parallel_epochs its stream starts again from the first pass"
+    )
+
+
+def _restart_data_task(task: _Task, host: str) -> bool:
+    """Starts a tf.data service task that exited again on its port; False (said) if it cannot."""
+    code = _exit_code(task.proc.returncode)
+    if task.restarts >= DATA_RESTARTS:
+        _say(
+            f"{task.name} (tf.data service) exited with code {code} after {task.restarts} "
+            "restart(s); stopping the job: see its log above"
+        )
+        return False
+    task.restarts += 1
+    _say(
+        f"{task.name} (tf.data service) exited with code {code}; starting it again on port "
+        f"{task.port} ({task.restarts}/{DATA_RESTARTS}): {_lost(task)}"
+    )
+    task.join_output()
+    task.start()
+    return _came_up(task, host)
 
 
 def _wait(
@@ -358,8 +507,12 @@ def _wait(
     timeout: float | None,
     grace: float,
     terminated: threading.Event,
+    host: str = "127.0.0.1",
 ) -> tuple[int, str]:
-    """Waits for the job; returns (exit code, name of the task that decided it)."""
+    """Waits for the job; returns (exit code, name of the task that decided it).
+
+    ``host`` is where the tf.data service tasks listen: one that exits is started again there.
+    """
     training = [t for t in tasks if t.role in ("chief", "worker")]
     primary = [t for t in tasks if t.role == "chief"] if parameter_servers else training
     primary += [
@@ -381,6 +534,11 @@ def _wait(
             return PREEMPTED_EXIT, "launcher"
         for t in tasks:
             code = t.proc.poll()
+            if code is not None and t.role in DATA_ROLES:
+                if not _restart_data_task(t, host):
+                    _stop(tasks, grace)
+                    return NOT_UP_EXIT, t.name
+                continue
             if code in (None, 0):
                 continue
             if t in fatal:
@@ -474,6 +632,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="add an evaluator task: it evaluates each new backup while training runs",
     )
     parser.add_argument(
+        "--data-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start a tf.data service beside the cluster, a dispatcher and N workers; the "
+        "trainers read their training input through it (data.service=launched; default 0: none)",
+    )
+    parser.add_argument(
         "--max-restarts",
         type=int,
         default=0,
@@ -526,7 +692,14 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(kube.render_from_args(args, command))
             return 0
         _check(
-            command, args.workers, args.ps, args.chief, args.timeout, args.host, args.max_restarts
+            command,
+            args.workers,
+            args.ps,
+            args.chief,
+            args.timeout,
+            args.host,
+            args.max_restarts,
+            args.data_workers,
         )
         prefix = _isolation(args.isolate, args.host)
         if prefix:
@@ -542,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
             grace=args.grace,
             max_restarts=args.max_restarts,
             evaluator=args.evaluator,
+            data_workers=args.data_workers,
         )
     except ConfigError as e:
         _say(str(e))

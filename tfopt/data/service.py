@@ -1,7 +1,8 @@
 """tf.data service: training input prepared by dispatcher-managed workers instead of the trainer.
 
 ``data.service`` is ``""`` (the trainer's own pipeline), ``"local"`` (an in-process dispatcher and
-worker) or ``"grpc://HOST:PORT"`` (an existing dispatcher). ``maybe_distribute`` hands a training
+worker), ``"grpc://HOST:PORT"`` (an existing dispatcher) or ``"launched"`` (the dispatcher that
+``tfopt launch --data-workers N`` started beside the trainers; the default in its tasks). ``maybe_distribute`` hands a training
 pipeline to the service as its last step before ``prefetch``; evaluation never goes through it.
 Processing modes, shared jobs, determinism, lifetime and security: docs/data_service.md.
 """
@@ -18,7 +19,13 @@ from urllib.parse import urlsplit
 from tfopt._keras import tf
 
 from tfopt.children import ISOLATED_ENV
-from tfopt.config import SERVICE_MODES, DataConfig, RunConfig
+from tfopt.config import (
+    DATA_SERVICE_ENV,
+    LAUNCHED_SERVICE,
+    SERVICE_MODES,
+    DataConfig,
+    RunConfig,
+)
 from tfopt.errors import ConfigError, DataError
 from tfopt.specs import STRATEGIES
 
@@ -161,18 +168,36 @@ def resolve(cfg: DataConfig, timeout: float = CONNECT_TIMEOUT) -> str | None:
 
     Returns:
         None for ``""``; the local service's target for ``"local"`` (started on first use);
-        the ``grpc://HOST:PORT`` address itself, once it accepts connections.
+        the ``grpc://HOST:PORT`` address itself, or for ``"launched"`` the one in
+        ``$TFOPT_DATA_SERVICE``, once it accepts connections.
 
     Raises:
-        ConfigError: malformed address.
+        ConfigError: malformed address, or ``launched`` outside ``tfopt launch --data-workers``.
         DataError: a remote dispatcher does not answer.
     """
     if not cfg.service:
         return None
     if cfg.service == "local":
         return local_target()
-    check_dispatcher(cfg.service, timeout)
-    return cfg.service
+    target = launched_target() if cfg.service == LAUNCHED_SERVICE else cfg.service
+    check_dispatcher(target, timeout)
+    return target
+
+
+def launched_target() -> str:
+    """The ``grpc://`` address of the dispatcher ``tfopt launch --data-workers N`` started.
+
+    Raises:
+        ConfigError: this process is not a task of such a launch (``$TFOPT_DATA_SERVICE`` unset).
+    """
+    target = os.environ.get(DATA_SERVICE_ENV, "")
+    if not target:
+        raise ConfigError(
+            f"data.service={LAUNCHED_SERVICE!r} reads from the dispatcher that tfopt launch "
+            f"--data-workers N starts, and ${DATA_SERVICE_ENV} is not set here; run under "
+            "python -m tfopt.launch --data-workers N -- ..., or give grpc://HOST:PORT or local"
+        )
+    return target
 
 
 def distribute(ds: tf.data.Dataset, target: str, mode: str, *, job_name: str) -> tf.data.Dataset:
@@ -252,17 +277,24 @@ def check(cfg: RunConfig) -> None:
     """Refuses settings the tf.data service cannot honour; call before TensorFlow starts.
 
     Raises:
-        ConfigError: ``runtime.deterministic`` with a service, or the local service with a
-            strategy of several processes.
+        ConfigError: ``runtime.deterministic`` with a service, the local service with a
+            strategy of several processes, or ``launched`` outside ``tfopt launch --data-workers``.
     """
     service = cfg.data.service
     if not service:
         return
+    if service == LAUNCHED_SERVICE:
+        launched_target()
     if cfg.runtime.deterministic:
+        drop = (
+            "launch without --data-workers"
+            if service == LAUNCHED_SERVICE
+            else "drop --data-service"
+        )
         raise ConfigError(
             f"data.service={service!r} cannot honour runtime.deterministic=true: the service "
             "delivers batches in the order its workers finish them, so reruns and resumes "
-            "are not identical; drop --data-service or --deterministic"
+            f"are not identical; {drop} or drop --deterministic"
         )
     if service == "local" and STRATEGIES.get(cfg.runtime.strategy).multi_process:
         raise ConfigError(
