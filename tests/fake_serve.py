@@ -21,7 +21,7 @@ if role == "worker" and os.environ.get("FAKE_SERVE_EXIT"):
 if not (role == "worker" and os.environ.get("FAKE_SERVE_MUTE")):
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", port))
+    server.bind(("", port))  # every interface, as TensorFlow's servers
     server.listen()
     print(f"{role} listening on port {port}", flush=True)
 time.sleep(120)

@@ -36,6 +36,10 @@ Job semantics:
   A service task that exits is started again on its port (a dispatcher from its journal, losing
   nothing; a worker losing at most the rest of its split under ``distributed_epoch``), up to 5
   times; one that does not accept connections within 60 s stops the job with code 1.
+* ``--hosts N --link RATE[,DELAY]`` runs the tasks on N simulated hosts (:mod:`tfopt.hosts`):
+  network namespaces with addresses of their own, joined by a ``tc``-shaped link, so TF_CONFIG
+  names N machines; tasks are placed round-robin. Where namespaces cannot be made the job runs
+  on the loopback, said in one line.
 * ``--render kubeflow`` prints a Kubeflow ``TFJob`` for the same cluster and command instead of
   running it (see :mod:`tfopt.kube` and docs/kubernetes.md).
 
@@ -58,6 +62,7 @@ import time
 from collections.abc import Mapping
 from typing import IO
 
+from tfopt import hosts as hosts_lib
 from tfopt import kube
 from tfopt.children import ISOLATED_ENV, LOOPBACK, die_with_parent
 from tfopt.config import DATA_SERVICE_ENV
@@ -139,7 +144,7 @@ def make_cluster(
 
 
 def data_service_tasks(
-    data_workers: int, host: str, taken: list[str], work_dir: str
+    data_workers: int, host: str, taken: list[str], work_dir: str, bind: str | None = None
 ) -> dict[str, list[tuple[list[str], int]]]:
     """The commands and ports of a tf.data service beside a cluster: one dispatcher, N workers.
 
@@ -148,6 +153,7 @@ def data_service_tasks(
         host: Address the servers listen on and register (the cluster's host).
         taken: The cluster's ``HOST:PORT`` addresses; the service's ports differ from them.
         work_dir: The dispatcher's journal directory (fault-tolerant mode).
+        bind: Where to look for free ports, when not ``host`` (a simulated host's address).
 
     Returns:
         ``{"dispatcher": [(command, port)], "data-worker": [(command, port), ...]}``; the trainers
@@ -156,7 +162,9 @@ def data_service_tasks(
     used = {int(address.rpartition(":")[2]) for address in taken}
     ports: list[int] = []
     while len(ports) < data_workers + 1:
-        ports += [p for p in free_ports(data_workers + 1 - len(ports), host) if p not in used]
+        ports += [
+            p for p in free_ports(data_workers + 1 - len(ports), bind or host) if p not in used
+        ]
         used.update(ports)
     serve = list(SERVE)
     dispatcher, *workers = ports
@@ -197,7 +205,8 @@ class _Task:
     ):
         self.role, self.index = role, index
         self.name = f"{role}:{index}"
-        self.port: int | None = None  # a data-service task's port: it is up once that accepts
+        self.host, self.port = "", 0  # a data-service task's address: it is up once that accepts
+        self.probe: list[str] = []  # the prefix that enters its network namespace, if any
         self.restarts = 0
         self._args = (command, env, out, lock)
         self.start()
@@ -316,6 +325,7 @@ def launch(
     max_restarts: int = 0,
     evaluator: bool = False,
     data_workers: int = 0,
+    hosts: hosts_lib.SimulatedHosts | None = None,
 ) -> int:
     """Runs ``command`` once per cluster task, each with its own TF_CONFIG, and waits for the job.
 
@@ -336,6 +346,9 @@ def launch(
             workers (``python -m tfopt.data.serve``), up before the trainers, which get its
             address in ``$TFOPT_DATA_SERVICE`` (``data.service=launched``). A service task
             that exits is started again on its port; one that does not come up stops the job.
+        hosts: Run the tasks on these simulated hosts (:mod:`tfopt.hosts`), round-robin in
+            the order chief, workers, ps, evaluator; the tf.data service on the first. TF_CONFIG
+            names each task by its host's address; ``host`` is then unused.
 
     Returns:
         The job's exit code: 0 on success, the failing task's code (128 + N when killed by
@@ -348,6 +361,8 @@ def launch(
     _check(command, workers, ps, chief, timeout, host, max_restarts, data_workers)
     base = dict(os.environ if env is None else env)
     base.setdefault("PYTHONUNBUFFERED", "1")
+    if hosts is not None:  # the simulated hosts' only interfaces are their loopback and the link
+        base[ISOLATED_ENV] = "1"
     out = out or sys.stdout
     deadline = None if timeout is None else time.monotonic() + timeout
     terminated = threading.Event()
@@ -355,13 +370,27 @@ def launch(
     try:
         for attempt in range(max_restarts + 1):
             cluster = make_cluster(workers, ps=ps, chief=chief, host=host, evaluator=evaluator)
+            taken = [a for addresses in cluster.values() for a in addresses]
+            cluster, prefixes = _placed(cluster, hosts)
             with tempfile.TemporaryDirectory(prefix="tfopt-dispatcher-") as work_dir:
-                taken = [a for addresses in cluster.values() for a in addresses]
+                first = hosts_lib.address(0) if hosts else host  # where the service runs
                 service = (
-                    data_service_tasks(data_workers, host, taken, work_dir) if data_workers else {}
+                    data_service_tasks(data_workers, first, taken, work_dir, bind=host)
+                    if data_workers
+                    else {}
                 )
                 code, failed = _run_once(
-                    command, cluster, service, base, out, grace, deadline, timeout, terminated
+                    command,
+                    cluster,
+                    service,
+                    base,
+                    out,
+                    grace,
+                    deadline,
+                    timeout,
+                    terminated,
+                    prefixes,
+                    first,
                 )
             if (
                 code == 0
@@ -410,53 +439,105 @@ def _on_sigterm(event: threading.Event):
         return None
 
 
+def _placed(
+    cluster: dict[str, list[str]], hosts: hosts_lib.SimulatedHosts | None
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The cluster with its tasks on the simulated hosts, round-robin, and each task's command prefix.
+
+    Without hosts: the cluster as it is, no prefix. The service's tasks ("dispatcher:0", ...)
+    run on the first host.
+    """
+    if hosts is None:
+        return cluster, {}
+    placed: dict[str, list[str]] = {}
+    prefixes = {role: hosts.prefix(0) for role in DATA_ROLES}
+    number = 0
+    for role, addresses in cluster.items():
+        placed[role] = []
+        for index, address in enumerate(addresses):
+            on = number % len(hosts.names)
+            placed[role].append(f"{hosts_lib.address(on)}:{address.rpartition(':')[2]}")
+            prefixes[f"{role}:{index}"] = hosts.prefix(on)
+            number += 1
+    return placed, prefixes
+
+
 def _run_once(
-    command, cluster, service, base, out, grace, deadline, timeout, terminated
+    command,
+    cluster,
+    service,
+    base,
+    out,
+    grace,
+    deadline,
+    timeout,
+    terminated,
+    prefixes=None,
+    service_host="",
 ) -> tuple[int, str]:
     lock = threading.Lock()
     tasks: list[_Task] = []
-    host = next(iter(cluster.values()))[0].rpartition(":")[0]
+    prefixes = prefixes or {}
     try:
         for role, entries in service.items():  # the tf.data service is up before the trainers
             for index, (serve, port) in enumerate(entries):
-                task = _Task(role, index, serve, base, out, lock)
-                task.port = port
+                task = _Task(role, index, [*prefixes.get(role, []), *serve], base, out, lock)
+                task.host, task.port = service_host, port
+                task.probe = prefixes.get(role, [])
                 tasks.append(task)
-                if not _came_up(task, host):
+                if not _came_up(task):
                     _stop(tasks, grace)
                     return NOT_UP_EXIT, task.name
         if service:
-            target = f"grpc://{host}:{tasks[0].port}"
+            target = f"grpc://{service_host}:{tasks[0].port}"
             base = dict(base, **{DATA_SERVICE_ENV: target})
         for role, addresses in cluster.items():
             for index in range(len(addresses)):
                 tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
                 task_env = dict(base, TF_CONFIG=json.dumps(tf_config))
+                run = [*prefixes.get(f"{role}:{index}", []), *command]
                 try:
-                    tasks.append(_Task(role, index, command, task_env, out, lock))
+                    tasks.append(_Task(role, index, run, task_env, out, lock))
                 except OSError as e:
                     _stop(tasks, grace)
                     raise ConfigError(
                         f"cannot start command {command[0]!r} ({e.strerror or e}); "
                         "check the program name after `--`"
                     ) from None
-        return _wait(tasks, "ps" in cluster, deadline, timeout, grace, terminated, host)
+        return _wait(tasks, "ps" in cluster, deadline, timeout, grace, terminated)
     except KeyboardInterrupt:
         _say(f"interrupted; stopping {len(tasks)} task(s)")
         _stop(tasks, grace)
         return INTERRUPT_EXIT, "launcher"
 
 
-def _came_up(task: _Task, host: str) -> bool:
+def _accepts(host: str, port: int, probe: list[str]) -> bool:
+    """Whether ``host:port`` accepts a TCP connection, dialled from the namespace ``probe`` enters."""
+    if not probe:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return True
+        except OSError:
+            return False
+    dial = (
+        "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close()"
+    )
+    return (
+        subprocess.run(
+            [*probe, sys.executable, "-c", dial, host, str(port)], capture_output=True
+        ).returncode
+        == 0
+    )
+
+
+def _came_up(task: _Task) -> bool:
     """Waits until a tf.data service task accepts connections on its port; False (said) if it never does."""
     timeout = DATA_READY_TIMEOUT
     deadline = time.monotonic() + timeout
     while task.proc.poll() is None and time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, task.port), timeout=1.0).close()
+        if _accepts(task.host, task.port, task.probe):
             return True
-        except OSError:
-            time.sleep(0.2)
+        time.sleep(0.2)
     code = task.proc.poll()
     why = (
         f"exited with code {_exit_code(code)}"
@@ -481,7 +562,7 @@ def _lost(task: _Task) -> str:
     )
 
 
-def _restart_data_task(task: _Task, host: str) -> bool:
+def _restart_data_task(task: _Task) -> bool:
     """Starts a tf.data service task that exited again on its port; False (said) if it cannot."""
     code = _exit_code(task.proc.returncode)
     if task.restarts >= DATA_RESTARTS:
@@ -497,7 +578,7 @@ def _restart_data_task(task: _Task, host: str) -> bool:
     )
     task.join_output()
     task.start()
-    return _came_up(task, host)
+    return _came_up(task)
 
 
 def _wait(
@@ -507,11 +588,10 @@ def _wait(
     timeout: float | None,
     grace: float,
     terminated: threading.Event,
-    host: str = "127.0.0.1",
 ) -> tuple[int, str]:
     """Waits for the job; returns (exit code, name of the task that decided it).
 
-    ``host`` is where the tf.data service tasks listen: one that exits is started again there.
+    A tf.data service task that exits is started again on its port.
     """
     training = [t for t in tasks if t.role in ("chief", "worker")]
     primary = [t for t in tasks if t.role == "chief"] if parameter_servers else training
@@ -535,7 +615,7 @@ def _wait(
         for t in tasks:
             code = t.proc.poll()
             if code is not None and t.role in DATA_ROLES:
-                if not _restart_data_task(t, host):
+                if not _restart_data_task(t):
                     _stop(tasks, grace)
                     return NOT_UP_EXIT, t.name
                 continue
@@ -640,6 +720,20 @@ def build_parser() -> argparse.ArgumentParser:
         "trainers read their training input through it (data.service=launched; default 0: none)",
     )
     parser.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the tasks on N simulated hosts, network namespaces joined by a link (root; "
+        "default 0: this host's loopback)",
+    )
+    parser.add_argument(
+        "--link",
+        metavar="RATE[,DELAY]",
+        help="the simulated hosts' link: rate each way and one-way delay, e.g. 10gbit,0.5ms "
+        "(tc; default: the veth's own speed)",
+    )
+    parser.add_argument(
         "--max-restarts",
         type=int,
         default=0,
@@ -701,25 +795,58 @@ def main(argv: list[str] | None = None) -> int:
             args.max_restarts,
             args.data_workers,
         )
+        hosts = _simulated_hosts(args.hosts, args.link)
+        if hosts is not None:
+            with hosts:
+                return _launch_args(command, args, hosts)
         prefix = _isolation(args.isolate, args.host)
         if prefix:
             os.environ[ISOLATED_ENV] = "1"
             os.execvp(prefix[0], [*prefix, sys.executable, "-m", "tfopt.launch", *argv])
-        return launch(
-            command,
-            args.workers,
-            ps=args.ps,
-            chief=args.chief,
-            timeout=args.timeout,
-            host=args.host,
-            grace=args.grace,
-            max_restarts=args.max_restarts,
-            evaluator=args.evaluator,
-            data_workers=args.data_workers,
-        )
+        return _launch_args(command, args)
     except ConfigError as e:
         _say(str(e))
         return 2
+
+
+def _launch_args(command: list[str], args: argparse.Namespace, hosts=None) -> int:
+    return launch(
+        command,
+        args.workers,
+        ps=args.ps,
+        chief=args.chief,
+        timeout=args.timeout,
+        host=args.host,
+        grace=args.grace,
+        max_restarts=args.max_restarts,
+        evaluator=args.evaluator,
+        data_workers=args.data_workers,
+        hosts=hosts,
+    )
+
+
+def _simulated_hosts(count: int, link: str | None) -> hosts_lib.SimulatedHosts | None:
+    """The simulated hosts ``--hosts``/``--link`` ask for; None (said in one line) where refused."""
+    if not count:
+        if link:
+            raise ConfigError(
+                f"--link={link!r} joins simulated hosts; add --hosts 2, or drop --link"
+            )
+        return None
+    shaped = hosts_lib.parse_link(link) if link else None
+    try:
+        hosts = hosts_lib.SimulatedHosts(count, shaped)
+    except hosts_lib.HostsUnavailable as e:
+        _say(f"{e}; running the job on this host's loopback instead")
+        return None
+    for note in hosts.notes:
+        _say(note)
+    joined = f"a {shaped} link" if shaped else "the veth's own speed"
+    _say(
+        f"{count} simulated hosts ({', '.join(hosts_lib.address(i) for i in range(count))}), "
+        f"joined at {joined}"
+    )
+    return hosts
 
 
 if __name__ == "__main__":
