@@ -94,7 +94,7 @@ TARGETS = {
     "efficiency": (">=", 0.90),  # throughput(2 MWMS workers) / throughput(2 independent processes)
     "backup_overhead_pct": ("<=", 3.0),  # % slower per step with --backup-every
 }
-PHASES = ("scaling", "allreduce", "backup")
+PHASES = ("scaling", "allreduce", "backup", "links")
 MB = 1 << 20
 
 
@@ -125,8 +125,20 @@ class Params:
     backup_warmup_steps: int = 50
     backup_steps: int = 300
     backup_pinned: bool = False  # False: unpinned, TensorFlow's default threads (what a user runs)
+    # links phase: side b on two simulated hosts (tfopt launch --hosts 2 --link RATE)
+    link_gbits: tuple = (1, 10, 25)
+    link_variants: tuple = ("float32", "packed", "bfloat16")
+    pack_bytes: int = 256 << 10  # the "packed" variant's --bytes-per-pack
     repeats: int = 3
     smoke: bool = False
+
+
+# the links phase's variants: what each adds to the workers' `python -m tfopt.train` flags
+LINK_VARIANTS = {
+    "float32": [],
+    "packed": ["--bytes-per-pack", "{pack}"],
+    "bfloat16": ["--allreduce-dtype", "bfloat16"],
+}
 
 
 # smoke: backups every 34 steps, so that tfopt's steps per execution (17, the largest divisor <= 32)
@@ -145,6 +157,8 @@ SMOKE = {
     "backup_batch": 16,
     "backup_warmup_steps": 34,
     "backup_steps": 34,
+    "link_gbits": (1,),
+    "link_variants": ("packed",),
     "repeats": 1,
     "smoke": True,
 }
@@ -218,7 +232,21 @@ def _cpu_now() -> dict:
         "own": t.user + t.system,
         "busy": stat[0] / _CLK_TCK if stat else float("nan"),
         "ncpu": stat[1] if stat else usable_cores(),
+        **_link_bytes(),
     }
+
+
+def _link_bytes() -> dict:
+    """Bytes this simulated host has sent and received on its link (the kernel's veth counters),
+    or nothing off a simulated host (``ip netns exec`` shows the namespace's own /sys)."""
+    out = {}
+    for key in ("tx", "rx"):
+        try:
+            with open(f"/sys/class/net/eth0/statistics/{key}_bytes") as f:
+                out[f"link_{key}"] = int(f.read())
+        except OSError:
+            return {}
+    return out
 
 
 def _window(start: dict, end: dict) -> dict:
@@ -228,6 +256,7 @@ def _window(start: dict, end: dict) -> dict:
         "own_cpu_s": end["own"] - start["own"],
         "busy_cpu_s": end["busy"] - start["busy"],
         "ncpu": end["ncpu"],
+        **{f"{k}_bytes": end[k] - start[k] for k in ("link_tx", "link_rx") if k in start},
     }
 
 
@@ -312,10 +341,13 @@ def harness_train(argv: list[str]) -> int:
             self.barrier_wait = 0.0
             self.result = None
             self.spe = None
+            self.trainable = None
 
         def on_train_begin(self, logs=None):
             spe = getattr(self.model, "_steps_per_execution", None)  # tf_keras: a variable
             self.spe = int(spe.numpy()) if spe is not None else None
+            # values all-reduced per step
+            self.trainable = sum(int(w.shape.num_elements()) for w in self.model.trainable_weights)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = int(epoch)
@@ -372,6 +404,10 @@ def harness_train(argv: list[str]) -> int:
         "backup_every": cfg.train.backup_every,
         "first_step": clock.first_step,
         "compiled_steps_per_execution": clock.spe,
+        "trainable_values": clock.trainable,
+        "runtime": {
+            k: getattr(cfg.runtime, k) for k in ("collective", "bytes_per_pack", "allreduce_dtype")
+        },
         "window_steps": [s0, s1],
         "step_ms": 1e3 * (t1 - t0) / (s1 - s0),
         "executions": execs,  # [first step (exclusive), last step, seconds]
@@ -668,11 +704,12 @@ def _harness(role: str, *opts) -> list[str]:
     return [sys.executable, SCRIPT, role, *[str(o) for o in opts]]
 
 
-def _launch(ctx: Ctx, workers: int, command: list[str]) -> list[str]:
+def _launch(ctx: Ctx, workers: int, command: list[str], extra: tuple = ()) -> list[str]:
     return [
         sys.executable,
         "-m",
         "tfopt.launch",
+        *extra,
         "--workers",
         str(workers),
         "--timeout",
@@ -782,6 +819,8 @@ def _slim(r: dict) -> dict:
         "barrier_wait_s",
         "window",
         "backup_steps_kept",
+        "trainable_values",
+        "runtime",
         "status",
     )
     return {k: r[k] for k in keep if k in r}
@@ -807,8 +846,11 @@ SIDES = {
 }
 
 
-def run_side(side: str, ctx: Ctx) -> dict:
-    """Runs one side of the scaling comparison; returns its throughput and process reports."""
+def run_side(side: str, ctx: Ctx, launch_flags: tuple = (), train_flags: tuple = ()) -> dict:
+    """Runs one side of the scaling comparison; returns its throughput and process reports.
+
+    ``launch_flags`` go to side b's launcher (e.g. ``--hosts 2``), ``train_flags`` to its workers.
+    """
     p = ctx.p
     total = p.warmup_steps + p.steps
     wd = ctx.fresh(f"scaling-{side}")
@@ -861,7 +903,9 @@ def run_side(side: str, ctx: Ctx) -> dict:
                         os.path.join(wd, "run"),
                         spe=p.steps_per_execution,
                     ),
+                    *train_flags,
                 ),
+                launch_flags,
             )
         ]
         n, combine = 2, "sync"
@@ -961,6 +1005,96 @@ def phase_scaling(ctx: Ctx, gate: QuietGate, bar) -> dict:
         "efficiency_range": _spread(x["efficiency"] for x in runs),
         "weak_scaling": median(x["weak_scaling"] for x in runs),
         "weak_scaling_range": _spread(x["weak_scaling"] for x in runs),
+    }
+
+
+# -- phase 4: links ------------------------------------------------------------------------------
+
+
+def link_row(side: dict, control: dict, gbit: float, variant: str) -> dict:
+    """One side b measured on two simulated hosts, beside the same repeat's control (side c).
+
+    The bytes are the kernel's counters of each host's veth, over the timed window: what the
+    workers sent each other per step (the all-reduce, plus gRPC's own messages). The ring model
+    sends 2(N-1)/N x the gradient bytes per worker per step (N = 2: the gradients once).
+    """
+    procs = side["processes"]
+    sent = [
+        pr["window"]["link_tx_bytes"] / (pr["window_steps"][1] - pr["window_steps"][0])
+        for pr in procs
+    ]
+    width = 2 if variant == "bfloat16" else 4
+    model_bytes = 2 * (2 - 1) / 2 * procs[0]["trainable_values"] * width
+    return {
+        "gbit": gbit,
+        "variant": variant,
+        "examples_per_sec": side["examples_per_sec"],
+        "step_ms": max(side["step_ms"]),
+        "efficiency": side["examples_per_sec"] / control["examples_per_sec"],
+        "link_bytes_per_step": median(sent),
+        "ring_model_bytes_per_step": model_bytes,
+        "ring_model_ms": 1e3 * model_bytes / (gbit * 1e9 / 8),
+        "side": side,
+    }
+
+
+def phase_links(ctx: Ctx, gate: QuietGate, bar) -> dict:
+    """Side b on two simulated hosts at each link rate and variant, against the control (side c)."""
+    p = ctx.p
+
+    def unit(r: int):
+        rates = list(p.link_gbits) if r % 2 == 0 else list(reversed(p.link_gbits))
+        bar.set_postfix_str(f"links {r + 1}/{p.repeats}: control")
+        control = run_side("c", ctx)
+        rows = []
+        for gbit in rates:
+            for variant in p.link_variants:
+                bar.set_postfix_str(f"links {r + 1}/{p.repeats}: {gbit} Gbit/s {variant}")
+                flags = [f.format(pack=p.pack_bytes) for f in LINK_VARIANTS[variant]]
+                side = run_side("b", ctx, ("--hosts", "2", "--link", f"{gbit}gbit"), tuple(flags))
+                if not all("link_tx_bytes" in pr["window"] for pr in side["processes"]):
+                    raise RuntimeError(
+                        "[B3] links: the workers did not run on simulated hosts (no veth "
+                        "counters); tfopt launch --hosts needs root and ip netns"
+                    )
+                rows.append(link_row(side, control, gbit, variant))
+        loads = [control["foreign_load"]] + [x["side"]["foreign_load"] for x in rows]
+        return {"control": control, "rows": rows}, loads
+
+    runs = []
+    for r in range(p.repeats):
+        runs.append(gate.run(lambda r=r: unit(r)))
+        bar.update(1)
+    table = []
+    for gbit in p.link_gbits:
+        for variant in p.link_variants:
+            cells = [
+                x
+                for run in runs
+                for x in run["rows"]
+                if (x["gbit"], x["variant"]) == (gbit, variant)
+            ]
+            table.append(
+                {
+                    "gbit": gbit,
+                    "variant": variant,
+                    "efficiency": median(x["efficiency"] for x in cells),
+                    "efficiencies": [x["efficiency"] for x in cells],
+                    "examples_per_sec": median(x["examples_per_sec"] for x in cells),
+                    "step_ms": median(x["step_ms"] for x in cells),
+                    "link_bytes_per_step": median(x["link_bytes_per_step"] for x in cells),
+                    "ring_model_bytes_per_step": cells[0]["ring_model_bytes_per_step"],
+                    "ring_model_ms": cells[0]["ring_model_ms"],
+                }
+            )
+    return {
+        "model": p.model,
+        "hosts": 2,
+        "pack_bytes": p.pack_bytes,
+        "c_examples_per_sec": median(x["control"]["examples_per_sec"] for x in runs),
+        "table": table,
+        "repeats": runs,
+        "environment": {**environment_light(), "lscpu_flags": lscpu_info().get("flags", [])},
     }
 
 
@@ -1241,6 +1375,20 @@ def figures(res: dict) -> list[dict]:
                     detail=f"{ar['sizes'][str(mb)]['ms']:.2f} ms vs {ar['sizes'][str(mb)]['model_ms']:.2f} ms",
                 )
             )
+    for row in (res.get("links") or {}).get("table", []):
+        out.append(
+            figure(
+                f"(info) efficiency, 2 workers on 2 simulated hosts, {row['gbit']:g} Gbit/s link, "
+                f"{row['variant']} all-reduce",
+                row["efficiencies"],
+                "x",
+                digits=3,
+                anchor="Horovod: ~0.90 (GPUs over RoCE)",
+                detail=f"{row['link_bytes_per_step'] / 1e6:.2f} MB/step sent on the link (ring model "
+                f"{row['ring_model_bytes_per_step'] / 1e6:.2f} MB, {row['ring_model_ms']:.2f} ms at the "
+                f"rate); {row['step_ms']:.0f} ms/step",
+            )
+        )
     if bk:
         out.append(
             figure(
@@ -1346,6 +1494,33 @@ def report(res: dict, p: Params) -> str:
                 arows,
             )
         )
+    lk = res.get("links")
+    if lk:
+        parts.append(
+            markdown_table(
+                [
+                    "2 MWMS workers on 2 simulated hosts",
+                    "efficiency",
+                    "ex/s",
+                    "ms/step",
+                    "MB/step on the link",
+                    "ring model MB",
+                    "ring model ms",
+                ],
+                [
+                    [
+                        f"{row['gbit']:g} Gbit/s, {row['variant']}",
+                        f"{row['efficiency']:.3f}",
+                        f"{row['examples_per_sec']:.0f}",
+                        f"{row['step_ms']:.0f}",
+                        f"{row['link_bytes_per_step'] / 1e6:.2f}",
+                        f"{row['ring_model_bytes_per_step'] / 1e6:.2f}",
+                        f"{row['ring_model_ms']:.2f}",
+                    ]
+                    for row in lk["table"]
+                ],
+            )
+        )
     notes = []
     if p.smoke:
         notes.append(
@@ -1372,6 +1547,15 @@ def report(res: dict, p: Params) -> str:
             f"{ar['bandwidth_Bps'] / 1e9:.2f} GB/s (one direction; {ar['bandwidth_duplex_Bps'] / 1e9:.2f} GB/s per "
             f"direction when both send at once), measured between the same two pinned processes with "
             f"{p.bandwidth_mb} MB copies."
+        )
+    if lk:
+        notes.append(
+            f"Links: side b launched with `tfopt launch --hosts 2 --link RATE`, each worker in a network "
+            "namespace of its own, joined through a bridge by veth pairs shaped with tc (tbf) each way; "
+            f"efficiency against the same repeat's control (c, {lk['c_examples_per_sec']:.0f} ex/s). "
+            "MB/step: bytes each worker sent on its veth over the timed window (the kernel's counters), "
+            "per step; ring model: 2(N-1)/N x gradient bytes per worker, and that over the link rate. "
+            f"packed: --bytes-per-pack {lk['pack_bytes']}; bfloat16: --allreduce-dtype bfloat16."
         )
     if bk:
         spe_on = sorted({n for x in bk["repeats"] for n in x["on"]["steps_per_execution"]})
@@ -1513,6 +1697,14 @@ def parse_args(argv=None):
     return p, phases, cores, gate, out, args
 
 
+def _previous(out: str, phases: list[str]) -> dict | None:
+    """The earlier result file a run of some phases only updates (None for a full run)."""
+    if set(phases) == set(PHASES) or not os.path.exists(out):
+        return None
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def _isolation(mode: str) -> bool:
     if mode == "off":
         return False
@@ -1555,7 +1747,9 @@ def main(argv=None) -> int:
         "scaling": None,
         "allreduce": None,
         "backup": None,
+        "links": None,
     }
+    previous = _previous(out, phases)
     try:
         with tqdm(
             total=p.repeats * len(phases), desc="B3", unit="repeat", disable=None, file=sys.stderr
@@ -1566,8 +1760,16 @@ def main(argv=None) -> int:
                 res["allreduce"] = phase_allreduce(ctx, gate, bar)
             if "backup" in phases:
                 res["backup"] = phase_backup(ctx, gate, bar)
+            if "links" in phases:
+                res["links"] = phase_links(ctx, gate, bar)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    if previous:  # the phases not run now keep their earlier results
+        for phase in PHASES:
+            if phase not in phases and previous.get(phase):
+                res[phase] = previous[phase]
+        res["phases"] = [x for x in PHASES if res.get(x)]
+        res["kept_from"] = {"date_utc": previous["environment"].get("date_utc")}
     res["quiet_gate"] = gate.summary()
     res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     measured = {

@@ -63,7 +63,7 @@ def test_scaling_benchmark_smoke(tmp_path):
 
     res = json.loads(out.read_text())
     p = res["params"]
-    assert p["smoke"] is True and res["phases"] == ["scaling", "allreduce", "backup"]
+    assert p["smoke"] is True and res["phases"] == ["scaling", "allreduce", "backup", "links"]
     assert res["lscpu"]["flags"] and res["environment"]["tensorflow"]
     c0, c1 = res["cores"][:2]
     assert c0 != c1
@@ -173,6 +173,27 @@ def test_scaling_benchmark_smoke(tmp_path):
             100 * (_median(with_) - _median(without)) / (every * _median(without) / n)
         )
     assert bk["overhead_pct"] == pytest.approx(_median(r["overhead_pct"] for r in bk["repeats"]))
+
+    # -- links: the workers on two simulated hosts; the link's counters carry the all-reduce ---------
+    lk = res["links"]
+    [rep] = lk["repeats"]
+    [row] = rep["rows"]
+    assert (row["gbit"], row["variant"]) == (1, "packed")
+    workers = row["side"]["processes"]
+    assert [pr["runtime"]["bytes_per_pack"] for pr in workers] == [p["pack_bytes"]] * 2
+    values = workers[0]["trainable_values"]
+    assert row["ring_model_bytes_per_step"] == 4 * values  # N = 2: every gradient once, float32
+    assert row["ring_model_ms"] == pytest.approx(1e3 * 4 * values / (1e9 / 8))
+    # Each worker sends at least the ring model's bytes (what the all-reduce must move), and not
+    # much more (the rest of gRPC's messages): the counters are those of the link between them.
+    for pr in workers:
+        sent = pr["window"]["link_tx_bytes"] / (pr["window_steps"][1] - pr["window_steps"][0])
+        assert 1.0 <= sent / (4 * values) < 1.5, sent
+    assert row["efficiency"] == pytest.approx(
+        row["examples_per_sec"] / rep["control"]["examples_per_sec"]
+    )
+    assert lk["table"][0]["efficiency"] == row["efficiency"]
+    assert "| 2 MWMS workers on 2 simulated hosts" in proc.stdout
 
     # -- verdicts ------------------------------------------------------------------------------------
     targets = res["targets"]

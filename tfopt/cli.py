@@ -139,6 +139,19 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         metavar=_choices(config_lib.COLLECTIVES),
         help="the multi_worker_mirrored all-reduce (nccl: GPUs)",
     )
+    g.add_argument(
+        "--bytes-per-pack",
+        type=int,
+        metavar="BYTES",
+        help="multi_worker_mirrored: all-reduce the gradients in packs of about this many bytes, "
+        "so that the first packs travel while later gradients are computed (default 0: one pack)",
+    )
+    g.add_argument(
+        "--allreduce-dtype",
+        metavar=_choices(config_lib.ALLREDUCE_DTYPES),
+        help="mirrored, multi_worker_mirrored: the dtype gradients are summed across replicas "
+        "in; bfloat16 sends half the bytes (default float32)",
+    )
     add_shard_variables(g)
 
     g = parser.add_argument_group("training")
@@ -218,6 +231,8 @@ _FLAG_KEYS = {
     "precision": ("runtime", "precision"),
     "cpu_replicas": ("runtime", "cpu_replicas"),
     "collective": ("runtime", "collective"),
+    "bytes_per_pack": ("runtime", "bytes_per_pack"),
+    "allreduce_dtype": ("runtime", "allreduce_dtype"),
     "dataset": ("data", "dataset"),
     "data_dir": ("data", "data_dir"),
     "limit": ("data", "limit"),

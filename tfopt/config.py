@@ -22,6 +22,10 @@ AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow her
 CACHE_MODES = ("memory", "none", "file")
 SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 COLLECTIVES = ("auto", "ring", "nccl")
+ALLREDUCE_DTYPES = (
+    "float32",
+    "bfloat16",
+)  # runtime.allreduce_dtype: what gradients cross the wire as
 PARTITIONERS = ("none", "min_size", "max_size")  # runtime.variable_partitioner
 AUGMENTS = ("none", "shift", "crop_flip")
 BGR_PREFIX = "bgr:"  # data.normalize=bgr:MEAN/STD reverses the channels (RGB -> BGR) first, as caffe-style models expect
@@ -123,6 +127,10 @@ class RuntimeConfig:
     cpu_replicas: int = 2  # logical CPU devices for `mirrored` on a machine without GPUs
     precision: str = "float32"
     collective: str = "auto"  # multi_worker_mirrored communication: auto | ring | nccl
+    # multi_worker_mirrored: gradients all-reduced in packs of about this many bytes (0: one pack)
+    bytes_per_pack: int = 0
+    # mirrored / multi_worker_mirrored: gradients summed across replicas as bfloat16 (half the bytes)
+    allreduce_dtype: str = "float32"
     startup_timeout: float = 120.0  # seconds a multi-worker start-up may take before failing
     deterministic: bool = (
         False  # op determinism + deterministic input: bit-identical reruns and resumes
@@ -196,6 +204,7 @@ _CHOICES = {
     ("runtime", "strategy"): STRATEGIES.names(),
     ("runtime", "precision"): PRECISIONS.names(),
     ("runtime", "collective"): COLLECTIVES,
+    ("runtime", "allreduce_dtype"): ALLREDUCE_DTYPES,
     ("runtime", "variable_partitioner"): PARTITIONERS,
     ("data", "cache"): CACHE_MODES,
     ("data", "augment"): AUGMENTS,
@@ -383,6 +392,21 @@ def _validate(cfg: RunConfig) -> RunConfig:
             f"{cfg.runtime.strategy!r}); use --strategy parameter_server, or leave variables whole "
             "(drop --shard-variables, or set runtime.variable_partitioner=none)"
         )
+    if cfg.runtime.bytes_per_pack and cfg.runtime.strategy != "multi_worker_mirrored":
+        raise ConfigError(
+            f"runtime.bytes_per_pack={cfg.runtime.bytes_per_pack} splits the all-reduce of "
+            "strategy 'multi_worker_mirrored' into packs, and the strategy is "
+            f"{cfg.runtime.strategy!r}; use --strategy multi_worker_mirrored, or drop --bytes-per-pack"
+        )
+    if cfg.runtime.allreduce_dtype != "float32" and cfg.runtime.strategy not in (
+        "mirrored",
+        "multi_worker_mirrored",
+    ):
+        raise ConfigError(
+            f"runtime.allreduce_dtype={cfg.runtime.allreduce_dtype!r} compresses the gradients' "
+            "all-reduce, which only strategies 'mirrored' and 'multi_worker_mirrored' do (strategy "
+            f"is {cfg.runtime.strategy!r}); use one of them, or drop --allreduce-dtype"
+        )
     if not 0 <= cfg.model.freeze_epochs <= cfg.train.epochs:
         raise ConfigError(
             f"model.freeze_epochs={cfg.model.freeze_epochs} must be in [0, train.epochs="
@@ -390,6 +414,7 @@ def _validate(cfg: RunConfig) -> RunConfig:
         )
     for section, key in (
         ("data", "limit"),
+        ("runtime", "bytes_per_pack"),
         ("train", "steps_per_execution"),
         ("train", "steps_per_epoch"),
         ("data", "ram_budget_mb"),

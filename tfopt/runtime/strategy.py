@@ -10,7 +10,8 @@ whose entries point at the factories here:
   logical devices (see :func:`tfopt.runtime.devices.setup_cpu_replicas`) and the replicas are
   combined with ``ReductionToOneDevice``, the cross-device op that works on CPUs.
 * ``multi_worker_mirrored``: ``MultiWorkerMirroredStrategy`` over the TF_CONFIG cluster, with
-  ``CommunicationOptions(implementation=AUTO|RING|NCCL)`` from ``runtime.collective``.
+  ``CommunicationOptions(implementation=AUTO|RING|NCCL)`` from ``runtime.collective`` and
+  ``bytes_per_pack`` from ``runtime.bytes_per_pack`` (0: all gradients in one pack).
   It must be created before any other TensorFlow op runs in the process (TensorFlow raises
   "Collective ops must be configured at program startup" otherwise) and it waits, without a
   timeout, until every peer has started: wrap it in
@@ -96,7 +97,7 @@ def multi_worker(
     runtime: RuntimeConfig, cluster: ClusterInfo | None, **_
 ) -> tf.distribute.Strategy:
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=_COLLECTIVES[runtime.collective]
+        bytes_per_pack=runtime.bytes_per_pack, implementation=_COLLECTIVES[runtime.collective]
     )
     if runtime.collective == "nccl" and not _gpus():
         raise ConfigError(
