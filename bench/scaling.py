@@ -126,7 +126,7 @@ class Params:
     backup_steps: int = 300
     backup_pinned: bool = False  # False: unpinned, TensorFlow's default threads (what a user runs)
     # links phase: side b on two simulated hosts (tfopt launch --hosts 2 --link RATE)
-    link_gbits: tuple = (1, 10, 25)
+    link_gbits: tuple = (0, 1, 10, 25)  # 0: the loopback, in the same run (no --hosts)
     link_variants: tuple = ("float32", "packed", "bfloat16")
     pack_bytes: int = 256 << 10  # the "packed" variant's --bytes-per-pack
     repeats: int = 3
@@ -1022,6 +1022,7 @@ def link_row(side: dict, control: dict, gbit: float, variant: str) -> dict:
     sent = [
         pr["window"]["link_tx_bytes"] / (pr["window_steps"][1] - pr["window_steps"][0])
         for pr in procs
+        if "link_tx_bytes" in pr["window"]
     ]
     width = 2 if variant == "bfloat16" else 4
     model_bytes = 2 * (2 - 1) / 2 * procs[0]["trainable_values"] * width
@@ -1031,9 +1032,9 @@ def link_row(side: dict, control: dict, gbit: float, variant: str) -> dict:
         "examples_per_sec": side["examples_per_sec"],
         "step_ms": max(side["step_ms"]),
         "efficiency": side["examples_per_sec"] / control["examples_per_sec"],
-        "link_bytes_per_step": median(sent),
+        "link_bytes_per_step": median(sent) if sent else None,  # None: the loopback
         "ring_model_bytes_per_step": model_bytes,
-        "ring_model_ms": 1e3 * model_bytes / (gbit * 1e9 / 8),
+        "ring_model_ms": 1e3 * model_bytes / (gbit * 1e9 / 8) if gbit else None,
         "side": side,
     }
 
@@ -1082,7 +1083,8 @@ def phase_links(ctx: Ctx, gate: QuietGate, bar) -> dict:
                     "efficiencies": [x["efficiency"] for x in cells],
                     "examples_per_sec": median(x["examples_per_sec"] for x in cells),
                     "step_ms": median(x["step_ms"] for x in cells),
-                    "link_bytes_per_step": median(x["link_bytes_per_step"] for x in cells),
+                    "link_bytes_per_step": cells[0]["link_bytes_per_step"]
+                    and median(x["link_bytes_per_step"] for x in cells),
                     "ring_model_bytes_per_step": cells[0]["ring_model_bytes_per_step"],
                     "ring_model_ms": cells[0]["ring_model_ms"],
                 }
@@ -1376,17 +1378,25 @@ def figures(res: dict) -> list[dict]:
                 )
             )
     for row in (res.get("links") or {}).get("table", []):
+        where = (
+            f"on 2 simulated hosts, {row['gbit']:g} Gbit/s link"
+            if row["gbit"]
+            else "on one host's loopback (same run)"
+        )
+        sent = (
+            f"{row['link_bytes_per_step'] / 1e6:.2f} MB/step sent on the link (ring model "
+            f"{row['ring_model_bytes_per_step'] / 1e6:.2f} MB, {row['ring_model_ms']:.2f} ms at the rate); "
+            if row["gbit"]
+            else ""
+        )
         out.append(
             figure(
-                f"(info) efficiency, 2 workers on 2 simulated hosts, {row['gbit']:g} Gbit/s link, "
-                f"{row['variant']} all-reduce",
+                f"(info) efficiency, 2 MWMS workers {where}, {row['variant']} all-reduce",
                 row["efficiencies"],
                 "x",
                 digits=3,
                 anchor="Horovod: ~0.90 (GPUs over RoCE)",
-                detail=f"{row['link_bytes_per_step'] / 1e6:.2f} MB/step sent on the link (ring model "
-                f"{row['ring_model_bytes_per_step'] / 1e6:.2f} MB, {row['ring_model_ms']:.2f} ms at the "
-                f"rate); {row['step_ms']:.0f} ms/step",
+                detail=f"{sent}{row['step_ms']:.0f} ms/step",
             )
         )
     if bk:
@@ -1509,13 +1519,15 @@ def report(res: dict, p: Params) -> str:
                 ],
                 [
                     [
-                        f"{row['gbit']:g} Gbit/s, {row['variant']}",
+                        f"{row['gbit']:g} Gbit/s, {row['variant']}"
+                        if row["gbit"]
+                        else f"loopback, {row['variant']}",
                         f"{row['efficiency']:.3f}",
                         f"{row['examples_per_sec']:.0f}",
                         f"{row['step_ms']:.0f}",
-                        f"{row['link_bytes_per_step'] / 1e6:.2f}",
+                        f"{row['link_bytes_per_step'] / 1e6:.2f}" if row["gbit"] else "-",
                         f"{row['ring_model_bytes_per_step'] / 1e6:.2f}",
-                        f"{row['ring_model_ms']:.2f}",
+                        f"{row['ring_model_ms']:.2f}" if row["gbit"] else "-",
                     ]
                     for row in lk["table"]
                 ],

@@ -259,3 +259,73 @@ def test_training_goes_on_when_its_data_worker_and_dispatcher_are_killed(tmp_pat
         f"\nkilled data-worker:0 in epoch 2 and the dispatcher in epoch 3: {planned} steps, "
         f"{seen} examples trained as planned; test accuracy {record['metrics']['test_accuracy']:.4f}"
     )
+
+
+READER = """
+import collections, json, os
+from tfopt._keras import tf
+
+PASSES, PER_PASS = 10, 200
+ds = tf.data.Dataset.range(PASSES).flat_map(
+    lambda i: tf.data.Dataset.range(PER_PASS).map(lambda j: tf.stack([i, j]))
+)
+service = tf.data.experimental.service
+ds = ds.apply(service.distribute(
+    processing_mode=service.ShardingPolicy.DYNAMIC, service=os.environ["TFOPT_DATA_SERVICE"],
+    job_name="passes"))
+seen = collections.Counter()
+for n, x in enumerate(ds.as_numpy_iterator(), 1):
+    seen[tuple(int(v) for v in x)] += 1
+    if n % 100 == 0:
+        print("read", n, flush=True)
+print("SEEN", json.dumps([[i, j, c] for (i, j), c in sorted(seen.items())]), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_data_worker_loses_at_most_the_rest_of_its_split_and_nothing_twice():
+    """distributed_epoch through the launched service: 10 passes of 200 elements, one kill."""
+    marker = uuid.uuid4().hex
+    cmd = [
+        *ISOLATED,
+        sys.executable,
+        "-m",
+        "tfopt.launch",
+        "--workers",
+        "1",
+        "--data-workers",
+        "2",
+        "--timeout",
+        "200",
+        "--",
+        sys.executable,
+        "-c",
+        READER,
+    ]
+    env = dict(os.environ, TFOPT_TEST_MARKER=marker)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    log, killed = [], False
+    for line in proc.stdout:
+        log.append(line)
+        if line.startswith("[worker:0] read 300") and not killed:
+            os.kill(_service_pids(marker)["worker"], signal.SIGKILL)
+            killed = True
+    proc.wait(timeout=60)
+    text = "".join(log)
+    assert proc.returncode == 0 and killed, text[-3000:]
+    seen = json.loads(re.search(r"SEEN (.*)", text)[1])
+    assert all(count == 1 for *_, count in seen), "an element came twice"
+    per_pass = {}
+    for i, _, _ in seen:
+        per_pass[i] = per_pass.get(i, 0) + 1
+    short = {i: 200 - per_pass.get(i, 0) for i in range(10) if per_pass.get(i, 0) < 200}
+    lost = sum(short.values())
+    print(
+        f"\n1 of 2 data workers killed after 300 elements: {2000 - lost} of 2000 seen, "
+        f"{lost} lost, all from pass(es) {sorted(short)}; none twice"
+    )
+    assert len(short) <= 1 and lost <= 200, short
+    assert "data-worker:" in text and "starting it again on port" in text
