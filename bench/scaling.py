@@ -26,6 +26,16 @@ What it does, in one run on one machine (protocol: BENCHMARKS.md, row B3):
    executions (tf.function calls of tfopt's steps_per_execution steps) that hold a backup vs those
    that do not.
 
+4. Links: side b again, its 2 workers on two simulated hosts (``tfopt launch --hosts 2 --link
+   RATE``: network namespaces on a bridge, veth pairs shaped by tc each way) at 1, 10 and 25
+   Gbit/s, and on the loopback in the same run; each with the float32 all-reduce, with
+   ``--bytes-per-pack`` and with ``--allreduce-dtype bfloat16``; efficiency against the same
+   repeat's control (side c). Bytes per step: what each worker's veth sent over the timed window
+   (the kernel's counters), beside the ring model's 2(N-1)/N x gradient bytes.
+
+``--phases`` runs a subset; the phases not run keep their results from the existing JSON, which
+records where (``kept_from``: date, CPU and flags).
+
 How the processes are measured: every training process is ``tfopt.train.stage.run`` (the
 library entry of ``python -m tfopt.train``; its flags are parsed by tfopt's own CLI code) with one
 extra Keras callback that timestamps step boundaries (after the loss is fetched, i.e. after the
@@ -48,7 +58,7 @@ their range; each harness reports the machine's busy CPU over its window minus i
 siblings' CPU (foreign load); a repeat disturbed by other processes is re-run within a time
 budget (``--quiet-threshold``, ``--max-wait``). Prints a markdown table and writes JSON.
 
-    PYTHONPATH=. python bench/scaling.py          # 15-25 min on 2 cores -> bench/results/scaling.json
+    PYTHONPATH=. python bench/scaling.py          # 25-40 min on 2 cores -> bench/results/scaling.json
     PYTHONPATH=. python bench/scaling.py --smoke  # tiny, one repeat (~1 min: 7 TensorFlow start-ups); a test
 """
 
@@ -1032,7 +1042,8 @@ def link_row(side: dict, control: dict, gbit: float, variant: str) -> dict:
         "examples_per_sec": side["examples_per_sec"],
         "step_ms": max(side["step_ms"]),
         "efficiency": side["examples_per_sec"] / control["examples_per_sec"],
-        "link_bytes_per_step": median(sent) if sent else None,  # None: the loopback
+        # None on the loopback: a process there may read the counters of the host's own eth0
+        "link_bytes_per_step": median(sent) if sent and gbit else None,
         "ring_model_bytes_per_step": model_bytes,
         "ring_model_ms": 1e3 * model_bytes / (gbit * 1e9 / 8) if gbit else None,
         "side": side,
@@ -1052,8 +1063,9 @@ def phase_links(ctx: Ctx, gate: QuietGate, bar) -> dict:
             for variant in p.link_variants:
                 bar.set_postfix_str(f"links {r + 1}/{p.repeats}: {gbit} Gbit/s {variant}")
                 flags = [f.format(pack=p.pack_bytes) for f in LINK_VARIANTS[variant]]
-                side = run_side("b", ctx, ("--hosts", "2", "--link", f"{gbit}gbit"), tuple(flags))
-                if not all("link_tx_bytes" in pr["window"] for pr in side["processes"]):
+                hosts = ("--hosts", "2", "--link", f"{gbit}gbit") if gbit else ()
+                side = run_side("b", ctx, hosts, tuple(flags))
+                if gbit and not all("link_tx_bytes" in pr["window"] for pr in side["processes"]):
                     raise RuntimeError(
                         "[B3] links: the workers did not run on simulated hosts (no veth "
                         "counters); tfopt launch --hosts needs root and ip netns"
@@ -1538,6 +1550,12 @@ def report(res: dict, p: Params) -> str:
         notes.append(
             "SMOKE MODE: tiny batches and step counts, one repeat; these figures mean nothing."
         )
+    kept = res.get("kept_from")
+    if kept and kept.get("phases"):
+        notes.append(
+            f"Kept from the run of {kept['date_utc'][:10]} on {kept['cpu']}: the "
+            f"{', '.join(kept['phases'])} phase(s); the rest measured now, on the machine below."
+        )
     env = res["environment"]
     notes.append(
         f"{env['processor']}, {env['usable_cores']} usable cores (cores {res['cores'][:2]} used), "
@@ -1781,7 +1799,13 @@ def main(argv=None) -> int:
             if phase not in phases and previous.get(phase):
                 res[phase] = previous[phase]
         res["phases"] = [x for x in PHASES if res.get(x)]
-        res["kept_from"] = {"date_utc": previous["environment"].get("date_utc")}
+        res["kept_from"] = {  # where the kept phases were measured: perhaps another machine
+            "phases": [x for x in PHASES if x not in phases and previous.get(x)],
+            "date_utc": previous["environment"].get("date_utc"),
+            "cpu": previous.get("lscpu", {}).get("model")
+            or previous["environment"].get("processor"),
+            "lscpu_flags": previous.get("lscpu", {}).get("flags", []),
+        }
     res["quiet_gate"] = gate.summary()
     res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     measured = {
