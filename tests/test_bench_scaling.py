@@ -202,3 +202,26 @@ def test_scaling_benchmark_smoke(tmp_path):
     assert targets["backup_overhead_pct"]["measured"] == bk["overhead_pct"]
     check_verdicts(targets)
     assert not [f for f in os.listdir(tmp_path) if f.startswith("b3-")]  # scratch removed
+
+
+def test_a_link_row_counts_bytes_only_on_simulated_hosts():
+    """On the loopback a worker may read the host's own eth0 counters: they are not the link's."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from scaling import link_row
+
+    def side(tx):
+        proc = {
+            "window": {"link_tx_bytes": tx},
+            "window_steps": [10, 20],
+            "trainable_values": 1000,
+        }
+        return {"processes": [proc, proc], "examples_per_sec": 80.0, "step_ms": [50.0, 51.0]}
+
+    control = {"examples_per_sec": 100.0}
+    on_hosts = link_row(side(41000), control, 1, "bfloat16")
+    assert on_hosts["link_bytes_per_step"] == 4100  # 41000 bytes over 10 steps
+    assert on_hosts["ring_model_bytes_per_step"] == 2000  # N = 2: 1000 values x 2 bytes, once
+    assert on_hosts["ring_model_ms"] == pytest.approx(1e3 * 2000 / (1e9 / 8))
+    assert on_hosts["efficiency"] == pytest.approx(0.8) and on_hosts["step_ms"] == 51.0
+    loopback = link_row(side(41000), control, 0, "float32")
+    assert loopback["link_bytes_per_step"] is None and loopback["ring_model_ms"] is None
