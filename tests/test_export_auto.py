@@ -283,7 +283,8 @@ def test_int8_auto_keeps_the_slower_int8_ops_in_float_and_exports_the_fastest_pa
         and dtypes[int(op["outputs"][0])] == np.float32
     ]
     op_of = {t["node"]: t["op"] for t in found["ops"]}
-    assert sorted(float_ops) == sorted(op_of[n] for n in row["float_nodes"])
+    # ... and the float softmax that turns the logits into probabilities (--outputs default)
+    assert sorted(float_ops) == sorted([*(op_of[n] for n in row["float_nodes"]), "SOFTMAX"])
     # The choice as an ai-edge-quantizer recipe beside the model; re-applied (--modes recipe), the
     # same ops compute in float.
     recipe = json.loads((out / row["recipe"]).read_text())

@@ -99,6 +99,8 @@ MODES: Registry[PtqMode] = Registry(
 # What --modes means when not given: the converter's modes. The ai-edge-quantizer modes are asked by name.
 DEFAULT_MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int16x8")
 IO_TYPES = ("float", "int8", "uint8")
+#: What an exported classifier gives out (``--outputs``; tfopt.export.outputs).
+OUTPUTS = ("probabilities", "logits")
 SPARSITY_CHOICES = ("auto", "on", "off")
 KERNELS = ("xnnpack", "builtin", "both")
 # LiteRT runtime settings a latency can be timed with (--runtime): the Interpreter with its default

@@ -88,6 +88,12 @@ def build_parser() -> cli.ArgumentParser:
         "--io", default="float", help=f"int8 model input/output type: {', '.join(choices.IO_TYPES)}"
     )
     g.add_argument(
+        "--outputs",
+        default="probabilities",
+        help="what the exported files give out: probabilities (softmax; what apps and MediaPipe "
+        "Tasks expect) or logits (default probabilities)",
+    )
+    g.add_argument(
         "--calibration-steps",
         type=int,
         default=25,
@@ -279,6 +285,7 @@ def _check_args(args, given: set[str]) -> None:
     """Every flag validated before TensorFlow is imported, so mistakes fail in a blink."""
     check_flags(args, given)  # parses --modes (for --from)
     choices.check_choice("io", args.io, choices.IO_TYPES, "--io")
+    choices.check_choice("outputs", args.outputs, choices.OUTPUTS, "--outputs")
     choices.check_choice("sparsity", args.sparsity, choices.SPARSITY_CHOICES, "--sparsity")
     choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
     choices.parse_runtimes(args.runtime)
@@ -362,7 +369,7 @@ def _body(args, given: set[str]) -> int:
 
 
 def _work(args) -> int:
-    from tfopt.export import roofline, runner, summary
+    from tfopt.export import roofline, runner, ship, summary
     from tfopt.export.fidelity import Thresholds
     from tfopt.export.tflite import ConvertOptions
     from tfopt.fileio import write_json
@@ -393,6 +400,7 @@ def _work(args) -> int:
                 recipe=args.recipe,
             ),
             calibration_steps=args.calibration_steps,
+            outputs=args.outputs,
             thresholds=Thresholds(
                 min_agreement=args.min_agreement, max_accuracy_drop_pt=args.max_accuracy_drop
             ),
@@ -419,7 +427,15 @@ def _work(args) -> int:
             print(export["roofline_table"])
         for note in export["notes"]:
             print(f"note: {note}")
-        print(f"{PROG}: wrote {os.path.join(export['output'], 'run.json')}")
+        out = export["output"]
+        for row in export["modes"]:
+            if row.get("file"):
+                print(f"{PROG}: wrote {os.path.join(out, row['file'])}")
+        print(
+            f"{PROG}: wrote {os.path.join(out, 'run.json')} (the record) and export.md (the table)"
+        )
+        if export.get("ship"):
+            print(ship.line(export["ship"], out))
         failures = export["gate_failures"]
         if failures:
             print(
@@ -427,6 +443,7 @@ def _work(args) -> int:
                 + ", ".join(f"{m} ({why})" for m, why in failures.items()),
                 file=sys.stderr,
             )
+            print(f"{PROG}: {_next_step(failures, export)}", file=sys.stderr)
             return 1
         return 0
     if args.evaluate is not None:
@@ -463,6 +480,23 @@ def _work(args) -> int:
     if args.output:
         write_json(os.path.join(args.output, "benchmark.json"), row)
     return 0
+
+
+def _next_step(failures: dict, export: dict) -> str:
+    """What to try after a failed fidelity gate, and what was written anyway."""
+    written = "the files above were written and measured"
+    if export.get("ship"):
+        written += f"; {export['ship']['file']} is {export['ship']['from']}, which passed"
+    else:
+        written += "; none passed, so no model.tflite was written"
+    tries = []
+    if any(m.startswith("int8") for m in failures):
+        tries += [
+            "--modes int8_auto (keeps the layers int8 hurts in float, chosen by measuring)",
+            "--float-layers LAYER,... (name the layers to keep in float)",
+        ]
+    tries.append("--min-agreement 0.97 or --max-accuracy-drop 1.0 (accept a looser match)")
+    return f"{written}. Next: " + "; or ".join(tries)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,18 +5,26 @@ converter does not need either Keras: it reads a SavedModel. So a Keras 3 ``.ker
 is exported by Keras 3 itself, in a child process (``Model.export``: an inference SavedModel, safe
 mode on unless the file is trusted), and that SavedModel is wrapped as a one-layer tf_keras model
 whose call is the SavedModel's ``serve`` function. The export stage then converts, evaluates and
-times it like any model: the TFLite flatbuffer is the Keras 3 model's graph.
+times it like any model: the TFLite flatbuffer is the Keras 3 model's graph. The SavedModel hides
+the layers, so the pixels the model expects are read from the file by Keras 3 too
+(:func:`input_side`), exactly as a tf_keras model's are.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 
 from tfopt._keras import keras, tf
 
+import numpy as np
+
 from tfopt.errors import ModelError
+from tfopt.models import inputs
+from tfopt.models.inputs import InputSide
 
 _EXPORT = """
 import sys
@@ -26,24 +34,101 @@ model.export(sys.argv[2], format="tf_saved_model", verbose=False)
 """
 
 
+# Keras 3 reads the input side as tfopt.models.inputs reads a tf_keras model's: the graph is cut at
+# the first layer with trainable weights (inside nested models too) and the part before it runs
+# on the probe images. argv: model, probes.npy, out.npy, safe|trust.
+_INPUT_SIDE = """
+import json, sys
+import numpy as np
+import keras
+
+def weighted(layer):
+    return any(getattr(v, "trainable", False) for v in layer.weights)
+
+def label(layer):
+    return f"{layer.name} ({type(layer).__name__})"
+
+def head(model, layer):
+    for node in layer._inbound_nodes:
+        tensors = node.input_tensors
+        try:
+            return keras.Model(model.inputs, tensors[0] if len(tensors) == 1 else tensors)
+        except Exception:
+            continue
+    raise ValueError("no input of " + layer.name + " is reachable from the model's input")
+
+def cut(model):
+    passed = []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        if not weighted(layer):
+            passed.append(label(layer))
+            continue
+        step = head(model, layer)
+        if isinstance(layer, keras.Model) and len(layer.inputs) == 1:
+            inner, inner_passed, first = cut(layer)
+            return [step, *inner], passed + inner_passed, first
+        return [step], passed, label(layer)
+    return [], passed, ""
+
+model = keras.saving.load_model(sys.argv[1], safe_mode=sys.argv[4] != "trust")
+steps, passed, first = cut(model)
+x = np.load(sys.argv[2])
+for step in steps:
+    x = step(x, training=False)
+np.save(sys.argv[3], np.asarray(x, np.float64))
+print(json.dumps({"passed": passed, "first": first, "cut": bool(steps)}))
+"""
+
+
+def _keras3(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env
+    )
+
+
+def _reason(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else f"exit code {proc.returncode}")[:300]
+
+
+def input_side(path: str, image_shape, *, trust_model: bool = False) -> InputSide:
+    """The Keras 3 model file ``path``'s input side, read by Keras 3 itself (in a child process).
+
+    The same reading as :func:`tfopt.models.inputs.measure` gives a tf_keras model: what the
+    layers before the first weighted one do to probe images of known pixels.
+
+    Raises:
+        ModelError: Keras 3 cannot load the file, or cannot cut its graph (then the input side
+            cannot be read: the message asks for ``--input-scale``).
+    """
+    with tempfile.TemporaryDirectory(prefix="tfopt-keras3-") as tmp:
+        probes, out = os.path.join(tmp, "probes.npy"), os.path.join(tmp, "side.npy")
+        np.save(probes, inputs.probe_images(image_shape))
+        proc = _keras3(_INPUT_SIDE, path, probes, out, "trust" if trust_model else "safe")
+        if proc.returncode != 0:
+            raise ModelError(
+                f"Keras 3 could not read the input side of {path} ({_reason(proc)}); say what it "
+                "expects with --input-scale unit (pixels / 255) or --input-scale raw (0-255 pixels)"
+            )
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+        if not found["cut"]:
+            return inputs.InputSide(tuple(found["passed"]), found["first"], (), ())
+        return inputs.fit(np.load(out), found["passed"], found["first"], image_shape)
+
+
 def to_saved_model(path: str, out_dir: str, *, trust_model: bool = False) -> str:
     """Exports the Keras 3 model file ``path`` as an inference SavedModel in ``out_dir`` (with Keras 3).
 
     Raises:
         ModelError: Keras 3 cannot load or export it (the first line of its error, and the fix).
     """
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _EXPORT, path, out_dir, "trust" if trust_model else "safe"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    proc = _keras3(_EXPORT, path, out_dir, "trust" if trust_model else "safe")
     if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        reason = lines[-1] if lines else f"exit code {proc.returncode}"
         raise ModelError(
-            f"Keras 3 could not export {path} as a SavedModel ({reason[:300]}); "
+            f"Keras 3 could not export {path} as a SavedModel ({_reason(proc)}); "
             "pass --trust-model for custom objects and Lambda layers you trust"
         )
     return out_dir

@@ -1,14 +1,20 @@
-"""Files packed into a ``.tflite``: the class labels and the input contract travel with the model.
+"""TFLite Metadata in every exported image classifier: what MediaPipe Tasks and LiteRT's apps read.
 
-LiteRT's convention for a model's associated files (the TFLite Metadata "model with metadata"
-format that ``tflite_support``'s writers produce and MediaPipe's tasks read) appends a zip
-archive after the flatbuffer: interpreters read the flatbuffer and ignore what follows, and any
-zip reader opens the same file. tfopt packs two members:
+An app's runtime (MediaPipe Tasks' ``ImageClassifier`` on Android, iOS, the web and Python) reads
+a model's labels and input normalization from the standard TFLite Metadata flatbuffer (the
+model's ``TFLITE_METADATA`` buffer), never from side files. :func:`write` builds it with
+MediaPipe's own metadata classes (``metadata_info`` and ``MetadataPopulator``, the code behind
+its ``metadata_writers``):
 
-- ``labels.txt``: one class name per line, in output order (written when the data has names);
-- ``input.json``: the input contract (shape, dtype, value range, normalization, channel order).
+- name, description, version and author;
+- the input as an image (RGB, or grayscale for one channel) with the ``NormalizationOptions``
+  that turn 0-255 pixels into what the model takes (the input contract tfopt decided);
+- the output as class scores, ``probabilities`` or ``logits``, with the class names as its
+  ``TENSOR_AXIS_LABELS`` file ``labels.txt``;
+- ``input.json`` (the whole input contract) and any recipe as associated files of the model.
 
-Read them back with :func:`read` or with the standard library::
+The associated files travel as a zip after the flatbuffer (the metadata format's own packing):
+:func:`read` opens them with the standard library, without MediaPipe::
 
     zipfile.ZipFile("model_int8.tflite").read("labels.txt").decode().splitlines()
 """
@@ -17,56 +23,226 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import tempfile
+import unicodedata
 import zipfile
+
+from tfopt.errors import DataError, ModelError
 
 LABELS = "labels.txt"
 INPUT = "input.json"
+#: The largest associated file :func:`read` expands (a packed file is a few KiB).
+MAX_MEMBER_BYTES = 16 * 1024 * 1024
 
 
 def files_of(contract: dict) -> dict[str, bytes]:
-    """The members packed for an input contract (``tfopt.models.sources.input_contract``)."""
-    out = {INPUT: (json.dumps(contract, indent=2, sort_keys=True) + "\n").encode()}
-    if contract.get("class_names"):
-        out[LABELS] = ("\n".join(contract["class_names"]) + "\n").encode()
-    return out
+    """The associated files for an input contract (``tfopt.data.sources.input_contract``).
+
+    The labels are not among them: :func:`write` attaches them to the output tensor.
+    """
+    return {INPUT: (json.dumps(contract, indent=2, sort_keys=True) + "\n").encode()}
 
 
-def pack(content: bytes, files: dict[str, bytes]) -> bytes:
-    """``content`` (a bare flatbuffer) followed by a zip archive holding ``files``.
+def normalization(contract: dict) -> tuple[list[float], list[float]]:
+    """``(mean, std)`` per channel that map 0-255 pixels to the model's input: ``(p - mean) / std``.
+
+    The contract's mean and std are in units of the [0, 1] image (``pixels / 255``), or absent
+    for a model that takes 0-255 pixels itself (``input_scale`` ``raw``).
+    """
+    if contract.get("input_scale") == "raw":
+        return [0.0], [1.0]
+    mean = [255.0 * float(m) for m in contract.get("mean") or [0.0]]
+    std = [255.0 * float(s) for s in contract.get("std") or [1.0]]
+    if len(mean) != len(std):  # one value stands for every channel
+        n = max(len(mean), len(std))
+        mean, std = (v * n if len(v) == 1 else v for v in (mean, std))
+    return mean, std
+
+
+def check_labels(names: list[str]) -> None:
+    """Refuses class names that would not be one line each in ``labels.txt``.
+
+    Raises:
+        DataError: a name is empty or holds a control character (a newline would shift every
+            later label by one).
+    """
+    for name in names:
+        bad = next((c for c in name if unicodedata.category(c)[0] == "C"), None)
+        if not name or bad is not None:
+            what = "is empty" if not name else f"holds the control character {bad!r}"
+            raise DataError(
+                f"class name {name[:80]!r} {what}: labels are one line per class; rename that "
+                "class folder"
+            )
+
+
+def write(
+    content: bytes,
+    contract: dict,
+    *,
+    outputs: str,
+    name: str,
+    version: str,
+    description: str = "",
+    files: dict[str, bytes] | None = None,
+) -> bytes:
+    """``content`` with TFLite Metadata for an image classifier and its associated files.
 
     Args:
-        content: The converted model, as the converter returned it.
-        files: Member name -> bytes.
+        content: A bare converted model (one image input, one class-score output).
+        contract: The input contract (``image_shape``, ``input_scale``, ``mean``, ``std``,
+            ``bgr``, ``class_names``).
+        outputs: ``probabilities`` or ``logits``: what the output tensor holds.
+        name: The model's name.
+        version: The model's version (e.g. the export's fingerprint).
+        description: One sentence on what the model does.
+        files: Associated files of the whole model, name -> bytes (``input.json``, a recipe).
 
     Returns:
-        The model file's bytes; the flatbuffer part is ``content`` unchanged.
+        The model file's bytes: the flatbuffer with its metadata buffer, then the packed files.
+
+    Raises:
+        DataError: a class name that cannot be a label line.
+        ModelError: MediaPipe's populator refuses the model (not one input and one output).
     """
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in sorted(files.items()):
-            info = zipfile.ZipInfo(
-                name, date_time=(1980, 1, 1, 0, 0, 0)
-            )  # same content, same bytes
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, data)
-    packed = buf.getvalue()
-    # A zip's offsets count from the start of the archive; make them count from the start of the
-    # file, as a zip appended to an executable does, so the packed file is itself a valid zip.
-    return content + _shift_offsets(packed, len(content))
+    from tfopt._compat import mediapipe_metadata
+
+    metadata, info, fb = mediapipe_metadata()
+    names = list(contract.get("class_names") or [])
+    check_labels(names)
+    shape = contract.get("image_shape") or []
+    mean, std = normalization(contract)
+    with tempfile.TemporaryDirectory(prefix="tfopt-metadata-") as tmp:
+        paths = []
+        for fname, data in sorted((files or {}).items()):
+            paths.append(os.path.join(tmp, fname))
+            with open(paths[-1], "wb") as f:
+                f.write(data)
+        label_files = None
+        if names:
+            paths.append(os.path.join(tmp, LABELS))
+            with open(paths[-1], "w", encoding="utf-8") as f:
+                f.write("\n".join(names) + "\n")
+            label_files = [info.LabelFileMd(paths[-1])]
+        model_md = info.GeneralMd(
+            name=name, version=version, description=description, author="tfopt"
+        ).create_metadata()
+        model_md.associatedFiles = [
+            _associated(fb, fname, "Associated file of the model.") for fname in sorted(files or {})
+        ] or None
+        in_type, out_type = _io_types(fb, content)
+        image = info.InputImageTensorMd(
+            name="image",
+            description=_input_description(contract, mean, std, content),
+            norm_mean=mean,
+            norm_std=std,
+            color_space_type=(
+                fb.ColorSpaceType.GRAYSCALE if shape and shape[-1] == 1 else fb.ColorSpaceType.RGB
+            ),
+            tensor_type=in_type,
+        ).create_metadata()
+        scores = info.ClassificationTensorMd(
+            name=outputs,
+            description=(
+                "Probability of each class (softmax)."
+                if outputs == "probabilities"
+                else "Logit of each class (apply softmax for probabilities)."
+            ),
+            label_files=label_files,
+            tensor_type=out_type,
+        ).create_metadata()
+        graph = fb.SubGraphMetadataT()
+        graph.inputTensorMetadata = [image]
+        graph.outputTensorMetadata = [scores]
+        model_md.subgraphMetadata = [graph]
+        import flatbuffers
+
+        builder = flatbuffers.Builder(0)
+        builder.Finish(model_md.Pack(builder), metadata.MetadataPopulator.METADATA_FILE_IDENTIFIER)
+        populator = metadata.MetadataPopulator.with_model_buffer(bytearray(content))
+        try:
+            populator.load_metadata_buffer(bytes(builder.Output()))
+            populator.load_associated_files(paths)
+            populator.populate()
+            return bytes(populator.get_model_buffer())
+        except ValueError as e:
+            raise ModelError(f"cannot write TFLite Metadata into the model ({e})") from None
+        finally:
+            del populator  # its temporary model file goes now, not at interpreter exit
+
+
+def _associated(fb, fname: str, description: str):
+    item = fb.AssociatedFileT()
+    item.name = fname
+    item.description = description
+    item.type = fb.AssociatedFileType.DESCRIPTIONS
+    return item
+
+
+def _io_types(fb, content: bytes):
+    """The flatbuffer tensor types of the model's one input and one output."""
+    from tfopt._compat import read_tflite_model
+
+    model = read_tflite_model(content)
+    graph = model.subgraphs[0]
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        raise ModelError(
+            f"the model has {len(graph.inputs)} inputs and {len(graph.outputs)} outputs; an "
+            "image classifier's metadata describes one image in and one score tensor out"
+        )
+    return graph.tensors[graph.inputs[0]].type, graph.tensors[graph.outputs[0]].type
+
+
+def _input_description(contract: dict, mean: list[float], std: list[float], content: bytes) -> str:
+    from tfopt._compat import read_tflite_model
+
+    graph = read_tflite_model(content).subgraphs[0]
+    tensor = graph.tensors[graph.inputs[0]]
+    q = tensor.quantization
+    text = (
+        f"{'x'.join(str(d) for d in contract.get('image_shape') or [])} image: "
+        f"(pixel - {_fmt(mean)}) / {_fmt(std)}"
+    )
+    if contract.get("bgr"):
+        text += ", channels in BGR order"
+    if q is not None and q.scale is not None and len(q.scale):
+        zero = int(q.zeroPoint[0]) if q.zeroPoint is not None and len(q.zeroPoint) else 0
+        text += f"; quantized as round(x / {float(q.scale[0]):.6g}) + {zero}"
+    return text + "."
+
+
+def _fmt(values: list[float]) -> str:
+    return ",".join(f"{v:g}" for v in values) if len(values) > 1 else f"{values[0]:g}"
 
 
 def read(path_or_bytes: str | bytes) -> dict[str, bytes]:
-    """The files packed into a ``.tflite`` (empty when it has none).
+    """The associated files of a ``.tflite`` (empty when it has none).
 
     Args:
         path_or_bytes: A ``.tflite`` path or its bytes.
+
+    Raises:
+        ModelError: a packed file is larger than :data:`MAX_MEMBER_BYTES` expanded, or cannot
+            be expanded.
     """
     data = path_or_bytes if isinstance(path_or_bytes, bytes) else open(path_or_bytes, "rb").read()
+    where = path_or_bytes if isinstance(path_or_bytes, str) else "the model"
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            return {name: archive.read(name) for name in archive.namelist()}
+            out = {}
+            for member in archive.infolist():
+                if member.file_size > MAX_MEMBER_BYTES:
+                    raise ModelError(
+                        f"{where}: its packed file {member.filename[:80]!r} expands to "
+                        f"{member.file_size} bytes (at most {MAX_MEMBER_BYTES}); re-export it"
+                    )
+                out[member.filename] = archive.read(member)
+            return out
     except zipfile.BadZipFile:
         return {}
+    except (NotImplementedError, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
+        raise ModelError(f"{where}: its packed files cannot be read ({e}); re-export it") from None
 
 
 def labels(path_or_bytes: str | bytes) -> list[str]:
@@ -75,20 +251,22 @@ def labels(path_or_bytes: str | bytes) -> list[str]:
     return text.splitlines()
 
 
-def _shift_offsets(archive: bytes, shift: int) -> bytes:
-    """Re-writes a zip's central directory so that every offset is ``shift`` bytes further on."""
-    out = bytearray(archive)
-    end = out.rfind(b"PK\x05\x06")
-    entries = int.from_bytes(out[end + 10 : end + 12], "little")
-    directory = int.from_bytes(out[end + 16 : end + 20], "little")
-    out[end + 16 : end + 20] = (directory + shift).to_bytes(4, "little")
-    pos = directory
-    for _ in range(entries):
-        assert out[pos : pos + 4] == b"PK\x01\x02", "not a central directory entry"
-        local = int.from_bytes(out[pos + 42 : pos + 46], "little")
-        out[pos + 42 : pos + 46] = (local + shift).to_bytes(4, "little")
-        name, extra, comment = (
-            int.from_bytes(out[pos + k : pos + k + 2], "little") for k in (28, 30, 32)
+def contract_of(path_or_bytes: str | bytes) -> dict:
+    """The input contract packed into a ``.tflite`` (``input.json``; empty when it has none).
+
+    Raises:
+        ModelError: ``input.json`` is not a JSON object.
+    """
+    raw = read(path_or_bytes).get(INPUT)
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        value = None
+    if not isinstance(value, dict):
+        raise ModelError(
+            f"{path_or_bytes if isinstance(path_or_bytes, str) else 'the model'}: its packed "
+            f"{INPUT} is not a JSON object; re-export it"
         )
-        pos += 46 + name + extra + comment
-    return bytes(out)
+    return value

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import os
 import shutil
@@ -28,10 +27,10 @@ from tfopt._keras import keras
 import numpy as np
 
 from tfopt.config import DataConfig, RunConfig
-from tfopt.cpu import peaks
+from tfopt.cpu import cpu_info, peaks
 from tfopt.data.sources import input_contract, prepare
 from tfopt.errors import ConfigError
-from tfopt.export import auto, fidelity, keras3, metadata, roofline, summary, tflite
+from tfopt.export import auto, fidelity, keras3, metadata, outputs, roofline, ship, summary, tflite
 from tfopt.export import benchmark as bench
 from tfopt.export.choices import (
     DEFAULT_MODES,
@@ -117,6 +116,10 @@ class ExportSettings:
     bench: BenchSettings = field(default_factory=BenchSettings)
     plot: bool = True
     trust_model: bool = False
+    outputs: str = "probabilities"  # what the exported files give out: probabilities | logits
+
+    def __post_init__(self):
+        outputs.check(self.outputs)
 
 
 def load_source_model(path: str, trust_model: bool = False) -> keras.Model:
@@ -284,9 +287,18 @@ def _export(
     decided = None
     if _is_tf_keras(model) and not qat:  # a QAT model's input side fake-quantizes
         origin = "flag" if run.model_file else "config"
-        data_cfg, decided = inputs.settle(data_cfg, model, info.image_shape, run.source, origin)
+        if saved_by_keras3(run.model_path):  # the wrapped SavedModel hides its layers: ask Keras 3
+            side = keras3.input_side(
+                run.model_path, info.image_shape, trust_model=settings.trust_model
+            )
+        else:
+            side = inputs.measure(model, info.image_shape)
+        data_cfg, decided = inputs.resolve(data_cfg, side, run.source, origin)
     say(f"reading the test split of {data_cfg.dataset}")
     x_test, y_test = load_split(data_cfg, "test", settings.eval_limit, info)
+    plan = outputs.plan(model, settings.outputs, x_test, settings.options.io != "float")
+    model = plan.model
+    say(f"the exported files give {plan.note}")
     reference = keras_outputs(model, x_test)
     calibration = None
     if not qat and any(MODES.get(m).calibration for m in modes):
@@ -381,10 +393,24 @@ def _export(
                     model, calibration, conv, settings, x_test, y_test, reference, out_dir, say
                 )
             )
-    _pack_metadata(rows, out_dir, metadata.files_of(contract))
+    _write_metadata(
+        rows, out_dir, contract, plan, settings.outputs, run.config.model.name, rd.fingerprint
+    )
+    chosen = ship.choose(rows)
+    shipped = None
+    if chosen is not None:
+        shutil.copyfile(os.path.join(out_dir, chosen["file"]), os.path.join(out_dir, ship.FILE))
+        shipped = ship.describe(chosen, cpu_info()["model"])
     # A gate that passes says the .tflite agrees with the Keras model, not that the model is any good.
     keras_accuracy = float(np.mean(np.argmax(reference, axis=-1) == y_test))
-    worth = quality.verdict(quality.Evidence(keras_accuracy, info.num_classes, int(len(y_test))))
+    worth = quality.verdict(
+        quality.Evidence(
+            keras_accuracy,
+            info.num_classes,
+            int(len(y_test)),
+            input_read=decided["decided_by"] != "default" if decided else None,
+        )
+    )
     if worth:
         log.warning(worth)
     slower = summary.slower_than_float(rows)
@@ -413,6 +439,7 @@ def _export(
         input="input.json",
         **({"plot": os.path.basename(plot)} if plot else {}),
         **({"labels": "labels.txt"} if contract["class_names"] else {}),
+        **({"ship": ship.FILE} if shipped else {}),
     )
     record = run_record(
         "export",
@@ -443,26 +470,63 @@ def _export(
             "cpu_peaks": cpu_peaks,
             "roofline_table": roofline_md,
             "gate_failures": gate_failures(rows),
+            "ship": shipped,
+            "outputs": settings.outputs,
         },
     )
     rd.commit(record)
     return record
 
 
-def _pack_metadata(rows: list[dict], out_dir: str, files: dict[str, bytes]) -> None:
-    """Packs the labels and the input contract into every written .tflite (:mod:`tfopt.export.metadata`).
+def _write_metadata(
+    rows: list[dict],
+    out_dir: str,
+    contract: dict,
+    plan: outputs.Plan,
+    outs: str,
+    name: str,
+    version: str,
+) -> None:
+    """Finishes every written .tflite: its softmax (see ``outputs.plan``), names and metadata.
 
-    Sizes in the rows stay the flatbuffer's (what LiteRT loads); ``metadata_bytes`` is what the
-    packed files add.
+    See :mod:`tfopt.export.metadata`: the normalization, the labels, ``input.json`` and the
+    mode's recipe travel inside the file. An appended softmax is checked on random inputs against
+    numpy's. Sizes in the rows stay the evaluated flatbuffer's; ``metadata_bytes`` is what the
+    softmax, the names, the metadata and the packed files add.
     """
+    rng = np.random.default_rng(0)
     for row in rows:
         if row.get("file"):
             path = os.path.join(out_dir, row["file"])
             with open(path, "rb") as f:
                 content = f.read()
-            packed = metadata.pack(content, files)
-            write_bytes(path, packed)
-            row["metadata_bytes"] = len(packed) - len(content)
+            final = content
+            if plan.append_softmax:
+                final = outputs.append_softmax(content)
+                probe = rng.random((4, *contract["image_shape"]), dtype=np.float32)
+                logits = TFLiteModel(content).predict(probe).astype(np.float64)
+                want = np.exp(logits - logits.max(axis=1, keepdims=True))
+                got = TFLiteModel(final).predict(probe)
+                assert np.allclose(got, want / want.sum(axis=1, keepdims=True), atol=1e-5), row[
+                    "file"
+                ]
+            files = metadata.files_of(contract)
+            if row.get("recipe"):
+                with open(os.path.join(out_dir, row["recipe"]), "rb") as f:
+                    files["recipe.json"] = f.read()
+            described = metadata.write(
+                outputs.name_io(final, outs),
+                contract,
+                outputs=outs,
+                name=f"{name} ({row['mode']})",
+                version=version[:12],
+                description=f"Image classifier over {len(contract.get('class_names') or [])} "
+                f"classes, exported by tfopt as {row['mode']}.",
+                files=files,
+            )
+            write_bytes(path, described)
+            row["metadata_bytes"] = len(described) - len(content)
+            row["outputs"] = outs
 
 
 def gate_failures(rows: list[dict]) -> dict[str, str]:
@@ -689,7 +753,7 @@ def evaluate_file(
     """``--evaluate``: scores one .tflite on a dataset split (and against a Keras model when given)."""
     content = read_tflite(path)
     model = TFLiteModel(content, num_threads=threads)
-    packed = json.loads(metadata.read(content).get(metadata.INPUT, b"{}"))
+    packed = metadata.contract_of(content)
     if data_cfg.input_scale == "auto" and packed.get("input_scale") in ("unit", "raw"):
         # The contract the export packed says what the file takes (0-255 pixels for a model
         # that scales inside); data.normalize stays the user's (--normalize).

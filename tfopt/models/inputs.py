@@ -173,12 +173,30 @@ def measure(model: keras.Model, image_shape: Sequence[int]) -> InputSide:
         return InputSide(tuple(_label(l) for l in model.layers[:3]), "", (), ())
     if not steps:
         return InputSide(tuple(passed), first, (), ())
-    h, w, c = (int(d) for d in image_shape)
-    pixels = np.array([(p * c)[:c] for p in _PROBES], np.float32)  # [probe, channel]
-    x = np.broadcast_to(pixels[:, None, None, :], (len(_PROBES), h, w, c)).astype(np.float32)
+    x = probe_images(image_shape)
     for step in steps:
         x = step(x, training=False)
-    y = np.asarray(x, np.float64)
+    return fit(np.asarray(x, np.float64), passed, first, image_shape)
+
+
+def probe_images(image_shape: Sequence[int]) -> np.ndarray:
+    """The probe images for an ``(H, W, C)`` input: one constant pixel value per channel each."""
+    h, w, c = (int(d) for d in image_shape)
+    pixels = np.array([(p * c)[:c] for p in _PROBES], np.float32)  # [probe, channel]
+    return np.broadcast_to(pixels[:, None, None, :], (len(_PROBES), h, w, c)).astype(np.float32)
+
+
+def fit(y: np.ndarray, passed: Sequence[str], first: str, image_shape: Sequence[int]) -> InputSide:
+    """The input side from what it made of :func:`probe_images` (``y``, one row per probe).
+
+    Args:
+        y: The first weighted layer's input for each probe image.
+        passed: ``"name (Class)"`` of the layers before it.
+        first: That layer's label.
+        image_shape: ``(H, W, C)`` of the probe images.
+    """
+    h, w, c = (int(d) for d in image_shape)
+    pixels = probe_images(image_shape)[:, 0, 0, :]
     size = tuple(int(d) for d in y.shape[1:3]) if y.ndim == 4 else None
     if y.ndim != 4 and y[0].size == h * w * c:  # Flatten, Reshape: the same values, rearranged
         y = y.reshape(len(_PROBES), h, w, c)

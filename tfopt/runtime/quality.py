@@ -33,6 +33,8 @@ class Evidence:
         bn_momentum: The largest BatchNorm momentum of the model (None: no BatchNorm).
         trainable_share: Share of the weights that trained in the last phase.
         learning_rate: The base learning rate.
+        input_read: Whether the pixels the model expects were read from its graph or given by
+            the user (False: tfopt fed its default; None: not asked).
     """
 
     test_accuracy: float
@@ -44,6 +46,7 @@ class Evidence:
     bn_momentum: float | None = None
     trainable_share: float = 1.0
     learning_rate: float | None = None
+    input_read: bool | None = None
 
 
 def chance_margin(num_classes: int, examples: int) -> float:
@@ -88,6 +91,12 @@ def verdict(e: Evidence) -> str | None:
 
 def _cause(e: Evidence, chance: float) -> str:
     learned = e.train_accuracy is not None and e.train_accuracy > chance + 0.15
+    if e.input_read is False:
+        return (
+            "the pixels the model gets: which range it expects was not read from its graph, so "
+            "tfopt fed its default (pixels / 255); give --input-scale raw if the model scales "
+            "0-255 pixels itself, or --input-scale unit to confirm pixels / 255"
+        )
     if e.steps and e.bn_momentum is not None and e.steps < bn_steps_needed(e.bn_momentum):
         return (
             f"{e.steps} training steps are too few for BatchNorm's moving averages (momentum "
