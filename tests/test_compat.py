@@ -765,39 +765,3 @@ def test_sharded_container_reads_what_is_still_private():
     from tfopt._compat import sharded_container
 
     assert sharded_container(tf.Variable(1.0)) is None
-
-
-def test_mediapipe_metadata_still_needs_the_parser_version_module():
-    # mediapipe 1.2.2's MetadataPopulator imports a compiled module its wheel does not ship.
-    import subprocess
-
-    probe = subprocess.run(
-        [sys.executable, "-c", "import mediapipe.tasks.python.metadata.metadata"],
-        capture_output=True,
-        text=True,
-    )
-    assert probe.returncode != 0 and "_pywrap_metadata_version" in probe.stderr, (
-        "mediapipe's metadata module imports by itself now: remove _compat.mediapipe_metadata's "
-        "stand-in for _pywrap_metadata_version"
-    )
-    metadata, info, fb = _compat.mediapipe_metadata()
-    assert metadata.MetadataPopulator is not None and info.GeneralMd is not None
-    # The stand-in's versions follow MediaPipe's table: a model-level file with a version needs
-    # parser 1.4.1, custom metadata 1.5.0, nothing newer than 1.0.0 gives 1.0.0.
-    import flatbuffers
-
-    def version_of(model_md):
-        b = flatbuffers.Builder(0)
-        b.Finish(model_md.Pack(b), b"M001")
-        return _compat._minimum_parser_version(fb, bytes(b.Output()))
-
-    md = info.GeneralMd(name="m").create_metadata()
-    assert version_of(md) == "1.0.0"
-    f = fb.AssociatedFileT()
-    f.name, f.version = "a.txt", "2"
-    md.associatedFiles = [f]
-    assert version_of(md) == "1.4.1"
-    graph = fb.SubGraphMetadataT()
-    graph.customMetadata = [fb.CustomMetadataT()]
-    md.subgraphMetadata = [graph]
-    assert version_of(md) == "1.5.0"

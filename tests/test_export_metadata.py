@@ -1,5 +1,6 @@
-"""TFLite Metadata in an exported file: written with MediaPipe's classes, read back by its displayer."""
+"""TFLite Metadata in an exported file (MediaPipe reads it in tests/test_mediapipe.py)."""
 
+import io
 import json
 import zipfile
 
@@ -55,57 +56,35 @@ def test_a_class_name_that_is_not_one_label_line_is_refused(name):
         metadata.check_labels(["ok", name])
 
 
-def test_written_metadata_reads_back_with_mediapipe_and_the_model_computes_the_same(bare):
-    from tfopt._compat import mediapipe_metadata
+def test_written_metadata_is_a_tflite_metadata_buffer_and_the_model_computes_the_same(bare):
+    from tfopt._compat import read_tflite_model
     from tfopt.export.evaluate import TFLiteModel
 
     files = metadata.files_of(CONTRACT)
     content = metadata.write(
         bare, CONTRACT, outputs="probabilities", name="m (int8)", version="abc", files=files
     )
-    mp_metadata, _, fb = mediapipe_metadata()
-    displayer = mp_metadata.MetadataDisplayer.with_model_buffer(content)
-    md = fb.ModelMetadataT.InitFromObj(
-        fb.ModelMetadata.GetRootAsModelMetadata(displayer.get_metadata_buffer(), 0)
-    )
-    assert (md.name, md.version, md.author) == (b"m (int8)", b"abc", b"tfopt")
-    assert md.minParserVersion == b"1.0.0"
-    image = md.subgraphMetadata[0].inputTensorMetadata[0]
-    norm = image.processUnits[0].options
-    np.testing.assert_allclose(norm.mean, [255 * m for m in CONTRACT["mean"]], rtol=1e-6)
-    np.testing.assert_allclose(norm.std, [255 * s for s in CONTRACT["std"]], rtol=1e-6)
-    assert image.content.contentProperties.colorSpace == fb.ColorSpaceType.RGB
-    scores = md.subgraphMetadata[0].outputTensorMetadata[0]
-    assert scores.name == b"probabilities"
-    assert scores.associatedFiles[0].type == fb.AssociatedFileType.TENSOR_AXIS_LABELS
-    assert sorted(displayer.get_packed_associated_file_list()) == ["input.json", "labels.txt"]
-    assert (
-        displayer.get_associated_file_buffer("labels.txt").decode().splitlines()
-        == (CONTRACT["class_names"])
-    )
-    # tfopt's reader needs no MediaPipe: the packed files are a zip any reader opens.
+    model = read_tflite_model(content)
+    (entry,) = [m for m in model.metadata if m.name in (b"TFLITE_METADATA", "TFLITE_METADATA")]
+    buf = bytes(bytearray(model.buffers[entry.buffer].data))
+    assert buf[4:8] == b"M001"  # the metadata schema's file identifier
+    for text in (b"m (int8)", b"abc", b"tfopt", b"image", b"probabilities", b"labels.txt"):
+        assert text in buf, text
+    # the normalization floats: 255 * mean, 255 * std, as little-endian float32
+    for value in [255 * m for m in CONTRACT["mean"]] + [255 * s for s in CONTRACT["std"]]:
+        assert np.float32(value).tobytes() in buf, value
+    # tfopt's reader needs no MediaPipe: the associated files are a zip any reader opens.
     assert metadata.labels(content) == CONTRACT["class_names"]
     assert metadata.contract_of(content) == json.loads(files["input.json"])
+    with zipfile.ZipFile(io.BytesIO(content)) as z:
+        assert z.testzip() is None
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
     x = np.random.default_rng(0).random((5, 8, 8, 3), dtype=np.float32)
     np.testing.assert_array_equal(TFLiteModel(content).predict(x), TFLiteModel(bare).predict(x))
-
-
-def test_one_channel_models_are_described_as_grayscale(bare):
-    from tfopt._compat import mediapipe_metadata
-
-    content = metadata.write(
-        bare,
-        {**CONTRACT, "image_shape": [8, 8, 1]},
-        outputs="logits",
-        name="m",
-        version="1",
+    again = metadata.write(
+        bare, CONTRACT, outputs="probabilities", name="m (int8)", version="abc", files=files
     )
-    mp_metadata, _, fb = mediapipe_metadata()
-    buf = mp_metadata.MetadataDisplayer.with_model_buffer(content).get_metadata_buffer()
-    md = fb.ModelMetadataT.InitFromObj(fb.ModelMetadata.GetRootAsModelMetadata(buf, 0))
-    image = md.subgraphMetadata[0].inputTensorMetadata[0]
-    assert image.content.contentProperties.colorSpace == fb.ColorSpaceType.GRAYSCALE
-    assert md.subgraphMetadata[0].outputTensorMetadata[0].name == b"logits"
+    assert again == content  # same inputs, same bytes
 
 
 def test_a_file_without_packed_files_reads_as_empty_and_a_bomb_is_refused(tmp_path):

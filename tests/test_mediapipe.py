@@ -1,6 +1,7 @@
 """Exported files in the runtime apps use: MediaPipe Tasks' ImageClassifier (the C++ task behind
 Android, iOS and the web) loads every mode with no option but the file, names the classes from
-the file's metadata, and scores the test split as tfopt's own evaluation of the same file does."""
+the file's metadata, and scores the test split as tfopt's own evaluation of the same file does.
+MediaPipe runs in a Python of its own (``mediapipe_env``), with no TensorFlow in it."""
 
 import json
 import os
@@ -12,6 +13,7 @@ from tfopt._keras import tf
 import numpy as np
 import pytest
 from image_folder import split_digits_folder
+from mediapipe_env import mediapipe_python
 
 from tfopt import config as C
 from tfopt.export.evaluate import TFLiteModel
@@ -55,9 +57,9 @@ print(json.dumps({"accuracy": float(np.mean(np.argmax(model.predict(xt, verbose=
 
 
 def classify(folder: str, files: list[str]) -> dict:
-    """MediaPipe's ImageClassifier on ``files``, in a process of its own (no TensorFlow in it)."""
+    """MediaPipe's ImageClassifier on ``files``, in MediaPipe's own environment."""
     proc = subprocess.run(
-        [sys.executable, CLIENT, folder, *files], capture_output=True, text=True, timeout=600
+        [mediapipe_python(), CLIENT, folder, *files], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -121,6 +123,13 @@ def test_mediapipe_image_classifier_runs_every_mode_as_tfopt_scores_it(folder_ru
         want = TFLiteModel(files[name]).predict(pixels)
         np.testing.assert_allclose(scores, want, atol=0.02, err_msg=name)
         np.testing.assert_allclose(scores.sum(axis=1), 1.0, atol=0.01, err_msg=name)
+        # The metadata as MediaPipe's own schema reads it: pixels / 255, RGB, labels, names.
+        md = seen["metadata"]
+        assert (md["input"], md["output"], md["color_space"]) == ("image", "probabilities", 1)
+        assert (md["mean"], md["std"]) == ([0.0], [255.0]), md
+        assert md["label_files"] == [["labels.txt", 2]] and md["min_parser_version"] == "1.0.0"
+        assert md["files"] == ["input.json"] + (["recipe.json"] if row.get("recipe") else [])
+        assert md["name"] == f"cnn ({row['mode']})" and md["author"] == "tfopt"
 
 
 def _pixels(folder: str) -> np.ndarray:
@@ -162,3 +171,6 @@ def test_a_keras3_model_that_scales_its_own_pixels_is_read_and_runs_in_mediapipe
     assert abs(row["eval"]["accuracy"] - trained) <= 0.03, (row["eval"], trained)
     seen = classify(os.path.join(images, "test"), [str(tmp_path / "export" / row["file"])])
     assert abs(seen[row["file"]]["accuracy"] - row["eval"]["accuracy"]) <= 0.01, seen
+    # 0-255 pixels straight in: the normalization is the identity
+    md = seen[row["file"]]["metadata"]
+    assert (md["mean"], md["std"]) == ([0.0], [1.0]), md

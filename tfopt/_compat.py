@@ -32,8 +32,6 @@ Workarounds for upstream defects:
     StepCountingClusteringSummaries        tfmot ClusteringSummaries miscounts steps
     tfmot_layer_dtype                      tfmot pruning / clustering break under mixed precision
     float32_global_policy                  tfmot QAT breaks under mixed precision
-    mediapipe_metadata                     mediapipe 1.2.2's metadata writer imports a module its
-                                           wheel lacks (_pywrap_metadata_version)
 
 tfmot is imported on first use, never by importing this module: exporting a float model must
 not load it (it takes seconds).
@@ -61,7 +59,6 @@ TARGETS = {
     "tf_keras": ("2.19", "2.21"),
     "tensorflow-model-optimization": ("0.8.1",),
     "ai-edge-litert": ("2.3",),
-    "mediapipe": ("1.2.2",),
 }
 
 __all__ = [
@@ -90,7 +87,6 @@ __all__ = [
     "StepCountingClusteringSummaries",  # noqa: F822 (made on first use by __getattr__)
     "tfmot_layer_dtype",
     "float32_global_policy",
-    "mediapipe_metadata",
     "fit_resumes_at",
     "build_step_state",
     "random_generators",
@@ -577,117 +573,6 @@ def float32_global_policy() -> Iterator[None]:
         yield
     finally:
         keras.mixed_precision.set_global_policy(previous)
-
-
-#: The metadata schema members newer than 1.0.0 and the parser version that reads each, as
-#: MediaPipe's ``mediapipe/tasks/cc/metadata/metadata_version.cc`` lists them.
-_PARSER_VERSIONS = {
-    "vocabulary_file": (1, 0, 1),
-    "input_process_units": (1, 1, 0),
-    "output_process_units": (1, 1, 0),
-    "bert_tokenizer": (1, 1, 0),
-    "sentencepiece_tokenizer": (1, 1, 0),
-    "input_tensor_groups": (1, 2, 0),
-    "output_tensor_groups": (1, 2, 0),
-    "regex_tokenizer": (1, 2, 1),
-    "audio_properties": (1, 3, 0),
-    "scann_index_file": (1, 4, 0),
-    "associated_file_version": (1, 4, 1),
-    "custom_metadata": (1, 5, 0),
-}
-
-
-def _minimum_parser_version(fb, metadata_buf: bytes) -> str:
-    """The oldest metadata parser that reads ``metadata_buf`` (a ``ModelMetadata`` flatbuffer)."""
-    model = fb.ModelMetadataT.InitFromObj(fb.ModelMetadata.GetRootAsModelMetadata(metadata_buf, 0))
-    found: set[str] = set()
-    types = fb.AssociatedFileType
-    units = fb.ProcessUnitOptions
-    tokenizers = {
-        units.BertTokenizerOptions: "bert_tokenizer",
-        units.SentencePieceTokenizerOptions: "sentencepiece_tokenizer",
-        units.RegexTokenizerOptions: "regex_tokenizer",
-    }
-
-    def files(items):
-        for f in items or []:
-            if f.type == types.VOCABULARY:
-                found.add("vocabulary_file")
-            if f.type == types.SCANN_INDEX_FILE:
-                found.add("scann_index_file")
-            if f.version is not None:
-                found.add("associated_file_version")
-
-    def process_units(items):
-        for unit in items or []:
-            if unit.optionsType in tokenizers:
-                found.add(tokenizers[unit.optionsType])
-
-    for graph in model.subgraphMetadata or []:
-        for tensor in (graph.inputTensorMetadata or []) + (graph.outputTensorMetadata or []):
-            files(tensor.associatedFiles)
-            process_units(tensor.processUnits)
-            content = tensor.content
-            if content is not None and (
-                content.contentPropertiesType == fb.ContentProperties.AudioProperties
-            ):
-                found.add("audio_properties")
-        files(graph.associatedFiles)
-        for field, key in (
-            (graph.inputProcessUnits, "input_process_units"),
-            (graph.outputProcessUnits, "output_process_units"),
-        ):
-            if field is not None:
-                found.add(key)
-                process_units(field)
-        if graph.inputTensorGroups is not None:
-            found.add("input_tensor_groups")
-        if graph.outputTensorGroups is not None:
-            found.add("output_tensor_groups")
-        if graph.customMetadata is not None:
-            found.add("custom_metadata")
-    files(model.associatedFiles)
-    version = max([(1, 0, 0)] + [_PARSER_VERSIONS[k] for k in found])
-    return ".".join(map(str, version))
-
-
-def mediapipe_metadata():
-    """MediaPipe's TFLite Metadata modules: ``(metadata, metadata_info, metadata_schema)``.
-
-    mediapipe 1.2.2's ``mediapipe.tasks.python.metadata.metadata`` (the ``MetadataPopulator``
-    every metadata writer ends in) imports ``mediapipe.tasks.cc.metadata.python.
-    _pywrap_metadata_version``, a compiled module its wheel no longer ships (the wheel's other
-    native code moved to ``libmediapipe.so``): the import fails. Its one function,
-    ``GetMinimumMetadataParserVersion``, stamps the metadata with the oldest parser that reads it;
-    until the wheel ships it again, :func:`_minimum_parser_version` computes the same from the
-    schema member table of MediaPipe's ``metadata_version.cc``.
-    """
-    import importlib.util
-    import sys
-    import types
-
-    name = "mediapipe.tasks.cc.metadata.python._pywrap_metadata_version"
-    if name not in sys.modules and importlib.util.find_spec("mediapipe") is not None:
-        try:
-            missing = importlib.util.find_spec(name) is None
-        except ModuleNotFoundError:  # a parent package is missing too
-            missing = True
-        if missing:
-            from mediapipe.tasks.metadata import metadata_schema_py_generated as fb
-
-            module = types.ModuleType(name)
-            module.GetMinimumMetadataParserVersion = lambda buf: _minimum_parser_version(
-                fb, bytes(buf)
-            )
-            parts = name.split(".")
-            for i in range(3, len(parts)):
-                sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-            sys.modules[name] = module
-    from mediapipe.tasks.metadata import metadata_schema_py_generated as schema
-    from mediapipe.tasks.python.metadata import metadata
-    from mediapipe.tasks.python.metadata.metadata_writers import metadata_info
-
-    return metadata, metadata_info, schema
 
 
 # tfmot-backed names are built on first access (PEP 562), so importing this module never loads tfmot.

@@ -2,9 +2,9 @@
 
 An app's runtime (MediaPipe Tasks' ``ImageClassifier`` on Android, iOS, the web and Python) reads
 a model's labels and input normalization from the standard TFLite Metadata flatbuffer (the
-model's ``TFLITE_METADATA`` buffer), never from side files. :func:`write` builds it with
-MediaPipe's own metadata classes (``metadata_info`` and ``MetadataPopulator``, the code behind
-its ``metadata_writers``):
+model's ``TFLITE_METADATA`` buffer), never from side files. :func:`write` puts it in, as
+MediaPipe's ``metadata_writers.image_classifier`` and its populator do (the flatbuffer itself is
+built by :mod:`tfopt.export.metadata_fb`, which says why not with MediaPipe's package):
 
 - name, description, version and author;
 - the input as an image (RGB, or grayscale for one channel) with the ``NormalizationOptions``
@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 import unicodedata
 import zipfile
 
 from tfopt.errors import DataError, ModelError
+from tfopt.export import metadata_fb
 
 LABELS = "labels.txt"
 INPUT = "input.json"
@@ -100,90 +99,18 @@ def write(
         files: Associated files of the whole model, name -> bytes (``input.json``, a recipe).
 
     Returns:
-        The model file's bytes: the flatbuffer with its metadata buffer, then the packed files.
+        The model file's bytes: the flatbuffer with its ``TFLITE_METADATA`` buffer, then the
+        associated files as a zip archive (stored, as MediaPipe's populator packs them).
 
     Raises:
         DataError: a class name that cannot be a label line.
-        ModelError: MediaPipe's populator refuses the model (not one input and one output).
+        ModelError: the model does not have one input and one output.
     """
-    from tfopt._compat import mediapipe_metadata
+    from tfopt._compat import read_tflite_model, tflite_schema, write_tflite_model
 
-    metadata, info, fb = mediapipe_metadata()
     names = list(contract.get("class_names") or [])
     check_labels(names)
-    shape = contract.get("image_shape") or []
-    mean, std = normalization(contract)
-    with tempfile.TemporaryDirectory(prefix="tfopt-metadata-") as tmp:
-        paths = []
-        for fname, data in sorted((files or {}).items()):
-            paths.append(os.path.join(tmp, fname))
-            with open(paths[-1], "wb") as f:
-                f.write(data)
-        label_files = None
-        if names:
-            paths.append(os.path.join(tmp, LABELS))
-            with open(paths[-1], "w", encoding="utf-8") as f:
-                f.write("\n".join(names) + "\n")
-            label_files = [info.LabelFileMd(paths[-1])]
-        model_md = info.GeneralMd(
-            name=name, version=version, description=description, author="tfopt"
-        ).create_metadata()
-        model_md.associatedFiles = [
-            _associated(fb, fname, "Associated file of the model.") for fname in sorted(files or {})
-        ] or None
-        in_type, out_type = _io_types(fb, content)
-        image = info.InputImageTensorMd(
-            name="image",
-            description=_input_description(contract, mean, std, content),
-            norm_mean=mean,
-            norm_std=std,
-            color_space_type=(
-                fb.ColorSpaceType.GRAYSCALE if shape and shape[-1] == 1 else fb.ColorSpaceType.RGB
-            ),
-            tensor_type=in_type,
-        ).create_metadata()
-        scores = info.ClassificationTensorMd(
-            name=outputs,
-            description=(
-                "Probability of each class (softmax)."
-                if outputs == "probabilities"
-                else "Logit of each class (apply softmax for probabilities)."
-            ),
-            label_files=label_files,
-            tensor_type=out_type,
-        ).create_metadata()
-        graph = fb.SubGraphMetadataT()
-        graph.inputTensorMetadata = [image]
-        graph.outputTensorMetadata = [scores]
-        model_md.subgraphMetadata = [graph]
-        import flatbuffers
-
-        builder = flatbuffers.Builder(0)
-        builder.Finish(model_md.Pack(builder), metadata.MetadataPopulator.METADATA_FILE_IDENTIFIER)
-        populator = metadata.MetadataPopulator.with_model_buffer(bytearray(content))
-        try:
-            populator.load_metadata_buffer(bytes(builder.Output()))
-            populator.load_associated_files(paths)
-            populator.populate()
-            return bytes(populator.get_model_buffer())
-        except ValueError as e:
-            raise ModelError(f"cannot write TFLite Metadata into the model ({e})") from None
-        finally:
-            del populator  # its temporary model file goes now, not at interpreter exit
-
-
-def _associated(fb, fname: str, description: str):
-    item = fb.AssociatedFileT()
-    item.name = fname
-    item.description = description
-    item.type = fb.AssociatedFileType.DESCRIPTIONS
-    return item
-
-
-def _io_types(fb, content: bytes):
-    """The flatbuffer tensor types of the model's one input and one output."""
-    from tfopt._compat import read_tflite_model
-
+    schema = tflite_schema()
     model = read_tflite_model(content)
     graph = model.subgraphs[0]
     if len(graph.inputs) != 1 or len(graph.outputs) != 1:
@@ -191,14 +118,58 @@ def _io_types(fb, content: bytes):
             f"the model has {len(graph.inputs)} inputs and {len(graph.outputs)} outputs; an "
             "image classifier's metadata describes one image in and one score tensor out"
         )
-    return graph.tensors[graph.inputs[0]].type, graph.tensors[graph.outputs[0]].type
+    tensor_in, tensor_out = graph.tensors[graph.inputs[0]], graph.tensors[graph.outputs[0]]
+    mean, std = normalization(contract)
+    shape = contract.get("image_shape") or []
+    ranges = {schema.TensorType.FLOAT32: (0.0, 1.0), schema.TensorType.UINT8: (0.0, 255.0)}
+    buffer = metadata_fb.model_metadata(
+        name=name,
+        description=description,
+        version=version,
+        author="tfopt",
+        image=metadata_fb.image_input(
+            description=_input_description(contract, mean, std, tensor_in),
+            mean=mean,
+            std=std,
+            grayscale=bool(shape) and shape[-1] == 1,
+            uint8=tensor_in.type == schema.TensorType.UINT8,
+        ),
+        scores=metadata_fb.class_scores(
+            name=outputs,
+            description=(
+                "Probability of each class (softmax)."
+                if outputs == "probabilities"
+                else "Logit of each class (apply softmax for probabilities)."
+            ),
+            labels=LABELS if names else None,
+            value_range=ranges.get(tensor_out.type) if outputs == "probabilities" else None,
+        ),
+        files=sorted(files or {}),
+    )
+    model.metadata = [m for m in model.metadata or [] if _text(m.name) != metadata_fb.BUFFER_NAME]
+    entry = schema.MetadataT()
+    entry.name = metadata_fb.BUFFER_NAME
+    entry.buffer = len(model.buffers)
+    data = schema.BufferT()
+    data.data = list(buffer)
+    model.buffers.append(data)
+    model.metadata.append(entry)
+    packed = dict(files or {})
+    if names:
+        packed[LABELS] = ("\n".join(names) + "\n").encode()
+    out = io.BytesIO()
+    out.write(write_tflite_model(model))
+    with zipfile.ZipFile(out, "a") as archive:  # a new archive after the flatbuffer
+        for fname, raw in sorted(packed.items()):
+            archive.writestr(zipfile.ZipInfo(fname, date_time=(1980, 1, 1, 0, 0, 0)), raw)
+    return out.getvalue()
 
 
-def _input_description(contract: dict, mean: list[float], std: list[float], content: bytes) -> str:
-    from tfopt._compat import read_tflite_model
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
-    graph = read_tflite_model(content).subgraphs[0]
-    tensor = graph.tensors[graph.inputs[0]]
+
+def _input_description(contract: dict, mean: list[float], std: list[float], tensor) -> str:
     q = tensor.quantization
     text = (
         f"{'x'.join(str(d) for d in contract.get('image_shape') or [])} image: "
