@@ -62,3 +62,75 @@ def test_train_groups_its_options_and_shows_defaults_and_choices():
         "(default: 3)" in by_dest["epochs"].help
         and "(default: mirrored)" in by_dest["strategy"].help
     )
+
+
+def _every_flag() -> set[str]:
+    """The option strings of every command ``tfopt --help`` lists (each parser as its main builds it)."""
+    import argparse
+
+    from tfopt.__main__ import COMMANDS
+
+    captured = []
+
+    def parse_args(self, argv=None, namespace=None):
+        captured.append(self)
+        raise SystemExit(0)
+
+    originals = {
+        k: k.__dict__.get("parse_args") for k in (argparse.ArgumentParser, cli.ArgumentParser)
+    }
+    for klass in originals:
+        klass.parse_args = parse_args
+    try:
+        for module, _ in COMMANDS.values():
+            mod = importlib.import_module(module)
+            if module == "tfopt.cpu":  # no parser: its flags are --refresh and --here
+                continue
+            with pytest.raises(SystemExit):
+                mod.main(["--help"])
+    finally:
+        for klass, original in originals.items():
+            if original is None:
+                del klass.parse_args
+            else:
+                klass.parse_args = original
+    flags = {"--refresh", "--here", "--help", "--version"}
+    for parser in captured:
+        for action in parser._actions:
+            flags.update(o for o in action.option_strings if o.startswith("--"))
+    return flags
+
+
+# Flags of tfopt's internal child commands (keras_latency, data.serve) and of other programs its
+# messages name (tensorboard --logdir, pip --no-deps).
+FOREIGN = {"--serve", "--port", "--work-dir", "--dispatcher", "--logdir", "--no-deps"}
+
+
+def test_every_flag_an_error_message_advises_exists():
+    """Walks every string in tfopt's code: a ``--flag`` it names is a flag of some tfopt command."""
+    import ast
+    import pathlib
+    import re
+
+    known = _every_flag() | FOREIGN
+    unknown = {}
+    for path in pathlib.Path(cli.__file__).parent.rglob("*.py"):
+        if path.name == "render.py":  # the report's CSS: --fg, --muted are custom properties
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if id(node) in docstrings:  # documentation may name other programs' flags
+                continue
+            # a message is text: an argument list's lone "--flag" is another program's argv
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and " " in node.value:
+                for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", node.value):
+                    if flag not in known:
+                        unknown.setdefault(flag, str(path.relative_to(path.parents[1])))
+    assert not unknown, f"messages name flags no tfopt command has: {unknown}"

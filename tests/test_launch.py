@@ -388,7 +388,7 @@ def test_timeout_message_names_only_unreachable_peers():
         line = timeout_message(5, [up, down])
     assert f"unreachable peers: {down} (connection refused)" in line
     assert up not in line
-    assert "--startup-timeout" in line and "\n" not in line
+    assert "--set runtime.startup_timeout=SECONDS" in line and "\n" not in line
 
 
 WATCHED = """

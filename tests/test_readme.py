@@ -87,9 +87,17 @@ def doc_commands(text: str, skip_first: bool = False) -> list[str]:
     return commands
 
 
+def main_job(text: str) -> str:
+    """The main job of README's first set-up command (what follows its last ``&&``), as the tour
+    runs it with the venv active: the run directory it writes is where the tour starts."""
+    first = doc_commands(text)[0]
+    return first.rsplit("&&", 1)[1].strip().replace(".venv/bin/python", "python", 1)
+
+
 def all_commands() -> list[str]:
-    """Every command of ``DOCS`` in order, README's set-up block left out."""
-    out = []
+    """Every command of ``DOCS`` in order: README's main job, then every command after its set-up block."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        out = [main_job(f.read())]
     for doc in DOCS:
         with open(os.path.join(REPO, doc), encoding="utf-8") as f:
             out.extend(doc_commands(f.read(), skip_first=doc == "README.md"))
@@ -151,6 +159,9 @@ def test_readme_commands_are_extracted():
     assert sorted(set(section_commands(True) + section_commands(False))) == sorted(set(commands))
     assert not any(PIPELINE_COMMAND.search(c) for c in section_commands(False))
     assert doc_commands("```bash\na \\\n  b  # note\n# c\n```\n```text\nd\n```\n") == ["a    b"]
+    # The tour starts from the run the first set-up command trained.
+    assert commands[0].startswith("python -m tfopt.train ") and "-o runs/mnist" in commands[0]
+    assert any("--from runs/mnist " in c for c in commands[1:8])
     assert shrink("python -m tfopt.launch --workers 2 -- python -m tfopt.train -o r").endswith(
         f"python -m tfopt.train --limit {LIMIT} --quiet -o r"
     )

@@ -1,18 +1,31 @@
-"""tfopt.data: named sources materialized as verified TFRecord shards, and the tf.data pipeline."""
+"""tfopt.data: named sources materialized as verified TFRecord shards, and the tf.data pipeline.
 
-from tfopt.data.pipeline import build, dataset_fn, distribute, make_dataset, parse_fn, shift_augment
-from tfopt.data.sources import DatasetInfo, SplitInfo, dataset_dir, prepare, source_names
+The names below load on first use (PEP 562), so ``python -m tfopt.data.to_folder --help`` answers
+without starting TensorFlow.
+"""
 
-__all__ = [
-    "DatasetInfo",
-    "SplitInfo",
-    "build",
-    "dataset_dir",
-    "dataset_fn",
-    "distribute",
-    "make_dataset",
-    "parse_fn",
-    "prepare",
-    "shift_augment",
-    "source_names",
-]
+import importlib
+
+_HOMES = {
+    "build": "pipeline",
+    "dataset_fn": "pipeline",
+    "distribute": "pipeline",
+    "make_dataset": "pipeline",
+    "parse_fn": "pipeline",
+    "shift_augment": "pipeline",
+    "DatasetInfo": "sources",
+    "SplitInfo": "sources",
+    "dataset_dir": "sources",
+    "prepare": "sources",
+    "source_names": "sources",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(importlib.import_module(f"tfopt.data.{_HOMES[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

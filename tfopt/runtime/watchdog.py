@@ -65,14 +65,14 @@ def timeout_message(
         listed = ", ".join(f"{p} ({why})" for p, why in down)
         return (
             f"{head}; unreachable peers: {listed}; fix: start those tasks, check the addresses in "
-            "TF_CONFIG, or raise --startup-timeout"
+            "TF_CONFIG, or raise it with --set runtime.startup_timeout=SECONDS"
         )
     if peers:
         return (
             f"{head}, although all peers accept connections ({', '.join(peers)}); fix: check that every "
-            "task runs the same strategy and TF_CONFIG cluster, or raise --startup-timeout"
+            "task runs the same strategy and TF_CONFIG cluster, or raise it with --set runtime.startup_timeout=SECONDS"
         )
-    return f"{head}; fix: raise --startup-timeout"
+    return f"{head}; fix: raise it with --set runtime.startup_timeout=SECONDS"
 
 
 def _install_exit_on_sigquit():
