@@ -134,3 +134,28 @@ def test_every_flag_an_error_message_advises_exists():
                     if flag not in known:
                         unknown.setdefault(flag, str(path.relative_to(path.parents[1])))
     assert not unknown, f"messages name flags no tfopt command has: {unknown}"
+
+
+def test_every_help_answers_without_starting_tensorflow():
+    """``--help`` costs an interpreter start, not TensorFlow's import (seconds): no command loads it."""
+    import subprocess
+    import sys
+
+    from tfopt.__main__ import COMMANDS
+
+    script = (
+        "import contextlib, io, sys\n"
+        "from tfopt.__main__ import main\n"
+        "for command in sys.argv[1:]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            main([command, '--help'])\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "    print(command, 'tensorflow' in sys.modules)\n"
+    )
+    commands = list(COMMANDS)
+    out = subprocess.run(
+        [sys.executable, "-c", script, *commands], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert dict(zip(out[::2], out[1::2])) == {c: "False" for c in commands}

@@ -278,6 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--here"]:
         print(json.dumps(measure_here()))
         return 0
+    if set(argv) - {"--refresh"}:
+        code = 0 if set(argv) & {"-h", "--help"} else 2
+        print(
+            "usage: python -m tfopt.cpu [--refresh]\n\nMeasures one core's fp32 FMA and int8 "
+            "dot-product peaks and its clock (cached per CPU model; --refresh measures again) "
+            "and prints them as JSON.",
+            file=sys.stdout if code == 0 else sys.stderr,
+        )
+        return code
     print(json.dumps(peaks(refresh="--refresh" in argv), indent=1))
     return 0
 
