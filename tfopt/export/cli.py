@@ -56,6 +56,8 @@ FLAG_USERS = {
     "--no-keras-latency": (_FROM,),
     "--overwrite": (_FROM,),
     "--no-plot": (_FROM,),
+    "--wide": (_FROM,),
+    "--outputs": (_FROM,),
 }
 
 
@@ -229,6 +231,11 @@ def build_parser() -> cli.ArgumentParser:
     )
     p.add_argument("--overwrite", action="store_true", help="replace a finished run at -o")
     p.add_argument("--no-plot", action="store_true", help="skip export.png")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="print the full table (every latency setting, p95, gzip size) and the roofline",
+    )
     p.add_argument(
         "--trust-model",
         action="store_true",
@@ -422,9 +429,13 @@ def _work(args) -> int:
             data=_data_config(args),
         )
         export = record.section
-        print(export["table"])
-        if export.get("roofline_table"):
-            print(export["roofline_table"])
+        if args.wide:
+            print(export["table"])
+            if export.get("roofline_table"):
+                print(export["roofline_table"])
+        else:
+            print(summary.compact_table(export["modes"]))
+            print(f"(every setting, p95 and the roofline: {export['output']}/export.md, or --wide)")
         for note in export["notes"]:
             print(f"note: {note}")
         out = export["output"]

@@ -231,6 +231,39 @@ def export_table(rows: Sequence[dict]) -> str:
     return markdown_table(header, body)
 
 
+def compact_table(rows: Sequence[dict]) -> str:
+    """The table ``tfopt export`` prints: one short line per model, within 100 columns.
+
+    Mode, I/O, size, p50 at the first latency setting and its bound ratio, accuracy, its change
+    against Keras, top-1 agreement and the gate; :func:`export_table` (``export.md``,
+    ``--wide``) has every setting, p95, gzip size and the largest output difference.
+    """
+    keys = latency_keys(rows)
+    first = keys[0] if keys else None
+    roof = _roofline_key(rows)
+    header = ["mode", "io", "size", *([f"p50 {first} ms"] if first else [])]
+    header += [*(["p50/bound"] if roof else []), "accuracy", "Δ pt", "agree", "gate"]
+    body = []
+    for row in rows:
+        ev = row.get("eval") or {}
+        gate = row.get("gate")
+        p50 = ((row.get("latency") or {}).get(first) or {}).get("p50_ms") if first else None
+        body.append(
+            [
+                row["mode"],
+                row.get("io", "float"),
+                _kib(row.get("size_bytes")),
+                *([_ms(p50)] if first else []),
+                *([_bound_cells(row, roof)[1]] if roof else []),
+                _pct(ev.get("accuracy")),
+                _signed(ev.get("accuracy_delta_pt")),
+                _pct(ev.get("agreement")),
+                "-" if gate is None else ("pass" if gate["passed"] else "FAIL"),
+            ]
+        )
+    return markdown_table(header, body)
+
+
 def plot(rows: Sequence[dict], path: str, title: str = "") -> str | None:
     """Saves a PNG with size, p50 latency and accuracy per mode side by side; None without matplotlib."""
     try:

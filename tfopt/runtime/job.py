@@ -40,7 +40,7 @@ from tfopt._version import __version__
 from tfopt.config import DataConfig, RunConfig
 from tfopt.data import pipeline, service, sources
 from tfopt.errors import PeerLost, TrainingError
-from tfopt.log import RESULT
+from tfopt.log import PROGRESS, RESULT
 from tfopt.runs import RunRecord, default_output, fingerprint
 from tfopt.runtime import autoprecision, precision, quality, sharding, sidecar
 from tfopt.runtime import strategy as strategy_lib
@@ -307,6 +307,18 @@ class Job:
                     extra=prog,
                 )
             self._resolve_precision()
+            splits = ", ".join(
+                f"{self.info.splits[k].num_records} {k}"
+                for k in ("train", "validation", "test")
+                if k in self.info.splits
+            )
+            self.say(
+                f"writing {self.run_dir.path if self.run_dir else '(no run directory)'}: "
+                f"{self.info.name} ({splits}; {self.info.num_classes} classes, "
+                f"{'x'.join(map(str, self.info.image_shape))}), {self.cfg.runtime.strategy} on "
+                f"{self.strategy.num_replicas_in_sync} replica(s), global batch "
+                f"{self.cfg.data.global_batch_size}, {self.cfg.runtime.precision}"
+            )
             if self.run_dir is not None:
                 self._resumed = self.run_dir.resuming  # before open() stamps the work directory
                 # Opened by the first fit: a model that cannot be built or does not fit the data leaves
@@ -316,6 +328,11 @@ class Job:
             self.__exit__(*sys.exc_info())
             raise
         return self
+
+    def say(self, message: str) -> None:
+        """One progress line on the chief (shown unless ``--quiet``), named after the stage."""
+        if self.chief:
+            log.log(PROGRESS, message, extra={"prog": f"tfopt {self.stage}"})
 
     def _resolve_precision(self) -> None:
         """``auto``: probe the candidate policies, then run under the faster (``self.cfg`` names it

@@ -98,8 +98,12 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         digest = weights_digest(copy)
         record = None
         if job.chief:
+            job.say(
+                f"evaluating on the test split ({job.info.splits['test'].num_records} examples)"
+            )
             metrics = copy.evaluate(job.dataset("test"), return_dict=True, verbose=0)
             warnings = job.judge(copy, metrics["accuracy"])
+            job.say("saving the model (.keras and SavedModel)")
             artifacts = save_model(copy, job.write_dir)
             record = job.record(
                 model={
@@ -116,7 +120,11 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                 artifacts=job.relative(artifacts),
                 warnings=warnings,
             )
-            job.commit(record)
+            out = job.commit(record)
+            job.say(
+                f"test accuracy {metrics['accuracy']:.1%}; wrote {out} (model.keras, saved_model/, "
+                f"run.json); next: python -m tfopt.export --from {out}"
+            )
         job.done(PROG, record, digest)
         return record
 
