@@ -236,6 +236,44 @@ def test_b8_ratios_and_verdicts():
     assert [r["status"] for r in nothing["rows"]] == ["n/a"] * 3 and nothing["passed"] is None
 
 
+def test_a_model_at_chance_or_a_failed_gate_is_never_a_met_target():
+    from tfopt.report import content
+
+    teacher = _v("teacher/keras", 8.6, None, 5000.0, keras=True)
+    teacher.size_bytes = 880_000
+    teacher.notes.append("warning: test accuracy 8.6% is at chance (10.0% for 10 classes): ...")
+    chosen = _v("student/int8", 8.4, 20_000, 40.0, file="/runs/x/student-export/model_int8.tflite")
+    chosen.size_bytes = 22_000
+    b8 = targets.b8(teacher, chosen)  # every ratio would pass: 40x smaller, 125x faster, 0.2 pt
+    assert [r["status"] for r in b8["rows"]] == ["not judged"] * 3 and b8["passed"] is False
+    assert b8["trouble"] == ["the teacher `teacher/keras` is at chance (8.6% test accuracy)"]
+    report = {
+        "selection": {
+            "chosen": chosen.name,
+            "rule": "",
+            "passing": [chosen.name],
+            "objective": "min:gzip_kb",
+        },
+        "b8": b8,
+        "variants": [teacher.to_dict(), chosen.to_dict()],
+        "baseline": teacher.name,
+        "stages": [],
+        "strategy": "one_device",
+    }
+    text = " ".join(" ".join(map(str, b.get("items", []))) for b in content._summary(report))
+    assert "Not ready to ship: the teacher `teacher/keras` is at chance" in text
+    assert "meets every target" not in text and "B8" not in text
+    assert "File to ship: `/runs/x/student-export/model_int8.tflite`" in text
+    chosen.notes.clear()
+    teacher.notes.clear()
+    chosen.gate = {"passed": False, "reasons": ["agreement 0.950 < 0.99"]}
+    assert targets.b8(teacher, chosen)["trouble"] == [
+        "the chosen model `student/int8` failed its fidelity gate (agreement 0.950 < 0.99)"
+    ]
+    chosen.gate = {"passed": True, "reasons": []}
+    assert targets.b8(teacher, chosen)["passed"] is True
+
+
 # --- a synthetic pipeline run ---------------------------------------------------------------------
 
 

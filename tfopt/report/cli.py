@@ -65,9 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         report = build(args.run, args.select)
         sel = report["selection"]
         print(sel["statement"])
+        for problem in report["b8"].get("trouble") or []:
+            print(f"{PROG}: not ready to ship: {problem}")
         for row in report["b8"]["rows"]:
             value = "-" if row["value"] is None else f"{row['value']:.2f} {row['unit']}"
-            print(f"B8 {row['name']}: {value} (target {row['target']}): {row['status']}")
+            print(f"{row['name']}: {value} (target {row['target']}): {row['status']}")
+        chosen = next((v for v in report["variants"] if v["name"] == sel["chosen"]), None)
+        if chosen and chosen.get("file"):
+            print(f"ship: {chosen['file']}")
         paths = report["paths"]
         print(f"{PROG}: wrote {paths['html']}")
         print(f"{PROG}: wrote {paths['md']}")

@@ -78,11 +78,16 @@ def _summary(report: dict) -> list[dict]:
         )
     else:
         items.append(sel["statement"])
-    verdict = {
-        True: "**B8: every target met.**",
-        False: "**B8: at least one target missed.**",
-        None: "**B8: not every figure could be computed.**",
-    }[b8["passed"]]
+    if chosen and chosen.get("file"):
+        items.append(f"File to ship: `{chosen['file']}`.")
+    if b8.get("trouble"):
+        verdict = f"**Not ready to ship: {'; '.join(b8['trouble'])}.** No target is judged."
+    else:
+        verdict = {
+            True: "**The chosen model meets every target.**",
+            False: "**The chosen model misses at least one target.**",
+            None: "**Not every figure could be computed.**",
+        }[b8["passed"]]
     items.append(f"{verdict} The teacher as a float Keras model against the chosen edge model:")
     blocks = [{"type": "callout", "items": items}]
     rows = [
@@ -98,7 +103,7 @@ def _summary(report: dict) -> list[dict]:
     blocks.append(
         _table(
             "b8",
-            ["B8 figure", "measured", "target", "status", "from"],
+            ["figure", "measured", "target", "status", "from"],
             rows,
             numeric=[False, True, False, False, False],
         )

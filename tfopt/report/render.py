@@ -99,6 +99,7 @@ _STATUS = {
     "MISS": "miss",
     "FAIL": "miss",
     "n/a": "na",
+    "not judged": "na",
     "chosen": "pass",
 }
 

@@ -1,4 +1,6 @@
-"""B8: the teacher as a float Keras model against the chosen edge model, each figure against its target.
+"""The teacher as a float Keras model against the chosen edge model, each figure against its target.
+
+(Benchmark B8 in docs/benchmarks.md reads these figures; the report speaks of them in plain words.)
 
 - size: the teacher's float32 weight bytes / the chosen .tflite's bytes, target >= 20x smaller;
 - latency: the teacher's Keras p50 at 1 thread / the chosen .tflite's p50 at 1 thread (XNNPACK),
@@ -34,11 +36,13 @@ def _row(
 
 
 def b8(teacher: Variant | None, chosen: Variant | None) -> dict:
-    """The three B8 figures with PASS / MISS (``n/a`` when a figure is missing or nothing was chosen).
+    """The three figures with PASS / MISS (``n/a`` when a figure is missing or nothing was chosen).
 
     Returns:
-        ``{"teacher", "chosen", "rows": [{"name", "value", "unit", "target", "status", "detail"}], "passed"}``;
-        ``passed`` is True when all three pass, False when one misses, None when one is n/a.
+        ``{"teacher", "chosen", "rows": [{"name", "value", "unit", "target", "status", "detail"}],
+        "passed", "trouble"}``; ``passed`` is True when all three pass, False when one misses or
+        :func:`trouble` found a reason not to judge them (then every status is ``not judged``),
+        None when one is n/a.
     """
     t, c = teacher, chosen
     size = _ratio(t and t.size_bytes, c and c.size_bytes)
@@ -86,9 +90,29 @@ def b8(teacher: Variant | None, chosen: Variant | None) -> dict:
     ]
     statuses = [r["status"] for r in rows]
     passed = None if "n/a" in statuses else all(s == "PASS" for s in statuses)
+    problems = trouble(t, c)
+    if problems:  # a ratio of a model at chance says nothing: no figure is judged
+        for r in rows:
+            r["status"] = "not judged"
+        passed = False
     return {
         "teacher": t.name if t else None,
         "chosen": c.name if c else None,
         "rows": rows,
         "passed": passed,
+        "trouble": problems,
     }
+
+
+def trouble(teacher: Variant | None, chosen: Variant | None) -> list[str]:
+    """Why the teacher-vs-chosen figures must not be read as a success: a model at chance (its
+    records warned so) or a chosen file that failed its fidelity gate."""
+    out = []
+    for role, v in (("the teacher", teacher), ("the chosen model", chosen)):
+        if v is not None and any("is at chance" in n for n in v.notes):
+            acc = "?" if v.accuracy_pct is None else f"{v.accuracy_pct:.1f}%"
+            out.append(f"{role} `{v.name}` is at chance ({acc} test accuracy)")
+    if chosen is not None and chosen.gate and not chosen.gate.get("passed", True):
+        why = "; ".join(chosen.gate.get("reasons") or []) or "no reason recorded"
+        out.append(f"the chosen model `{chosen.name}` failed its fidelity gate ({why})")
+    return out
