@@ -23,8 +23,8 @@ def test_train_and_export_say_where_they_wrote_and_what_to_ship(tmp_path, capsys
     lines = [ln for ln in err.splitlines() if ln.startswith("tfopt train: ")]
     expected = [
         rf"writing {re.escape(str(run))}: folder:.* \(90 train, 18 validation, 36 test; 3 classes, "
-        r"32x32x3\), one_device on 1 replica\(s\), global batch 16, float32",
-        r"the model gets pixels / 255 \(input scale unit, decided by default\)",
+        r"32x32x3\), one_device on 1 replica\(s\), global batch 16, float32; the model gets "
+        r"pixels / 255 \(input scale unit, decided by default\)",
         r"evaluating on the test split \(36 examples\)",
         r"saving the model \(\.keras and SavedModel\)",
         rf"test accuracy \d+\.\d%; wrote {re.escape(str(run))} .*next: python -m tfopt\.export "

@@ -450,3 +450,53 @@ def test_a_keras3_file_is_exported_through_a_saved_model(folder, tmp_path):
     np.testing.assert_allclose(
         probabilities, np.load(tmp_path / "k3.npy"), atol=1e-5
     )  # Keras 3's own outputs
+
+
+@pytest.mark.slow
+def test_pretrained_weights_from_a_file_fine_tune_with_freeze_epochs(folder, tmp_path):
+    """``--model-arg weights=PATH.h5``: the base starts from the file (made here from a trained
+    run), and head-only epochs keep it exactly as the file has it."""
+    from tfopt.models.io import load_model
+
+    first = train(
+        _cfg(folder, tmp_path / "first", "keras.applications:MobileNetV2", args="alpha=0.35")
+    )
+    assert first is not None
+    trained = load_model(str(tmp_path / "first"))
+    base = keras.applications.MobileNetV2(
+        alpha=0.35, include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg"
+    )
+    for layer in base.layers:
+        if layer.weights:
+            layer.set_weights(trained.get_layer(layer.name).get_weights())
+    weights = str(tmp_path / "base.weights.h5")
+    base.save_weights(weights)
+    args = f"alpha=0.35,weights={weights}"
+    cfg = _cfg(
+        folder, tmp_path / "tuned", "keras.applications:MobileNetV2", args=args, freeze_epochs=3
+    )
+    assert train(cfg).to_dict()["train"]["freeze_epochs"] == 3  # every epoch trains the head
+    tuned = load_model(str(tmp_path / "tuned"))
+    moved = {
+        layer.name
+        for layer in base.layers
+        if layer.weights
+        and any(
+            not np.array_equal(a, b)
+            for a, b in zip(layer.get_weights(), tuned.get_layer(layer.name).get_weights())
+        )
+    }
+    assert moved == set(), moved  # the base is the file's, untouched by the head-only epoch
+    head = tuned.get_layer("logits").get_weights()[0]
+    assert not np.array_equal(head, trained.get_layer("logits").get_weights()[0])
+
+
+def test_imagenet_weights_without_a_network_are_one_line(folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))  # nothing cached
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")  # no network: refused at once
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    data = ["--dataset", f"folder:{folder['images']}", "--strategy", "one_device"]
+    line = _refused(
+        capsys, "train", [*MOBILENET, "--model-arg", "weights=imagenet", *data], tmp_path / "out"
+    )
+    assert "could not download weights='imagenet'" in line and "--model-arg weights=PATH.h5" in line

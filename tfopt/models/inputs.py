@@ -339,11 +339,6 @@ def adopt(job, model: keras.Model, model_name: str, origin: str = "flag") -> dic
     """
     data, described = settle(job.cfg.data, model, job.info.image_shape, model_name, origin)
     job.use_data(data, described)
-    fed = "0-255 pixels" if data.input_scale == "raw" else "pixels / 255"
-    job.say(
-        f"the model gets {fed}{', normalized ' + data.normalize if data.normalize else ''} "
-        f"(input scale {data.input_scale}, decided by {described['decided_by']})"
-    )
     if job.chief:
         warning = probe_dataset(model, job.dataset("validation"))
         if warning:

@@ -287,6 +287,15 @@ def _call(fn, kwargs: dict, what: str) -> keras.Model:
         raise ModelError(
             f"{what} refuses its arguments: {str(e).strip().splitlines()[0]}"
         ) from None
+    except Exception as e:  # noqa: BLE001 - tf_keras' get_file raises a bare Exception
+        if not str(e).startswith("URL fetch failure"):
+            raise
+        reason = str(e).rsplit(" -- ", 1)[-1][:160]
+        raise ModelError(
+            f"{what} could not download weights={kwargs.get('weights')!r} ({reason}); without a "
+            "network, fetch the file on a connected machine (Keras keeps it in ~/.keras/models, "
+            "where a later run finds it) or give --model-arg weights=PATH.h5"
+        ) from None
 
 
 # -- what every model goes through ------------------------------------------------------------

@@ -312,7 +312,9 @@ class Job:
                 for k in ("train", "validation", "test")
                 if k in self.info.splits
             )
-            self.say(
+            # Said when the first fit opens the run directory: a refused model or input before
+            # it stays one error line.
+            self._start_line = (
                 f"writing {self.run_dir.path if self.run_dir else '(no run directory)'}: "
                 f"{self.info.name} ({splits}; {self.info.num_classes} classes, "
                 f"{'x'.join(map(str, self.info.image_shape))}), {self.cfg.runtime.strategy} on "
@@ -424,6 +426,18 @@ class Job:
         self.cfg = dataclasses.replace(self.cfg, data=data)
         self.model_input = model_input
 
+    def _input_words(self) -> str:
+        """``; the model gets pixels / 255 (input scale unit, decided by default)``, once settled."""
+        if not getattr(self, "model_input", None):
+            return ""
+        data = self.cfg.data
+        fed = "0-255 pixels" if data.input_scale == "raw" else "pixels / 255"
+        norm = f", normalized {data.normalize}" if data.normalize else ""
+        return (
+            f"; the model gets {fed}{norm} (input scale {data.input_scale}, decided by "
+            f"{self.model_input.get('decided_by', '?')})"
+        )
+
     def train_input(self, start_step: int = 0):
         """The distributed, endless training input for ``fit``, from global step ``start_step`` on.
 
@@ -512,6 +526,7 @@ class Job:
             if self._unopened:
                 self.run_dir.open()
                 self._unopened = False
+                self.say(self._start_line + self._input_words())
             backup = Backup(
                 model,
                 os.path.join(self.run_dir.work, "backup", str(slot)),
