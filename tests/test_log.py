@@ -61,3 +61,13 @@ def test_unconfigured_tfopt_leaves_its_lines_to_python_logging(caplog, capsys):
         logging.getLogger("tfopt.report.builder").log(log.PROGRESS, "drawing the figures")
     assert [r.getMessage() for r in caplog.records] == ["drawing the figures"]
     assert _lines(capsys) == ([], [])  # no handler of tfopt's own
+
+
+@pytest.mark.parametrize("level, shown", [(log.NORMAL, False), (log.VERBOSE, True)])
+def test_tensorflow_python_warnings_are_shown_with_verbose_only(level, shown):
+    from tfopt._keras import tf
+
+    log.configure("tfopt train", level)
+    for logger in (tf.get_logger(), logging.getLogger("absl")):
+        assert logger.isEnabledFor(logging.WARNING) is shown, logger.name
+        assert logger.isEnabledFor(logging.ERROR)  # their errors always print

@@ -68,3 +68,8 @@ def configure(prog: str, level: int = NORMAL) -> None:
         logger.addHandler(handler)
         logger.setLevel(lvl)
         logger.propagate = False
+    # TensorFlow's and absl's Python warnings ("Using CollectiveAllReduceStrategy eagerly has
+    # significant overhead", tf.function retracing notices) speak of TensorFlow's internals, not of
+    # anything the user did: shown with --verbose only. Their errors still print.
+    for name in ("tensorflow", "absl"):
+        logging.getLogger(name).setLevel(logging.DEBUG if level <= VERBOSE else logging.ERROR)

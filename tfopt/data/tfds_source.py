@@ -241,6 +241,10 @@ def _tfds_builder(name: str, cfg: DataConfig, offline_fashion: bool):
         log.info(
             "tfds is preparing %s (offline, a download fails only after minutes of retries)", name
         )
+        import tensorflow_datasets as tfds
+
+        # tfds draws tqdm bars of its own on stderr; tfopt's line above says what happens.
+        tfds.display_progress_bar(logging.getLogger("tfopt").isEnabledFor(logging.DEBUG))
         try:
             builder.download_and_prepare(download_dir=download_dir, download_config=config)
         except Exception as e:  # narrowed at once: only the causes _prepare_failure knows
