@@ -41,3 +41,15 @@ def test_nothing_is_shipped_when_every_gate_failed_and_the_line_says_it_all():
         "ship: /runs/x/model.tflite (int8, 1 KiB, accuracy 90.0%, p50 0.200 ms on AMD EPYC; "
         "a copy of model_int8.tflite)"
     )
+
+
+def test_a_failed_gate_names_the_next_step_and_says_what_was_written():
+    from tfopt.export.cli import _next_step
+
+    shipped = {"ship": {"file": "model.tflite", "from": "model_float32.tflite"}}
+    text = _next_step({"int8": "agreement 0.95 < 0.99"}, shipped)
+    assert "model.tflite is model_float32.tflite, which passed" in text
+    for flag in ("--modes int8_auto", "--float-layers", "--min-agreement"):
+        assert flag in text, flag
+    text = _next_step({"float32": "agreement 0.5 < 0.99"}, {"ship": None})
+    assert "no model.tflite was written" in text and "--float-layers" not in text

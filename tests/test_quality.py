@@ -75,3 +75,12 @@ def test_a_run_at_chance_says_so_and_the_same_run_trained_does_not(tmp_path):
     err, record = _train(tmp_path, "trained", "3e-3")
     assert record["metrics"]["test_accuracy"] > 0.8 and record["warnings"] == []
     assert "not worth having" not in err
+
+
+def test_an_input_scale_tfopt_did_not_read_is_the_first_suspect_at_chance():
+
+    guessed = verdict(Evidence(0.33, 3, 120, input_read=False))
+    assert "is at chance" in guessed and "--input-scale raw" in guessed
+    assert "not read from its graph" in guessed
+    read = verdict(Evidence(0.33, 3, 120, input_read=True))
+    assert "is at chance" in read and "not read from its graph" not in read
