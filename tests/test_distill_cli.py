@@ -309,7 +309,7 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run, referen
         (["--teacher", "{run}", "--temperature", "0"], "--temperature 0.0 must be > 0"),
         (
             ["--teacher", "{run}", "-o", "{run}"],
-            "is an input run; a stage writes a NEW run directory",
+            "is the input; a stage writes a NEW run directory",
         ),
         (
             ["--teacher", "{run}", "--feature", "pool0"],

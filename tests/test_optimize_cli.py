@@ -88,7 +88,7 @@ def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
         "technique 'magic' is not valid; choose one of prune, prune_2of4, qat, cluster, pqat, cqat, pcqat",
     )
     _one_line_error(
-        capsys, ["--from", tiny_run, "--technique", "prune", "-o", tiny_run], "is the input run"
+        capsys, ["--from", tiny_run, "--technique", "prune", "-o", tiny_run], "is the input;"
     )
     _one_line_error(
         capsys,

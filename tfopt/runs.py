@@ -247,6 +247,26 @@ def default_output(stage: str, root: str = RUNS_ROOT, cluster: str | None = None
     return fresh_dir(os.path.join(root, stage), cluster)
 
 
+def refuse_input_as_output(out: str, sources: list[str]) -> None:
+    """Refuses an output directory that is an input, or holds one (a model file inside a run).
+
+    Paths are compared resolved (symlinks, ``..``), so ``--from runs/x/model.keras -o runs/x``
+    is refused as ``--from runs/x -o runs/x`` is: writing there would replace the input.
+
+    Raises:
+        ConfigError: ``out`` is, or contains, one of ``sources``.
+    """
+    where = os.path.realpath(out)
+    for source in sources:
+        real = os.path.realpath(source)
+        if os.path.commonpath([where, real]) == where:
+            what = "is the input" if real == where else f"holds the input {source!r}"
+            raise ConfigError(
+                f"-o {out!r} {what}; a stage writes a NEW run directory (--overwrite never "
+                "replaces an input): give another -o"
+            )
+
+
 def fresh_dir(base: str, cluster: str | None = None) -> str:
     """``base`` when no finished or live run is there, else ``base-2``, ``base-3``, ...
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +25,7 @@ from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_prob
 from tfopt.models.io import save_model
 from tfopt.optimize import student as student_lib
 from tfopt.optimize.common import compile_for_eval
-from tfopt.runs import Run, RunRecord, load_input
+from tfopt.runs import Run, RunRecord, load_input, refuse_input_as_output
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
 
@@ -125,14 +124,9 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
     fixed_weights = opts.fixed_weights()
     teacher_runs = [load_input(p, cfg) for p in opts.teachers]  # run directories or model files
     baseline_run = load_input(opts.baseline, cfg) if opts.baseline else None
-    for r in teacher_runs + ([baseline_run] if baseline_run else []):
-        if cfg.train.output_dir and os.path.realpath(cfg.train.output_dir) == os.path.realpath(
-            r.source
-        ):
-            raise ConfigError(
-                f"-o {cfg.train.output_dir!r} is an input run; a stage writes a NEW run directory: "
-                "give another -o"
-            )
+    if cfg.train.output_dir:
+        inputs_ = teacher_runs + ([baseline_run] if baseline_run else [])
+        refuse_input_as_output(cfg.train.output_dir, [r.source for r in inputs_])
     teachers_data = _teachers_data(cfg, teacher_runs)
     # The teachers' weights (or files) are part of what the student is: a retrained teacher is another run.
     job = Job(

@@ -53,7 +53,7 @@ from tfopt.log import PROGRESS
 from tfopt.models import inputs
 from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.optimize.common import strip_wrappers
-from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
+from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input, refuse_input_as_output
 from tfopt.runtime import quality
 from tfopt.runtime.job import run_record
 from tfopt.runtime.rundir import RunDir
@@ -214,10 +214,7 @@ def run(
     run = load_input(run_dir, RunConfig(data=data) if data is not None else None)
     pick = (lambda: fresh_dir(run.stem.rstrip(os.sep) + "-export")) if not out_dir else None
     out = os.path.abspath(out_dir or pick())
-    if out == run.source:
-        raise ConfigError(
-            f"-o {out!r} is the input run; a stage writes a NEW run directory: give another -o"
-        )
+    refuse_input_as_output(out, [run.source])
     options = {"source": run.source, "source_digest": run.digest, **_settings_dict(settings)}
     rd = RunDir(
         out, fingerprint("export", options), {"export": options}, overwrite=overwrite, pick=pick

@@ -41,7 +41,7 @@ from tfopt.optimize.common import (
     weights_gzip_bytes,
 )
 from tfopt.optimize.phases import Context, FineTune, run_chain
-from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input
+from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input, refuse_input_as_output
 from tfopt.runtime import precision as precision_lib
 from tfopt.runtime.job import Job, cluster_id, result_config, run_record, weights_digest
 from tfopt.runtime.rundir import RunDir
@@ -233,10 +233,7 @@ def run(
                 else None
             )
             path = os.path.abspath(out or pick())
-            if path == source.source:
-                raise OptimizeError(
-                    f"output {path!r} is the input run; give a new directory with -o"
-                )
+            refuse_input_as_output(path, [source.source])
             options = {
                 "source": source.source,
                 "source_digest": source.digest,

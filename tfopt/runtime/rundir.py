@@ -24,6 +24,9 @@ from tfopt.runs import PARTIAL_SUFFIX, RunRecord, update_latest
 
 FINGERPRINT_FILE = "fingerprint.json"
 OLD_SUFFIX = ".old"  # the previous run while a commit replaces it
+# Written into a run just before a commit renames it to <run>.old: only a <run>.old holding it is
+# tfopt's to restore or delete; anything else of that name is the user's and is left alone.
+REPLACED_MARKER = ".tfopt-replaced"
 _LEFTOVERS = (
     "backup",
     FINGERPRINT_FILE,
@@ -135,10 +138,24 @@ class RunDir:
 
     def _refuse(self) -> None:
         recovered = self.recover() if self.chief else None
+        foreign = os.path.lexists(self._old) and not self._ours(self._old)
+        kept = (
+            f" ({self._old!r} beside it was left alone: tfopt did not make it)" if foreign else ""
+        )
         if os.path.exists(os.path.join(self.path, "run.json")) and not self.overwrite:
             raise ConfigError(
-                f"-o {self.path!r} holds a finished run{recovered or ''}; give another -o, or "
-                "--overwrite to replace it"
+                f"-o {self.path!r} holds a finished run{recovered or ''}{kept}; give another -o, "
+                "or --overwrite to replace it"
+            )
+        if foreign and os.path.lexists(self.path):
+            raise ConfigError(
+                f"replacing {self.path!r} needs the name {self._old!r}, which holds something "
+                "tfopt did not make; move it away, or give another -o"
+            )
+        if os.path.isdir(self.work) and os.listdir(self.work) and self._stored() is None:
+            raise ConfigError(
+                f"{self.work!r} is not a tfopt work directory (no {FINGERPRINT_FILE}), which tfopt "
+                "never deletes; move it away, or give another -o"
             )
         if (
             os.path.isdir(self.path)
@@ -179,7 +196,7 @@ class RunDir:
         if not self.chief:
             return
         if os.path.isdir(self.work) and not self.resuming:
-            shutil.rmtree(self.work)
+            shutil.rmtree(self.work)  # a stamped work directory of other settings (see _refuse)
         os.makedirs(self.work, exist_ok=True)
         write_json(
             os.path.join(self.work, FINGERPRINT_FILE),
@@ -222,12 +239,20 @@ class RunDir:
         if os.path.exists(os.path.join(self.work, "run.json")):
             self._move_into_place()
             return " (an interrupted commit of it was finished)"
-        if not os.path.lexists(self.path) and os.path.exists(os.path.join(self._old, "run.json")):
+        if (
+            not os.path.lexists(self.path)
+            and self._ours(self._old)
+            and os.path.exists(os.path.join(self._old, "run.json"))
+        ):
             os.replace(self._old, self.path)
+            os.unlink(os.path.join(self.path, REPLACED_MARKER))
             return " (restored from an interrupted replacement)"
         if os.path.exists(os.path.join(self.path, "run.json")) and (
             os.path.lexists(self._old)
-            or any(os.path.lexists(os.path.join(self.path, n)) for n in _LEFTOVERS)
+            or any(
+                os.path.lexists(os.path.join(self.path, n))
+                for n in (*_LEFTOVERS, REPLACED_MARKER)
+            )
         ):
             self._clean_up()
         return None
@@ -236,22 +261,62 @@ class RunDir:
     def _old(self) -> str:
         return self.path + OLD_SUFFIX
 
+    @staticmethod
+    def _ours(old: str) -> bool:
+        """A ``<run>.old`` that a commit of tfopt's made: it holds the replacement marker (removed
+        last when it is deleted, so a crash mid-way leaves it recognisable)."""
+        return not os.path.islink(old) and os.path.isfile(os.path.join(old, REPLACED_MARKER))
+
+    @staticmethod
+    def _remove_old(old: str) -> None:
+        for name in os.listdir(old):
+            if name != REPLACED_MARKER:
+                target = os.path.join(old, name)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)
+                else:
+                    os.unlink(target)
+        os.unlink(os.path.join(old, REPLACED_MARKER))
+        os.rmdir(old)
+
     def _move_into_place(self) -> str:
         if os.path.lexists(self.path):
-            if os.path.lexists(self._old):
-                shutil.rmtree(self._old)
-            os.replace(self.path, self._old)
+            if self._ours(self._old):
+                self._remove_old(self._old)
+            elif os.path.lexists(self._old):
+                raise ConfigError(
+                    f"replacing {self.path!r} needs the name {self._old!r}, which holds something "
+                    "tfopt did not make; move it away, then run again to finish"
+                )
+            write_json(os.path.join(self.path, REPLACED_MARKER), {"replaced_by": self.work})
+            os.replace(self.path, self._old)  # refused earlier when a foreign <run>.old is there
         os.replace(self.work, self.path)
         self._clean_up()
         return self.path
 
     def _clean_up(self) -> None:
-        for leftover in _LEFTOVERS:
-            target = os.path.join(self.path, leftover)
-            if os.path.isdir(target):
-                shutil.rmtree(target)
-            elif os.path.lexists(target):
-                os.unlink(target)
-        if os.path.lexists(self._old):
-            shutil.rmtree(self._old)
+        """Removes what a commit leaves: the backups and the stamp of tfopt's work directory (only
+        beside that stamp: a ``backup`` of the user's in a finished run stays), and tfopt's
+        ``<run>.old``."""
+        stamp = os.path.join(self.path, FINGERPRINT_FILE)
+        if _is_stamp(stamp):
+            for leftover in _LEFTOVERS:  # the stamp last: a crash here leaves it to find again
+                target = os.path.join(self.path, leftover)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)
+                elif os.path.lexists(target):
+                    os.unlink(target)
+        if self._ours(self._old):
+            self._remove_old(self._old)
+        if os.path.lexists(os.path.join(self.path, REPLACED_MARKER)):  # a crash before the rename
+            os.unlink(os.path.join(self.path, REPLACED_MARKER))
         update_latest(self.path)
+
+
+def _is_stamp(path: str) -> bool:
+    """Whether ``path`` is the fingerprint stamp :meth:`RunDir.open` writes."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return "fingerprint" in json.load(f)
+    except (OSError, ValueError, TypeError):
+        return False

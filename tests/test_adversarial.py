@@ -1,0 +1,127 @@
+"""The adversarial corpus: what a hostile or careless user tries, grouped by what it attacks.
+Each case failed before its fix; the cases that could lose data compare file contents before and
+after, byte for byte."""
+
+import hashlib
+import os
+import shutil
+
+import pytest
+
+from tfopt.errors import ConfigError
+from tfopt.runs import RunRecord, refuse_input_as_output
+from tfopt.runtime.rundir import RunDir
+
+
+def tree(path) -> dict:
+    """Every file under ``path`` (symlinks not followed) -> sha256 of its bytes."""
+    out = {}
+    for root, dirs, files in os.walk(path):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            full = os.path.join(root, name)
+            rel = os.path.relpath(full, path)
+            out[rel] = (
+                "link:" + os.readlink(full)
+                if os.path.islink(full)
+                else hashlib.sha256(open(full, "rb").read()).hexdigest()
+            )
+    return out
+
+
+def _finished(path, metrics=None):
+    rd = RunDir(str(path), "a", {"x": 1})
+    rd.check()
+    rd.open()
+    with open(os.path.join(rd.work, "model.keras"), "w") as f:
+        f.write("the model")
+    rd.commit(RunRecord(stage="train", config={}, metrics=metrics or {"run": 1}))
+    return path
+
+
+# -- lost data: the run directory ---------------------------------------------------------------
+
+
+def test_a_users_dot_old_directory_survives_a_refused_run(tmp_path):
+    run = _finished(tmp_path / "runs" / "lossy")
+    old = tmp_path / "runs" / "lossy.old"
+    shutil.copytree(run, old)
+    (old / "n.txt").write_text("notes")
+    before = tree(tmp_path / "runs")
+    with pytest.raises(ConfigError, match=r"lossy\.old' beside it was left alone"):
+        RunDir(str(run), "b", {"x": 2}).check()
+    with pytest.raises(ConfigError, match="holds something tfopt did not make"):
+        RunDir(str(run), "b", {"x": 2}, overwrite=True).check()
+    assert tree(tmp_path / "runs") == before
+
+
+def test_tfopts_own_dot_old_is_still_cleaned_and_restored(tmp_path):
+    run = _finished(tmp_path / "runs" / "r")
+    rd = RunDir(str(run), "b", {"x": 2}, overwrite=True)
+    rd.check()
+    rd.open()
+    rd.commit(RunRecord(stage="train", config={}, metrics={"run": 2}))
+    assert sorted(os.listdir(tmp_path / "runs")) == ["latest", "r"]
+    assert sorted(os.listdir(run)) == ["run.json"]  # no marker, stamp or backup left
+
+
+def test_a_users_backup_folder_in_a_finished_run_survives_a_refused_stage(tmp_path):
+    run = _finished(tmp_path / "runs" / "x")
+    (run / "backup").mkdir()
+    (run / "backup" / "mine.txt").write_text("my backup")
+    before = tree(run)
+    with pytest.raises(ConfigError, match="holds a finished run"):
+        RunDir(str(run), "b", {"x": 2}).check()
+    assert tree(run) == before
+
+
+def test_a_partial_directory_tfopt_did_not_make_is_refused_not_deleted(tmp_path):
+    work = tmp_path / "runs" / "new.partial"
+    work.mkdir(parents=True)
+    (work / "thesis.tex").write_text("years of work")
+    before = tree(work)
+    with pytest.raises(ConfigError, match="not a tfopt work directory"):
+        RunDir(str(tmp_path / "runs" / "new"), "a", {"x": 1}, overwrite=True).check()
+    assert tree(work) == before
+
+
+# -- lost data: an input given as the output ----------------------------------------------------
+
+
+def test_an_output_that_holds_the_input_is_refused_however_it_is_spelled(tmp_path):
+    run = _finished(tmp_path / "runs" / "x")
+    link = tmp_path / "alias"
+    link.symlink_to(run)
+    for out, source in (
+        (run, run),
+        (run, run / "model.keras"),
+        (f"{tmp_path}/runs/../runs/x", run / "model.keras"),
+        (link, run / "model.keras"),
+        (tmp_path / "runs", run),
+    ):
+        with pytest.raises(ConfigError, match="a stage writes a NEW run directory"):
+            refuse_input_as_output(str(out), [str(source)])
+    refuse_input_as_output(str(tmp_path / "runs" / "x-export"), [str(run / "model.keras")])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["export", "optimize", "distill"])
+def test_a_stage_refuses_to_write_over_the_run_its_model_file_is_in(
+    stage, mnist_run, tmp_path, capsys
+):
+    import importlib
+
+    run = tmp_path / "x"
+    shutil.copytree(mnist_run, run)
+    before = tree(run)
+    model = str(run / "model.keras")
+    argv = {
+        "export": ["--from", model, "--dataset", "mnist", "--modes", "float32"],
+        "optimize": ["--from", model, "--dataset", "mnist", "--technique", "prune"],
+        "distill": ["--teacher", model, "--dataset", "mnist", "--student", "tiny_cnn"],
+    }[stage]
+    main = importlib.import_module(f"tfopt.{stage}.cli").main
+    capsys.readouterr()
+    code = main([*argv, "-o", str(run), "--overwrite"])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds the input" in err and "Traceback" not in err, err
+    assert tree(run) == before
