@@ -125,3 +125,56 @@ def test_a_stage_refuses_to_write_over_the_run_its_model_file_is_in(
     err = capsys.readouterr().err
     assert code == 2 and "holds the input" in err and "Traceback" not in err, err
     assert tree(run) == before
+
+
+# -- code run without trust ---------------------------------------------------------------------
+
+
+def _refused(capsys, command: str, argv: list[str], out) -> str:
+    """``python -m tfopt.<command> argv -o out`` in this process: its one error line (exit 2)."""
+    import importlib
+
+    main = importlib.import_module(f"tfopt.{command}.cli").main
+    capsys.readouterr()
+    code = main([*argv, "-o", str(out)])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith(f"tfopt {command}")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert not os.path.exists(out)
+    return lines[0]
+
+
+def test_a_factory_named_in_a_config_file_is_not_imported_without_trust(
+    tmp_path, capsys, monkeypatch
+):
+    (tmp_path / "evilmod.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').write('imported')\n"
+        "def build(input_shape, num_classes):\n    raise SystemExit('called')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "cfg.yaml"
+    config.write_text("model:\n  name: evilmod:build\n")
+    line = _refused(capsys, "train", ["--config", str(config)], tmp_path / "out")
+    assert "is code" in line and "--trust-model" in line and str(config) in line
+    assert not (tmp_path / "ran").exists()  # the module never ran
+
+
+@pytest.mark.parametrize(
+    "model, needle",
+    [
+        ("os:system", "is builtin_function_or_method"),
+        ("builtins:eval", "is builtin_function_or_method"),
+        ("json:dumps", "cannot be called so"),
+        ("notamodel:build", "returned str ('not a model')"),
+    ],
+)
+def test_a_callable_that_is_no_model_factory_is_one_line(
+    model, needle, tmp_path, capsys, monkeypatch
+):
+    (tmp_path / "notamodel.py").write_text(
+        "def build(input_shape, num_classes):\n    return 'not a model'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = ["--dataset", "digits", "--strategy", "one_device", "--epochs", "1"]
+    line = _refused(capsys, "train", ["--model", model, *data], tmp_path / "out")
+    assert needle in line and "build(input_shape, num_classes" in line, line

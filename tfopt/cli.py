@@ -259,9 +259,14 @@ _FLAG_KEYS = {
 
 
 def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
-    """Resolves the config: defaults < --config file < --set overrides < dedicated flags."""
-    cfg = config_lib.load(args.config) if args.config else config_lib.RunConfig()
-    cfg = config_lib.apply_overrides(cfg, args.set)
+    """Resolves the config: defaults < --config file < --set overrides < dedicated flags.
+
+    Raises:
+        ConfigError: a bad value, or a ``package.module:function`` model the ``--config`` file
+            names (code read from a file) without ``--trust-model``.
+    """
+    from_file = config_lib.load(args.config) if args.config else None
+    cfg = config_lib.apply_overrides(from_file or config_lib.RunConfig(), args.set)
     raw: dict[str, dict] = {}
     for flag, (section, key) in _FLAG_KEYS.items():
         value = getattr(args, flag, None)
@@ -272,7 +277,36 @@ def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
         raw.setdefault("model", {})["args"] = ",".join(args.model_arg)
     if getattr(args, "quiet", False):
         raw.setdefault("train", {})["verbose"] = 0
-    return config_lib.from_dict(raw, cfg)
+    cfg = config_lib.from_dict(raw, cfg)
+    if from_file is not None and cfg.model.name == from_file.model.name:
+        # typed on the command line (--model, --set model.name=...) it is the user's intent
+        typed = getattr(args, "model", None) is not None or any(
+            s.strip().startswith("model.name=") for s in (args.set or [])
+        )
+        if not typed:
+            check_code_trust(cfg.model, f"--config {args.config}")
+    return cfg
+
+
+def check_code_trust(model: config_lib.ModelConfig, where: str) -> None:
+    """Refuses a ``package.module:function`` model read from a file unless ``model.trust`` allows code.
+
+    A factory string is code: importing its module runs it. Typed on the command line it is the
+    user's intent; read from a file (a config, a run's record), it needs the same trust as a
+    Lambda layer. Checked before anything is imported.
+
+    Raises:
+        ConfigError: a factory model from ``where`` without ``--trust-model``.
+    """
+    from tfopt.specs import parse_model_source
+
+    if model.trust or parse_model_source(model.name).form != "factory":
+        return
+    raise ConfigError(
+        f"model.name={model.name[:80]!r} from {where[:120]} is code (a package.module:function "
+        "factory: importing it runs that module); give --trust-model if you trust that file, or "
+        "name the model with --model on the command line"
+    )
 
 
 def add_shard_variables(group) -> None:

@@ -250,12 +250,23 @@ def build_factory(
         ) from None
     kwargs = parse_model_args(cfg.args)
     _check_kwargs(fn, kwargs, source.target)
+    fix = "give a function build(input_shape, num_classes, **args) that returns a tf_keras Model"
+    if inspect.isbuiltin(fn) or not callable(fn):
+        raise ModelError(f"model factory {source.target!r} is {type(fn).__name__}; {fix}")
+    try:
+        inspect.signature(fn).bind(tuple(input_shape), num_classes, **kwargs)
+    except TypeError as e:
+        raise ModelError(
+            f"model factory {source.target!r} cannot be called so ({e}); {fix}"
+        ) from None
+    except ValueError:  # no signature to check: the call decides
+        pass
     model = fn(tuple(input_shape), num_classes, **kwargs)
     if not isinstance(model, keras.Model):
         ensure_tf_keras(model)
         raise ModelError(
-            f"model factory {source.target!r} returned {type(model).__name__}, not a tf_keras Model; "
-            "return a keras.Model built with `import tf_keras as keras`"
+            f"model factory {source.target!r} returned {type(model).__name__} "
+            f"({str(model)[:60]!r}), not a tf_keras Model; {fix}"
         )
     return model
 

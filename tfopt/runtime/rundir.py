@@ -250,8 +250,7 @@ class RunDir:
         if os.path.exists(os.path.join(self.path, "run.json")) and (
             os.path.lexists(self._old)
             or any(
-                os.path.lexists(os.path.join(self.path, n))
-                for n in (*_LEFTOVERS, REPLACED_MARKER)
+                os.path.lexists(os.path.join(self.path, n)) for n in (*_LEFTOVERS, REPLACED_MARKER)
             )
         ):
             self._clean_up()
