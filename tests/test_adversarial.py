@@ -178,3 +178,71 @@ def test_a_callable_that_is_no_model_factory_is_one_line(
     data = ["--dataset", "digits", "--strategy", "one_device", "--epochs", "1"]
     line = _refused(capsys, "train", ["--model", model, *data], tmp_path / "out")
     assert needle in line and "build(input_shape, num_classes" in line, line
+
+
+# -- silent wrong results: class folders --------------------------------------------------------
+
+
+def _digits(root, classes=3, per_class=4):
+    from image_folder import digits_folder
+
+    return digits_folder(str(root), per_class=per_class, classes=classes)
+
+
+@pytest.mark.parametrize("name", ["line1\nline2", "tab\there", "bell\x07"])
+def test_a_class_folder_name_with_a_control_character_is_refused(tmp_path, name):
+    from tfopt.config import DataConfig
+    from tfopt.data import prepare
+    from tfopt.errors import DataError
+
+    root = _digits(tmp_path / "imgs")
+    os.rename(os.path.join(root, "digit_1"), os.path.join(root, name))
+    with pytest.raises(DataError, match="control character") as e:
+        prepare(DataConfig(dataset=f"folder:{root}", data_dir=str(tmp_path / "cache")))
+    assert "\n" not in str(e.value)
+
+
+def test_the_folder_digest_sees_images_through_a_symlinked_class_folder(tmp_path):
+    import numpy as np
+    from image_folder import write_image
+
+    from tfopt.data.folder_source import listing_digest
+
+    outside = tmp_path / "elsewhere"
+    _digits(outside)
+    root = tmp_path / "imgs"
+    root.mkdir()
+    for name in ("digit_0", "digit_1"):
+        (root / name).symlink_to(outside / name)
+    (root / "digit_2").mkdir()
+    write_image(str(root / "digit_2" / "a.png"), np.zeros((8, 8, 3), np.uint8))
+    before = listing_digest(str(root))
+    write_image(str(outside / "digit_0" / "new.png"), np.full((8, 8, 3), 9, np.uint8))
+    assert listing_digest(str(root)) != before  # a new image behind the link: new shards
+
+
+def test_dangling_and_looping_links_are_skipped_with_one_line_each(tmp_path, caplog):
+    from tfopt.data.folder_source import listing_digest
+
+    root = tmp_path / "imgs"
+    _digits(root)
+    (root / "digit_0" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (root / "digit_1" / "loop.png").symlink_to(root / "digit_1" / "loop.png")
+    with caplog.at_level("WARNING", logger="tfopt"):
+        listing_digest(str(root))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and any("gone.png" in ln for ln in lines), lines
+    assert any("loop.png" in ln for ln in lines), lines
+
+
+def test_an_image_name_that_is_not_utf8_is_one_line(tmp_path):
+    from tfopt.data.folder_source import listing_digest
+    from tfopt.errors import DataError
+
+    root = tmp_path / "imgs"
+    _digits(root)
+    bad = os.path.join(os.fsencode(str(root / "digit_0")), b"caf\xe9.png")
+    with open(bad, "wb") as f:
+        f.write(open(root / "digit_0" / "0000.png", "rb").read())
+    with pytest.raises(DataError, match="not a UTF-8 name"):
+        listing_digest(str(root))

@@ -16,15 +16,20 @@ Every image is decoded once while the shards are written: an empty or unreadable
 build with a one-line error naming it (nothing is skipped silently). The shards hold the files'
 own bytes (``encoding: image``, decoded by ``tf.io.decode_image``) in a seeded order that mixes
 the classes, so that workers reading whole shards see every class. The directory name under
-``data_dir`` includes a digest of the listing (names, sizes, modification times): adding,
-removing or editing an image builds the shards anew.
+``data_dir`` includes a digest of the listing of exactly the images training reads (symlinked
+class folders followed; names, sizes, modification times): adding, removing or editing an image
+builds the shards anew. A link that leads nowhere or in a loop is skipped with one line each; an
+unreadable image, a name that is not UTF-8 or a class name with a control character is refused
+in one line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
+import unicodedata
 
 from tfopt._keras import tf
 
@@ -42,24 +47,63 @@ SPLIT_FOLDERS = {
     "test": ("test",),
 }
 FRACTIONS = {"validation": 0.1, "test": 0.1}
+log = logging.getLogger(__name__)
 
 
 def _visible(entries) -> list:
     return sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
 
 
+def _scan(path: str) -> list:
+    try:
+        with os.scandir(path) as it:
+            return _visible(it)
+    except OSError as e:
+        raise DataError(
+            f"folder {path!r} cannot be listed ({e.strerror or e}); fix its permissions or remove it"
+        ) from None
+
+
+def _utf8(path: str) -> str:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(
+            f"{os.fsencode(path)!r} is not a UTF-8 name, which TensorFlow cannot open; rename it"
+        ) from None
+    return path
+
+
 def _class_files(root: str) -> dict[str, list[str]]:
-    """``{class name: [image paths, sorted]}`` of one folder of class subfolders."""
-    with os.scandir(root) as it:
-        classes = [e for e in _visible(it) if e.is_dir()]
+    """``{class name: [image paths, sorted]}`` of one folder of class subfolders.
+
+    Symlinked class folders and images are followed, as training reads them. A link that leads
+    nowhere or in a loop is skipped with one warning line each; an entry that cannot be read is
+    refused in one line.
+    """
+    classes = []
+    for e in _scan(root):
+        try:
+            if e.is_dir():
+                classes.append(e)
+        except OSError:  # a link loop
+            log.warning("skipped %r: a symbolic link loop", _utf8(e.path))
     out = {}
     for c in classes:
-        with os.scandir(c.path) as it:
-            out[c.name] = [
-                e.path
-                for e in _visible(it)
-                if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES)
-            ]
+        files = []
+        for e in _scan(_utf8(c.path)):
+            if not e.name.lower().endswith(IMAGE_SUFFIXES):
+                continue
+            try:
+                is_file = e.is_file()
+            except OSError as err:
+                log.warning("skipped %r: %s", _utf8(e.path), err.strerror or err)
+                continue
+            if is_file:
+                files.append(_utf8(e.path))
+            elif e.is_symlink():
+                log.warning("skipped %r: a symbolic link that leads nowhere", _utf8(e.path))
+        out[c.name] = files
     return out
 
 
@@ -91,16 +135,36 @@ def check_root(root: str) -> str:
     return path
 
 
+def _listing(root: str) -> list[tuple[str, str]]:
+    """``(split or "", class, path)`` of every image training reads, in a fixed order."""
+    folders = _split_folders(root) or {"": root}
+    return [
+        (split, name, path)
+        for split, folder in sorted(folders.items())
+        for name, files in sorted(_class_files(folder).items())
+        for path in files
+    ]
+
+
 def listing_digest(root: str) -> str:
-    """A digest of every file under ``root`` (relative name, size, modification time)."""
+    """A digest of exactly the images training reads (through symlinked folders too): each one's
+    split, class, file name, size and modification time.
+
+    Raises:
+        DataError: an image cannot be read (its permissions), or a name is not UTF-8.
+    """
     h = hashlib.sha256()
-    for base, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            st = os.stat(os.path.join(base, name))
-            h.update(
-                f"{os.path.relpath(os.path.join(base, name), root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode()
-            )
+    for split, name, path in _listing(root):
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise DataError(
+                f"image {path!r} cannot be read ({e.strerror or e}); fix it or remove it"
+            ) from None
+        if not os.access(path, os.R_OK):
+            raise DataError(f"image {path!r} cannot be read (permission denied); fix or remove it")
+        entry = f"{split}/{name}/{os.path.basename(path)}\0{st.st_size}\0{st.st_mtime_ns}\n"
+        h.update(entry.encode())
     return h.hexdigest()[:12]
 
 
@@ -115,6 +179,13 @@ def slug(root: str) -> str:
 
 def _check_classes(per_split: dict[str, dict[str, list[str]]], root: str) -> list[str]:
     names = sorted(per_split["train"])
+    for name in names:  # a class name is one line of the exported labels file
+        bad = next((c for c in name if unicodedata.category(c)[0] == "C"), None)
+        if bad is not None:
+            raise DataError(
+                f"class folder {os.path.join(root, name)[:200]!r} has the control character "
+                f"{bad!r} in its name; class names become label lines: rename the folder"
+            )
     if len(names) < 2:
         raise DataError(
             f"folder {root!r} has {len(names)} class subfolder(s) ({', '.join(names) or 'none'}); "
