@@ -246,3 +246,45 @@ def test_an_image_name_that_is_not_utf8_is_one_line(tmp_path):
         f.write(open(root / "digit_0" / "0000.png", "rb").read())
     with pytest.raises(DataError, match="not a UTF-8 name"):
         listing_digest(str(root))
+
+
+# -- bounded reads ------------------------------------------------------------------------------
+
+
+def _bomb(path, member: str, size: int) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open(member, "w", force_zip64=True) as f:
+            chunk = b" " * (1 << 20)
+            for _ in range(size >> 20):
+                f.write(chunk)
+        z.writestr("metadata.json", '{"keras_version": "2.15.0"}')
+
+
+def test_a_model_file_whose_config_expands_past_the_cap_is_one_line(tmp_path, capsys, monkeypatch):
+    from tfopt.models import io
+
+    monkeypatch.setattr(io, "MAX_CONFIG_BYTES", 4 << 20)  # the cap's logic, at a size quick to zip
+    bomb = tmp_path / "bomb.keras"
+    _bomb(bomb, "config.json", 8 << 20)
+    assert bomb.stat().st_size < 100_000
+    from tfopt.errors import ModelError
+
+    with pytest.raises(ModelError, match="config.json expands to 8388608 bytes"):
+        io.load_model(str(bomb))
+    with pytest.raises(ModelError, match="config.json expands to"):
+        io.load_model(str(bomb), trust_model=True)
+
+
+def test_a_huge_config_file_and_a_huge_value_are_one_readable_line(tmp_path, capsys):
+    from tfopt import config as C
+
+    big = tmp_path / "big.yaml"
+    big.write_text("model:\n  name: " + "x" * (C.MAX_CONFIG_FILE_BYTES + 10) + "\n")
+    with pytest.raises(ConfigError, match="bytes \\(at most"):
+        C.load(str(big))
+    value = tmp_path / "value.yaml"
+    value.write_text("model:\n  name: " + "y" * 500_000 + "\n")
+    line = _refused(capsys, "train", ["--config", str(value)], tmp_path / "out")
+    assert len(line) <= 2100 and line.endswith("characters, cut)"), line[-200:]

@@ -102,3 +102,23 @@ def test_a_file_without_packed_files_reads_as_empty_and_a_bomb_is_refused(tmp_pa
         z.writestr("input.json", b"[1, 2]")
     with pytest.raises(ModelError, match="not a JSON object"):
         metadata.contract_of(str(tmp_path / "list.tflite"))
+
+
+def test_tampered_packed_files_are_one_line(tmp_path):
+    from tfopt.errors import ModelError
+
+    good = io.BytesIO()
+    with zipfile.ZipFile(good, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("input.json", json.dumps({"image_shape": [8, 8, 3]}) * 50)
+    raw = bytearray(good.getvalue())
+    start = raw.index(b"input.json") + len(b"input.json")  # the local header's name, then data
+    raw[start + 5 : start + 25] = b"\xff" * 20  # a corrupt deflate stream
+    with pytest.raises(ModelError, match="cannot be read"):
+        metadata.read(bytes(raw))
+    with zipfile.ZipFile(tmp_path / "bz.tflite", "w", zipfile.ZIP_BZIP2) as z:
+        z.writestr("input.json", "{}")
+    assert metadata.contract_of(str(tmp_path / "bz.tflite")) == {}  # bzip2 is read, not refused
+    with zipfile.ZipFile(tmp_path / "text.tflite", "w") as z:
+        z.writestr("input.json", "not json")
+    with pytest.raises(ModelError, match="not a JSON object"):
+        metadata.contract_of(str(tmp_path / "text.tflite"))

@@ -390,6 +390,10 @@ def verbosity(args: argparse.Namespace) -> int:
     return log.VERBOSE if getattr(args, "verbose", False) else log.NORMAL
 
 
+#: The longest error line a command prints.
+MAX_ERROR_CHARS = 2000
+
+
 def run_main(prog: str, fn: Callable[[], int], level: int = log.NORMAL) -> int:
     """Runs a CLI body with tfopt's logging configured (:func:`tfopt.log.configure`), turning a
     TfoptError into one line on stderr and exit code 2."""
@@ -397,7 +401,12 @@ def run_main(prog: str, fn: Callable[[], int], level: int = log.NORMAL) -> int:
     try:
         return fn()
     except TfoptError as e:
-        print(f"{prog}: {'error: ' if e.exit_code == 2 else ''}{e}", file=sys.stderr)
+        text = str(e)
+        if (
+            len(text) > MAX_ERROR_CHARS
+        ):  # a value echoed whole (a 10 MB config entry) stays readable
+            text = f"{text[: MAX_ERROR_CHARS - 40]}... ({len(text)} characters, cut)"
+        print(f"{prog}: {'error: ' if e.exit_code == 2 else ''}{text}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -500,6 +500,10 @@ def from_dict(raw: Mapping[str, Any], base: RunConfig | None = None) -> RunConfi
     return _validate(RunConfig(**sections))
 
 
+#: The largest config file :func:`load` reads.
+MAX_CONFIG_FILE_BYTES = 1024 * 1024
+
+
 def load(path: str, base: RunConfig | None = None) -> RunConfig:
     """Loads a YAML (.yaml/.yml) or JSON (.json) config file strictly.
 
@@ -521,8 +525,19 @@ def load(path: str, base: RunConfig | None = None) -> RunConfig:
         raise ConfigError(f"config file {path!r} must end in .yaml, .yml or .json")
     import yaml
 
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    size = os.path.getsize(path)
+    if size > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(
+            f"config file {path!r} is {size} bytes (at most {MAX_CONFIG_FILE_BYTES}); a config "
+            "is a few hundred lines: give the right file"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"config file {path!r} is not UTF-8 text; give a .yaml or .json file"
+        ) from None
     try:
         raw = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as e:

@@ -25,6 +25,7 @@ import io
 import json
 import unicodedata
 import zipfile
+import zlib
 
 from tfopt.errors import DataError, ModelError
 from tfopt.export import metadata_fb
@@ -200,20 +201,33 @@ def read(path_or_bytes: str | bytes) -> dict[str, bytes]:
     data = path_or_bytes if isinstance(path_or_bytes, bytes) else open(path_or_bytes, "rb").read()
     where = path_or_bytes if isinstance(path_or_bytes, str) else "the model"
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            out = {}
-            for member in archive.infolist():
-                if member.file_size > MAX_MEMBER_BYTES:
-                    raise ModelError(
-                        f"{where}: its packed file {member.filename[:80]!r} expands to "
-                        f"{member.file_size} bytes (at most {MAX_MEMBER_BYTES}); re-export it"
-                    )
-                out[member.filename] = archive.read(member)
-            return out
+        archive = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile:
-        return {}
-    except (NotImplementedError, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
-        raise ModelError(f"{where}: its packed files cannot be read ({e}); re-export it") from None
+        return {}  # no packed files
+    out = {}
+    with archive:
+        for member in archive.infolist():
+            if member.file_size > MAX_MEMBER_BYTES:
+                raise ModelError(
+                    f"{where}: its packed file {member.filename[:80]!r} expands to "
+                    f"{member.file_size} bytes (at most {MAX_MEMBER_BYTES}); re-export it"
+                )
+            try:
+                out[member.filename] = archive.read(member)
+            except (
+                zipfile.BadZipFile,
+                zlib.error,
+                NotImplementedError,
+                zipfile.LargeZipFile,
+                OSError,
+                EOFError,
+                ValueError,
+            ) as e:
+                raise ModelError(
+                    f"{where}: its packed file {member.filename[:80]!r} cannot be read ({e}); "
+                    "re-export it"
+                ) from None
+    return out
 
 
 def labels(path_or_bytes: str | bytes) -> list[str]:

@@ -81,12 +81,35 @@ def _check_config(config: Any, path: str) -> None:
             )
 
 
+#: The largest ``config.json`` / ``metadata.json`` tfopt expands from a ``.keras`` file (a real
+#: model's config is a few MB; a zip bomb's expands to gigabytes).
+MAX_CONFIG_BYTES = 64 * 1024 * 1024
+
+
+def read_member(z: zipfile.ZipFile, name: str, path: str) -> bytes:
+    """The bytes of member ``name`` of the model file ``path``, refused past ``MAX_CONFIG_BYTES``.
+
+    Raises:
+        KeyError: no such member.
+        ModelError: it expands past the cap.
+    """
+    size = z.getinfo(name).file_size
+    if size > MAX_CONFIG_BYTES:
+        raise ModelError(
+            f"{path}: its {name} expands to {size} bytes (at most {MAX_CONFIG_BYTES} are read); "
+            "this is not a model file tfopt will open: re-save the model"
+        )
+    return z.read(name)
+
+
 def saved_by_keras3(path: str) -> str | None:
     """The Keras version that saved ``path`` when it is 3 or later (a file tf_keras cannot load), else None."""
     try:
         if os.path.isfile(path) and zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as z:
-                found = str(json.loads(z.read("metadata.json")).get("keras_version", ""))
+                found = str(
+                    json.loads(read_member(z, "metadata.json", path)).get("keras_version", "")
+                )
         elif path.endswith((".h5", ".hdf5")) and os.path.isfile(path):
             import h5py
 
@@ -115,7 +138,7 @@ def _inspect(path: str) -> None:
     if path.endswith(".keras"):
         try:
             with zipfile.ZipFile(path) as z:
-                config = json.loads(z.read("config.json"))
+                config = json.loads(read_member(z, "config.json", path))
         except (zipfile.BadZipFile, KeyError, ValueError) as e:
             raise ModelError(
                 f"{path} is not a valid .keras file ({e}); re-save the model"
@@ -171,7 +194,7 @@ def _mentions(path: str, text: str) -> bool:
                 return text.encode() in f.read()
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as z:
-                return text in z.read("config.json").decode("utf-8", "replace")
+                return text in read_member(z, "config.json", path).decode("utf-8", "replace")
         if path.endswith((".h5", ".hdf5")):
             import h5py
 
