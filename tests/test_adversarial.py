@@ -288,3 +288,16 @@ def test_a_huge_config_file_and_a_huge_value_are_one_readable_line(tmp_path, cap
     value.write_text("model:\n  name: " + "y" * 500_000 + "\n")
     line = _refused(capsys, "train", ["--config", str(value)], tmp_path / "out")
     assert len(line) <= 2100 and line.endswith("characters, cut)"), line[-200:]
+
+
+# -- flags and values past what a machine holds -------------------------------------------------
+
+
+def test_an_image_size_past_8192_a_side_and_a_runaway_model_arg_are_one_line():
+    from tfopt.specs import parse_model_args
+
+    from tfopt.config import parse_image_size
+
+    with pytest.raises(ConfigError, match="larger than 8192 pixels a side"):
+        parse_image_size("100000x100000")
+    assert parse_model_args("alpha=" + "-" * 100_000 + "1")["alpha"].endswith("-1")

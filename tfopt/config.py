@@ -292,6 +292,10 @@ def parse_normalize(text: str) -> tuple[tuple[float, ...], tuple[float, ...]] | 
     return values
 
 
+#: The largest side ``data.image_size`` takes (satellite tiles and medical scans stay below it).
+MAX_IMAGE_SIDE = 8192
+
+
 def parse_image_size(text: str) -> tuple[int, int] | None:
     """Reads ``data.image_size``: ``""`` -> None, ``HxW`` (or one number for a square) -> (H, W).
 
@@ -310,7 +314,12 @@ def parse_image_size(text: str) -> tuple[int, int] | None:
         h = w = 0
     if len(parts) != 2 or h < 1 or w < 1:
         raise ConfigError(
-            f"data.image_size={text!r} is not valid; give HEIGHTxWIDTH in pixels, e.g. 96x96"
+            f"data.image_size={text[:40]!r} is not valid; give HEIGHTxWIDTH in pixels, e.g. 96x96"
+        )
+    if max(h, w) > MAX_IMAGE_SIDE:
+        raise ConfigError(
+            f"data.image_size={text[:40]!r} is larger than {MAX_IMAGE_SIDE} pixels a side (one "
+            f"image would take {4 * 3 * h * w / 2**30:.1f} GiB as float32); give e.g. 224x224"
         )
     return h, w
 

@@ -317,8 +317,8 @@ def parse_model_args(text: str) -> dict[str, object]:
         value = value.strip()
         try:
             out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            out[key] = value  # not a Python literal (or one too deep to read): the text itself
     return out
 
 
