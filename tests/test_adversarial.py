@@ -294,9 +294,8 @@ def test_a_huge_config_file_and_a_huge_value_are_one_readable_line(tmp_path, cap
 
 
 def test_an_image_size_past_8192_a_side_and_a_runaway_model_arg_are_one_line():
-    from tfopt.specs import parse_model_args
-
     from tfopt.config import parse_image_size
+    from tfopt.specs import parse_model_args
 
     with pytest.raises(ConfigError, match="larger than 8192 pixels a side"):
         parse_image_size("100000x100000")
