@@ -300,3 +300,38 @@ def test_an_image_size_past_8192_a_side_and_a_runaway_model_arg_are_one_line():
     with pytest.raises(ConfigError, match="larger than 8192 pixels a side"):
         parse_image_size("100000x100000")
     assert parse_model_args("alpha=" + "-" * 100_000 + "1")["alpha"].endswith("-1")
+
+
+# -- flags that would be ignored ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--image", "foo", "--cpu", "2"], "--image, --cpu apply to --render kubeflow only"),
+        (
+            ["--render", "kubeflow", "--image", "i", "--max-restarts", "3", "--timeout", "5"],
+            "--max-restarts, --timeout apply to a local run",
+        ),
+        (
+            ["--render", "kubeflow", "--image", "i", "--hosts", "2", "--link", "1gbit"],
+            "--hosts, --link",
+        ),
+    ],
+)
+def test_every_launcher_flag_applies_or_is_refused(argv, needle, capsys):
+    from tfopt.launch import main
+
+    assert main([*argv, "--", "python", "-m", "tfopt.train"]) == 2
+    out, err = capsys.readouterr()
+    assert needle in err and out == "" and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_freeze_epochs_over_every_epoch_of_a_model_from_scratch_warns(tmp_path, capsys):
+    from tfopt.train.cli import main
+
+    argv = ["--dataset", "digits", "--strategy", "one_device", "--epochs", "1", "--quiet"]
+    assert main([*argv, "--freeze-epochs", "1", "-o", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "--freeze-epochs 1 covers every epoch of 'cnn'" in err and "weights=PATH.h5" in err

@@ -777,11 +777,56 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return build_parser().parse_args(own), command
 
 
+# Flags that only a local run reads, and flags that only the rendered Kubernetes job reads.
+LOCAL_ONLY = (
+    "--max-restarts",
+    "--timeout",
+    "--hosts",
+    "--link",
+    "--isolate",
+    "--no-isolate",
+    "--host",
+    "--grace",
+)
+RENDER_ONLY = (
+    "--image",
+    "--name",
+    "--namespace",
+    "--restart-policy",
+    "--backoff-limit",
+    "--clean-pod-policy",
+    "--cpu",
+    "--memory",
+    "--gpus",
+    "--volume-claim",
+    "--mount-path",
+)
+
+
+def _refuse_unused(own: list[str], render: bool) -> None:
+    """Every launcher flag given applies to what runs: a local job or the rendered TFJob."""
+    given = [t.split("=", 1)[0] for t in own if t.startswith("--")]
+    unused = [f for f in given if f in (LOCAL_ONLY if render else RENDER_ONLY)]
+    if not unused:
+        return
+    if render:
+        raise ConfigError(
+            f"{', '.join(unused)} apply to a local run, not to the rendered TFJob (Kubernetes "
+            "restarts and stops pods itself: --restart-policy, --backoff-limit); drop "
+            f"{'them' if len(unused) > 1 else 'it'}"
+        )
+    raise ConfigError(
+        f"{', '.join(unused)} apply to --render kubeflow only; add --render kubeflow, or drop "
+        f"{'them' if len(unused) > 1 else 'it'}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: ``python -m tfopt.launch [options] -- COMMAND ...``; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     args, command = _parse(argv)
     try:
+        _refuse_unused(argv[: argv.index("--")] if "--" in argv else argv, bool(args.render))
         if args.render:
             sys.stdout.write(kube.render_from_args(args, command))
             return 0

@@ -63,6 +63,14 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
             built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
             model = built.model
         inputs.adopt(job, model, cfg.model.name)
+        if job.chief and cfg.model.freeze_epochs >= cfg.train.epochs and not pretrained(cfg):
+            log.warning(
+                f"--freeze-epochs {cfg.model.freeze_epochs} covers every epoch of "
+                f"{cfg.model.name!r}, which starts from random weights: only its last layer "
+                "trains, on random features; give it pretrained weights (--model-arg "
+                "weights=imagenet or weights=PATH.h5) or fewer --freeze-epochs",
+                extra={"prog": PROG},
+            )
         copy = plain_copy(
             model
         )  # before any freezing: what is validated and saved trains as a whole
@@ -127,6 +135,19 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
             )
         job.done(PROG, record, digest)
         return record
+
+
+def pretrained(cfg: RunConfig) -> bool:
+    """Whether the model starts from weights someone trained: a model file, or an application
+    given ``weights``. A built-in model, or an application without weights, starts at random."""
+    from tfopt.specs import parse_model
+
+    source, kwargs = parse_model(cfg.model.name, cfg.model.args)
+    if source.form == "builtin":
+        return False
+    if source.form == "applications":
+        return kwargs.get("weights") is not None
+    return True  # a file is trained; a factory's weights are its own business
 
 
 def phases(cfg: RunConfig) -> list[tuple[int, bool]]:
