@@ -335,3 +335,55 @@ def test_freeze_epochs_over_every_epoch_of_a_model_from_scratch_warns(tmp_path, 
     assert main([*argv, "--freeze-epochs", "1", "-o", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
     assert "--freeze-epochs 1 covers every epoch of 'cnn'" in err and "weights=PATH.h5" in err
+
+
+# -- OS errors at the edges ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "code, fix",
+    [
+        ("ENOSPC", "free space on that disk"),
+        ("EROFS", "read-only"),
+        ("EACCES", "fix its permissions"),
+        ("ENAMETOOLONG", "at most 255 bytes"),
+        ("EISDIR", "a directory where a file belongs"),
+    ],
+)
+def test_the_machines_refusals_are_one_line_with_the_fix(code, fix, capsys):
+    import errno
+
+    from tfopt import cli
+
+    def body():
+        raise OSError(
+            getattr(errno, code), os.strerror(getattr(errno, code)), "/runs/x/model.keras"
+        )
+
+    assert cli.run_main("tfopt export", body) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and fix in err and "'/runs/x/model.keras'" in err
+
+
+def test_an_os_error_of_ours_keeps_its_traceback():
+    import errno
+
+    from tfopt import cli
+
+    def body():
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    with pytest.raises(OSError):
+        cli.run_main("tfopt export", body)
+
+
+def test_a_name_too_long_and_a_directory_as_a_model_file_are_one_line(tmp_path, capsys):
+    from tfopt.train.cli import main
+
+    data = ["--dataset", "digits", "--strategy", "one_device", "--epochs", "1", "--quiet"]
+    assert main([*data, "-o", str(tmp_path / ("r" * 300))]) == 2
+    assert "at most 255 bytes" in capsys.readouterr().err
+    (tmp_path / "x.keras").mkdir()
+    assert main([*data, "--model", str(tmp_path / "x.keras"), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "x.keras" in err, err

@@ -390,6 +390,24 @@ def verbosity(args: argparse.Namespace) -> int:
     return log.VERBOSE if getattr(args, "verbose", False) else log.NORMAL
 
 
+def os_error_fix(e: OSError) -> str | None:
+    """The fix for an OS error the machine gives on the user's paths (a full disk, a read-only
+    or forbidden directory, a name too long, a directory where a file belongs), else None."""
+    import errno
+
+    return {
+        errno.ENOSPC: "free space on that disk, or give -o / --data-dir on another",
+        errno.EDQUOT: "free space within your quota, or give -o / --data-dir elsewhere",
+        errno.EROFS: "that file system is read-only: give -o on a writable one",
+        errno.EACCES: "you may not write or read there: fix its permissions or give another path",
+        errno.EPERM: "you may not write or read there: fix its permissions or give another path",
+        errno.ENAMETOOLONG: "a name in that path is too long (at most 255 bytes): shorten it",
+        errno.EISDIR: "that is a directory where a file belongs: give the file's path",
+        errno.ENOTDIR: "a part of that path is a file where a directory belongs: fix the path",
+        errno.ELOOP: "that path is a loop of symbolic links: fix the link",
+    }.get(e.errno)
+
+
 #: The longest error line a command prints.
 MAX_ERROR_CHARS = 2000
 
@@ -402,12 +420,21 @@ def run_main(prog: str, fn: Callable[[], int], level: int = log.NORMAL) -> int:
         return fn()
     except TfoptError as e:
         text = str(e)
-        if (
-            len(text) > MAX_ERROR_CHARS
-        ):  # a value echoed whole (a 10 MB config entry) stays readable
+        if len(text) > MAX_ERROR_CHARS:  # a value echoed whole (a 10 MB entry) stays readable
             text = f"{text[: MAX_ERROR_CHARS - 40]}... ({len(text)} characters, cut)"
         print(f"{prog}: {'error: ' if e.exit_code == 2 else ''}{text}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        fix = os_error_fix(e)
+        if fix is None:  # not the machine's answer to the user's paths: a bug, with its traceback
+            raise
+        where = f" {e.filename!r}" if e.filename else ""
+        print(
+            f"{prog}: error: cannot use{where[:300]}: {e.strerror or e}; {fix} (a finished run "
+            "there is untouched; a rerun resumes or starts over)",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
