@@ -387,3 +387,23 @@ def test_a_name_too_long_and_a_directory_as_a_model_file_are_one_line(tmp_path, 
     assert main([*data, "--model", str(tmp_path / "x.keras"), "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "x.keras" in err, err
+
+
+# -- tampered records ---------------------------------------------------------------------------
+
+
+def test_a_hand_edited_run_record_is_one_line(tmp_path):
+    import json
+
+    from tfopt.runs import RunRecord, load_run
+
+    run = _finished(tmp_path / "runs" / "x")
+    raw = json.loads((run / "run.json").read_text())
+    raw["metrics"] = {"test_accuracy": "ninety"}
+    (run / "run.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="metrics.test_accuracy is 'ninety', not a number"):
+        load_run(str(run))
+    (run / "run.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a JSON object"):
+        load_run(str(run))
+    assert RunRecord.from_dict({"stage": "export", "export": {"modes": [{"size_bytes": 12}]}})

@@ -91,7 +91,14 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, raw: dict) -> RunRecord:
-        """Reads a ``run.json`` (schema 1 records, written before the schema had a version, too)."""
+        """Reads a ``run.json`` (schema 1 records, written before the schema had a version, too).
+
+        Raises:
+            ValueError: not a JSON object, or a figure that is text (a hand-edited record).
+        """
+        if not isinstance(raw, dict):
+            raise ValueError(f"it holds a {type(raw).__name__}, not a JSON object")
+        _check_figures(raw, "")
         stage = raw.get("stage", "train")
         names = {f.name for f in dataclasses.fields(cls)} - {"section"}
         known = {k: v for k, v in raw.items() if k in names}
@@ -102,6 +109,27 @@ class RunRecord:
         if extra:  # schema 1 kept stage facts at the top level (e.g. "gap", "teachers")
             record.section = {**extra, **record.section}
         return record
+
+
+_FIGURE_SUFFIXES = ("_ms", "_us", "_bytes", "_pt", "_seconds", "accuracy", "agreement", "loss")
+_FIGURES = ("params", "flops", "macs", "examples", "epoch", "step")
+
+
+def _check_figures(node, where: str) -> None:
+    """Refuses a figure (a key a reader computes with) that holds text or another non-number."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = f"{where}.{key}" if where else str(key)
+            if (
+                isinstance(key, str)
+                and (key.endswith(_FIGURE_SUFFIXES) or key in _FIGURES)
+                and not isinstance(value, (int, float, list, dict, type(None)))
+            ):
+                raise ValueError(f"{here} is {str(value)[:40]!r}, not a number")
+            _check_figures(value, here)
+    elif isinstance(node, list):
+        for i, value in enumerate(node[:10_000]):
+            _check_figures(value, f"{where}[{i}]")
 
 
 @dataclass(frozen=True)

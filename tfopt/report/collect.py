@@ -171,8 +171,13 @@ def _load_record(path: str) -> RunRecord | None:
     record_path = os.path.join(path, "run.json")
     if not os.path.isfile(record_path):
         return None
-    with open(record_path, encoding="utf-8") as f:
-        return RunRecord.from_dict(json.load(f))
+    try:
+        with open(record_path, encoding="utf-8") as f:
+            return RunRecord.from_dict(json.load(f))
+    except ValueError as e:  # a hand-edited or truncated record: its line names it
+        raise ConfigError(
+            f"{record_path} cannot be read ({str(e)[:200]}); run its stage again to rewrite it"
+        ) from None
 
 
 def _technique(stage: StageInfo, by_name: dict[str, StageInfo]) -> str:
