@@ -407,3 +407,26 @@ def test_a_hand_edited_run_record_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="not a JSON object"):
         load_run(str(run))
     assert RunRecord.from_dict({"stage": "export", "export": {"modes": [{"size_bytes": 12}]}})
+
+
+def test_tensorflows_full_disk_error_is_one_line_and_its_other_errors_keep_their_traceback(capsys):
+    from tfopt._keras import tf
+
+    from tfopt import cli
+
+    def full():
+        raise tf.errors.ResourceExhaustedError(
+            None, None, "/data/digits/shards8.tmp/train-00003.tfrecord; No space left on device"
+        )
+
+    assert cli.run_main("tfopt train", full) == 2
+    err = capsys.readouterr().err
+    assert (
+        len(err.strip().splitlines()) == 1 and "train-00003.tfrecord" in err and "--data-dir" in err
+    )
+
+    def other():
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+        cli.run_main("tfopt train", other)

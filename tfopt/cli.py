@@ -438,3 +438,16 @@ def run_main(prog: str, fn: Callable[[], int], level: int = log.NORMAL) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - only TensorFlow's file errors are answered here
+        # TensorFlow's own file writers (TFRecord shards, TensorBoard, checkpoints) report a full
+        # or read-only disk as an OpError, not an OSError.
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        full = "No space left on device" in text or "Read-only file system" in text
+        if not (type(e).__module__.startswith("tensorflow") and full):
+            raise
+        print(
+            f"{prog}: error: cannot write {text[:300]}; free space there or give another -o / "
+            "--data-dir (a finished run there is untouched; a rerun resumes or starts over)",
+            file=sys.stderr,
+        )
+        return 2
