@@ -458,10 +458,7 @@ def test_pretrained_weights_from_a_file_fine_tune_with_freeze_epochs(folder, tmp
     run), and head-only epochs keep it exactly as the file has it."""
     from tfopt.models.io import load_model
 
-    first = train(
-        _cfg(folder, tmp_path / "first", "keras.applications:MobileNetV2", args="alpha=0.35")
-    )
-    assert first is not None
+    train(_cfg(folder, tmp_path / "first", "keras.applications:MobileNetV2", args="alpha=0.35"))
     trained = load_model(str(tmp_path / "first"))
     base = keras.applications.MobileNetV2(
         alpha=0.35, include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg"
