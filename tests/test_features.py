@@ -355,7 +355,8 @@ def test_export_gate_accuracy_threshold_decides_the_exit_code(tmp_path, capsys):
     capsys.readouterr()
     assert export_main([*common, "--max-accuracy-drop", "5", "-o", str(tmp_path / "strict")]) == 1
     err = capsys.readouterr().err
-    assert "fidelity gate failed: int8 (accuracy drop" in err and "agreement" not in err, err
+    first = err.strip().splitlines()[0]  # the verdict; the next line is the next step
+    assert "fidelity gate failed: int8 (accuracy drop" in first and "agreement" not in first, err
     run = _run_json(tmp_path / "strict")  # written although the gate failed
     (row,) = run["export"]["modes"]
     assert row["mode"] == "int8" and not row["gate"]["passed"]

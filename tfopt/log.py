@@ -71,5 +71,8 @@ def configure(prog: str, level: int = NORMAL) -> None:
     # TensorFlow's and absl's Python warnings ("Using CollectiveAllReduceStrategy eagerly has
     # significant overhead", tf.function retracing notices) speak of TensorFlow's internals, not of
     # anything the user did: shown with --verbose only. Their errors still print.
+    # A level the user's own code set (e.g. INFO to see the strategies' lines) is kept.
     for name in ("tensorflow", "absl"):
-        logging.getLogger(name).setLevel(logging.DEBUG if level <= VERBOSE else logging.ERROR)
+        logger = logging.getLogger(name)
+        if logger.level in (logging.NOTSET, logging.DEBUG, logging.WARNING, logging.ERROR):
+            logger.setLevel(logging.DEBUG if level <= VERBOSE else logging.ERROR)
