@@ -226,7 +226,8 @@ def test_a_factory_is_called_with_the_data_shape_and_its_arguments():
         == 5
     )
     assert built.description["outputs"] == "logits (softmax activation of 'probs' removed)"
-    with pytest.raises(ModelError, match="returned list, not a tf_keras Model"):
+    returned = r"returned list \('\[\(12, 12, 1\), 3\]'\), not a tf_keras Model"
+    with pytest.raises(ModelError, match=returned):
         sources.build(ModelConfig(name="model_factory:not_a_model"), (12, 12, 1), 3)
     with pytest.raises(ModelError, match="model factory 'no_such_module:f' cannot be imported"):
         sources.build(ModelConfig(name="no_such_module:f"), (12, 12, 1), 3)
