@@ -159,6 +159,30 @@ def test_a_factory_named_in_a_config_file_is_not_imported_without_trust(
     assert not (tmp_path / "ran").exists()  # the module never ran
 
 
+@pytest.mark.slow
+def test_a_factory_named_in_a_runs_record_is_never_imported(
+    mnist_run, tmp_path, capsys, monkeypatch
+):
+    """A later stage starts from the run's model.keras; the factory its run.json names stays unread."""
+    import json
+
+    from tfopt.export.cli import main
+
+    (tmp_path / "evilmod.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').write('imported')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "x"
+    shutil.copytree(mnist_run, run)
+    record = json.loads((run / "run.json").read_text())
+    record["config"]["model"]["name"] = "evilmod:build"
+    (run / "run.json").write_text(json.dumps(record))
+    argv = ["--from", str(run), "--modes", "float32", "--eval-limit", "64", "--threads", "1"]
+    code = main([*argv, "--runs", "3", "--warmup", "1", "--no-plot", "-o", str(tmp_path / "e")])
+    assert code == 0, capsys.readouterr().err
+    assert not (tmp_path / "ran").exists()  # the module never ran
+
+
 @pytest.mark.parametrize(
     "model, needle",
     [

@@ -122,3 +122,40 @@ def test_tampered_packed_files_are_one_line(tmp_path):
         z.writestr("input.json", "not json")
     with pytest.raises(ModelError, match="not a JSON object"):
         metadata.contract_of(str(tmp_path / "text.tflite"))
+
+
+def test_packed_labels_have_exactly_one_line_per_output_whatever_the_class_names(bare):
+    """Any three class names: refused in one line, or packed as exactly the model's 3 labels."""
+    from hypothesis import example, given, settings
+    from hypothesis import strategies as st
+
+    from tfopt._compat import read_tflite_model
+
+    graph = read_tflite_model(bare).subgraphs[0]
+    outputs = int(graph.tensors[graph.outputs[0]].shape[-1])
+    unicode_lines = st.sampled_from(
+        ["\n", "\r", "\x0b", "\x1c", "\x85", "\u2028", "\u2029", "\u200c", " "]
+    )
+    name = st.one_of(
+        st.text(max_size=10), st.builds("".join, st.lists(st.text(max_size=3) | unicode_lines))
+    )
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(name, min_size=outputs, max_size=outputs))
+    @example(["a\u2028b", "c", "d"])
+    @example(["a\u2029b", "c", "d"])
+    @example(["a\x85b", "c", "d"])
+    @example(["a\u200cb", "c", "d"])
+    def packed(names):
+        try:
+            content = metadata.write(
+                bare, {**CONTRACT, "class_names": names}, outputs="logits", name="m", version="1"
+            )
+        except DataError:
+            return
+        raw = metadata.read(content)[metadata.LABELS].decode()
+        # as Python (splitlines) and as C++ (getline on '\n') read it: one label per output
+        for lines in (metadata.labels(content), raw.splitlines(), raw.split("\n")[:-1]):
+            assert lines == names and len(lines) == outputs
+
+    packed()

@@ -47,6 +47,8 @@ SPLIT_FOLDERS = {
     "test": ("test",),
 }
 FRACTIONS = {"validation": 0.1, "test": 0.1}
+# What a labels-file line cannot hold: control characters, surrogates, line and paragraph separators.
+_NOT_IN_A_LINE = {"Cc", "Cs", "Zl", "Zp"}
 log = logging.getLogger(__name__)
 
 
@@ -177,10 +179,19 @@ def slug(root: str) -> str:
     return f"folder-{name}-{listing_digest(path)}"
 
 
+def line_breaker(name: str) -> str | None:
+    """The first character of ``name`` that cannot be inside one line of a labels file.
+
+    Control characters, surrogates and the Unicode line and paragraph separators (a reader
+    splitting on any of them would shift every later label by one).
+    """
+    return next((c for c in name if unicodedata.category(c) in _NOT_IN_A_LINE), None)
+
+
 def _check_classes(per_split: dict[str, dict[str, list[str]]], root: str) -> list[str]:
     names = sorted(per_split["train"])
     for name in names:  # a class name is one line of the exported labels file
-        bad = next((c for c in name if unicodedata.category(c)[0] == "C"), None)
+        bad = line_breaker(name)
         if bad is not None:
             raise DataError(
                 f"class folder {os.path.join(root, name)[:200]!r} has the control character "

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import json
-import unicodedata
 import zipfile
 import zlib
 
@@ -64,11 +63,13 @@ def check_labels(names: list[str]) -> None:
     """Refuses class names that would not be one line each in ``labels.txt``.
 
     Raises:
-        DataError: a name is empty or holds a control character (a newline would shift every
-            later label by one).
+        DataError: a name is empty or holds a control character or a line separator (a newline
+            would shift every later label by one).
     """
+    from tfopt.data.folder_source import line_breaker
+
     for name in names:
-        bad = next((c for c in name if unicodedata.category(c)[0] == "C"), None)
+        bad = line_breaker(name)
         if not name or bad is not None:
             what = "is empty" if not name else f"holds the control character {bad!r}"
             raise DataError(
@@ -233,7 +234,7 @@ def read(path_or_bytes: str | bytes) -> dict[str, bytes]:
 def labels(path_or_bytes: str | bytes) -> list[str]:
     """The class labels packed into a ``.tflite``, in output order (empty when it has none)."""
     text = read(path_or_bytes).get(LABELS, b"").decode()
-    return text.splitlines()
+    return text.split("\n")[:-1] if text else []
 
 
 def contract_of(path_or_bytes: str | bytes) -> dict:
