@@ -413,6 +413,54 @@ def test_a_name_too_long_and_a_directory_as_a_model_file_are_one_line(tmp_path, 
     assert len(err.strip().splitlines()) == 1 and "x.keras" in err, err
 
 
+def test_a_folder_of_system_files_is_one_line(tmp_path, capsys):
+    data = ["--dataset", "folder:/proc", "--epochs", "1"]
+    line = _refused(capsys, "train", data, tmp_path / "out")
+    assert "/proc/" in line and "holds no image" in line, line
+
+
+def _small_disk(tmp_path):
+    """A tmpfs of its own (a user and mount namespace): a disk that really fills up."""
+    import subprocess
+
+    probe = subprocess.run(["unshare", "-Urm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"this kernel refuses user namespaces: {probe.stderr.decode().strip()}")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    return disk
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("full", ["run", "data"])
+def test_a_full_disk_is_one_line_and_the_rerun_after_freeing_space_finishes(full, tmp_path):
+    """The run directory (its TensorBoard events, model, records) or the shard cache on a disk
+    that fills up: one line naming the fix, exit 2; once there is room, the same command
+    finishes without --overwrite (no debris in the way)."""
+    import subprocess
+    import sys
+
+    disk = _small_disk(tmp_path)
+    out = disk / "run" if full == "run" else tmp_path / "run"
+    data_dir = disk / "data" if full == "data" else tmp_path / "data"
+    train = [sys.executable, "-m", "tfopt.train", "--dataset", "digits", "--strategy"]
+    train += ["one_device", "--epochs", "1", "--quiet", "-o", str(out), "--data-dir", str(data_dir)]
+    command = " ".join(f"'{a}'" for a in train)
+    script = (
+        f"mount -t tmpfs -o size=48k tmpfs {disk} || exit 99; {command}; echo EXIT=$?; "
+        f"mount -o remount,size=64m {disk}; {command}; echo EXIT=$?; ls {out}"
+    )
+    proc = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, second = [ln for ln in proc.stdout.splitlines() if ln.startswith("EXIT=")]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("tfopt train: error:")]
+    assert first == "EXIT=2" and len(errors) == 1, proc.stderr
+    assert "free space" in errors[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert second == "EXIT=0" and "run.json" in proc.stdout, proc.stderr
+
+
 # -- tampered records ---------------------------------------------------------------------------
 
 
