@@ -114,7 +114,10 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, mode
     )
     assert record["cpu_peaks"]["fp32"]["gmacs"] > 0
     # Whatever the timings were, every mode slower than float32 is named in the notes.
-    assert set(summary.slower_than_float(record["modes"])) <= set(record["notes"])
+    host = record["host"]
+    said = summary.slower_than_float(record["modes"], host["cpu"], host["int8_dot"])
+    assert set(said) <= set(record["notes"])
+    assert host["isa"] in host["cpu"] and host["cpu"] in (out / "export.md").read_text()
     assert (out / "export.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in os.listdir(out) if p.startswith(".tmp")]
     assert "export" not in os.listdir(mnist_run)  # -o given: the input run is untouched

@@ -202,12 +202,18 @@ def test_export_writes_each_quantizer_mode_gated_timed_and_with_its_recipe(mnist
     }
 
 
-def _timed(mode, p50, builtin=()):
+def _timed(mode, p50, builtin=(), spread=0.02):
     return {
         "mode": mode,
-        "latency": {"xnnpack/1t": {"p50_ms": p50}, "xnnpack/2t": {"p50_ms": p50 / 2}},
+        "latency": {
+            "xnnpack/1t": {"p50_ms": p50, "round_p50_ms": [p50 * (1 - spread), p50 * (1 + spread)]},
+            "xnnpack/2t": {"p50_ms": p50 / 2},
+        },
         "kernels": {"builtin_kernel_ops": list(builtin)},
     }
+
+
+HOST = "AMD EPYC, x86-64 AVX-512 VNNI"
 
 
 def test_a_mode_slower_than_float_says_so_with_the_ratio_and_the_faster_choice():
@@ -221,23 +227,48 @@ def test_a_mode_slower_than_float_says_so_with_the_ratio_and_the_faster_choice()
         _timed("int4_weights", 7.4, ["CONV_2D", "DEQUANTIZE"]),
         _timed("int8_weights", 1.3),
     ]
-    assert summary.slower_than_float(rows) == [
-        "dynamic is 2.70x slower than float32 (p50 xnnpack/1t): DEPTHWISE_CONV_2D run on LiteRT's "
+    on = f"p50 xnnpack/1t on {HOST}"
+    assert summary.slower_than_float(rows, HOST) == [
+        f"dynamic is 2.70x slower than float32 ({on}): DEPTHWISE_CONV_2D run on LiteRT's "
         "builtin kernels, not XNNPACK; use dynamic_selective (0.61x) for speed",
-        "int16x8 is 42.00x slower than float32 (p50 xnnpack/1t): ADD, CONV_2D, DEPTHWISE_CONV_2D, "
+        f"int16x8 is 42.00x slower than float32 ({on}): ADD, CONV_2D, DEPTHWISE_CONV_2D, "
         "MEAN ... run on LiteRT's builtin kernels, not XNNPACK; use int8 (0.50x) for speed",
-        "int4_weights is 7.40x slower than float32 (p50 xnnpack/1t): CONV_2D, DEQUANTIZE run on "
+        f"int4_weights is 7.40x slower than float32 ({on}): CONV_2D, DEQUANTIZE run on "
         "LiteRT's builtin kernels, not XNNPACK; use int8_weights (1.30x) for speed",
-        "int8_weights is 1.30x slower than float32 (p50 xnnpack/1t): its kernels are slower on this "
+        f"int8_weights is 1.30x slower than float32 ({on}): its kernels are slower on this "
         "CPU; use float32 for speed",
     ]
-    assert summary.slower_than_float(rows[1:]) == []  # no float32 to compare with
+    assert summary.slower_than_float(rows[1:], HOST) == []  # no float32 to compare with
     # MobileNetV2 0.35 in B9: the usual alternative was slower still; float32 is named instead.
     rows = [_timed("float32", 1.0), _timed("dynamic", 1.24), _timed("dynamic_selective", 1.42)]
-    assert [line.rsplit("; ", 1)[1] for line in summary.slower_than_float(rows)] == [
+    assert [line.rsplit("; ", 1)[1] for line in summary.slower_than_float(rows, HOST)] == [
         "use float32 for speed",
         "use float32 for speed",
     ]
+
+
+def test_a_ratio_inside_the_rounds_spread_is_no_measurable_difference():
+    # int8_auto timed 1.75x int8 in one table: its rounds overlapped float32's
+    rows = [_timed("float32", 1.0, spread=0.5), _timed("int8_auto", 1.3, spread=0.3)]
+    assert summary.slower_than_float(rows, HOST) == [
+        f"int8_auto vs float32: no measurable difference (p50 xnnpack/1t on {HOST}: 1.30x, "
+        "inside the spread of the timing rounds)"
+    ]
+    rows = [_timed("float32", 1.0, spread=0.1), _timed("int8_auto", 1.3, spread=0.1)]
+    # every round slower than every round of float32: measurable
+    assert summary.slower_than_float(rows, HOST)[0].startswith("int8_auto is 1.30x slower")
+
+
+def test_without_an_integer_dot_product_int8_advice_points_at_the_target():
+    rows = [_timed("float32", 1.0), _timed("int8", 2.45), _timed("float16", 1.3)]
+    host = "AMD EPYC, x86-64 AVX2, no VNNI"
+    int8, float16 = summary.slower_than_float(rows, host, int8_dot=False)
+    assert int8 == (
+        f"int8 is 2.45x slower than float32 (p50 xnnpack/1t on {host}): its kernels are slower "
+        "on this CPU; this CPU lacks integer dot-product instructions: on a phone with them (ARM "
+        "dotprod) int8 speed may differ; time it there (--device adb)"
+    )
+    assert float16.endswith("use float32 for speed")  # no integer kernels involved
 
 
 def test_fastest_runtime_names_the_winner_per_thread_count():

@@ -6,7 +6,8 @@ directory, so each example finds the run directories an earlier one made; a comm
 guide repeats from an earlier document runs once. The pipelines' commands (``tfopt.pipeline``,
 ``tfopt.report``) make and read only their own run directories, so they run in a directory of
 their own (``test_readme_pipelines.py``, beside this test under pytest-xdist). Blocks marked
-``text`` show commands that need what a test machine lacks (your files, docker, kubectl).
+``text`` show commands that need what a test machine lacks (your files, docker, kubectl); the
+phone of docs/export.md is the stand-in ``adb`` of ``tests/fake_adb``.
 Work is kept small by adding flags right after the command's name (the command's own flags come
 later and win): ``--limit`` for the training-like stages (``TFOPT_README_LIMIT`` records per
 split, default 512), the smoke variant for the pipelines (under their default strategy) and fewer
@@ -187,8 +188,18 @@ def run_in_order(commands: list[str], tmp_path, after=None) -> None:
     """
     os.symlink(os.path.join(REPO, "pipelines"), tmp_path / "pipelines")
     bin_dir = os.path.dirname(sys.executable)
+    # docs/export.md's phone: the stand-in adb (tests/fake_adb) and a benchmark_model to push
+    phone = tmp_path / ".phone"
+    phone.mkdir()
+    (tmp_path / "android_aarch64_benchmark_model").write_bytes(b"\x7fELF benchmark_model")
     env = dict(
-        os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYTHONUNBUFFERED="1"
+        os.environ,
+        PATH=os.pathsep.join(
+            [os.path.join(REPO, "tests", "fake_adb"), bin_dir, os.environ["PATH"]]
+        ),
+        PYTHONUNBUFFERED="1",
+        FAKE_ADB_ROOT=str(phone),
+        FAKE_ADB_REPLAY=os.path.join(REPO, "tests", "data", "benchmark_model_arm64.txt"),
     )
     for i, command in enumerate(commands, 1):
         small = shrink(command)

@@ -130,6 +130,48 @@ def isa(flags: set[str], machine: str | None = None) -> str:
     return ""
 
 
+# How each ISA is named where a figure says whose it is; the ones with an integer dot product.
+_ISA_WORDS = {
+    "amx": "AMX",
+    "avx512_vnni": "AVX-512 VNNI",
+    "avx512": "AVX-512, no VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "avx2": "AVX2, no VNNI",
+    "neon_dotprod": "NEON dotprod",
+    "neon": "NEON, no dotprod",
+    "": "no AVX2",
+}
+INT8_DOT = {"amx", "avx512_vnni", "avx_vnni", "neon_dotprod"}
+
+
+def host_label(flags: set[str] | None = None, machine: str | None = None) -> str:
+    """Whose figures these are: the architecture and multiply-add ISA, e.g.
+    ``x86-64 AVX2, no VNNI`` or ``arm64 NEON dotprod``.
+
+    Args:
+        flags: CPU flags (None reads this machine's).
+        machine: ``platform.machine()`` (None: this machine's).
+    """
+    machine = machine or platform.machine()
+    flags = cpu_flags() if flags is None else flags
+    arch = {"x86_64": "x86-64", "amd64": "x86-64", "aarch64": "arm64"}.get(machine.lower(), machine)
+    return f"{arch} {_ISA_WORDS[isa(flags, machine)]}"
+
+
+def host_words(threads: int | None = None) -> str:
+    """This machine, as a figure measured on it names it: ``AMD EPYC, x86-64 AVX2, no VNNI, 1
+    thread`` (the thread count only when given)."""
+    words = f"{cpu_info()['model']}, {host_label()}"
+    return words + (f", {threads} thread{'s' if threads != 1 else ''}" if threads else "")
+
+
+def has_int8_dot(flags: set[str] | None = None, machine: str | None = None) -> bool:
+    """Whether the CPU has integer dot-product instructions (VNNI, AVX-VNNI, AMX, ARM dotprod):
+    where it lacks them, int8 kernels are slower relative to float than on most phones."""
+    machine = machine or platform.machine()
+    return isa(cpu_flags() if flags is None else flags, machine) in INT8_DOT
+
+
 def _runnable(kernel, flags: set[str]) -> bool:
     return kernel.needs <= flags
 

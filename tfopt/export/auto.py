@@ -344,6 +344,7 @@ def search(
     runs: int = 100,
     warmup: int = 10,
     max_candidates: int = 5,
+    time_fn: Callable[[bytes, int], float] | None = None,
 ) -> AutoResult:
     """Int8 with the ops whose int8 kernel is slower kept in float: the fastest such model that passes the gate.
 
@@ -361,6 +362,9 @@ def search(
         runs: Timed invokes per model per round.
         warmup: Untimed invokes first.
         max_candidates: Models timed and scored end to end (>= 2).
+        time_fn: ``(flatbuffer, threads) -> p50 ms`` for the end-to-end timings (e.g. on the
+            phone, ``--device``); default: LiteRT here (``bench.latency``). The ops are always
+            timed alone here.
 
     Returns:
         Every op's timings, every candidate and the chosen model.
@@ -413,7 +417,9 @@ def search(
         for t in counts:
             for i in order:
                 p50s[i][t].append(
-                    bench.latency(contents[i], threads=t, warmup=warmup, runs=runs)["p50_ms"]
+                    time_fn(contents[i], t)
+                    if time_fn is not None
+                    else bench.latency(contents[i], threads=t, warmup=warmup, runs=runs)["p50_ms"]
                 )
     candidates = []
     for s, content, by_threads in zip(sets, contents, p50s):

@@ -122,6 +122,51 @@ def _compiled_call(content: bytes, threads: int, q: np.ndarray):
     return call, close
 
 
+class Timer:
+    """One .tflite, ready to be timed at batch 1: its input set, its kernels known.
+
+    Args:
+        model: A .tflite path or flatbuffer.
+        threads: Interpreter threads.
+        xnnpack: Keep LiteRT's default XNNPACK delegate (False: builtin kernels only).
+        runtime: ``interpreter`` (LiteRT's Interpreter), ``latest`` (the Interpreter with
+            ``experimental_default_delegate_latest_features``) or ``compiled`` (ai-edge-litert's
+            CompiledModel on the CPU, default CpuOptions); ``xnnpack`` applies to the interpreter.
+
+    Raises:
+        ModelError: the model cannot be loaded.
+    """
+
+    def __init__(
+        self,
+        model: str | bytes,
+        *,
+        threads: int = 1,
+        xnnpack: bool = True,
+        runtime: str = "interpreter",
+    ):
+        m = TFLiteModel(
+            model, num_threads=threads, xnnpack=xnnpack, latest_features=runtime == "latest"
+        )
+        q = _example_input(m)
+        m.invoke_raw(q)  # sets the input and sizes the tensors; later calls only invoke
+        self.call, self.kernels, self._close = m.interpreter.invoke, kernel_report(m), None
+        self.threads, self.runtime = threads, runtime
+        if runtime == "compiled":  # the same graph partition, run by CompiledModel
+            self.call, self._close = _compiled_call(m.content, threads, q)
+
+    def close(self) -> dict:
+        """Releases the runtime; returns the kernel report."""
+        if self._close is not None:
+            self.kernels = {
+                **self.kernels,
+                "runtime": "compiled",
+                "fully_accelerated": self._close(),
+            }
+            self._close = None
+        return self.kernels
+
+
 def latency(
     model: str | bytes,
     *,
@@ -131,7 +176,7 @@ def latency(
     xnnpack: bool = True,
     runtime: str = "interpreter",
 ) -> dict:
-    """Batch-1 latency of one .tflite with the LiteRT interpreter.
+    """Batch-1 latency of one .tflite with the LiteRT interpreter (see :class:`Timer`).
 
     Args:
         model: A .tflite path or flatbuffer.
@@ -139,9 +184,7 @@ def latency(
         warmup: Untimed runs first (caches, lazy packing of weights).
         runs: Timed runs.
         xnnpack: Keep LiteRT's default XNNPACK delegate (False: builtin kernels only).
-        runtime: ``interpreter`` (LiteRT's Interpreter), ``latest`` (the Interpreter with
-            ``experimental_default_delegate_latest_features``) or ``compiled`` (ai-edge-litert's
-            CompiledModel on the CPU, default CpuOptions); ``xnnpack`` applies to the interpreter.
+        runtime: ``interpreter``, ``latest`` or ``compiled`` (see :class:`Timer`).
 
     Returns:
         ``{"p50_ms", "p95_ms", "mean_ms", "min_ms", "runs", "warmup", "threads", "kernels"}``.
@@ -150,21 +193,16 @@ def latency(
         ConfigError: ``runs`` < 1 or ``warmup`` < 0.
         ModelError: the model cannot be loaded.
     """
+    check_runs(runs, warmup)
+    timer = Timer(model, threads=threads, xnnpack=xnnpack, runtime=runtime)
+    timed = time_calls(timer.call, warmup=warmup, runs=runs)
+    return {**timed, "threads": threads, "runtime": runtime, "kernels": timer.close()}
+
+
+def check_runs(runs: int, warmup: int) -> None:
+    """Raises ConfigError unless ``runs`` >= 1 and ``warmup`` >= 0."""
     if runs < 1 or warmup < 0:
         raise ConfigError(f"runs={runs} must be >= 1 and warmup={warmup} >= 0 (--runs, --warmup)")
-    m = TFLiteModel(
-        model, num_threads=threads, xnnpack=xnnpack, latest_features=runtime == "latest"
-    )
-    q = _example_input(m)
-    m.invoke_raw(q)  # sets the input and sizes the tensors; later calls only invoke
-    call, kernels = m.interpreter.invoke, kernel_report(m)
-    close = None
-    if runtime == "compiled":  # the same graph partition, run by CompiledModel
-        call, close = _compiled_call(m.content, threads, q)
-    timed = time_calls(call, warmup=warmup, runs=runs)
-    if close is not None:
-        kernels = {**kernels, "runtime": "compiled", "fully_accelerated": close()}
-    return {**timed, "threads": threads, "runtime": runtime, "kernels": kernels}
 
 
 def litert_benchmark(

@@ -50,6 +50,9 @@ FLAG_USERS = {
     "--threads": _LATENCY,
     "--runs": _LATENCY,
     "--warmup": _LATENCY,
+    "--rounds": _LATENCY,
+    "--device": _LATENCY,
+    "--benchmark-binary": _LATENCY,
     "--kernels": _LATENCY,
     "--runtime": _LATENCY,
     "--litert-benchmark": _LATENCY,
@@ -203,6 +206,25 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--runs", type=int, default=200, help="timed runs per setting (default 200)")
     g.add_argument("--warmup", type=int, default=20, help="untimed runs first (default 20)")
     g.add_argument(
+        "--device",
+        metavar="adb[:SERIAL]",
+        help="also time every file on a connected Android phone with LiteRT's benchmark_model "
+        "(needs --benchmark-binary); the ship: choice then uses the phone's figures",
+    )
+    g.add_argument(
+        "--benchmark-binary",
+        metavar="PATH",
+        help="--device: LiteRT's benchmark_model built for the phone (docs/export.md says where "
+        "LiteRT publishes the arm64 one)",
+    )
+    g.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="the runs split into this many rounds, every file timed in turn within each round "
+        "(default 5); a ratio inside the rounds' spread is no measurable difference",
+    )
+    g.add_argument(
         "--kernels",
         default="xnnpack",
         help=f"{', '.join(choices.KERNELS)}: XNNPACK delegate "
@@ -303,6 +325,7 @@ def _check_args(args, given: set[str]) -> None:
         ("--calibration-steps", args.calibration_steps, 1),
         ("--runs", args.runs, 1),
         ("--warmup", args.warmup, 0),
+        ("--rounds", args.rounds, 1),
         ("--eval-limit", args.eval_limit, 0),
         ("--max-float-layers", args.max_float_layers, 1),
         ("--search-limit", args.search_limit, 0),
@@ -391,6 +414,9 @@ def _work(args) -> int:
         threads=tuple(choices.parse_threads(args.threads)),
         runs=args.runs,
         warmup=args.warmup,
+        rounds=args.rounds,
+        device=args.device or "",
+        benchmark_binary=args.benchmark_binary or "",
         kernels=args.kernels,
         runtimes=tuple(choices.parse_runtimes(args.runtime)),
         litert_benchmark=args.litert_benchmark,
@@ -429,6 +455,7 @@ def _work(args) -> int:
             data=_data_config(args),
         )
         export = record.section
+        print(f"latency: batch 1 on {export['host']['cpu']}, {bench.rounds} interleaved rounds")
         if args.wide:
             print(export["table"])
             if export.get("roofline_table"):
@@ -473,6 +500,7 @@ def _work(args) -> int:
     row = runner.benchmark_file(
         args.benchmark, bench, keras_path=args.keras, trust_model=args.trust_model
     )
+    print(f"latency: batch 1 on {row['host']}, {bench.rounds} rounds")
     print(summary.export_table([row]))
     if row.get("roofline"):
         print(f"{roofline.peak_summary(row['cpu_peaks'])}\n\n{summary.roofline_table([row])}")

@@ -27,11 +27,23 @@ from tfopt._keras import keras
 import numpy as np
 
 from tfopt.config import DataConfig, RunConfig
-from tfopt.cpu import cpu_info, peaks
+from tfopt.cpu import has_int8_dot, host_label, host_words, peaks
 from tfopt.data.sources import input_contract, prepare
 from tfopt.errors import ConfigError
-from tfopt.export import auto, fidelity, keras3, metadata, outputs, roofline, ship, summary, tflite
+from tfopt.export import (
+    auto,
+    device,
+    fidelity,
+    keras3,
+    metadata,
+    outputs,
+    roofline,
+    ship,
+    summary,
+    tflite,
+)
 from tfopt.export import benchmark as bench
+from tfopt.export import rounds as rounds_lib
 from tfopt.export.choices import (
     DEFAULT_MODES,
     KERNELS,
@@ -68,9 +80,12 @@ class BenchSettings:
     threads: tuple[int, ...] = (1, 2)
     runs: int = 200
     warmup: int = 20
+    rounds: int = rounds_lib.ROUNDS  # interleaved rounds the runs are split over
     kernels: str = "xnnpack"  # xnnpack (LiteRT's default) | builtin (no delegate) | both
     runtimes: tuple[str, ...] = ("interpreter",)  # and/or latest, compiled (choices.RUNTIMES)
     litert_benchmark: bool = False  # also run the `litert-benchmark` command
+    device: str = ""  # adb or adb:SERIAL: also time on that Android device (see export.device)
+    benchmark_binary: str = ""  # LiteRT's benchmark_model for the device
     keras: bool = (
         True  # also time the Keras model (float baseline), one child process per thread count
     )
@@ -131,17 +146,9 @@ def load_source_model(path: str, trust_model: bool = False) -> keras.Model:
     return strip_wrappers(load_model(path, trust_model=trust_model))
 
 
-def _latency(content: bytes, settings: BenchSettings, path: str) -> dict:
+def _litert_benchmark(settings: BenchSettings, path: str) -> dict:
+    """The ``litert-benchmark`` cross-check figures of one file, when asked and installed."""
     out = {}
-    for key, runtime, xnnpack, threads in settings.settings():
-        out[key] = bench.latency(
-            content,
-            threads=threads,
-            warmup=settings.warmup,
-            runs=settings.runs,
-            xnnpack=xnnpack,
-            runtime=runtime,
-        )
     if settings.litert_benchmark:
         for t in settings.threads:
             res = bench.litert_benchmark(
@@ -152,6 +159,66 @@ def _latency(content: bytes, settings: BenchSettings, path: str) -> dict:
     return out
 
 
+def _time(
+    files: dict[str, str], settings: BenchSettings, say=None, phone: device.Device | None = None
+) -> tuple[dict, dict]:
+    """Every file timed (identical graphs once, interleaved rounds; see :mod:`rounds`), and on
+    the phone when one is connected (``device/<N>t``).
+
+    Args:
+        files: Name -> .tflite path.
+        phone: A connected device (``--device``).
+
+    Returns:
+        ``(latency, same)``: per name, ``{setting key: figures (with kernels)}``; per name of a
+        file whose graph an earlier one has, that file's name.
+    """
+    contents = {}
+    for name, path in files.items():
+        with open(path, "rb") as f:
+            contents[name] = f.read()
+    figures, same = rounds_lib.time_files(
+        contents,
+        settings.settings(),
+        warmup=settings.warmup,
+        runs=settings.runs,
+        rounds=settings.rounds,
+        say=say,
+    )
+    for name, path in files.items():
+        figures[name] = {**figures[name], **_litert_benchmark(settings, path)}
+    if phone is not None:
+        for name, path in files.items():
+            if name in same:
+                continue
+            for t in settings.threads:
+                if say:
+                    say(f"timing {os.path.basename(path)} on {phone.label} at {t} thread(s)")
+                figures[name][f"device/{t}t"] = phone.time(
+                    path, threads=t, runs=settings.runs, warmup=settings.warmup
+                )
+        for name, twin in same.items():
+            figures[name] = figures[twin]
+    return figures, same
+
+
+def _measured(
+    row: dict, content: bytes, latency: dict, same_as: str | None = None, roof: dict | None = None
+) -> dict:
+    """``row`` with its latency, kernels, roofline (``roof``: its twin's) and fastest runtime."""
+    row["kernels"] = next(
+        (v["kernels"] for v in latency.values() if "kernels" in v and v["kernels"]["xnnpack"]), None
+    )
+    row["latency"] = {
+        k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()
+    }
+    row["roofline"] = roof if roof is not None else roofline.measure(content, latency)
+    row["fastest_runtime"] = summary.fastest_runtime(row)
+    if same_as:
+        row["same_graph_as"] = same_as
+    return row
+
+
 def _row(
     mode: str,
     converted_io: str,
@@ -159,28 +226,18 @@ def _row(
     content: bytes,
     result: EvalResult,
     gate: fidelity.GateResult | None,
-    latency: dict,
     **extra,
 ) -> dict:
-    kernels = next(
-        (v["kernels"] for v in latency.values() if "kernels" in v and v["kernels"]["xnnpack"]), None
-    )
-    row = {
+    """A mode's row; its latency comes later (:func:`_measured`), all files timed together."""
+    return {
         "mode": mode,
         "io": converted_io,
         "file": file,
         **bench.file_sizes(content),
         "eval": result.to_dict(),
         "gate": gate.to_dict() if gate else None,
-        "latency": {
-            k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()
-        },
-        "kernels": kernels,
-        "roofline": roofline.measure(content, latency),
         **extra,
     }
-    row["fastest_runtime"] = summary.fastest_runtime(row)
-    return row
 
 
 def run(
@@ -244,6 +301,8 @@ def run(
         qat = tflite.is_qat_model(model)
         tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
         b = settings.bench
+        # A phone that is missing, unauthorized or full is said before minutes of converting.
+        phone = device.Device.connect(b.device, b.benchmark_binary) if b.device else None
         # The Keras baseline's timing children start TensorFlow while this process converts.
         with (
             (
@@ -259,7 +318,7 @@ def run(
             ) as keras,
             tflite.saved_models(),
         ):
-            return _export(run, model, qat, modes, settings, rd, keras, say)
+            return _export(run, model, qat, modes, settings, rd, keras, say, phone)
     finally:
         rd.release()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -278,6 +337,7 @@ def _export(
     rd: RunDir,
     keras: bench.KerasLatency | None,
     say: Callable[[str], None],
+    phone: device.Device | None = None,
 ) -> RunRecord:
     data_cfg: DataConfig = run.config.data
     info = prepare(data_cfg)
@@ -331,6 +391,7 @@ def _export(
                     out_dir,
                     lambda msg, i=i: say(f"[{i}/{len(modes)}] {msg}"),
                     notes,
+                    phone,
                 )
             )
             continue
@@ -348,9 +409,6 @@ def _export(
         result = evaluate(TFLiteModel(conv.content), x_test, y_test, reference)
         gate = fidelity.check(result, settings.thresholds)
         say(f"[{i}/{len(modes)}] {mode}: benchmarking")
-        if keras:
-            keras.ready()
-        latency = _latency(conv.content, settings.bench, os.path.join(out_dir, file))
         rows.append(
             _row(
                 mode,
@@ -359,7 +417,6 @@ def _export(
                 conv.content,
                 result,
                 gate,
-                latency,
                 sparse=conv.sparse,
                 qat=conv.qat,
                 convert_seconds=round(convert_s, 2),
@@ -393,11 +450,23 @@ def _export(
     _write_metadata(
         rows, out_dir, contract, plan, settings.outputs, run.config.model.name, rd.fingerprint
     )
+    if keras:
+        keras.ready()  # nothing else may run while this process times
+    files = {r["mode"]: os.path.join(out_dir, r["file"]) for r in rows if r.get("file")}
+    latency, same = _time(files, settings.bench, say, phone)
+    rooflines: dict[str, dict] = {}
+    for row in rows:
+        name = row["mode"]
+        if name in files:
+            twin = same.get(name)
+            _measured(row, read_tflite(files[name]), latency[name], twin, rooflines.get(twin))
+            rooflines[name] = row["roofline"]
+    host = host_words(threads=1)
     chosen = ship.choose(rows)
     shipped = None
     if chosen is not None:
         shutil.copyfile(os.path.join(out_dir, chosen["file"]), os.path.join(out_dir, ship.FILE))
-        shipped = ship.describe(chosen, cpu_info()["model"])
+        shipped = ship.describe(chosen, host)
     # A gate that passes says the .tflite agrees with the Keras model, not that the model is any good.
     keras_accuracy = float(np.mean(np.argmax(reference, axis=-1) == y_test))
     worth = quality.verdict(
@@ -410,7 +479,12 @@ def _export(
     )
     if worth:
         log.warning(worth)
-    slower = summary.slower_than_float(rows)
+    slower = summary.slower_than_float(rows, host_words(), has_int8_dot())
+    notes.extend(
+        f"{r['mode']} has {r['same_graph_as']}'s graph: timed once"
+        for r in rows
+        if r.get("same_graph_as")
+    )
     for line in slower:
         log.warning(line)
     notes.extend(slower)
@@ -422,7 +496,9 @@ def _export(
     if roofline_md:
         roofline_md = f"## Roofline\n\n{roofline.peak_summary(cpu_peaks)}.\n\n{roofline_md}\n"
     write_text(
-        os.path.join(out_dir, "export.md"), f"# Export of {run.source}\n\n{table}\n\n{roofline_md}"
+        os.path.join(out_dir, "export.md"),
+        f"# Export of {run.source}\n\nLatency: batch 1 on {host_words()}, "
+        f"{settings.bench.rounds} interleaved rounds.\n\n{table}\n\n{roofline_md}",
     )
     plot = None
     if settings.plot:
@@ -465,6 +541,8 @@ def _export(
             "notes": notes,
             "table": table,
             "cpu_peaks": cpu_peaks,
+            "host": {"cpu": host_words(), "isa": host_label(), "int8_dot": has_int8_dot()},
+            "device": phone.label if phone is not None else None,
             "roofline_table": roofline_md,
             "gate_failures": gate_failures(rows),
             "ship": shipped,
@@ -619,7 +697,6 @@ def _selective(
     )
     notes.append(trade)
     say(trade)
-    latency = _latency(found.content, settings.bench, os.path.join(out_dir, file))
     return _row(
         "int8-selective",
         _io_of(found.content),
@@ -627,7 +704,6 @@ def _selective(
         found.content,
         result,
         gate,
-        latency,
         selective={
             **found.to_dict(),
             "search_split": "validation",
@@ -648,11 +724,15 @@ def _auto(
     out_dir,
     say,
     notes,
+    phone: device.Device | None = None,
 ) -> dict:
     """int8_auto: the latency-aware search (ops timed alone at the first --threads count,
-    candidates at every one), then the usual row."""
+    candidates at every one: on the phone when ``--device`` gave one), then the usual row."""
     b = settings.bench
     started = time.perf_counter()
+    on_phone = None
+    if phone is not None:
+        on_phone = functools.partial(phone.p50, runs=b.runs, warmup=b.warmup)
     found = auto.search(
         model,
         calibration,
@@ -664,6 +744,7 @@ def _auto(
         runs=b.runs,
         warmup=b.warmup,
         max_candidates=settings.auto_candidates,
+        time_fn=on_phone,
     )
     content = tflite.finish(found.content, settings.options)
     search_s = time.perf_counter() - started
@@ -675,7 +756,6 @@ def _auto(
     trade = auto.explain(found, b.threads)
     notes.append(trade)
     say(trade)
-    latency = _latency(content, b, os.path.join(out_dir, file))
     recipe = "model_int8_auto_recipe.json"
     write_json(os.path.join(out_dir, recipe), auto.recipe(found))
     return _row(
@@ -685,7 +765,6 @@ def _auto(
         content,
         result,
         gate,
-        latency,
         float_nodes=found.candidates[found.chosen].float_nodes,
         recipe=recipe,
         search_seconds=round(search_s, 2),
@@ -715,7 +794,6 @@ def _partial(
     file = "model_int8_partial.tflite"
     write_bytes(os.path.join(out_dir, file), content)
     result = evaluate(TFLiteModel(content), x_test, y_test, reference)
-    latency = _latency(content, settings.bench, os.path.join(out_dir, file))
     return _row(
         f"int8+float:{','.join(layers)}",
         _io_of(content),
@@ -723,7 +801,6 @@ def _partial(
         content,
         result,
         fidelity.check(result, settings.thresholds),
-        latency,
         float_layers=layers,
         float_nodes=nodes,
     )
@@ -776,19 +853,25 @@ def benchmark_file(
 ) -> dict:
     """``--benchmark``: latency (per thread count and kernel setting) and sizes of one .tflite."""
     content = read_tflite(path)
-    latency = _latency(content, settings, path)
-    out = {
-        "mode": os.path.basename(path),
-        "io": str(TFLiteModel(content).input_dtype),
-        "file": os.path.abspath(path),
-        **bench.file_sizes(content),
-        "latency": {
-            k: {kk: vv for kk, vv in v.items() if kk != "kernels"} for k, v in latency.items()
+    phone = (
+        device.Device.connect(settings.device, settings.benchmark_binary)
+        if settings.device
+        else None
+    )
+    latency = _time({"file": path}, settings, phone=phone)[0]["file"]
+    out = _measured(
+        {
+            "mode": os.path.basename(path),
+            "io": str(TFLiteModel(content).input_dtype),
+            "file": os.path.abspath(path),
+            **bench.file_sizes(content),
         },
-        "kernels": {k: v["kernels"] for k, v in latency.items() if "kernels" in v},
-        "roofline": roofline.measure(content, latency),
-        "cpu_peaks": peaks(),
-    }
+        content,
+        latency,
+    )
+    out.pop("fastest_runtime", None)
+    out["kernels"] = {k: v["kernels"] for k, v in latency.items() if "kernels" in v}
+    out.update(cpu_peaks=peaks(), host=host_words(), **({"device": phone.label} if phone else {}))
     if keras_path:
         out["keras"] = bench.keras_cost(load_source_model(keras_path, trust_model))
     return out

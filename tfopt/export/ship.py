@@ -3,7 +3,7 @@
 Every export ends by naming one file (``ship: ...``) and copying it to ``<out>/model.tflite``, so a
 user never has to read the table to know what goes into the app. The rule: among the files whose
 fidelity gate passed, the lowest p50 latency at one thread (the setting an app's single inference
-thread sees), the smaller file on a tie. No file is chosen when every gate failed.
+thread sees; timed on the phone when ``--device`` gave one), the smaller file on a tie. No file is chosen when every gate failed.
 """
 
 from __future__ import annotations
@@ -14,14 +14,20 @@ FILE = "model.tflite"
 
 
 def _p50(row: dict) -> float | None:
+    return _timed(row)[0]
+
+
+def _timed(row: dict) -> tuple[float | None, str]:
+    """The p50 a choice is made on and the setting it was measured at."""
     latency = row.get("latency") or {}
-    keys = sorted(k for k in latency if k.endswith("/1t") and not k.startswith("builtin"))
+    keys = [k for k in ("device/1t",) if k in latency]  # the phone's own figure first
+    keys += sorted(k for k in latency if k.endswith("/1t") and not k.startswith("builtin"))
     keys += sorted(k for k in latency if k not in keys)
     for key in keys:
         value = (latency.get(key) or {}).get("p50_ms")
         if isinstance(value, (int, float)) and value > 0:
-            return float(value)
-    return None
+            return float(value), key
+    return None, ""
 
 
 def choose(rows: Sequence[dict]) -> dict | None:
@@ -40,7 +46,16 @@ def choose(rows: Sequence[dict]) -> dict | None:
 
 
 def describe(row: dict, cpu: str) -> dict:
-    """What the ``ship:`` line and the report say of the chosen row."""
+    """What the ``ship:`` line and the report say of the chosen row.
+
+    Args:
+        row: The chosen row.
+        cpu: Where the host figures were measured (``cpu.host_words``); a figure timed on the
+            phone names the phone instead.
+    """
+    p50, key = _timed(row)
+    if key.startswith("device/"):
+        cpu = f"{row['latency'][key].get('device') or 'the phone'}, 1 thread"
     return {
         "file": FILE,
         "from": row["file"],
@@ -48,7 +63,7 @@ def describe(row: dict, cpu: str) -> dict:
         "io": row.get("io", "float"),
         "kib": round((row.get("size_bytes", 0) + row.get("metadata_bytes", 0)) / 1024, 1),
         "accuracy": (row.get("eval") or {}).get("accuracy"),
-        "p50_ms": _p50(row),
+        "p50_ms": p50,
         "cpu": cpu,
     }
 

@@ -123,13 +123,27 @@ _INSTEAD = {"dynamic": "dynamic_selective", "int16x8": "int8", "int4_weights": "
 SLOWER = 1.10
 
 
-def slower_than_float(rows: Sequence[dict]) -> list[str]:
-    """One line per mode whose p50 is over :data:`SLOWER` times float32's, at the same setting.
+def slower_than_float(
+    rows: Sequence[dict], host: str = "this CPU", int8_dot: bool = True
+) -> list[str]:
+    """One line per mode that times slower than float32 at the same setting, beyond the noise.
 
-    Each names the measured ratio, the setting and the faster alternative (its ratio too when it
-    was exported; float32 when the usual alternative measured no faster), e.g. ``dynamic is
-    2.70x slower than float32 (p50 xnnpack/1t); use dynamic_selective (0.61x) ...``.
+    A mode is called slower when its p50 is over :data:`SLOWER` times float32's and every timing
+    round of it was slower than every round of float32 (:func:`rounds.measurable`); a ratio inside
+    the rounds' spread is said as "no measurable difference". Each line names the ratio, the
+    setting and the CPU it was measured on, and the faster alternative (its ratio too when it was
+    exported; float32 when the usual alternative measured no faster), e.g. ``dynamic is 2.70x
+    slower than float32 (p50 xnnpack/1t on x86-64 AVX2, no VNNI); use dynamic_selective (0.61x)
+    ...``. On a CPU without integer dot-product instructions, a quantized mode's line says that
+    its speed on the target may differ instead of advising float32.
+
+    Args:
+        rows: The export's rows.
+        host: The CPU the figures were measured on (``cpu.host_words``).
+        int8_dot: Whether that CPU has integer dot-product instructions (``cpu.has_int8_dot``).
     """
+    from tfopt.export.rounds import measurable
+
     by_mode = {r["mode"]: r for r in rows}
     base = by_mode.get("float32")
     if base is None:
@@ -139,14 +153,25 @@ def slower_than_float(rows: Sequence[dict]) -> list[str]:
     if not reference:
         return []
 
+    def figure(mode: str) -> dict:
+        return ((by_mode.get(mode, {}).get("latency") or {}).get(key)) or {}
+
     def ratio(mode: str) -> float | None:
-        p50 = ((by_mode.get(mode, {}).get("latency") or {}).get(key) or {}).get("p50_ms")
+        p50 = figure(mode).get("p50_ms")
         return p50 / reference if p50 else None
 
     lines = []
     for row in rows:
         r = ratio(row["mode"])
         if row["mode"] == "float32" or r is None or r <= SLOWER:
+            continue
+        where = f"p50 {key} on {host}"
+        spread = figure(row["mode"]).get("round_p50_ms"), figure("float32").get("round_p50_ms")
+        if all(spread) and not measurable(*spread):
+            lines.append(
+                f"{row['mode']} vs float32: no measurable difference ({where}: {r:.2f}x, inside "
+                "the spread of the timing rounds)"
+            )
             continue
         instead = _INSTEAD.get(row["mode"], "float32")
         if (ratio(instead) or 0.0) >= r:  # measured, and no faster: float32 is the faster choice
@@ -162,10 +187,13 @@ def slower_than_float(rows: Sequence[dict]) -> list[str]:
         )
         alt = ratio(instead)
         alt_text = f" ({alt:.2f}x)" if alt and instead != "float32" else ""
-        lines.append(
-            f"{row['mode']} is {r:.2f}x slower than float32 (p50 {key}): {why}; use "
-            f"{instead}{alt_text} for speed"
-        )
+        advice = f"use {instead}{alt_text} for speed"
+        if not int8_dot and row["mode"] not in ("float16",) and not builtin:
+            advice = (
+                "this CPU lacks integer dot-product instructions: on a phone with them (ARM "
+                "dotprod) int8 speed may differ; time it there (--device adb)"
+            )
+        lines.append(f"{row['mode']} is {r:.2f}x slower than float32 ({where}): {why}; {advice}")
     return lines
 
 
@@ -178,7 +206,7 @@ def fastest_runtime(row: dict) -> str:
     by_threads: dict[str, dict[str, float]] = {}
     for key, value in (row.get("latency") or {}).items():
         name, _, threads = key.partition("/")
-        if name in ("builtin", "litert-benchmark") or not value.get("p50_ms"):
+        if name in ("builtin", "litert-benchmark", "device") or not value.get("p50_ms"):
             continue
         by_threads.setdefault(threads, {})[name] = value["p50_ms"]
     parts = []
@@ -234,14 +262,17 @@ def export_table(rows: Sequence[dict]) -> str:
 def compact_table(rows: Sequence[dict]) -> str:
     """The table ``tfopt export`` prints: one short line per model, within 100 columns.
 
-    Mode, I/O, size, p50 at the first latency setting and its bound ratio, accuracy, its change
+    Mode, I/O, size, p50 at the first latency setting (and on the phone, when ``--device`` timed
+    there) and its bound ratio, accuracy, its change
     against Keras, top-1 agreement and the gate; :func:`export_table` (``export.md``,
     ``--wide``) has every setting, p95, gzip size and the largest output difference.
     """
     keys = latency_keys(rows)
     first = keys[0] if keys else None
+    phone = "device/1t" if "device/1t" in keys else None  # timed on the phone too (--device)
     roof = _roofline_key(rows)
     header = ["mode", "io", "size", *([f"p50 {first} ms"] if first else [])]
+    header += [f"p50 {phone} ms"] if phone else []
     header += [*(["p50/bound"] if roof else []), "accuracy", "Δ pt", "agree", "gate"]
     body = []
     for row in rows:
@@ -254,6 +285,11 @@ def compact_table(rows: Sequence[dict]) -> str:
                 row.get("io", "float"),
                 _kib(row.get("size_bytes")),
                 *([_ms(p50)] if first else []),
+                *(
+                    [_ms(((row.get("latency") or {}).get(phone) or {}).get("p50_ms"))]
+                    if phone
+                    else []
+                ),
                 *([_bound_cells(row, roof)[1]] if roof else []),
                 _pct(ev.get("accuracy")),
                 _signed(ev.get("accuracy_delta_pt")),
