@@ -82,6 +82,9 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, mode
         assert sum(c["ms"] for c in roof["classes"].values()) == pytest.approx(roof["p50_ms"])
         assert roof["summary"].startswith("time: conv/FC "), roof["summary"]
     assert rows["float32"]["eval"]["max_abs_error"] < 1e-3  # same float math as Keras
+    assert {m: r["quantizer"] for m, r in rows.items()} == {
+        m: None if m == "float32" else "converter" for m in rows
+    }
     # Every file carries its input contract, gives probabilities under the signature's names.
     int8 = out / rows["int8"]["file"]
     packed = metadata.read(str(int8))
@@ -89,6 +92,7 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, mode
         "labels.txt" not in packed and not (out / "labels.txt").exists()
     )  # MNIST's classes have no names
     assert json.loads(packed["input.json"]) == json.loads((out / "input.json").read_text())
+    assert b"quantized by the TFLite converter" in int8.read_bytes()
     assert zipfile.ZipFile(int8).testzip() is None  # the standard library reads it as a zip
     x = load_split(load_run(mnist_run).config.data, "test", 8)[0]
     from ai_edge_litert.interpreter import Interpreter

@@ -53,6 +53,13 @@ def _weights(content: bytes | str) -> dict[str, set[str]]:
     return out
 
 
+def _float16_elements(content: bytes) -> int:
+    from ai_edge_litert.interpreter import Interpreter
+
+    details = Interpreter(model_content=content).get_tensor_details()
+    return sum(int(np.prod(d["shape"])) for d in details if d["dtype"] == np.float16)
+
+
 def test_dynamic_selective_keeps_depthwise_float_and_every_op_on_xnnpack(model, x):
     selective = tflite.convert(model, "dynamic_selective").content
     assert _weights(selective) == {
@@ -70,6 +77,42 @@ def test_dynamic_selective_keeps_depthwise_float_and_every_op_on_xnnpack(model, 
         "DEPTHWISE_CONV_2D" in benchmark.kernel_report(TFLiteModel(dynamic))["builtin_kernel_ops"]
     )
     _close(TFLiteModel(selective).predict(x), model.predict(x, verbose=0))
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "float16", "int8", "int16x8"])
+def test_litert_quantizer_makes_the_converter_modes_from_the_float_model(model, x, mode):
+    from tfopt.export.tflite import ConvertOptions
+
+    litert = tflite.convert(
+        model, mode, calibration=[x], options=ConvertOptions(quantizer="litert")
+    )
+    converter = tflite.convert(model, mode, calibration=[x])
+    assert (litert.quantizer, converter.quantizer) == ("litert", "converter")
+    assert litert.recipe == aeq.named_recipe(mode) and converter.recipe is None
+    assert litert.content != converter.content and litert.io == "float"
+    # the same arithmetic per op as the converter's model of that mode, and the same outputs
+    assert _weights(litert.content) == _weights(converter.content)
+    if mode == "float16":  # every kernel stored in float16 by both
+        kernels = sum(int(np.prod(w.shape)) for w in model.weights if "kernel" in w.name)
+        assert _float16_elements(litert.content) >= kernels
+        assert _float16_elements(converter.content) >= kernels
+    want = model.predict(x, verbose=0)
+    _close(TFLiteModel(litert.content).predict(x), want)
+    _close(TFLiteModel(converter.content).predict(x), want)
+
+
+def test_the_quantizer_choice_is_checked_in_one_line():
+    from tfopt.export.tflite import ConvertOptions
+
+    with pytest.raises(
+        ConfigError, match="unknown quantizer 'tflite'; choose one of converter, litert"
+    ):
+        ConvertOptions(quantizer="tflite")
+    with pytest.raises(
+        ConfigError,
+        match="--io int8 is the converter's: tfopt's LiteRT Quantizer recipes keep float",
+    ):
+        ConvertOptions(quantizer="litert", io="int8")
 
 
 def test_weight_only_modes_dequantize_to_float_and_int4_is_smaller(model, x):
@@ -180,8 +223,11 @@ def test_the_cli_refuses_a_recipe_mode_without_its_file_before_anything_is_writt
 
 
 def test_export_writes_each_quantizer_mode_gated_timed_and_with_its_recipe(mnist_run, tmp_path):
+    from tfopt.export.tflite import ConvertOptions
+
     settings = ExportSettings(
-        modes=("float32", "dynamic_selective", "int8_weights"),
+        modes=("float32", "dynamic_selective", "int8_weights", "int8", "float16"),
+        options=ConvertOptions(quantizer="litert"),
         eval_limit=300,
         bench=BenchSettings(threads=(1,), runs=5, warmup=1, keras=False),
         plot=False,
@@ -200,6 +246,14 @@ def test_export_writes_each_quantizer_mode_gated_timed_and_with_its_recipe(mnist
         "CONV_2D": {"int8"},
         "FULLY_CONNECTED": {"int8"},
     }
+    # who quantized each file, in run.json and in the file's own metadata
+    made_by = {"float32": None, "float16": "litert", "int8": "litert", "int8_weights": "litert"}
+    for mode, quantizer in made_by.items():
+        assert rows[mode]["quantizer"] == quantizer, mode
+        content = (out / rows[mode]["file"]).read_bytes()
+        assert (b"quantized by LiteRT Quantizer" in content) == (quantizer == "litert"), mode
+        assert (b"quantized by the TFLite converter" in content) == (quantizer == "converter")
+    assert json.loads((out / rows["int8"]["recipe"]).read_text()) == aeq.named_recipe("int8")
 
 
 def _timed(mode, p50, builtin=(), spread=0.02):

@@ -130,6 +130,7 @@ EXPORT_READERS = {
     "--allow-select-tf-ops": ALL_MODES,
     "--sparsity": ALL_MODES - QUANTIZER_MODES,  # the converter's sparse encoding
     "--recipe": {"recipe"},
+    "--quantizer": {"dynamic", "float16", "int8", "int16x8"},
     "--strip-strings": ALL_MODES,
     "--auto-candidates": {"int8_auto"},
     "--min-agreement": ALL_MODES,

@@ -17,6 +17,11 @@ Recipes tfopt names (export modes):
 - ``int4_weights``: weight-only int4 (8x smaller weights); LiteRT 2.3 runs int4 DEQUANTIZE and
   int4 convolutions on its builtin kernels, not XNNPACK, so it is for size, not speed.
 - ``recipe``: the recipe file given with ``--recipe`` (one that ``int8_auto`` wrote, edited or not).
+
+With ``--quantizer litert`` the converter's ``dynamic``, ``float16``, ``int8`` and ``int16x8`` are
+made here too, from the float32 model: every op that takes it, dynamic-range int8, float16
+weights (convolutions, fully-connected and embeddings), static int8 (calibrated, asymmetric
+per-tensor activations) or w8a16 (symmetric int16 activations), float I/O.
 """
 
 from __future__ import annotations
@@ -37,6 +42,16 @@ MIN_VERSION, MAX_VERSION = (0, 10), (0, 11)  # tested with 0.10.0 (which pins ai
 EXTRA = "pip install 'tfopt[quantizer]'"
 NO_QUANTIZE = "no_quantize"
 MIN_MAX = "min_max_uniform_quantize"
+FLOAT_CASTING = "float_casting"
+# The ops whose weights LiteRT Quantizer casts to float16 (the converter's float16 casts every
+# float constant).
+FLOAT16_OPS = (
+    "CONV_2D",
+    "DEPTHWISE_CONV_2D",
+    "FULLY_CONNECTED",
+    "CONV_2D_TRANSPOSE",
+    "EMBEDDING_LOOKUP",
+)
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -86,6 +101,11 @@ def _weight_only(bits: int) -> dict:
             "explicit_dequantize": True}  # fmt: skip
 
 
+def _float16() -> dict:
+    return {"weight_tensor_config": {"num_bits": 16, "dtype": "FLOAT"},
+            "compute_precision": "FLOAT", "explicit_dequantize": True}  # fmt: skip
+
+
 def static_int8() -> dict:
     """The op config of full-integer int8: asymmetric per-tensor activations, per-channel weights."""
     activations = {"num_bits": 8, "symmetric": False, "granularity": "TENSORWISE", "dtype": "INT"}
@@ -97,8 +117,30 @@ def static_int8() -> dict:
     }
 
 
+def static_a16w8() -> dict:
+    """The op config of w8a16: symmetric per-tensor int16 activations, per-channel int8 weights."""
+    activations = {"num_bits": 16, "symmetric": True, "granularity": "TENSORWISE", "dtype": "INT"}
+    return {**static_int8(), "activation_tensor_config": activations}
+
+
+def _float_edges() -> list[dict]:
+    # The graph's inputs and outputs stay float: a QUANTIZE op in, a DEQUANTIZE op out, as the
+    # converter's int8 and int16x8 (--io float) have them.
+    return [_entry(op, None, algorithm=NO_QUANTIZE) for op in ("INPUT", "OUTPUT")]
+
+
 def named_recipe(mode: str) -> list[dict]:
-    """The recipe of one of tfopt's ai-edge-quantizer modes (see the module docstring)."""
+    """The recipe of one of tfopt's ai-edge-quantizer modes (see the module docstring), or of a
+    converter mode quantized by LiteRT Quantizer instead (``--quantizer litert``: ``dynamic``,
+    ``float16``, ``int8``, ``int16x8``)."""
+    if mode == "dynamic":
+        return [_entry("*", _dynamic(8))]
+    if mode == "float16":
+        return [_entry(op, _float16(), algorithm=FLOAT_CASTING) for op in FLOAT16_OPS]
+    if mode == "int8":
+        return [_entry("*", static_int8()), *_float_edges()]
+    if mode == "int16x8":
+        return [_entry("*", static_a16w8()), *_float_edges()]
     if mode == "dynamic_selective":
         return [_entry(op, _dynamic(8)) for op in ("CONV_2D", "FULLY_CONNECTED")]
     if mode == "int8_weights":

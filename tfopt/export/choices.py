@@ -99,6 +99,11 @@ MODES: Registry[PtqMode] = Registry(
 # What --modes means when not given: the converter's modes. The ai-edge-quantizer modes are asked by name.
 DEFAULT_MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int16x8")
 IO_TYPES = ("float", "int8", "uint8")
+#: Who quantizes the modes both can make (--quantizer): the TFLite converter, or LiteRT Quantizer
+#: (ai-edge-quantizer) from the float32 .tflite. The ai-edge-quantizer modes are LiteRT Quantizer's
+#: only.
+QUANTIZERS = ("converter", "litert")
+BOTH_QUANTIZERS = ("dynamic", "float16", "int8", "int16x8")
 #: What an exported classifier gives out (``--outputs``; tfopt.export.outputs).
 OUTPUTS = ("probabilities", "logits")
 SPARSITY_CHOICES = ("auto", "on", "off")

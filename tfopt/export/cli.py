@@ -37,6 +37,7 @@ FLAG_USERS = {
     "--allow-select-tf-ops": (_FROM,),
     "--sparsity": tuple(m for m in _MODES if not choices.MODES.get(m).quantizer),
     "--recipe": ("recipe",),
+    "--quantizer": choices.BOTH_QUANTIZERS,
     "--strip-strings": (_FROM,),
     "--auto-candidates": ("int8_auto",),
     "--min-agreement": (_FROM,),
@@ -91,6 +92,13 @@ def build_parser() -> cli.ArgumentParser:
     )
     g.add_argument(
         "--io", default="float", help=f"int8 model input/output type: {', '.join(choices.IO_TYPES)}"
+    )
+    g.add_argument(
+        "--quantizer",
+        default="converter",
+        help="who quantizes dynamic, int8 and int16x8: converter (the TFLite converter) or litert "
+        "(LiteRT Quantizer, ai-edge-quantizer, from the float32 model; float I/O) "
+        "(default converter)",
     )
     g.add_argument(
         "--outputs",
@@ -315,6 +323,7 @@ def _check_args(args, given: set[str]) -> None:
     check_flags(args, given)  # parses --modes (for --from)
     choices.check_choice("io", args.io, choices.IO_TYPES, "--io")
     choices.check_choice("outputs", args.outputs, choices.OUTPUTS, "--outputs")
+    choices.check_choice("quantizer", args.quantizer, choices.QUANTIZERS, "--quantizer")
     choices.check_choice("sparsity", args.sparsity, choices.SPARSITY_CHOICES, "--sparsity")
     choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
     choices.parse_runtimes(args.runtime)
@@ -431,6 +440,7 @@ def _work(args) -> int:
                 sparsity=args.sparsity,
                 strip_strings=args.strip_strings,
                 recipe=args.recipe,
+                quantizer=args.quantizer,
             ),
             calibration_steps=args.calibration_steps,
             outputs=args.outputs,

@@ -226,12 +226,18 @@ def _row(
     content: bytes,
     result: EvalResult,
     gate: fidelity.GateResult | None,
+    quantizer: str | None = "converter",
     **extra,
 ) -> dict:
-    """A mode's row; its latency comes later (:func:`_measured`), all files timed together."""
+    """A mode's row; its latency comes later (:func:`_measured`), all files timed together.
+
+    ``quantizer`` is who quantized the file: ``converter`` (the TFLite converter and its
+    quantization debugger), ``litert`` (LiteRT Quantizer) or None (float32).
+    """
     return {
         "mode": mode,
         "io": converted_io,
+        "quantizer": quantizer,
         "file": file,
         **bench.file_sizes(content),
         "eval": result.to_dict(),
@@ -417,6 +423,7 @@ def _export(
                 conv.content,
                 result,
                 gate,
+                quantizer=conv.quantizer,
                 sparse=conv.sparse,
                 qat=conv.qat,
                 convert_seconds=round(convert_s, 2),
@@ -596,12 +603,23 @@ def _write_metadata(
                 name=f"{name} ({row['mode']})",
                 version=version[:12],
                 description=f"Image classifier over {len(contract.get('class_names') or [])} "
-                f"classes, exported by tfopt as {row['mode']}.",
+                f"classes, exported by tfopt as {row['mode']}"
+                + (
+                    f", quantized by {_QUANTIZED_BY[row['quantizer']]}."
+                    if row.get("quantizer")
+                    else "."
+                ),
                 files=files,
             )
             write_bytes(path, described)
             row["metadata_bytes"] = len(described) - len(content)
             row["outputs"] = outs
+
+
+_QUANTIZED_BY = {
+    "converter": "the TFLite converter",
+    "litert": "LiteRT Quantizer (ai-edge-quantizer)",
+}
 
 
 def gate_failures(rows: list[dict]) -> dict[str, str]:

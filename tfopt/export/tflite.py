@@ -56,7 +56,14 @@ from tfopt.config import DataConfig
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo
 from tfopt.errors import ConfigError, ModelError
-from tfopt.export.choices import IO_TYPES, MODES, SPARSITY_CHOICES, check_choice
+from tfopt.export.choices import (
+    BOTH_QUANTIZERS,
+    IO_TYPES,
+    MODES,
+    QUANTIZERS,
+    SPARSITY_CHOICES,
+    check_choice,
+)
 from tfopt.optimize.common import tfmot_imported
 
 # Below this fraction of zero weights the sparse encoding costs more than it saves.
@@ -90,6 +97,9 @@ class ConvertOptions:
         strip_strings: Strip tensor names and other strings the runtime does not need
             (:func:`strip_strings`).
         recipe: The ai-edge-quantizer recipe file of mode ``recipe``.
+        quantizer: Who quantizes ``dynamic``, ``int8`` and ``int16x8``: ``converter`` (the TFLite
+            converter) or ``litert`` (LiteRT Quantizer, ai-edge-quantizer, from the float32
+            .tflite).
     """
 
     io: str = "float"
@@ -97,10 +107,17 @@ class ConvertOptions:
     sparsity: str = "auto"
     strip_strings: bool = False
     recipe: str = ""
+    quantizer: str = "converter"
 
     def __post_init__(self):
         check_choice("io", self.io, IO_TYPES, "--io")
         check_choice("sparsity", self.sparsity, SPARSITY_CHOICES, "--sparsity")
+        check_choice("quantizer", self.quantizer, QUANTIZERS, "--quantizer")
+        if self.quantizer == "litert" and self.io != "float":
+            raise ConfigError(
+                f"--io {self.io} is the converter's: tfopt's LiteRT Quantizer recipes keep float "
+                "I/O; drop --io or use --quantizer converter"
+            )
 
 
 @dataclass
@@ -114,6 +131,7 @@ class Converted:
     qat: bool = False  # converted from a quantization-aware-trained model
     notes: list[str] = field(default_factory=list)
     recipe: list[dict] | None = None  # the ai-edge-quantizer recipe it was quantized with
+    quantizer: str | None = "converter"  # who quantized it: converter | litert | None (float32)
 
 
 def check_modes_for(model: keras.Model, modes: Sequence[str]) -> None:
@@ -451,8 +469,10 @@ def convert(
         )
     if MODES.get(mode).quantizer:
         return _by_recipe(model, mode, calibration, options)
-    model = float32_copy(model)
     qat = is_qat_model(model)
+    if options.quantizer == "litert" and mode in BOTH_QUANTIZERS and not qat:
+        return _by_recipe(model, mode, calibration, options)
+    model = float32_copy(model)
     content = _run(
         make_converter(model, mode, calibration=calibration, options=options), model, mode, options
     )
@@ -485,7 +505,13 @@ def convert(
             )
     io_type = options.io if mode == "int8" else "float"
     return Converted(
-        mode=mode, content=finish(content, options), io=io_type, sparse=sparse, qat=qat, notes=notes
+        mode=mode,
+        content=finish(content, options),
+        io=io_type,
+        sparse=sparse,
+        qat=qat,
+        notes=notes,
+        quantizer=None if mode == "float32" else "converter",
     )
 
 
@@ -522,6 +548,7 @@ def _by_recipe(
         io="float" if dtype.kind == "f" else str(dtype),
         notes=[f"{mode}: quantized by ai-edge-quantizer from the float32 model"],
         recipe=recipe,
+        quantizer="litert",
     )
 
 
