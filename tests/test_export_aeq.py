@@ -173,7 +173,7 @@ def test_recipe_mistakes_are_one_line_errors(model, tmp_path):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=needle):
             aeq.read_recipe(str(bad))
-    unsupported = [aeq._entry("DEPTHWISE_CONV_2D", aeq._weight_only(4))]
+    unsupported = [aeq._entry("DEPTHWISE_CONV_2D", aeq.weight_only(4))]
     bad.write_text(json.dumps(unsupported))
     with pytest.raises(
         ConfigError, match="ai-edge-quantizer refused the recipe: Unsupported op"
@@ -226,7 +226,7 @@ def test_export_writes_each_quantizer_mode_gated_timed_and_with_its_recipe(mnist
     from tfopt.export.tflite import ConvertOptions
 
     settings = ExportSettings(
-        modes=("float32", "dynamic_selective", "int8_weights", "int8", "float16"),
+        modes=("float32", "dynamic_selective", "int8_weights", "int8", "float16", "dynamic_auto"),
         options=ConvertOptions(quantizer="litert"),
         eval_limit=300,
         bench=BenchSettings(threads=(1,), runs=5, warmup=1, keras=False),
@@ -247,13 +247,21 @@ def test_export_writes_each_quantizer_mode_gated_timed_and_with_its_recipe(mnist
         "FULLY_CONNECTED": {"int8"},
     }
     # who quantized each file, in run.json and in the file's own metadata
-    made_by = {"float32": None, "float16": "litert", "int8": "litert", "int8_weights": "litert"}
+    made_by = {"float32": None, "float16": "litert", "int8": "litert", "int8_weights": "litert",
+               "dynamic_auto": "litert"}  # fmt: skip
     for mode, quantizer in made_by.items():
         assert rows[mode]["quantizer"] == quantizer, mode
         content = (out / rows[mode]["file"]).read_bytes()
         assert (b"quantized by LiteRT Quantizer" in content) == (quantizer == "litert"), mode
         assert (b"quantized by the TFLite converter" in content) == (quantizer == "converter")
     assert json.loads((out / rows["int8"]["recipe"]).read_text()) == aeq.named_recipe("int8")
+    # dynamic_auto: its per-op choice is the recipe written beside it, said in the notes
+    auto_recipe = json.loads((out / rows["dynamic_auto"]["recipe"]).read_text())
+    assert auto_recipe[0] == aeq.named_recipe("dynamic")[0]
+    assert any(
+        n.startswith("dynamic_auto: int8 arithmetic slower") for n in rows["dynamic_auto"]["notes"]
+    )
+    assert rows["dynamic_auto"]["size_bytes"] < rows["float32"]["size_bytes"] / 3
 
 
 def _timed(mode, p50, builtin=(), spread=0.02):

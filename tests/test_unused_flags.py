@@ -117,6 +117,7 @@ OFF = [
 ALL_MODES = set(MODES.names())
 QUANTIZER_MODES = {
     "dynamic_selective",
+    "dynamic_auto",
     "int8_weights",
     "int4_weights",
     "recipe",

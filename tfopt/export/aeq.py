@@ -96,7 +96,8 @@ def _dynamic(bits: int) -> dict:
             "explicit_dequantize": False}  # fmt: skip
 
 
-def _weight_only(bits: int) -> dict:
+def weight_only(bits: int) -> dict:
+    """The op config of weight-only quantization: ``bits`` weights, dequantized to float at load."""
     return {"weight_tensor_config": _weights(bits), "compute_precision": "FLOAT",
             "explicit_dequantize": True}  # fmt: skip
 
@@ -144,9 +145,9 @@ def named_recipe(mode: str) -> list[dict]:
     if mode == "dynamic_selective":
         return [_entry(op, _dynamic(8)) for op in ("CONV_2D", "FULLY_CONNECTED")]
     if mode == "int8_weights":
-        return [_entry("*", _weight_only(8))]
+        return [_entry("*", weight_only(8))]
     if mode == "int4_weights":
-        return [_entry("*", _weight_only(4))]
+        return [_entry("*", weight_only(4))]
     raise ConfigError(f"no ai-edge-quantizer recipe is named {mode!r}")
 
 

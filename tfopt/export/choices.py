@@ -78,6 +78,12 @@ MODES: Registry[PtqMode] = Registry(
             quantizer=True,
         ),
         PtqMode(
+            "dynamic_auto",
+            "dynamic range, with the ops whose int8 arithmetic is slower (measured with LiteRT) "
+            "computing in float from int8 weights: never slower than float32 (ai-edge-quantizer)",
+            quantizer=True,
+        ),
+        PtqMode(
             "int8_weights",
             "weight-only int8, dequantized to float at load: 4x smaller, float speed (ai-edge-quantizer)",
             quantizer=True,

@@ -533,12 +533,20 @@ def _by_recipe(
             )
         recipe, where = aeq.read_recipe(options.recipe), options.recipe
     else:
-        recipe, where = aeq.named_recipe(mode), mode
+        recipe, where = aeq.named_recipe("dynamic" if mode == "dynamic_auto" else mode), mode
     model = float32_copy(model)
     base = _run(make_converter(model, "float32", options=options), model, "float32", options)
-    if mode == "recipe":
-        aeq.check_recipe(recipe, model_ops(base), where)
-    content = aeq.quantize(base, recipe, calibration=calibration, where=where)
+    notes = [f"{mode}: quantized by ai-edge-quantizer from the float32 model"]
+    if mode == "dynamic_auto":
+        from tfopt.export import dynamic_auto
+
+        choice = dynamic_auto.choose(base)
+        content, recipe = choice.content, choice.recipe
+        notes += choice.notes
+    else:
+        if mode == "recipe":
+            aeq.check_recipe(recipe, model_ops(base), where)
+        content = aeq.quantize(base, recipe, calibration=calibration, where=where)
     from ai_edge_litert.interpreter import Interpreter
 
     dtype = np.dtype(Interpreter(model_content=content).get_input_details()[0]["dtype"])
@@ -546,7 +554,7 @@ def _by_recipe(
         mode=mode,
         content=finish(content, options),
         io="float" if dtype.kind == "f" else str(dtype),
-        notes=[f"{mode}: quantized by ai-edge-quantizer from the float32 model"],
+        notes=notes,
         recipe=recipe,
         quantizer="litert",
     )
