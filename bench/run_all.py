@@ -61,6 +61,7 @@ BENCHES = (
     Bench("B7", "overhead.py", "framework overhead"),
     Bench("B8", "end_to_end.py", "end to end"),
     Bench("B9", "edge_architecture.py", "a real edge architecture"),
+    Bench("B9q", "quantizers.py", "the maintained quantization path"),
     Bench("B10", "structured.py", "compression that buys speed"),
     Bench("B11", "sibling.py", "structured compression vs the narrower sibling"),
     Bench("S1", "soak.py", "soak: 10,000 steps with backups"),
