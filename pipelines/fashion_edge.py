@@ -30,7 +30,7 @@ DEFAULT = {
     },
     "compress": {"techniques": ["pqat"], "sparsity": 0.5, "epochs": 1, "learning_rate": 5e-4},
     "export": {
-        "modes": ["float32", "dynamic", "float16", "int8", "int16x8"],
+        "modes": ["float32", "dynamic_auto", "float16", "int8", "int16x8"],
         "runs": 200,
         "threads": [1, 2],
     },

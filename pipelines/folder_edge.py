@@ -46,7 +46,7 @@ DEFAULT = {
     },
     "compress": {"techniques": ["pqat"], "sparsity": 0.5, "epochs": 2, "learning_rate": 2e-4},
     "export": {
-        "modes": ["float32", "dynamic", "float16", "int8", "int8_auto"],
+        "modes": ["float32", "dynamic_auto", "float16", "int8", "int8_auto"],
         "runs": 100,
         "threads": [1, 2],
     },

@@ -34,7 +34,7 @@ DEFAULT = {
         "learning_rate": 5e-4,
     },
     "export": {
-        "modes": ["float32", "dynamic", "float16", "int8", "int16x8"],
+        "modes": ["float32", "dynamic_auto", "float16", "int8", "int16x8"],
         "runs": 200,
         "threads": [1, 2],
     },
@@ -55,7 +55,7 @@ SMOKE = {
     },  # the structured candidates: tests/test_pipeline.py
     "probe": {"steps": 8},
     "export": {
-        "modes": ["float32", "dynamic", "int8"],
+        "modes": ["float32", "dynamic_auto", "int8"],
         "eval_limit": 256,
         "runs": 20,
         "warmup": 3,

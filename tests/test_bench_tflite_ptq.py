@@ -10,8 +10,10 @@ import statistics
 import pytest
 from bench_checks import check_verdicts, run_smoke
 
+from tfopt.export.choices import DEFAULT_MODES
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ["float32", "dynamic", "float16", "int8", "int8_auto", "int16x8"]
+MODES = list(DEFAULT_MODES)
 
 
 @pytest.mark.slow

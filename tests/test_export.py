@@ -82,9 +82,16 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, mode
         assert sum(c["ms"] for c in roof["classes"].values()) == pytest.approx(roof["p50_ms"])
         assert roof["summary"].startswith("time: conv/FC "), roof["summary"]
     assert rows["float32"]["eval"]["max_abs_error"] < 1e-3  # same float math as Keras
+    # Who quantized each file: the default per mode (int8_auto searches the converter's int8).
     assert {m: r["quantizer"] for m, r in rows.items()} == {
-        m: None if m == "float32" else "converter" for m in rows
+        "float32": None,
+        "dynamic_auto": "litert",
+        "float16": "converter",
+        "int8": "converter",
+        "int8_auto": "converter",
+        "int16x8": "litert",
     }
+    assert b"quantized by LiteRT Quantizer" in (out / rows["int16x8"]["file"]).read_bytes()
     # Every file carries its input contract, gives probabilities under the signature's names.
     int8 = out / rows["int8"]["file"]
     packed = metadata.read(str(int8))
@@ -105,7 +112,7 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, mode
     assert rows["float32"]["kernels"]["delegated_ops"] == rows["float32"]["kernels"]["total_ops"]
     # int8 weights are 4x smaller than float32, float16 2x (plus a little graph overhead)
     f32 = rows["float32"]["size_bytes"]
-    assert rows["int8"]["size_bytes"] < f32 / 3.5 and rows["dynamic"]["size_bytes"] < f32 / 3.5
+    assert rows["int8"]["size_bytes"] < f32 / 3.5 and rows["dynamic_auto"]["size_bytes"] < f32 / 3.5
     assert f32 / 2.2 < rows["float16"]["size_bytes"] < f32 / 1.8
     on_disk = json.loads((out / "run.json").read_text())
     assert on_disk["stage"] == "export" and on_disk["schema_version"] == 2

@@ -15,6 +15,7 @@ import pytest
 
 from tfopt.errors import ConfigError
 from tfopt.export import aeq, auto, benchmark, fidelity, ops, summary, tflite
+from tfopt.export.choices import DEFAULT_QUANTIZER
 from tfopt.export.cli import main as export_main
 from tfopt.export.evaluate import EvalResult, TFLiteModel, read_tflite
 from tfopt.export.runner import BenchSettings, ExportSettings
@@ -86,8 +87,13 @@ def test_litert_quantizer_makes_the_converter_modes_from_the_float_model(model, 
     litert = tflite.convert(
         model, mode, calibration=[x], options=ConvertOptions(quantizer="litert")
     )
-    converter = tflite.convert(model, mode, calibration=[x])
+    converter = tflite.convert(
+        model, mode, calibration=[x], options=ConvertOptions(quantizer="converter")
+    )
     assert (litert.quantizer, converter.quantizer) == ("litert", "converter")
+    default = tflite.convert(model, mode, calibration=[x])  # the per-mode default (B9q)
+    assert default.quantizer == DEFAULT_QUANTIZER[mode]
+    assert default.content == {"litert": litert, "converter": converter}[default.quantizer].content
     assert litert.recipe == aeq.named_recipe(mode) and converter.recipe is None
     assert litert.content != converter.content and litert.io == "float"
     # the same arithmetic per op as the converter's model of that mode, and the same outputs
@@ -99,6 +105,21 @@ def test_litert_quantizer_makes_the_converter_modes_from_the_float_model(model, 
     want = model.predict(x, verbose=0)
     _close(TFLiteModel(litert.content).predict(x), want)
     _close(TFLiteModel(converter.content).predict(x), want)
+
+
+def test_each_mode_has_its_default_quantizer_and_the_converter_keeps_what_only_it_does():
+    from tfopt.export.tflite import ConvertOptions
+
+    default = ConvertOptions()
+    assert {m: default.quantizer_for(m) for m in DEFAULT_QUANTIZER} == DEFAULT_QUANTIZER
+    assert "litert" in DEFAULT_QUANTIZER.values()  # the maintained path is a default somewhere
+    for mode in DEFAULT_QUANTIZER:
+        assert ConvertOptions(quantizer="litert").quantizer_for(mode) == "litert"
+        assert ConvertOptions(quantizer="converter").quantizer_for(mode) == "converter"
+        assert default.quantizer_for(mode, qat=True) == "converter"  # its ranges were trained
+        assert default.quantizer_for(mode, sparse=True) == "converter"  # sparse encoding
+    assert ConvertOptions(io="uint8").quantizer_for("int8") == "converter"  # integer I/O
+    assert default.quantizer_for("float32") == default.quantizer_for("int8_auto") == "converter"
 
 
 def test_the_quantizer_choice_is_checked_in_one_line():
@@ -187,7 +208,8 @@ def test_recipe_mistakes_are_one_line_errors(model, tmp_path):
     [
         (
             None,
-            "ai-edge-quantizer (>=0.10,<0.11), which is not installed; pip install 'tfopt[quantizer]'",
+            "ai-edge-quantizer (>=0.10,<0.11), which is not installed; tfopt depends on it: pip "
+            "install 'ai-edge-quantizer>=0.10,<0.11'",
         ),
         (
             "0.9.0",
@@ -282,7 +304,7 @@ def test_a_mode_slower_than_float_says_so_with_the_ratio_and_the_faster_choice()
     rows = [
         _timed("float32", 1.0),
         _timed("dynamic", 2.7, ["DEPTHWISE_CONV_2D", "SOFTMAX"]),
-        _timed("dynamic_selective", 0.61),
+        _timed("dynamic_auto", 0.61),
         _timed("float16", 1.05),  # within the noise margin: no word
         _timed("int8", 0.5),
         _timed("int16x8", 42.0, ["ADD", "CONV_2D", "DEPTHWISE_CONV_2D", "MEAN", "PAD", "SOFTMAX"]),
@@ -292,7 +314,7 @@ def test_a_mode_slower_than_float_says_so_with_the_ratio_and_the_faster_choice()
     on = f"p50 xnnpack/1t on {HOST}"
     assert summary.slower_than_float(rows, HOST) == [
         f"dynamic is 2.70x slower than float32 ({on}): DEPTHWISE_CONV_2D run on LiteRT's "
-        "builtin kernels, not XNNPACK; use dynamic_selective (0.61x) for speed",
+        "builtin kernels, not XNNPACK; use dynamic_auto (0.61x) for speed",
         f"int16x8 is 42.00x slower than float32 ({on}): ADD, CONV_2D, DEPTHWISE_CONV_2D, "
         "MEAN ... run on LiteRT's builtin kernels, not XNNPACK; use int8 (0.50x) for speed",
         f"int4_weights is 7.40x slower than float32 ({on}): CONV_2D, DEQUANTIZE run on "
@@ -302,7 +324,7 @@ def test_a_mode_slower_than_float_says_so_with_the_ratio_and_the_faster_choice()
     ]
     assert summary.slower_than_float(rows[1:], HOST) == []  # no float32 to compare with
     # MobileNetV2 0.35 in B9: the usual alternative was slower still; float32 is named instead.
-    rows = [_timed("float32", 1.0), _timed("dynamic", 1.24), _timed("dynamic_selective", 1.42)]
+    rows = [_timed("float32", 1.0), _timed("dynamic", 1.24), _timed("dynamic_auto", 1.42)]
     assert [line.rsplit("; ", 1)[1] for line in summary.slower_than_float(rows, HOST)] == [
         "use float32 for speed",
         "use float32 for speed",

@@ -3,7 +3,7 @@
 The TFLite converter quantizes every op a mode covers: its dynamic range mode also quantizes
 DEPTHWISE_CONV_2D, which XNNPACK cannot run with a float input and int8 weights, so those ops fall
 back to LiteRT's builtin kernels (MobileNetV2 runs 2.7x slower than float). ai-edge-quantizer
-(``pip install 'tfopt[quantizer]'``) quantizes a float .tflite op by op from a *recipe*: a JSON
+(LiteRT Quantizer, a dependency of tfopt) quantizes a float .tflite op by op from a *recipe*: a JSON
 list of entries (``regex`` on an op's output tensor name, ``operation``, ``algorithm_key``,
 ``op_config``; the last matching entry wins). Its public API only: ``quantizer.Quantizer``,
 ``recipe``, ``qtyping``.
@@ -39,7 +39,7 @@ from tfopt.errors import ConfigError
 
 PACKAGE = "ai-edge-quantizer"
 MIN_VERSION, MAX_VERSION = (0, 10), (0, 11)  # tested with 0.10.0 (which pins ai-edge-litert 2.3.0)
-EXTRA = "pip install 'tfopt[quantizer]'"
+EXTRA = "tfopt depends on it: pip install 'ai-edge-quantizer>=0.10,<0.11'"
 NO_QUANTIZE = "no_quantize"
 MIN_MAX = "min_max_uniform_quantize"
 FLOAT_CASTING = "float_casting"

@@ -102,14 +102,24 @@ MODES: Registry[PtqMode] = Registry(
         ),
     ),
 )
-# What --modes means when not given: the converter's modes. The ai-edge-quantizer modes are asked by name.
-DEFAULT_MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int16x8")
+# What --modes means when not given. The dynamic-range entry is dynamic_auto: int8 arithmetic only
+# where it is measured not slower than float (plain dynamic is asked by name).
+DEFAULT_MODES = ("float32", "dynamic_auto", "float16", "int8", "int8_auto", "int16x8")
 IO_TYPES = ("float", "int8", "uint8")
 #: Who quantizes the modes both can make (--quantizer): the TFLite converter, or LiteRT Quantizer
 #: (ai-edge-quantizer) from the float32 .tflite. The ai-edge-quantizer modes are LiteRT Quantizer's
 #: only.
 QUANTIZERS = ("converter", "litert")
 BOTH_QUANTIZERS = ("dynamic", "float16", "int8", "int16x8")
+#: Who quantizes each of those when --quantizer is not given: the better path in benchmark B9q
+#: (bench/results/quantizers.json; docs/export.md, "Who quantizes", says why each is what it is).
+#: Integer I/O, QAT models and sparse encoding are the converter's whatever this says.
+DEFAULT_QUANTIZER = {
+    "dynamic": "converter",
+    "float16": "converter",
+    "int8": "converter",
+    "int16x8": "litert",
+}
 #: What an exported classifier gives out (``--outputs``; tfopt.export.outputs).
 OUTPUTS = ("probabilities", "logits")
 SPARSITY_CHOICES = ("auto", "on", "off")

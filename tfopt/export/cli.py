@@ -95,10 +95,12 @@ def build_parser() -> cli.ArgumentParser:
     )
     g.add_argument(
         "--quantizer",
-        default="converter",
-        help="who quantizes dynamic, int8 and int16x8: converter (the TFLite converter) or litert "
-        "(LiteRT Quantizer, ai-edge-quantizer, from the float32 model; float I/O) "
-        "(default converter)",
+        default="",
+        help="who quantizes dynamic, float16, int8 and int16x8: converter (the TFLite converter) or "
+        "litert (LiteRT Quantizer, ai-edge-quantizer, from the float32 model; float I/O) (default "
+        "per mode, the faster in benchmark B9q: "
+        + ", ".join(f"{m} {q}" for m, q in choices.DEFAULT_QUANTIZER.items())
+        + "; integer --io, QAT and sparse encoding are the converter's)",
     )
     g.add_argument(
         "--outputs",
@@ -323,7 +325,8 @@ def _check_args(args, given: set[str]) -> None:
     check_flags(args, given)  # parses --modes (for --from)
     choices.check_choice("io", args.io, choices.IO_TYPES, "--io")
     choices.check_choice("outputs", args.outputs, choices.OUTPUTS, "--outputs")
-    choices.check_choice("quantizer", args.quantizer, choices.QUANTIZERS, "--quantizer")
+    if args.quantizer:
+        choices.check_choice("quantizer", args.quantizer, choices.QUANTIZERS, "--quantizer")
     choices.check_choice("sparsity", args.sparsity, choices.SPARSITY_CHOICES, "--sparsity")
     choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
     choices.parse_runtimes(args.runtime)

@@ -118,7 +118,12 @@ def roofline_table(rows: Sequence[dict]) -> str:
 
 
 # The faster choice to name when a mode times slower than float32.
-_INSTEAD = {"dynamic": "dynamic_selective", "int16x8": "int8", "int4_weights": "int8_weights"}
+_INSTEAD = {
+    "dynamic": "dynamic_auto",
+    "dynamic_selective": "dynamic_auto",
+    "int16x8": "int8",
+    "int4_weights": "int8_weights",
+}
 # Measured ratio over float32 above which a mode is called slower (beyond timing noise).
 SLOWER = 1.10
 
@@ -133,7 +138,7 @@ def slower_than_float(
     the rounds' spread is said as "no measurable difference". Each line names the ratio, the
     setting and the CPU it was measured on, and the faster alternative (its ratio too when it was
     exported; float32 when the usual alternative measured no faster), e.g. ``dynamic is 2.70x
-    slower than float32 (p50 xnnpack/1t on x86-64 AVX2, no VNNI); use dynamic_selective (0.61x)
+    slower than float32 (p50 xnnpack/1t on x86-64 AVX2, no VNNI); use dynamic_auto (0.61x)
     ...``. On a CPU without integer dot-product instructions, a quantized mode's line says that
     its speed on the target may differ instead of advising float32.
 

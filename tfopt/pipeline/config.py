@@ -71,7 +71,7 @@ class CompressSpec:
 class ExportSpec:
     """What every model is exported to and how it is measured (``tfopt.export``)."""
 
-    modes: tuple[str, ...] = ("float32", "dynamic", "float16", "int8", "int16x8")
+    modes: tuple[str, ...] = ("float32", "dynamic_auto", "float16", "int8", "int16x8")
     eval_limit: int = 0  # test examples scored per model (0 = the whole split)
     runs: int = 200  # timed invocations per latency figure
     warmup: int = 20
