@@ -10,9 +10,9 @@ What it does, in one run on one machine (BENCHMARKS.md, row B9):
    becomes the input scaling ([-1, 1]) of training, evaluation and calibration.
 3. Exports each with the library's export stage (``tfopt.export.runner.run``, what
    ``python -m tfopt.export --from RUN --strip-strings`` does): float32, dynamic, float16, int8,
-   int8_auto (searched at 1 and 2 threads) and int16x8, 25 calibration batches from the run's
-   training pipeline, float I/O; and ai-edge-quantizer's dynamic_selective, int8_weights and
-   int4_weights.
+   int8_auto (searched at 1 and 2 threads) and int16x8, each by its default quantizer, 25
+   calibration batches from the run's training pipeline, float I/O; and LiteRT Quantizer's
+   dynamic_selective, dynamic_auto, int8_weights and int4_weights.
    Every .tflite is scored on the same test images: accuracy, top-1 agreement with Keras.
 4. The peer on the same trained model: the LiteRT "Post-training quantization" guide's recipes
    (``bench/peers/litert_ptq_guide.py``), one plain ``TFLiteConverter`` per mode.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -66,8 +67,9 @@ from tfopt.runs import load_run  # noqa: E402
 
 SETTINGS = (("xnnpack/1t", 1), ("xnnpack/2t", 2))
 MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int16x8")
-# ai-edge-quantizer's modes (tfopt[quantizer]), beside the converter's.
-QUANTIZER_MODES = ("dynamic_selective", "int8_weights", "int4_weights")
+# LiteRT Quantizer's (ai-edge-quantizer's) own modes, beside the defaults.
+QUANTIZER_MODES = ("dynamic_selective", "dynamic_auto", "int8_weights", "int4_weights")
+DYNAMIC_FAMILY = ("dynamic", "dynamic_selective", "dynamic_auto", "int8_weights")
 # B9 on width 1.0: int8_auto >= 2.5x faster than the float .tflite at 1 thread, >= 3.5x smaller,
 # <= 1 pt below the float model; no PTQ mode more than 5% slower than the guide's same mode.
 TARGETS = {
@@ -75,6 +77,11 @@ TARGETS = {
     "int8_auto_size_ratio": (">=", 3.5),
     "int8_auto_accuracy_loss_pt": ("<=", 1.0),
     "slower_than_peer": ("<=", 1.05),
+    # issue "maintained quantization path": in every family, a dynamic-family file no slower than
+    # float32 at 1 thread and >= 3x smaller; int8 no slower than the guide's int8
+    "dynamic_speedup_1t": (">=", 1.0),
+    "dynamic_size_ratio": (">=", 3.0),
+    "int8_over_guide": ("<=", 1.05),
 }
 ANCHOR = "measured on Zen 5 (VNNI), random weights: int8 2.19x faster, 3.32x smaller (1.0 @224); 1.54x / 2.66x (0.35 @96)"
 COMMAND = "PYTHONPATH=. python bench/edge_architecture.py"
@@ -317,6 +324,20 @@ def summarize(p: Params, families: dict, peers: dict, per: dict, peaks: dict) ->
         guide_int8 = peer_rows["int8"]["latency_interleaved"]["xnnpack/1t"]
         target = fam["model"]["alpha"] == 1.0  # the targets are set on width 1.0; 0.35 is reported
         kept = ", ".join(auto.get("float_nodes") or []) or "none"
+        # the dynamic-family file a user can pick that is fastest at 1 thread, >= 3x smaller
+        small = [rows[m] for m in DYNAMIC_FAMILY if m in rows]
+        fastest_dynamic = max(
+            [r for r in small if r["size_ratio_vs_float32"] >= TARGETS["dynamic_size_ratio"][1]]
+            or small,
+            key=lambda r: r["latency_interleaved"]["xnnpack/1t"]["speedup_vs_float32"],
+        )
+        n = rows["int8"]["eval"]["examples"]
+        int8_se = 100 * math.sqrt(
+            sum(
+                a * (1 - a) / n
+                for a in (rows["int8"]["eval"]["accuracy"], peer_rows["int8"]["accuracy"])
+            )
+        )
         figures += [
             figure(
                 f"{name}: int8_auto speedup vs float32 (LiteRT XNNPACK, 1 thread, batch 1)",
@@ -381,6 +402,40 @@ def summarize(p: Params, families: dict, peers: dict, per: dict, peaks: dict) ->
                 peer=f"{guide.GUIDE}'s int8: {100 * (keras_acc - peer_rows['int8']['accuracy']):.2f} pt",
                 detail=f"Keras {100 * keras_acc:.2f}% vs int8_auto {100 * auto['eval']['accuracy']:.2f}% "
                 f"(Fashion-MNIST test, n={auto['eval']['examples']})",
+            ),
+            figure(
+                f"{name}: fastest dynamic-family file, speedup vs float32 (1 thread)",
+                fastest_dynamic["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"],
+                "x",
+                target=TARGETS["dynamic_speedup_1t"],
+                peer=f"the guide's dynamic: {peer_rows['dynamic']['latency_interleaved']['xnnpack/1t']['speedup_vs_float32']:.2f}x"
+                if "dynamic" in peer_rows
+                else None,
+                detail=f"{fastest_dynamic['mode']}; "
+                + "; ".join(
+                    f"{m} {rows[m]['latency_interleaved']['xnnpack/1t']['speedup_vs_float32']:.2f}x, "
+                    f"{rows[m]['size_ratio_vs_float32']:.2f}x smaller"
+                    for m in DYNAMIC_FAMILY
+                    if m in rows
+                ),
+            ),
+            figure(
+                f"{name}: that dynamic-family file's size, float32 / its bytes",
+                [fastest_dynamic["size_ratio_vs_float32"]],
+                "x",
+                target=TARGETS["dynamic_size_ratio"],
+                detail=f"{rows['float32']['size_bytes']:,} / {fastest_dynamic['size_bytes']:,} bytes "
+                f"({fastest_dynamic['mode']}, {fastest_dynamic.get('quantizer') or '-'})",
+            ),
+            figure(
+                f"{name}: int8 p50 / the guide's int8 p50 (1 thread; > 1 = tfopt slower)",
+                vs_peer["int8"],
+                "x",
+                target=TARGETS["int8_over_guide"],
+                detail=f"int8 made by {rows['int8'].get('quantizer') or '-'}; accuracy "
+                f"{100 * rows['int8']['eval']['accuracy']:.2f}% vs the guide's "
+                f"{100 * peer_rows['int8']['accuracy']:.2f}% ({100 * (rows['int8']['eval']['accuracy'] - peer_rows['int8']['accuracy']):+.2f} pt, "
+                f"standard error of the difference {int8_se:.2f} pt)",
             ),
             figure(
                 f"{name}: slowest PTQ mode vs the guide's same mode (p50 ratio, 1 thread; > 1 = tfopt slower)",

@@ -30,6 +30,7 @@ def test_edge_architecture_benchmark_smoke(tmp_path):
         "int8_auto",
         "int16x8",
         "dynamic_selective",
+        "dynamic_auto",
         "int8_weights",
         "int4_weights",
     ]
@@ -51,4 +52,19 @@ def test_edge_architecture_benchmark_smoke(tmp_path):
     bound = fam["tfopt"]["int8_auto"]["roofline"]["xnnpack/1t"]
     ratio = next(f for f in res["figures"] if "int8_auto p50 / compute bound" in f["name"])
     assert ratio["value"] == pytest.approx(bound["ratio"]) and res["cpu_peaks"]["int8"]["gmacs"] > 0
+    # The dynamic family's figure: the fastest of its files at least 3x smaller than float32.
+    rows = fam["tfopt"]
+    small = [
+        m
+        for m in ("dynamic", "dynamic_selective", "dynamic_auto", "int8_weights")
+        if rows[m]["size_ratio_vs_float32"] >= 3
+    ]
+    best = max(
+        small, key=lambda m: rows[m]["latency_interleaved"]["xnnpack/1t"]["speedup_vs_float32"]
+    )
+    dyn = next(f for f in res["figures"] if "fastest dynamic-family file" in f["name"])
+    assert dyn["detail"].startswith(best + ";"), (best, dyn["detail"])
+    assert dyn["value"] == pytest.approx(
+        statistics.median(rows[best]["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"])
+    )
     check_figures(res)  # every verdict follows from its numbers
