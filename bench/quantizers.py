@@ -17,8 +17,9 @@ What it does, in one run on one machine (BENCHMARKS.md, row B9q):
    ratio taken against the same round's float32.
 4. Per mode both make: LiteRT Quantizer / converter p50 per round (> 1: LiteRT's slower), size
    and accuracy on the whole test split; the verdict ``litert``, ``converter`` or ``tie`` (more
-   accurate beyond the standard error of the difference, else faster beyond the rounds' spread,
-   else more than 1% smaller).
+   accurate beyond the standard error of the difference, else more faithful to the Keras model
+   (top-1 agreement) beyond its standard error, else faster beyond the rounds' spread, else more
+   than 1% smaller).
 
 Writes ``bench/results/quantizers.json`` (figures via ``bench/_common.figure``).
 
@@ -176,15 +177,16 @@ def main(argv=None) -> int:
 
 def verdict(litert: dict, converter: dict, litert_rounds: list, converter_rounds: list) -> str:
     """``litert``, ``converter`` or ``tie``: more accurate beyond the standard error of the
-    difference; else faster beyond the rounds' spread (every round of one faster than every round
-    of the other, :func:`tfopt.export.rounds.measurable`); else smaller by more than 1%."""
+    difference; else more faithful to the Keras model (top-1 agreement) beyond its standard error;
+    else faster beyond the rounds' spread (every round of one faster than every round of the
+    other, :func:`tfopt.export.rounds.measurable`); else smaller by more than 1%."""
     from tfopt.export.rounds import measurable
 
     n = litert["eval"]["examples"]
-    a, b = litert["eval"]["accuracy"], converter["eval"]["accuracy"]
-    se = math.sqrt((a * (1 - a) + b * (1 - b)) / n)
-    if abs(a - b) > se:
-        return "litert" if a > b else "converter"
+    for key in ("accuracy", "agreement"):
+        a, b = litert["eval"][key], converter["eval"][key]
+        if abs(a - b) > math.sqrt((a * (1 - a) + b * (1 - b)) / n):
+            return "litert" if a > b else "converter"
     if measurable(litert_rounds, converter_rounds):
         return "litert" if max(litert_rounds) < min(converter_rounds) else "converter"
     size = litert["size_bytes"] / converter["size_bytes"]
@@ -241,7 +243,8 @@ def summarize(p: Params, arms: dict, runs: dict, per: dict) -> dict:
                     "x",
                     digits=3,
                     detail=f"2 threads {median(ratios['xnnpack/2t']):.3f}; accuracy "
-                    f"{100 * lit['eval']['accuracy']:.2f}% vs {100 * conv['eval']['accuracy']:.2f}%; "
+                    f"{100 * lit['eval']['accuracy']:.2f}% vs {100 * conv['eval']['accuracy']:.2f}%; agreement "
+                    f"{lit['eval']['agreement']:.4f} vs {conv['eval']['agreement']:.4f}; "
                     f"size {lit['size_bytes']:,} vs {conv['size_bytes']:,} bytes; better: "
                     f"{compare[mode]['better']}",
                 )

@@ -49,8 +49,11 @@ def test_quantizers_benchmark_smoke(tmp_path):
 def test_the_verdict_weighs_accuracy_by_its_standard_error_then_speed_by_its_spread():
     from bench.quantizers import verdict
 
-    def row(acc, size=1000, n=1000):
-        return {"eval": {"accuracy": acc, "examples": n}, "size_bytes": size}
+    def row(acc, size=1000, n=1000, agreement=0.99):
+        return {
+            "eval": {"accuracy": acc, "agreement": agreement, "examples": n},
+            "size_bytes": size,
+        }
 
     fast, slow = [0.8, 0.9], [1.0, 1.1]
     assert verdict(row(0.90), row(0.90), fast, slow) == "litert"  # every round faster
@@ -58,6 +61,11 @@ def test_the_verdict_weighs_accuracy_by_its_standard_error_then_speed_by_its_spr
     assert verdict(row(0.90), row(0.90), slow, fast) == "converter"
     assert verdict(row(0.85), row(0.90), fast, slow) == "converter"  # 5 pt > SE ~ 1.5 pt
     assert verdict(row(0.905), row(0.90), slow, fast) == "converter"  # 0.5 pt < SE: speed decides
+    # as accurate, less faithful to the Keras model beyond the error (~0.4 pt): the other wins
+    assert verdict(row(0.90, agreement=0.98), row(0.90), fast, slow) == "converter"
+    assert (
+        verdict(row(0.90, agreement=0.988), row(0.90), slow, fast) == "converter"
+    )  # 0.2 pt: inside the error, speed decides
     # as accurate and as fast: the file more than 1% smaller
     assert verdict(row(0.90, 950), row(0.90), [0.9, 1.1], [1.0, 1.05]) == "litert"
     assert verdict(row(0.90, 995), row(0.90), [0.9, 1.1], [1.0, 1.05]) == "tie"

@@ -15,7 +15,6 @@ import pytest
 
 from tfopt.errors import ConfigError
 from tfopt.export import aeq, auto, benchmark, fidelity, ops, summary, tflite
-from tfopt.export.choices import DEFAULT_QUANTIZER
 from tfopt.export.cli import main as export_main
 from tfopt.export.evaluate import EvalResult, TFLiteModel, read_tflite
 from tfopt.export.runner import BenchSettings, ExportSettings
@@ -91,9 +90,7 @@ def test_litert_quantizer_makes_the_converter_modes_from_the_float_model(model, 
         model, mode, calibration=[x], options=ConvertOptions(quantizer="converter")
     )
     assert (litert.quantizer, converter.quantizer) == ("litert", "converter")
-    default = tflite.convert(model, mode, calibration=[x])  # the per-mode default (B9q)
-    assert default.quantizer == DEFAULT_QUANTIZER[mode]
-    assert default.content == {"litert": litert, "converter": converter}[default.quantizer].content
+    assert tflite.convert(model, mode, calibration=[x]).quantizer == "converter"  # B9q's default
     assert litert.recipe == aeq.named_recipe(mode) and converter.recipe is None
     assert litert.content != converter.content and litert.io == "float"
     # the same arithmetic per op as the converter's model of that mode, and the same outputs
@@ -105,21 +102,6 @@ def test_litert_quantizer_makes_the_converter_modes_from_the_float_model(model, 
     want = model.predict(x, verbose=0)
     _close(TFLiteModel(litert.content).predict(x), want)
     _close(TFLiteModel(converter.content).predict(x), want)
-
-
-def test_each_mode_has_its_default_quantizer_and_the_converter_keeps_what_only_it_does():
-    from tfopt.export.tflite import ConvertOptions
-
-    default = ConvertOptions()
-    assert {m: default.quantizer_for(m) for m in DEFAULT_QUANTIZER} == DEFAULT_QUANTIZER
-    assert "litert" in DEFAULT_QUANTIZER.values()  # the maintained path is a default somewhere
-    for mode in DEFAULT_QUANTIZER:
-        assert ConvertOptions(quantizer="litert").quantizer_for(mode) == "litert"
-        assert ConvertOptions(quantizer="converter").quantizer_for(mode) == "converter"
-        assert default.quantizer_for(mode, qat=True) == "converter"  # its ranges were trained
-        assert default.quantizer_for(mode, sparse=True) == "converter"  # sparse encoding
-    assert ConvertOptions(io="uint8").quantizer_for("int8") == "converter"  # integer I/O
-    assert default.quantizer_for("float32") == default.quantizer_for("int8_auto") == "converter"
 
 
 def test_the_quantizer_choice_is_checked_in_one_line():

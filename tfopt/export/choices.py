@@ -111,15 +111,6 @@ IO_TYPES = ("float", "int8", "uint8")
 #: only.
 QUANTIZERS = ("converter", "litert")
 BOTH_QUANTIZERS = ("dynamic", "float16", "int8", "int16x8")
-#: Who quantizes each of those when --quantizer is not given: the better path in benchmark B9q
-#: (bench/results/quantizers.json; docs/export.md, "Who quantizes", says why each is what it is).
-#: Integer I/O, QAT models and sparse encoding are the converter's whatever this says.
-DEFAULT_QUANTIZER = {
-    "dynamic": "converter",
-    "float16": "converter",
-    "int8": "converter",
-    "int16x8": "litert",
-}
 #: What an exported classifier gives out (``--outputs``; tfopt.export.outputs).
 OUTPUTS = ("probabilities", "logits")
 SPARSITY_CHOICES = ("auto", "on", "off")

@@ -95,12 +95,10 @@ def build_parser() -> cli.ArgumentParser:
     )
     g.add_argument(
         "--quantizer",
-        default="",
-        help="who quantizes dynamic, float16, int8 and int16x8: converter (the TFLite converter) or "
-        "litert (LiteRT Quantizer, ai-edge-quantizer, from the float32 model; float I/O) (default "
-        "per mode, the faster in benchmark B9q: "
-        + ", ".join(f"{m} {q}" for m, q in choices.DEFAULT_QUANTIZER.items())
-        + "; integer --io, QAT and sparse encoding are the converter's)",
+        default="converter",
+        help="who quantizes dynamic, float16, int8 and int16x8: converter (the TFLite converter; "
+        "the better path for each in benchmark B9q) or litert (LiteRT Quantizer, "
+        "ai-edge-quantizer, from the float32 model; float I/O) (default converter)",
     )
     g.add_argument(
         "--outputs",
@@ -325,8 +323,7 @@ def _check_args(args, given: set[str]) -> None:
     check_flags(args, given)  # parses --modes (for --from)
     choices.check_choice("io", args.io, choices.IO_TYPES, "--io")
     choices.check_choice("outputs", args.outputs, choices.OUTPUTS, "--outputs")
-    if args.quantizer:
-        choices.check_choice("quantizer", args.quantizer, choices.QUANTIZERS, "--quantizer")
+    choices.check_choice("quantizer", args.quantizer, choices.QUANTIZERS, "--quantizer")
     choices.check_choice("sparsity", args.sparsity, choices.SPARSITY_CHOICES, "--sparsity")
     choices.check_choice("kernels", args.kernels, choices.KERNELS, "--kernels")
     choices.parse_runtimes(args.runtime)

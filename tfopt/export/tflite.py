@@ -58,7 +58,6 @@ from tfopt.data.sources import DatasetInfo
 from tfopt.errors import ConfigError, ModelError
 from tfopt.export.choices import (
     BOTH_QUANTIZERS,
-    DEFAULT_QUANTIZER,
     IO_TYPES,
     MODES,
     QUANTIZERS,
@@ -100,8 +99,8 @@ class ConvertOptions:
         recipe: The ai-edge-quantizer recipe file of mode ``recipe``.
         quantizer: Who quantizes ``dynamic``, ``float16``, ``int8`` and ``int16x8``:
             ``converter`` (the TFLite converter) or ``litert`` (LiteRT Quantizer,
-            ai-edge-quantizer, from the float32 .tflite); empty = each mode's default
-            (``choices.DEFAULT_QUANTIZER``; see :meth:`quantizer_for`).
+            ai-edge-quantizer, from the float32 .tflite). The converter is the default: it was
+            the better path for every mode in benchmark B9q (docs/export.md, "Who quantizes").
     """
 
     io: str = "float"
@@ -109,32 +108,17 @@ class ConvertOptions:
     sparsity: str = "auto"
     strip_strings: bool = False
     recipe: str = ""
-    quantizer: str = ""
+    quantizer: str = "converter"
 
     def __post_init__(self):
         check_choice("io", self.io, IO_TYPES, "--io")
         check_choice("sparsity", self.sparsity, SPARSITY_CHOICES, "--sparsity")
-        if self.quantizer:
-            check_choice("quantizer", self.quantizer, QUANTIZERS, "--quantizer")
+        check_choice("quantizer", self.quantizer, QUANTIZERS, "--quantizer")
         if self.quantizer == "litert" and self.io != "float":
             raise ConfigError(
                 f"--io {self.io} is the converter's: tfopt's LiteRT Quantizer recipes keep float "
                 "I/O; drop --io or use --quantizer converter"
             )
-
-    def quantizer_for(self, mode: str, *, qat: bool = False, sparse: bool = False) -> str:
-        """Who quantizes ``mode``: ``litert`` or ``converter``.
-
-        ``--quantizer`` when given; else the mode's default (``choices.DEFAULT_QUANTIZER``), except
-        that integer I/O, a QAT model and the sparse weight encoding (``sparse``: the encoding is
-        on, or auto and the weights sparse enough) are the converter's only.
-        """
-        if mode not in BOTH_QUANTIZERS or qat:
-            return "converter"
-        if self.quantizer:
-            return self.quantizer
-        only_converter = (mode == "int8" and self.io != "float") or sparse
-        return "converter" if only_converter else DEFAULT_QUANTIZER[mode]
 
 
 @dataclass
@@ -487,11 +471,7 @@ def convert(
     if MODES.get(mode).quantizer:
         return _by_recipe(model, mode, calibration, options)
     qat = is_qat_model(model)
-    zeros = weight_sparsity(model)
-    encode = options.sparsity == "on" or (
-        options.sparsity == "auto" and zeros >= SPARSITY_THRESHOLD
-    )
-    if options.quantizer_for(mode, qat=qat, sparse=encode) == "litert":
+    if options.quantizer == "litert" and mode in BOTH_QUANTIZERS and not qat:
         return _by_recipe(model, mode, calibration, options)
     model = float32_copy(model)
     content = _run(
@@ -499,7 +479,8 @@ def convert(
     )
     notes: list[str] = []
     sparse = False
-    if encode:
+    zeros = weight_sparsity(model)
+    if options.sparsity == "on" or (options.sparsity == "auto" and zeros >= SPARSITY_THRESHOLD):
         sparse_content = _run(
             make_converter(model, mode, calibration=calibration, options=options, sparse=True),
             model,
