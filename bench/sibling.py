@@ -1,15 +1,20 @@
-"""Benchmark B11 (structured compression vs the narrower sibling): channel-pruned MobileNetV2 1.0 against MobileNetV2 0.5 / 0.35 trained from scratch.
+"""Benchmark B11 (structured compression vs the narrower sibling): channel-pruned MobileNetV2 1.0 against MobileNetV2 0.5 / 0.35 trained from scratch, at equal cost.
 
 What it does, in one run on one machine (BENCHMARKS.md, row B11):
 
 1. The dense model: B9's MobileNetV2 1.0 at 96x96, trained with ``tfopt.train`` on Fashion-MNIST
    written as PNG class folders (``folder:`` source), reused from B9's work directory.
-2. Pruned arms: ``tfopt.optimize --technique channel_prune --channels-flops F`` for F in 0.5 and
-   0.35 (one fine-tuning epoch inside the technique), then ``tfopt.distill`` with the dense model
-   as teacher for the rest of the fine-tuning epochs: the pruned network is the student.
-3. Siblings: ``keras.applications`` MobileNetV2 with ``alpha`` 0.5 and 0.35, trained from scratch
+2. Siblings: ``keras.applications`` MobileNetV2 with ``alpha`` 0.5 and 0.35, trained from scratch
    with ``tfopt.train`` on the same images for the same total epochs as a pruned arm (the dense
    model's epochs plus the fine-tuning epochs).
+3. Pruned arms, two per sibling, each matched to the sibling's cost: ``latency``, channel-pruned
+   with ``--target-latency-us`` set to the sibling's float .tflite p50 measured here at 1 thread
+   (the clock channel_prune aims with; a width multiplier and channel pruning keep the same
+   layer types, so equal float cost is the nearest match to equal int8 cost it can aim at, and
+   the int8 p50s are measured beside it); ``macs``, pruned to the sibling's multiply-adds as a
+   share of the dense model's (``--channels-flops``). Each: one fine-tuning epoch inside the
+   technique, then ``tfopt.distill`` with the dense model as teacher for the rest of the
+   fine-tuning epochs (the pruned network is the student).
 4. Every model exported by the library (float32 and int8, stripped) and scored on the test split
    (at least 5,000 images; the standard error of every accuracy is reported); the peer's int8 of
    every model: the LiteRT "Post-training quantization" guide's recipe on the same Keras model.
@@ -17,7 +22,9 @@ What it does, in one run on one machine (BENCHMARKS.md, row B11):
    every figure beside its compute bound on this CPU (:mod:`tfopt.export.roofline`).
 
 Targets (BENCHMARKS.md B11): at equal or lower int8 p50 the pruned model is >= 1 pt more accurate
-than the sibling (or at equal accuracy >= 1.2x faster); the dense-float-to-pruned-int8 speedup
+than the sibling (or at equal accuracy >= 1.2x faster); the verdict per pair says which to pick
+(``pruned``, ``sibling`` or ``tie``) from the accuracy difference against its standard error and
+the int8 speed against the rounds' spread; the dense-float-to-pruned-int8 speedup
 within 1.3x of the speedup the compute bounds allow (bound of the dense float model over bound of
 the pruned int8 one, depthwise at the fp32 rate as XNNPACK runs it); <= 1 pt below the dense model.
 
@@ -77,7 +84,8 @@ COMMAND = "PYTHONPATH=. python bench/sibling.py"
 class Params:
     """Everything that shapes the measurement (recorded in the JSON)."""
 
-    pairs: tuple = ((0.5, 0.5), (0.35, 0.35))  # (channel_prune FLOPs fraction, sibling alpha)
+    alphas: tuple = (0.5, 0.35)  # the siblings' width multipliers
+    matches: tuple = ("latency", "macs")  # how each pruned arm is matched to its sibling
     finetune_epochs: int = 4  # after pruning: 1 inside channel_prune, the rest distilled
     learning_rate: float = 1e-3
     round_to: int = 8
@@ -114,7 +122,7 @@ def parse_args(argv=None):
         )
         p = dataclasses.replace(
             p,
-            pairs=((0.5, 0.5),),
+            alphas=(0.5,),
             finetune_epochs=2,
             eval_limit=100,
             repeats=1,
@@ -135,28 +143,44 @@ def _cfg(run_dir: str, out_dir: str, epochs: int, p: Params):
     return config_lib.apply_overrides(run.config, overrides)
 
 
-def pruned_arm(dense: str, workdir: str, flops: float, p: Params) -> str:
-    """channel_prune to ``flops`` of the dense FLOPs (1 epoch), then distilled from the dense model."""
+def match_spec(dense: str, sibling: str, match: str, p: Params):
+    """The channel_prune spec that matches the dense model's pruned copy to ``sibling``'s cost:
+    its float .tflite p50 at 1 thread (``latency``) or its multiply-adds (``macs``)."""
+    from tfopt.models.io import load_model
+    from tfopt.optimize import latency
+    from tfopt.optimize.channel_prune import ChannelSpec
+    from tfopt.optimize.flops import model_macs
+
+    model = load_model(load_run(sibling).model_path)
+    if match == "latency":
+        return ChannelSpec(latency_us=latency.model_us(model, threads=1), round_to=p.round_to)
+    share = sum(model_macs(model).values()) / sum(
+        model_macs(load_model(load_run(dense).model_path)).values()
+    )
+    return ChannelSpec(flops=min(1.0, share), round_to=p.round_to)
+
+
+def pruned_arm(dense: str, workdir: str, tag: str, spec, p: Params) -> str:
+    """channel_prune by ``spec`` (1 epoch), then distilled from the dense model."""
     from tfopt.distill import run as distill
     from tfopt.distill.options import DistillOptions
-    from tfopt.optimize.channel_prune import ChannelSpec
     from tfopt.optimize.runner import OptimizeSettings
     from tfopt.optimize.runner import run as optimize
 
-    tag = f"f{flops:g}-e{p.finetune_epochs}{'-smoke' if p.smoke else ''}"
+    tag = f"{tag}-e{p.finetune_epochs}{'-smoke' if p.smoke else ''}"
     pruned, out = os.path.join(workdir, f"pruned-{tag}"), os.path.join(workdir, f"distilled-{tag}")
     if not os.path.exists(os.path.join(pruned, "run.json")):
         settings = OptimizeSettings(
             technique="channel_prune",
             epochs=1,
             learning_rate=p.learning_rate,
-            channels=ChannelSpec(flops=flops, round_to=p.round_to),
+            channels=spec,
             tensorboard=False,
         )
         cfg = _cfg(dense, pruned, 1, p)
         (outcome,) = optimize(dense, cfg, [settings], [pruned], keep_going=True)
         if not outcome.ok:
-            raise RuntimeError(f"channel_prune to {flops:g} of the FLOPs: {outcome.error}")
+            raise RuntimeError(f"channel_prune {tag}: {outcome.error}")
     if p.finetune_epochs > 1 and not os.path.exists(os.path.join(out, "run.json")):
         cfg = _cfg(dense, out, p.finetune_epochs - 1, p)
         student = load_run(pruned).model_path  # the pruned network, its weights included
@@ -213,6 +237,32 @@ def export_arm(run_dir: str, p: Params) -> dict:
     }
 
 
+MATCHED = {"latency": "float p50", "macs": "multiply-adds"}
+
+
+def verdict(gap_pt: float, gap_se: float, pruned_rounds, sibling_rounds) -> str:
+    """Which model to pick: ``pruned`` or ``sibling`` when one is more accurate (beyond the
+    standard error of the difference) and not slower (beyond the rounds' spread), or as accurate
+    and faster; ``tie`` when neither differs; ``trade-off`` when one is more accurate and the
+    other faster."""
+    from tfopt.export.rounds import measurable
+
+    acc = 0 if abs(gap_pt) <= gap_se else (1 if gap_pt > 0 else -1)
+    spd = 0
+    if measurable(pruned_rounds, sibling_rounds):
+        spd = 1 if max(pruned_rounds) < min(sibling_rounds) else -1
+    if acc * spd < 0:
+        return "trade-off"
+    return {1: "pruned", -1: "sibling", 0: "tie"}[acc or spd]
+
+
+def _target(spec) -> dict:
+    """What a pruned arm was aimed at, as recorded."""
+    if spec.latency_us:
+        return {"latency_us": spec.latency_us, "threads": spec.latency_threads}
+    return {"flops": spec.flops}
+
+
 def _se_pt(accuracy: float, n: int) -> float:
     """The standard error of an accuracy measured on ``n`` examples, in points."""
     return 100 * math.sqrt(max(accuracy * (1 - accuracy), 0.0) / max(n, 1))
@@ -221,7 +271,7 @@ def _se_pt(accuracy: float, n: int) -> float:
 def main(argv=None) -> int:
     p, gate, out, workdir, b9_workdir = parse_args(argv)
     t_start = time.perf_counter()
-    total = 2 + 2 * len(p.pairs) + p.repeats * len(SETTINGS)
+    total = 2 + (1 + len(p.matches)) * len(p.alphas) + p.repeats * len(SETTINGS)
     arms, timed = {}, {}
     with tqdm(total=total, desc="B11", unit="step", disable=None, file=sys.stderr) as bar:
         bar.set_postfix_str("the dense MobileNetV2 1.0 (B9's, trained once)")
@@ -229,13 +279,19 @@ def main(argv=None) -> int:
         dense = b9.ensure_run(b9_workdir, folder, p.b9, 1.0)
         arms["dense"] = export_arm(dense, p)
         bar.update(1)
-        for flops, alpha in p.pairs:
-            bar.set_postfix_str(f"channel_prune to {flops:g} of the FLOPs, distilled from dense")
-            arms[f"pruned_{flops:g}"] = export_arm(pruned_arm(dense, workdir, flops, p), p)
-            bar.update(1)
+        for alpha in p.alphas:
             bar.set_postfix_str(f"MobileNetV2 alpha {alpha:g} from scratch")
-            arms[f"sibling_{alpha:g}"] = export_arm(sibling_arm(b9_workdir, alpha, p), p)
+            sibling = sibling_arm(b9_workdir, alpha, p)
+            arms[f"sibling_{alpha:g}"] = export_arm(sibling, p)
             bar.update(1)
+            for match in p.matches:
+                bar.set_postfix_str(f"channel_prune to alpha {alpha:g}'s {match}, distilled")
+                spec = match_spec(dense, sibling, match, p)
+                run_dir = pruned_arm(dense, workdir, f"{match}-a{alpha:g}", spec, p)
+                arms[f"pruned_{match}_{alpha:g}"] = export_arm(run_dir, p) | {
+                    "matched": {"to": f"sibling_{alpha:g}", "by": match, **_target(spec)}
+                }
+                bar.update(1)
         for name, arm in arms.items():
             for mode, row in arm["rows"].items():
                 timed[f"{name}/{mode}"] = row["content"]
@@ -264,61 +320,70 @@ def summarize(p: Params, arms: dict, per: dict, peaks: dict) -> dict:
             }
             for mode, r in arm["rows"].items()
         }
-    figures = []
+    figures, verdicts = [], {}
     dense = out_arms["dense"]["modes"]
-    for flops, alpha in p.pairs:
-        pr, sib = out_arms[f"pruned_{flops:g}"]["modes"], out_arms[f"sibling_{alpha:g}"]["modes"]
-        gap = 100 * (pr["int8"]["accuracy"] - sib["int8"]["accuracy"])
-        gap_se = math.hypot(pr["int8"]["se_pt"], sib["int8"]["se_pt"])
-        faster = [s / q for s, q in zip(sib["int8"]["rounds"], pr["int8"]["rounds"])]
-        roof = pr["int8"]["roofline"]["xnnpack/1t"]
-        dense_roof = dense["float32"]["roofline"]["xnnpack/1t"]
-        speedup = dense["float32"]["p50_ms"] / pr["int8"]["p50_ms"]
-        bound_speedup = (
-            dense_roof["bound_ms"] / roof["bound_ms"]
-            if dense_roof["bound_ms"] and roof["bound_ms"]
-            else None
-        )
-        figures += [
-            figure(
-                f"pruned {flops:g} vs sibling alpha {alpha:g}: int8 accuracy difference",
-                [gap],
-                "pt",
-                target=TARGETS["accuracy_over_sibling_pt"] if median(faster) >= 1.0 else None,
-                anchor=ANCHOR,
-                detail=f"{100 * pr['int8']['accuracy']:.2f}% vs {100 * sib['int8']['accuracy']:.2f}% "
-                f"(n={pr['int8']['examples']}, standard error of the difference {gap_se:.2f} pt); "
-                f"the target applies at equal or lower int8 p50 (sibling / pruned {median(faster):.2f}x)",
-            ),
-            figure(
-                f"pruned {flops:g} vs sibling alpha {alpha:g}: int8 speed (sibling p50 / pruned p50)",
-                faster,
-                "x",
-                target=TARGETS["speed_over_sibling"] if abs(gap) <= gap_se else None,
-                detail=f"{1e3 * pr['int8']['p50_ms']:.0f} us vs {1e3 * sib['int8']['p50_ms']:.0f} us; "
-                "the target applies at equal accuracy (within one standard error)",
-            ),
-            figure(
-                f"pruned {flops:g} + int8: the bound's dense-to-pruned+int8 speedup / the measured one",
-                [bound_speedup / speedup] if bound_speedup else [],
-                "x",
-                target=TARGETS["int8_over_bound"],
-                detail=f"measured {speedup:.2f}x ({1e3 * dense['float32']['p50_ms']:.0f} -> "
-                f"{1e3 * pr['int8']['p50_ms']:.0f} us); the compute bounds allow "
-                f"{bound_speedup or float('nan'):.2f}x ({1e3 * (dense_roof['bound_ms'] or 0):.0f} -> "
-                f"{1e3 * (roof['bound_ms'] or 0):.0f} us, {roof['macs'] / 1e6:.1f}M MACs); "
-                f"pruned int8 at {roof['ratio'] or float('nan'):.2f}x its bound; {roof['summary']}",
-            ),
-            figure(
-                f"pruned {flops:g}: accuracy loss vs the dense model (float32)",
-                [100 * (dense["float32"]["accuracy"] - pr["float32"]["accuracy"])],
-                "pt",
-                target=TARGETS["loss_vs_dense_pt"],
-                detail=f"dense {100 * dense['float32']['accuracy']:.2f}% vs pruned "
-                f"{100 * pr['float32']['accuracy']:.2f}% (standard error "
-                f"{math.hypot(dense['float32']['se_pt'], pr['float32']['se_pt']):.2f} pt)",
-            ),
-        ]
+    for alpha in p.alphas:
+        sib = out_arms[f"sibling_{alpha:g}"]["modes"]
+        for match in p.matches:
+            name = f"pruned_{match}_{alpha:g}"
+            pr = out_arms[name]["modes"]
+            pair = f"pruned to alpha {alpha:g}'s {MATCHED[match]} vs the sibling"
+            gap = 100 * (pr["int8"]["accuracy"] - sib["int8"]["accuracy"])
+            gap_se = math.hypot(pr["int8"]["se_pt"], sib["int8"]["se_pt"])
+            faster = [s / q for s, q in zip(sib["int8"]["rounds"], pr["int8"]["rounds"])]
+            verdicts[name] = verdict(gap, gap_se, pr["int8"]["rounds"], sib["int8"]["rounds"])
+            roof = pr["int8"]["roofline"]["xnnpack/1t"]
+            dense_roof = dense["float32"]["roofline"]["xnnpack/1t"]
+            speedup = dense["float32"]["p50_ms"] / pr["int8"]["p50_ms"]
+            bound_speedup = (
+                dense_roof["bound_ms"] / roof["bound_ms"]
+                if dense_roof["bound_ms"] and roof["bound_ms"]
+                else None
+            )
+            figures += [
+                figure(
+                    f"{pair}: int8 accuracy difference",
+                    [gap],
+                    "pt",
+                    target=TARGETS["accuracy_over_sibling_pt"] if median(faster) >= 1.0 else None,
+                    anchor=ANCHOR,
+                    detail=f"{100 * pr['int8']['accuracy']:.2f}% vs {100 * sib['int8']['accuracy']:.2f}% "
+                    f"(n={pr['int8']['examples']}, standard error of the difference {gap_se:.2f} pt); "
+                    f"the target applies at equal or lower int8 p50 (sibling / pruned "
+                    f"{median(faster):.2f}x); pick: {verdicts[name]}",
+                ),
+                figure(
+                    f"{pair}: int8 speed (sibling p50 / pruned p50)",
+                    faster,
+                    "x",
+                    target=TARGETS["speed_over_sibling"] if abs(gap) <= gap_se else None,
+                    detail=f"{1e3 * pr['int8']['p50_ms']:.0f} us vs {1e3 * sib['int8']['p50_ms']:.0f} us "
+                    f"(float32 {1e3 * pr['float32']['p50_ms']:.0f} vs {1e3 * sib['float32']['p50_ms']:.0f} "
+                    f"us); {roof['macs'] / 1e6:.1f}M vs "
+                    f"{sib['int8']['roofline']['xnnpack/1t']['macs'] / 1e6:.1f}M MACs; the target "
+                    "applies at equal accuracy (within one standard error)",
+                ),
+                figure(
+                    f"{pair} + int8: the bound's dense-to-pruned+int8 speedup / the measured one",
+                    [bound_speedup / speedup] if bound_speedup else [],
+                    "x",
+                    target=TARGETS["int8_over_bound"],
+                    detail=f"measured {speedup:.2f}x ({1e3 * dense['float32']['p50_ms']:.0f} -> "
+                    f"{1e3 * pr['int8']['p50_ms']:.0f} us); the compute bounds allow "
+                    f"{bound_speedup or float('nan'):.2f}x ({1e3 * (dense_roof['bound_ms'] or 0):.0f} -> "
+                    f"{1e3 * (roof['bound_ms'] or 0):.0f} us, {roof['macs'] / 1e6:.1f}M MACs); "
+                    f"pruned int8 at {roof['ratio'] or float('nan'):.2f}x its bound; {roof['summary']}",
+                ),
+                figure(
+                    f"{pair}: accuracy loss vs the dense model (float32)",
+                    [100 * (dense["float32"]["accuracy"] - pr["float32"]["accuracy"])],
+                    "pt",
+                    target=TARGETS["loss_vs_dense_pt"],
+                    detail=f"dense {100 * dense['float32']['accuracy']:.2f}% vs pruned "
+                    f"{100 * pr['float32']['accuracy']:.2f}% (standard error "
+                    f"{math.hypot(dense['float32']['se_pt'], pr['float32']['se_pt']):.2f} pt)",
+                ),
+            ]
     return result(
         "B11",
         "structured compression vs the narrower sibling",
@@ -327,10 +392,17 @@ def summarize(p: Params, arms: dict, per: dict, peaks: dict) -> dict:
         benchmark="B11 channel-pruned MobileNetV2 1.0 vs MobileNetV2 0.5 / 0.35",
         params=dataclasses.asdict(p),
         arms=out_arms,
+        verdicts=verdicts,
         latency_rounds=per,
         cpu_peaks=peaks,
         peer={"guide": guide.GUIDE, "url": guide.URL},
     )
+
+
+def _aim(matched: dict) -> str:
+    if "latency_us" in matched:
+        return f"float p50 {matched['latency_us']:.0f} us, {matched['threads']} thread(s)"
+    return f"{matched['flops']:.3f} of the dense multiply-adds"
 
 
 def report(res: dict) -> str:
@@ -370,6 +442,25 @@ def report(res: dict) -> str:
                 rows,
             ),  # fmt: skip
             f"Bounds: {roofline.peak_summary(res['cpu_peaks'])}.",
+            markdown_table(
+                ["pruned arm", "matched to", "aimed at", "int8 acc pt vs sibling", "pick"],
+                [
+                    [
+                        name,
+                        res["arms"][name]["matched"]["to"],
+                        _aim(res["arms"][name]["matched"]),
+                        f"{100 * (arm['int8']['accuracy'] - sib['int8']['accuracy']):+.2f}",
+                        pick,
+                    ]
+                    for name, pick in res["verdicts"].items()
+                    for arm, sib in [
+                        (
+                            res["arms"][name]["modes"],
+                            res["arms"][res["arms"][name]["matched"]["to"]]["modes"],
+                        )
+                    ]
+                ],
+            ),
             figures_table(res["figures"]),
         ]
     )
