@@ -43,11 +43,11 @@ CAUSES: dict[str, dict[str, str]] = {
         "mixed_bfloat16": "the repeats span both sides of zero: within this machine's noise.",
     },
     "B9": {
-        "mobilenetv2_1: int8_auto speedup": "int8 runs at 2.24x its compute bound against float's "
-        "1.46x: the depthwise convolutions keep the fp32 rate in int8 (33% of the int8 time, 18 of "
+        "mobilenetv2_1: int8_auto speedup": "int8 runs at 2.26x its compute bound against float's "
+        "1.48x: the depthwise convolutions keep the fp32 rate in int8 (33% of the int8 time, 18 of "
         "59 GMAC/s; XNNPACK's x86 int8 depthwise kernels) while the regular ones reach 125 of 236; "
         "int8_auto keeps no op float here, and the LiteRT guide's plain int8 on the same model "
-        "gains the same 2.16x.",
+        "gains 2.15x.",
         "mobilenetv2_1: int8_auto size": "int8_auto is plain int8 here (no op kept float); its "
         "int32 biases and per-channel scales and zero points stay beside the int8 weights: the "
         "guide's plain int8 is 3.28x smaller, no more.",
