@@ -23,7 +23,7 @@ from tfopt.export.tflite import ConvertOptions
 from tfopt.train import run as train
 
 CLIENT = os.path.join(os.path.dirname(__file__), "mediapipe_client.py")
-MODES = ("float32", "dynamic", "float16", "int8", "int8_auto", "int8_weights")
+MODES = ("float32", "dynamic", "dynamic_auto", "float16", "int8", "int8_auto", "int8_weights")
 CLASSES = ["digit_0", "digit_1", "digit_2"]
 # A Keras 3 model as Colab writes it: it scales its own pixels (Rescaling) and ends in a softmax.
 # argv: images root (train/, test/), model path. Prints its test accuracy fed as it was trained.
