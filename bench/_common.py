@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tfopt import log
-from tfopt.export.summary import markdown_table  # noqa: F401  (the benchmarks' tables: one implementation)
+from tfopt.core.tables import markdown_table  # noqa: F401  (the benchmarks' tables: one implementation)
 
 # The benchmarks are programs: tfopt's lines (precision auto's choice, a resume) show as the
 # commands print them.

@@ -58,8 +58,8 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.cpu import peaks  # noqa: E402
-from tfopt.export import roofline, tflite  # noqa: E402
+from tfopt.cpu import peak_summary, peaks  # noqa: E402
+from tfopt.export import tflite  # noqa: E402
 from tfopt.export.evaluate import load_split  # noqa: E402
 from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
 from tfopt.export.runner import run as export_run  # noqa: E402
@@ -512,7 +512,7 @@ def report(res: dict) -> str:
                 rows,
             )
         )
-    parts.append(f"Bounds: {roofline.peak_summary(res['cpu_peaks'])}.")
+    parts.append(f"Bounds: {peak_summary(res['cpu_peaks'])}.")
     parts.append(figures_table(res["figures"]))
     return "\n\n".join(parts)
 

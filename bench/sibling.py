@@ -62,8 +62,8 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.cpu import peaks  # noqa: E402
-from tfopt.export import roofline, tflite  # noqa: E402
+from tfopt.cpu import peak_summary, peaks  # noqa: E402
+from tfopt.export import tflite  # noqa: E402
 from tfopt.export.evaluate import load_split  # noqa: E402
 from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
 from tfopt.export.runner import run as export_run  # noqa: E402
@@ -146,10 +146,10 @@ def _cfg(run_dir: str, out_dir: str, epochs: int, p: Params):
 def match_spec(dense: str, sibling: str, match: str, p: Params):
     """The channel_prune spec that matches the dense model's pruned copy to ``sibling``'s cost:
     its float .tflite p50 at 1 thread (``latency``) or its multiply-adds (``macs``)."""
+    from tfopt.compress import latency
+    from tfopt.compress.channel_prune import ChannelSpec
+    from tfopt.compress.flops import model_macs
     from tfopt.models.io import load_model
-    from tfopt.optimize import latency
-    from tfopt.optimize.channel_prune import ChannelSpec
-    from tfopt.optimize.flops import model_macs
 
     model = load_model(load_run(sibling).model_path)
     if match == "latency":
@@ -441,7 +441,7 @@ def report(res: dict) -> str:
                 ],
                 rows,
             ),  # fmt: skip
-            f"Bounds: {roofline.peak_summary(res['cpu_peaks'])}.",
+            f"Bounds: {peak_summary(res['cpu_peaks'])}.",
             markdown_table(
                 ["pruned arm", "matched to", "aimed at", "int8 acc pt vs sibling", "pick"],
                 [

@@ -60,8 +60,8 @@ from bench._common import (  # noqa: E402
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from bench.peers import tfmot_xnnpack_guide as peers  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.cpu import peaks  # noqa: E402
-from tfopt.export import roofline, tflite  # noqa: E402
+from tfopt.cpu import peak_summary, peaks  # noqa: E402
+from tfopt.export import tflite  # noqa: E402
 from tfopt.export.evaluate import load_split  # noqa: E402
 from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
 from tfopt.export.runner import run as export_run  # noqa: E402
@@ -198,8 +198,8 @@ def ensure_base(family: str, workdir: str, b9_workdir: str, p: Params) -> str:
 
 def fine_tune_arms(base: str, workdir: str, family: str, p: Params) -> dict:
     """The dense control (tfopt.train) and the two structured arms (tfopt.optimize): run directories."""
-    from tfopt.optimize.channel_prune import ChannelSpec
-    from tfopt.optimize.low_rank import LowRankSpec
+    from tfopt.compress.channel_prune import ChannelSpec
+    from tfopt.compress.low_rank import LowRankSpec
     from tfopt.optimize.runner import OptimizeSettings
     from tfopt.optimize.runner import run as optimize
     from tfopt.train import run as train
@@ -221,8 +221,8 @@ def fine_tune_arms(base: str, workdir: str, family: str, p: Params) -> dict:
             cfg,
         )
         train(control)
+    from tfopt.compress.latency import model_us
     from tfopt.models.io import load_model
-    from tfopt.optimize.latency import model_us
 
     dense_us = model_us(
         load_model(run.model_path)
@@ -302,7 +302,7 @@ def export_arm(run_dir: str, p: Params) -> dict:
 
 
 def _params_and_macs(model) -> dict:
-    from tfopt.optimize.flops import model_macs
+    from tfopt.compress.flops import model_macs
 
     return {"params": int(model.count_params()), "macs": int(sum(model_macs(model).values()))}
 
@@ -587,7 +587,7 @@ def report(res: dict) -> str:
                 rows,
             )
         )
-    parts.append(f"Bounds: {roofline.peak_summary(res['cpu_peaks'])}.")
+    parts.append(f"Bounds: {peak_summary(res['cpu_peaks'])}.")
     parts.append(figures_table(res["figures"]))
     return "\n\n".join(parts)
 

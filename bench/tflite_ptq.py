@@ -11,7 +11,7 @@ What it does, in one run on one machine (BENCHMARKS.md, row B5):
    kernel is slower kept in float, candidates timed end to end and gated on the validation split.
    Every model is scored on the whole MNIST test split (10k): accuracy, top-1 agreement with Keras.
 3. QAT against an equally trained control: from the same trained model, (a) tfmot QAT through
-   ``tfopt.optimize.quantize.wrap`` fine-tuned 1 epoch, converted to int8; (b) the float model
+   ``tfopt.compress.quantize.wrap`` fine-tuned 1 epoch, converted to int8; (b) the float model
    fine-tuned the same epoch with the same optimizer and data stream. Loss = (b)'s Keras test
    accuracy - (a)'s .tflite test accuracy; ``--qat-seeds`` seeds (the fine-tuning order).
 4. Peers on the same data and machine: TF's "Post-training integer quantization" tutorial
@@ -234,9 +234,9 @@ def plain_sizes(model, run) -> dict:
 
 
 def qat_vs_control(run, model, p: Params, seed: int, x, y) -> dict:
-    """QAT (tfopt.optimize.quantize.wrap) and the float control, each fine-tuned the same epoch(s)."""
+    """QAT (tfopt.compress.quantize.wrap) and the float control, each fine-tuned the same epoch(s)."""
+    from tfopt.compress import quantize
     from tfopt.data.pipeline import make_dataset
-    from tfopt.optimize import quantize
 
     data = dataclasses.replace(run.config.data, seed=seed)
     steps = (

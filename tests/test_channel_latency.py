@@ -7,12 +7,12 @@ from tfopt._keras import keras
 import numpy as np
 import pytest
 
+from tfopt.compress import channel_prune as cp
+from tfopt.compress import latency
+from tfopt.compress.channels import trace
+from tfopt.compress.common import OptimizeError
+from tfopt.compress.flops import model_macs
 from tfopt.models.registry import cnn
-from tfopt.optimize import channel_prune as cp
-from tfopt.optimize import latency
-from tfopt.optimize.channels import trace
-from tfopt.optimize.common import OptimizeError
-from tfopt.optimize.flops import model_macs
 
 L = keras.layers
 

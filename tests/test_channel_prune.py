@@ -11,9 +11,9 @@ from tfopt._keras import keras
 import numpy as np
 import pytest
 
-from tfopt.optimize import channel_prune as cp
-from tfopt.optimize.common import OptimizeError, Selection
-from tfopt.optimize.flops import model_macs
+from tfopt.compress import channel_prune as cp
+from tfopt.compress.common import OptimizeError, Selection
+from tfopt.compress.flops import model_macs
 
 L = keras.layers
 

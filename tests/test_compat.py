@@ -504,7 +504,7 @@ def test_pruning_still_fails_in_a_mixed_dtype_under_mirrored_strategy():
 
 
 def test_clustering_still_fails_in_a_mixed_dtype():
-    from tfopt.optimize.cluster import INITS
+    from tfopt.compress.cluster import INITS
 
     policy = "mixed_bfloat16"
     working = []

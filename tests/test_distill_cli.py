@@ -258,7 +258,7 @@ def test_multi_worker_mirrored_two_real_processes_with_qat(tmp_path, mnist_run, 
         run["distill"]["compression"]["technique"] == "qat"
         and run["distill"]["compression"]["layers"]
     )
-    from tfopt.optimize.quantize import is_qat_model, load_quantized_model
+    from tfopt.compress.quantize import is_qat_model, load_quantized_model
 
     assert is_qat_model(
         load_quantized_model(str(tmp_path / "run" / "model.keras"))

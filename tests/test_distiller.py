@@ -290,8 +290,8 @@ def test_feature_distillation_with_a_learned_projection(mnist, mnist_run):
 
 
 def _save_compressed(distiller, out):
+    from tfopt.compress.student import plain_copy
     from tfopt.models.io import save_model
-    from tfopt.optimize.student import plain_copy
 
     return save_model(plain_copy(distiller.student), str(out))
 
@@ -377,9 +377,9 @@ def test_cluster_wrapped_student_distils_then_strips(mnist, mnist_run, tmp_path)
 
 @pytest.mark.slow
 def test_qat_wrapped_student_distils_saves_reloads_and_converts_to_int8(mnist, mnist_run, tmp_path):
+    from tfopt.compress.quantize import QatSpec, load_quantized_model, wrap
     from tfopt.export.evaluate import TFLiteModel
     from tfopt.export.tflite import convert
-    from tfopt.optimize.quantize import QatSpec, load_quantized_model, wrap
 
     teacher = load_model(load_run(mnist_run).model_path)
     qat = wrap(_student(14), QatSpec())

@@ -591,13 +591,13 @@ def test_converter_errors_become_one_line_and_bugs_keep_their_traceback():
         "op nor a flex op\n<unknown>:0: note: see current operation: ...\nerror: failed"
     )
     with pytest.raises(tflite.ConversionError) as err:
-        tflite._run(_FakeConverter(refused), model, "float32", tflite.ConvertOptions())
+        tflite.run_converter(_FakeConverter(refused), model, "float32", tflite.ConvertOptions())
     assert "MatrixDeterminant" in str(err.value) and "\n" not in str(err.value)
     calibration = RuntimeError("Attempting to resize dimension 1 of tensor 0 with value 4 to 5.")
     with pytest.raises(
         tflite.ConversionError, match="cannot convert to 'int8': Attempting to resize"
     ):
-        tflite._run(_FakeConverter(calibration), model, "int8", tflite.ConvertOptions())
+        tflite.run_converter(_FakeConverter(calibration), model, "int8", tflite.ConvertOptions())
     # A bug (ours or the converter's), memory exhaustion, a missing feature: the original exception.
     for bug in (
         ZeroDivisionError("division by zero"),
@@ -606,7 +606,7 @@ def test_converter_errors_become_one_line_and_bugs_keep_their_traceback():
         TypeError("unsupported operand"),
     ):
         with pytest.raises(type(bug)) as err:
-            tflite._run(_FakeConverter(bug), model, "float32", tflite.ConvertOptions())
+            tflite.run_converter(_FakeConverter(bug), model, "float32", tflite.ConvertOptions())
         assert err.value is bug
 
 
@@ -620,7 +620,7 @@ class QuantizeWrapper(keras.layers.Layer):
 def test_qat_detection_uses_tfmots_classes_not_names():
     import tensorflow_model_optimization as tfmot
 
-    from tfopt.optimize.quantize import is_qat_model
+    from tfopt.compress.quantize import is_qat_model
 
     inputs = keras.Input((8, 8, 1))
     lookalike = keras.Model(
@@ -638,8 +638,8 @@ def test_export_strips_pruning_and_clustering_wrappers_but_keeps_qat(monkeypatch
     import tensorflow_model_optimization as tfmot
 
     from tfopt._compat import CLUSTER_WRAPPERS, PRUNE_WRAPPERS
+    from tfopt.compress.common import all_layers, strip_wrappers
     from tfopt.export import runner
-    from tfopt.optimize.common import all_layers, strip_wrappers
 
     pruned = tfmot.sparsity.keras.prune_low_magnitude(_tiny_model())
     clustered = tfmot.clustering.keras.cluster_weights(

@@ -579,7 +579,7 @@ def _tfmot_initial_centroids(kernel, init, k):
         clustering_centroids,
     )
 
-    from tfopt.optimize.cluster import INITS
+    from tfopt.compress.cluster import INITS
 
     factory = clustering_centroids.CentroidsInitializerFactory.get_centroid_initializer(INITS[init])
     return np.asarray(factory(tf.constant(kernel), k).get_cluster_centroids())

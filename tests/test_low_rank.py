@@ -5,11 +5,11 @@ from tfopt._keras import keras
 import numpy as np
 import pytest
 
+from tfopt.compress import low_rank as lr
+from tfopt.compress.common import OptimizeError, Selection
+from tfopt.compress.flops import model_macs
+from tfopt.compress.surgery import Graph
 from tfopt.export.benchmark import keras_cost
-from tfopt.optimize import low_rank as lr
-from tfopt.optimize.common import OptimizeError, Selection
-from tfopt.optimize.flops import model_macs
-from tfopt.optimize.surgery import Graph
 
 L = keras.layers
 

@@ -190,7 +190,7 @@ def _doc(rows) -> str:
 
     import tensorflow_model_optimization as tfmot
 
-    from tfopt.optimize.techniques import MIXED_NOTES, TECHNIQUES
+    from tfopt.compress.techniques import MIXED_NOTES, TECHNIQUES
 
     order = {
         (s, p): i

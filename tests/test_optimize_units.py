@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow_model_optimization as tfmot
 
-from tfopt.optimize import cluster as cluster_lib
-from tfopt.optimize import prune as prune_lib
-from tfopt.optimize import quantize as quantize_lib
-from tfopt.optimize.common import OptimizeError, Selection, m_by_n_violations, rebuild, weight_table
+from tfopt.compress import cluster as cluster_lib
+from tfopt.compress import prune as prune_lib
+from tfopt.compress import quantize as quantize_lib
+from tfopt.compress.common import OptimizeError, Selection, m_by_n_violations, rebuild, weight_table
 from tfopt.optimize.inspect import format_report, inspect_model
 
 

@@ -1,6 +1,9 @@
 """tfopt: train TensorFlow models under any tf.distribute strategy and ship them to the edge."""
 
+from tfopt import _moved
 from tfopt._version import __version__
+
+_moved.install()
 
 __all__ = ["Distiller", "__version__", "keras", "tf"]
 

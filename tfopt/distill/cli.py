@@ -18,10 +18,10 @@ import json
 
 from tfopt import cli, flagcheck
 from tfopt import config as config_lib
+from tfopt.compress.techniques import ONE_PHASE
 from tfopt.config import COMBINE_MODES
 from tfopt.distill.options import DistillOptions, parse_feature
 from tfopt.errors import ConfigError
-from tfopt.optimize.techniques import ONE_PHASE
 
 PROG = "tfopt distill"
 DESCRIPTION = (
@@ -31,7 +31,7 @@ DESCRIPTION = (
 # The student's training recipe where the user sets none (flags, --set and --config win); chosen
 # on validation with the temperature and alpha defaults (DistillOptions), see the module doc.
 RECIPE = {("train", "learning_rate"): 0.01, ("data", "augment"): "shift"}
-# The --technique each compression flag is read by (tfopt.optimize.student.wrap).
+# The --technique each compression flag is read by (tfopt.compress.student.wrap).
 FLAG_USERS = {"--sparsity": ("prune",), "--clusters": ("cluster",)}
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfopt.compress.techniques import ONE_PHASE
 from tfopt.config import COMBINE_MODES, DistillConfig
 from tfopt.errors import ConfigError
-from tfopt.optimize.techniques import ONE_PHASE
 
 _LOSS = DistillConfig()
 
@@ -23,7 +23,7 @@ class DistillOptions:
         combine: ``probs`` or ``logits``.
         features: ``(teacher_layer, student_layer, teacher_index)`` pairs for feature distillation.
         feature_weight: Weight of the feature term.
-        technique: Compress while distilling: one of ``tfopt.optimize.techniques.ONE_PHASE``.
+        technique: Compress while distilling: one of ``tfopt.compress.techniques.ONE_PHASE``.
         sparsity: Target sparsity for ``prune``.
         clusters: Centroids per kernel for ``cluster``.
         baseline: Run directory of the same student trained without a teacher (gap closed).

@@ -2,7 +2,7 @@
 
 One run: the Job (cluster, strategy, precision, data) -> teachers loaded (safe loader) inside
 ``strategy.scope()`` and scored on the validation split (strategy-free copies) -> the student
-built and, for ``--technique prune|cluster|qat``, wrapped by :mod:`tfopt.optimize.student` so
+built and, for ``--technique prune|cluster|qat``, wrapped by :mod:`tfopt.compress.student` so
 that compression keeps learning from the teachers -> ``Distiller.fit`` with the Job's callbacks
 -> the chief scores the plain student and the teachers on the test split, saves the student and
 commits a NEW run directory (``run.json``'s ``distill`` section: settings, teachers and their
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tfopt.compress import student as student_lib
+from tfopt.compress.common import compile_for_eval
 from tfopt.config import DataConfig, RunConfig
 from tfopt.distill.options import DistillOptions
 from tfopt.errors import ConfigError, ModelError
 from tfopt.models import inputs, sources
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
 from tfopt.models.io import save_model
-from tfopt.optimize import student as student_lib
-from tfopt.optimize.common import compile_for_eval
 from tfopt.runs import Run, RunRecord, load_input, refuse_input_as_output
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
@@ -134,6 +134,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
         "distill",
         options={**opts.to_dict(), "teacher_digests": [r.digest for r in teacher_runs]},
         overwrite=overwrite,
+        build_model=sources.build_model,
     )
     with job:  # seeded by the Job: train.seed (initial weights, dropout), data.seed (order, shifts)
         steps = job.steps_per_epoch()

@@ -35,7 +35,7 @@ import numpy as np
 
 from tfopt.errors import ConfigError
 from tfopt.export import benchmark as bench
-from tfopt.export import fidelity, tflite
+from tfopt.export import converter, fidelity
 from tfopt.export.evaluate import EvalResult
 from tfopt.export.ops import OpRunner, model_ops, single_op_model
 from tfopt.log import PROGRESS
@@ -265,12 +265,12 @@ def pair_ops(
     """Pairs every op of the float model with its int8 counterpart: ``[(float index, int8 index)]``.
 
     Raises:
-        tflite.ConversionError: the two models do not hold the same ops in the same order.
+        converter.ConversionError: the two models do not hold the same ops in the same order.
     """
     f = [i for i, (op, _) in enumerate(float_ops) if op not in _BORDER_OPS]
     q = [i for i, (op, _) in enumerate(int8_ops) if op not in _BORDER_OPS]
     if [float_ops[i][0] for i in f] != [int8_ops[i][0] for i in q]:
-        raise tflite.ConversionError(
+        raise converter.ConversionError(
             "int8_auto cannot pair the ops of the float32 and int8 models (float: "
             f"{', '.join(float_ops[i][0] for i in f)}; int8: {', '.join(int8_ops[i][0] for i in q)}); "
             "export --modes int8 (with --float-layers to keep layers in float) instead"
@@ -371,7 +371,7 @@ def search(
 
     Raises:
         ConfigError: bad ``max_candidates``, ``rounds``, ``runs`` or ``threads``.
-        tflite.ConversionError: the converter failed, or the float and int8 ops do not pair.
+        converter.ConversionError: the converter failed, or the float and int8 ops do not pair.
     """
     say = functools.partial(log.log, PROGRESS)  # shown unless --quiet
     counts = [threads] if isinstance(threads, int) else list(threads)
@@ -388,8 +388,8 @@ def search(
         candidate_sets([], max_candidates)  # raises the one-line error
     debugger = fidelity.quantization_debugger(model, calibration, list(calibration)[:1])
     nodes = {r.tensor_name for r in fidelity.rank_layers(debugger)}
-    float_content = tflite.convert(
-        model, "float32", options=tflite.ConvertOptions(sparsity="off")
+    float_content = converter.by_converter(
+        model, "float32", options=converter.ConvertOptions(sparsity="off")
     ).content
     int8_content = fidelity.requantize(debugger, [])
     say(

@@ -408,7 +408,8 @@ def _body(args, given: set[str]) -> int:
 
 
 def _work(args) -> int:
-    from tfopt.export import roofline, runner, ship, summary
+    from tfopt.cpu import peak_summary
+    from tfopt.export import runner, ship, summary
     from tfopt.export.fidelity import Thresholds
     from tfopt.export.tflite import ConvertOptions
     from tfopt.fileio import write_json
@@ -513,7 +514,7 @@ def _work(args) -> int:
     print(f"latency: batch 1 on {row['host']}, {bench.rounds} rounds")
     print(summary.export_table([row]))
     if row.get("roofline"):
-        print(f"{roofline.peak_summary(row['cpu_peaks'])}\n\n{summary.roofline_table([row])}")
+        print(f"{peak_summary(row['cpu_peaks'])}\n\n{summary.roofline_table([row])}")
     fastest = summary.fastest_runtime(row)
     if fastest:
         print(fastest)

@@ -24,8 +24,8 @@ import numpy as np
 
 from tfopt import native_stderr
 from tfopt.errors import ConfigError
+from tfopt.export.converter import ConvertOptions, make_converter, modify_io, representative_fn
 from tfopt.export.evaluate import EvalResult
-from tfopt.export.tflite import ConvertOptions, make_converter, modify_io, representative_fn
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ def _load(path: str, *, threads: int, trust_model: bool):
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(1)
         tf.config.list_physical_devices()
+    from tfopt.compress.common import strip_wrappers
     from tfopt.models.io import load_model
-    from tfopt.optimize.common import strip_wrappers
 
     # As the export stage sees it: pruning/clustering wrappers stripped, QAT wrappers kept.
     return strip_wrappers(load_model(path, trust_model=trust_model))

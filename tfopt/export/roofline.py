@@ -180,19 +180,3 @@ def measure(
             costs, peaks, p50_ms=latency[key]["p50_ms"], op_ms=op_ms, threads=threads
         )
     return out
-
-
-def peak_summary(peaks: dict) -> str:
-    """One line naming the peaks the bounds use, e.g. ``fp32 89 GMAC/s (vfmadd231ps zmm), ...``."""
-    parts = []
-    for kind in ("fp32", "int8"):
-        p = peaks.get(kind)
-        parts.append(
-            f"{kind} {p['gmacs']:.0f} GMAC/s ({p['instruction'].split(',')[0].replace('N', '')}, "
-            f"{p['instructions_per_cycle']:.2f}/cycle)"
-            if p
-            else f"{kind} unknown"
-        )
-    clock = f" at {peaks['clock_ghz']:.2f} GHz" if peaks.get("clock_ghz") else ""
-    why = f" ({peaks['unknown']})" if peaks.get("unknown") else ""
-    return f"one core's peaks{clock}: {', '.join(parts)}{why}"

@@ -26,8 +26,9 @@ from tfopt._keras import keras
 
 import numpy as np
 
+from tfopt.compress.common import strip_wrappers
 from tfopt.config import DataConfig, RunConfig
-from tfopt.cpu import has_int8_dot, host_label, host_words, peaks
+from tfopt.cpu import has_int8_dot, host_label, host_words, peak_summary, peaks
 from tfopt.data.sources import input_contract, prepare
 from tfopt.errors import ConfigError
 from tfopt.export import (
@@ -64,7 +65,6 @@ from tfopt.fileio import write_bytes, write_json, write_text
 from tfopt.log import PROGRESS
 from tfopt.models import inputs
 from tfopt.models.io import load_model, saved_by_keras3
-from tfopt.optimize.common import strip_wrappers
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input, refuse_input_as_output
 from tfopt.runtime import quality
 from tfopt.runtime.job import run_record
@@ -501,7 +501,7 @@ def _export(
     cpu_peaks = peaks()
     roofline_md = summary.roofline_table(rows)
     if roofline_md:
-        roofline_md = f"## Roofline\n\n{roofline.peak_summary(cpu_peaks)}.\n\n{roofline_md}\n"
+        roofline_md = f"## Roofline\n\n{peak_summary(cpu_peaks)}.\n\n{roofline_md}\n"
     write_text(
         os.path.join(out_dir, "export.md"),
         f"# Export of {run.source}\n\nLatency: batch 1 on {host_words()}, "

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from typing import Any
 
+from tfopt.core.tables import markdown_table
 from tfopt.fileio import write_bytes
 
 
@@ -34,20 +34,6 @@ def latency_keys(rows: Sequence[dict]) -> list[str]:
             if key not in keys:
                 keys.append(key)
     return keys
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A padded GitHub-flavoured markdown table."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-
-    def line(r):
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-
-    return "\n".join(
-        [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-        + [line(r) for r in cells[1:]]
-    )
 
 
 def _roofline_key(rows: Sequence[dict]) -> str | None:

@@ -23,7 +23,7 @@ Teachers are frozen (``trainable = False``, called with ``training=False`` so th
 statistics never move) and ``fit`` verifies that their weights are unchanged afterwards.
 ``evaluate`` and ``predict`` use the student alone; ``save`` saves the student alone;
 ``export_student`` writes the student. The Distiller trains whatever student it is given; to
-compress while distilling, wrap the student with :func:`tfopt.optimize.student.wrap` first.
+compress while distilling, wrap the student with :func:`tfopt.compress.student.wrap` first.
 """
 
 from __future__ import annotations
@@ -435,7 +435,7 @@ class Distiller(keras.Model):
         """A strategy-free copy of the student, for evaluation and saving.
 
         Every worker must call it under MultiWorkerMirroredStrategy (it reads the weights). A
-        student wrapped by tfmot is copied by :func:`tfopt.optimize.student.plain_copy` instead.
+        student wrapped by tfmot is copied by :func:`tfopt.compress.student.plain_copy` instead.
         """
         weights = sharding.full_weights(self.student)
 

@@ -16,8 +16,8 @@ import sys
 
 from tfopt import cli, flagcheck
 from tfopt import config as config_lib
+from tfopt.compress.techniques import TECHNIQUES
 from tfopt.errors import ConfigError
-from tfopt.optimize.techniques import TECHNIQUES
 from tfopt.specs import PRECISIONS, STRATEGIES
 
 PROG = "tfopt optimize"
@@ -368,11 +368,11 @@ def settings_for(args, technique: str):
     Without ``--frequency`` the pruning masks are updated about 20 times per phase (at most
     every 100 steps), counted from the real training split when the job starts.
     """
-    from tfopt.optimize.channel_prune import ChannelSpec
-    from tfopt.optimize.cluster import ClusterSpec
-    from tfopt.optimize.common import Selection
-    from tfopt.optimize.low_rank import LowRankSpec
-    from tfopt.optimize.prune import PruneSpec
+    from tfopt.compress.channel_prune import ChannelSpec
+    from tfopt.compress.cluster import ClusterSpec
+    from tfopt.compress.common import Selection
+    from tfopt.compress.low_rank import LowRankSpec
+    from tfopt.compress.prune import PruneSpec
     from tfopt.optimize.runner import OptimizeSettings
 
     phase_epochs = _phase_epochs(args.phase_epochs)

@@ -16,15 +16,15 @@ from dataclasses import asdict, dataclass
 
 from tfopt._keras import keras
 
+from tfopt.compress import cluster as cluster_lib
+from tfopt.compress import low_rank as low_rank_lib
+from tfopt.compress import prune as prune_lib
+from tfopt.compress import quantize as quantize_lib
+from tfopt.compress.channels import trace
+from tfopt.compress.common import check_model
+from tfopt.compress.flops import model_macs
+from tfopt.compress.surgery import fresh
 from tfopt.errors import TfoptError
-from tfopt.optimize import cluster as cluster_lib
-from tfopt.optimize import low_rank as low_rank_lib
-from tfopt.optimize import prune as prune_lib
-from tfopt.optimize import quantize as quantize_lib
-from tfopt.optimize.channels import trace
-from tfopt.optimize.common import check_model
-from tfopt.optimize.flops import model_macs
-from tfopt.optimize.surgery import fresh
 
 
 @dataclass

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from tfopt._keras import keras, tf
 
 from tfopt._compat import tfmot_layer_dtype
-from tfopt.optimize import channel_prune as channel_lib
-from tfopt.optimize import cluster as cluster_lib
-from tfopt.optimize import latency as latency_lib
-from tfopt.optimize import low_rank as low_rank_lib
-from tfopt.optimize import prune as prune_lib
-from tfopt.optimize import quantize as quantize_lib
-from tfopt.optimize.common import compute_dtypes, rebuild
-from tfopt.optimize.flops import model_macs
+from tfopt.compress import channel_prune as channel_lib
+from tfopt.compress import cluster as cluster_lib
+from tfopt.compress import latency as latency_lib
+from tfopt.compress import low_rank as low_rank_lib
+from tfopt.compress import prune as prune_lib
+from tfopt.compress import quantize as quantize_lib
+from tfopt.compress.common import compute_dtypes, rebuild
+from tfopt.compress.flops import model_macs
 from tfopt.runtime import sharding
 from tfopt.runtime.job import Job
 from tfopt.runtime.strategy import from_chief

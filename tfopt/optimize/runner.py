@@ -18,18 +18,13 @@ from dataclasses import dataclass, field, replace
 
 from tfopt._keras import keras
 
-from tfopt.config import RunConfig
-from tfopt.errors import TfoptError
-from tfopt.fileio import atomic_path, write_json, write_text
-from tfopt.models import inputs, sources
-from tfopt.models.io import save_model
-from tfopt.optimize import channel_prune as channel_lib
-from tfopt.optimize import cluster as cluster_lib
-from tfopt.optimize import low_rank as low_rank_lib
-from tfopt.optimize import prune as prune_lib
-from tfopt.optimize import quantize as quantize_lib
-from tfopt.optimize import techniques
-from tfopt.optimize.common import (
+from tfopt.compress import channel_prune as channel_lib
+from tfopt.compress import cluster as cluster_lib
+from tfopt.compress import low_rank as low_rank_lib
+from tfopt.compress import prune as prune_lib
+from tfopt.compress import quantize as quantize_lib
+from tfopt.compress import techniques
+from tfopt.compress.common import (
     OptimizeError,
     Selection,
     check_model,
@@ -40,6 +35,11 @@ from tfopt.optimize.common import (
     weight_table,
     weights_gzip_bytes,
 )
+from tfopt.config import RunConfig
+from tfopt.errors import TfoptError
+from tfopt.fileio import atomic_path, write_json, write_text
+from tfopt.models import inputs, sources
+from tfopt.models.io import save_model
 from tfopt.optimize.phases import Context, FineTune, run_chain
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input, refuse_input_as_output
 from tfopt.runtime import precision as precision_lib
@@ -221,7 +221,7 @@ def run(
     source = load_input(
         from_dir, cfg
     )  # reads JSON (or hashes a file) only: no TensorFlow op before MultiWorkerMirrored exists
-    job = Job(cfg, "optimize", out_dir=False)
+    job = Job(cfg, "optimize", out_dir=False, build_model=sources.build_model)
     cluster = cluster_id(job.cluster)
     dirs = []
     try:

@@ -133,9 +133,9 @@ class PipelineConfig:
         Raises:
             ConfigError: a bad value (the message names it and the fix).
         """
+        from tfopt.compress.techniques import TECHNIQUES
         from tfopt.export.choices import parse_modes, parse_threads
         from tfopt.models.sources import check as check_model
-        from tfopt.optimize.techniques import TECHNIQUES
 
         if not self.name or os.sep in self.name:
             raise ConfigError(
@@ -297,7 +297,7 @@ def apply_overrides(cfg: PipelineConfig, overrides: list[str]) -> PipelineConfig
 
 def _refuse_unused_compress(given: set[str], techniques: tuple[str, ...]) -> None:
     """Refuses ``--set compress.sparsity``/``compress.flops`` that no chosen technique reads."""
-    from tfopt.optimize.techniques import STRUCTURAL, TECHNIQUES
+    from tfopt.compress.techniques import STRUCTURAL, TECHNIQUES
 
     readers = {
         "sparsity": [n for n, t in TECHNIQUES.items() if "prune" in t.phases and not t.m_by_n],

@@ -56,9 +56,9 @@ def run_stage(
             overwrite=True,
         )
     elif stage.kind == "optimize":
-        from tfopt.optimize.channel_prune import ChannelSpec
-        from tfopt.optimize.low_rank import LowRankSpec
-        from tfopt.optimize.prune import PruneSpec
+        from tfopt.compress.channel_prune import ChannelSpec
+        from tfopt.compress.low_rank import LowRankSpec
+        from tfopt.compress.prune import PruneSpec
         from tfopt.optimize.runner import OptimizeSettings, run
 
         s, c = cfg.student, cfg.compress

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 
 from tfopt import config as config_lib
+from tfopt.compress.techniques import STRUCTURAL, TECHNIQUES
 from tfopt.config import RunConfig
-from tfopt.optimize.techniques import STRUCTURAL, TECHNIQUES
 from tfopt.pipeline.config import PipelineConfig
 from tfopt.runs import fingerprint
 

@@ -11,7 +11,7 @@ import html as html_lib
 import re
 from collections.abc import Mapping, Sequence
 
-from tfopt.export.summary import markdown_table
+from tfopt.core.tables import markdown_table
 
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
 _CODE = re.compile(r"`([^`]+)`")

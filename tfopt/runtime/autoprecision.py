@@ -14,17 +14,12 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from tfopt._keras import keras, tf
 
 from tfopt import _compat
 from tfopt.data import pipeline
 from tfopt.runtime import precision
-from tfopt.specs import resolve as resolve_path
-
-if TYPE_CHECKING:  # the Job imports this module
-    from tfopt.runtime.job import Job
 
 MARGIN = 0.05  # a mixed policy must be more than 5% faster than float32 to be chosen
 WARMUP_STEPS = 1  # untimed steps per policy: the first call traces the step function
@@ -32,9 +27,6 @@ MIN_ROUNDS = 3  # timed steps per policy before ENOUGH_SECONDS can end the probe
 MAX_ROUNDS = 30
 ENOUGH_SECONDS = 3.0  # timed seconds (all policies) that make a probe long enough
 CLEAR_RATIO = 2.0  # after 2 rounds, a policy this much slower than another ends the probe
-# The model registry, named as the strategy factories in tfopt.specs are: the runtime layer
-# must not import tfopt.models (import-linter's one-way layers).
-MODEL_BUILDER = "tfopt.models.sources:build_model"
 
 
 @dataclass
@@ -168,24 +160,41 @@ def decide(
     return policy, reason, rates
 
 
-def resolve(job: Job) -> Probe:
-    """Probes the candidates for ``job`` (entered: strategy, data info) and returns the decision.
+def resolve(
+    cfg,
+    *,
+    build: Callable,
+    strategy: tf.distribute.Strategy,
+    info,
+    learning_rate,
+    local: bool,
+    workers: int,
+) -> Probe:
+    """Probes the candidate policies for a run and returns the decision.
 
-    Leaves the global policy at float32 and the random generators drawn from: the Job sets the
+    Leaves the global policy at float32 and the random generators drawn from: the caller sets the
     chosen policy and seeds again.
+
+    Args:
+        cfg: The run's ``RunConfig``.
+        build: ``build(model_cfg, image_shape, num_classes) -> keras.Model``, the stage's builder.
+        strategy: The run's strategy (entered by the caller), unless ``local``.
+        info: The dataset's ``DatasetInfo`` (image shape, classes).
+        learning_rate: What the optimizer of each candidate model is given.
+        local: Probe on this process's own CPU without the strategy (parameter servers: the
+            chief probes alone).
+        workers: Processes that agree on the timings through an all-reduce (1: no agreement).
+
+    Raises:
+        ConfigError: ``build`` does not know ``cfg.model``'s name (before any step ran).
     """
     started = time.perf_counter()
-    if job.evaluator:
-        return Probe("float32", "the evaluator trains nothing")
-    cfg = job.cfg
-    build = resolve_path(MODEL_BUILDER)
     policies = candidates(gpu="GPU" in precision.accelerators())
-    local = job.spec.needs_servers  # parameter servers: the chief probes on its own CPU (see above)
-    strategy = tf.distribute.get_strategy() if local else job.strategy
+    strategy = tf.distribute.get_strategy() if local else strategy
     data = dataclasses.replace(
         cfg.data, service="", deterministic=cfg.data.deterministic or cfg.runtime.deterministic
     )
-    fn = pipeline.dataset_fn(data, "train", training=True, info=job.info)
+    fn = pipeline.dataset_fn(data, "train", training=True, info=info)
     dataset = (
         fn(tf.distribute.InputContext())
         if local
@@ -198,9 +207,9 @@ def resolve(job: Job) -> Probe:
             precision.set_policy(policy)
             with strategy.scope():
                 # ConfigError for a name the registry lacks, before any step ran
-                model = build(cfg.model, job.info.image_shape, job.info.num_classes)
+                model = build(cfg.model, info.image_shape, info.num_classes)
                 model.compile(
-                    optimizer=keras.optimizers.Adam(job.learning_rate()),
+                    optimizer=keras.optimizers.Adam(learning_rate),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     metrics=["accuracy"],
                 )
@@ -218,9 +227,6 @@ def resolve(job: Job) -> Probe:
 
         return step
 
-    workers = (
-        1 if local else job.cluster.num_workers if (job.cluster and job.spec.multi_process) else 1
-    )
     agree = None if workers == 1 else (lambda values: _mean_over_workers(strategy, values))
     seconds, medians = measure({p: step_of(m) for p, m in models.items()}, agree=agree)
     policy, reason, rates = decide(medians, cfg.data.global_batch_size)

@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
 from tfopt._keras import keras, tf
@@ -201,6 +202,8 @@ class Job:
             ``runs/<stage>-2``, ...); ``False`` = the stage commits its own directories.
         options: The stage's own settings (plain data): part of the fingerprint and run.json.
         overwrite: Replace a finished run at ``out_dir``, or a work directory of another config.
+        build_model: ``build(model_cfg, image_shape, num_classes) -> keras.Model``: what
+            ``--precision auto`` times each candidate policy on (the stage's model builder).
 
     Raises:
         TfoptError: bad TF_CONFIG for the strategy, data source, or output directory; all of
@@ -215,8 +218,10 @@ class Job:
         out_dir: str | None | bool = None,
         options: dict | None = None,
         overwrite: bool = False,
+        build_model: Callable | None = None,
     ):
         self.cfg = cfg
+        self.build_model = build_model
         self.stage = stage
         self.spec = STRATEGIES.get(cfg.runtime.strategy)
         self.precision = PRECISIONS.get(cfg.runtime.precision)
@@ -344,7 +349,22 @@ class Job:
             if self.chief:
                 precision.warn_without_bf16_hardware(self.cfg.runtime.precision, prog)
             return
-        self.precision_probe = autoprecision.resolve(self)
+        if self.evaluator:
+            self.precision_probe = autoprecision.Probe("float32", "the evaluator trains nothing")
+        elif self.build_model is None:
+            raise TypeError(f"Job({self.stage!r}) needs build_model= for --precision auto")
+        else:
+            local = self.spec.needs_servers  # parameter servers: the chief probes on its own CPU
+            multi = self.cluster and self.spec.multi_process and not local
+            self.precision_probe = autoprecision.resolve(
+                self.cfg,
+                build=self.build_model,
+                strategy=self.strategy,
+                info=self.info,
+                learning_rate=self.learning_rate(),
+                local=local,
+                workers=self.cluster.num_workers if multi else 1,
+            )
         chosen = self.precision_probe.policy
         self.cfg = replace_config(self.cfg, runtime={"precision": chosen})
         self.precision = PRECISIONS.get(chosen)

@@ -55,6 +55,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         "train",
         overwrite=overwrite,
         options={"model": source} if source["form"] == "file" else None,
+        build_model=sources.build_model,
     ) as job:
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)

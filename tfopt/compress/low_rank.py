@@ -26,9 +26,9 @@ from tfopt._keras import keras
 
 import numpy as np
 
-from tfopt.optimize.common import OptimizeError, Selection
-from tfopt.optimize.flops import model_macs
-from tfopt.optimize.surgery import Graph, fresh
+from tfopt.compress.common import OptimizeError, Selection
+from tfopt.compress.flops import model_macs
+from tfopt.compress.surgery import Graph, fresh
 
 RANK_BY = ("energy", "flops")
 CONV = ("pointwise", "spatial")

@@ -21,7 +21,7 @@ from tfopt._keras import keras
 import numpy as np
 
 from tfopt._compat import is_graph_network
-from tfopt.optimize.common import OptimizeError
+from tfopt.compress.common import OptimizeError
 
 
 def functional(model: keras.Model) -> keras.Model:

@@ -21,7 +21,7 @@ from tfopt._compat import (
     cluster_registry_supports,
     clusterable_weight_names,
 )
-from tfopt.optimize.common import OptimizeError, Selection, check_model, weight_table
+from tfopt.compress.common import OptimizeError, Selection, check_model, weight_table
 
 _clustering = tfmot.clustering.keras
 _Init = _clustering.CentroidInitialization

@@ -1,7 +1,7 @@
 """The technique registry and what tfopt does with each strategy and precision policy.
 
 A technique is a list of phases, each one fine-tuning run with one kind of tfmot wrapper, or a
-structural edit of the model (:mod:`tfopt.optimize.surgery`) followed by plain fine-tuning:
+structural edit of the model (:mod:`tfopt.compress.surgery`) followed by plain fine-tuning:
 
     prune       prune                       (magnitude, schedule)
     prune_2of4  prune                       (2 zeros in every 4 weights)

@@ -48,7 +48,7 @@ from tfopt._keras import keras
 import tensorflow_model_optimization as tfmot
 
 from tfopt._compat import QUANTIZE_LAYERS, fix_for_keras_format, float32_global_policy
-from tfopt.optimize.common import OptimizeError, Selection, all_layers, check_model
+from tfopt.compress.common import OptimizeError, Selection, all_layers, check_model
 from tfopt.runtime import sharding
 
 _q = tfmot.quantization.keras

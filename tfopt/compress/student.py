@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 from tfopt._keras import keras
 
 from tfopt._compat import tfmot_layer_dtype
-from tfopt.optimize import cluster as cluster_lib
-from tfopt.optimize import prune as prune_lib
-from tfopt.optimize import quantize as quantize_lib
-from tfopt.optimize.common import (
+from tfopt.compress import cluster as cluster_lib
+from tfopt.compress import prune as prune_lib
+from tfopt.compress import quantize as quantize_lib
+from tfopt.compress.common import (
     OptimizeError,
     rebuild,
     strip_wrappers,
     total_sparsity,
     weight_table,
 )
-from tfopt.optimize.techniques import ONE_PHASE
+from tfopt.compress.techniques import ONE_PHASE
 from tfopt.runtime import precision, sharding
 
 
@@ -68,7 +68,7 @@ def wrap(
     policy = precision.policy_name()
 
     def float32_for(names):
-        # Under a mixed policy the wrapped layers compute in float32 (see tfopt.optimize.techniques).
+        # Under a mixed policy the wrapped layers compute in float32 (see tfopt.compress.techniques).
         return model if policy == "float32" else rebuild(model, policy, float32_layers=names)
 
     wrapper_dtype = tfmot_layer_dtype(policy)

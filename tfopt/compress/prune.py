@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow_model_optimization as tfmot
 
 from tfopt._compat import prunable_weight_names, prune_registry_supports
-from tfopt.optimize.common import (
+from tfopt.compress.common import (
     OptimizeError,
     Selection,
     check_model,

@@ -7,7 +7,7 @@
 A channel of a Conv2D, SeparableConv2D or Dense layer goes with the batch norm after it, the
 depthwise convolutions that follow it, and the matching input rows of every consumer (through
 ``Flatten`` into a Dense layer too). Channels tied by a residual ``Add``, a squeeze-and-excitation
-``Multiply`` or another join go as one class (:mod:`tfopt.optimize.channels`); what the tracer
+``Multiply`` or another join go as one class (:mod:`tfopt.compress.channels`); what the tracer
 cannot follow is kept whole and named.
 
 Importance: the L1 or L2 norm of a channel's kernel slice, or the batch norm's ``|gamma|`` after
@@ -16,7 +16,7 @@ Ranking: ``uniform`` removes the same share of every group of tied channels, ``g
 lowest-scoring classes model-wide (each group keeps at least ``round_to`` channels, and
 widths are rounded up to a multiple of ``round_to``). The target is a share of channels
 (``ratio``), of the model's multiply-adds (``flops``), or a LiteRT latency (``latency_us``,
-predicted from a table of timed layer widths, :mod:`tfopt.optimize.latency`); the last two are
+predicted from a table of timed layer widths, :mod:`tfopt.compress.latency`); the last two are
 reached by a scan and bisection on the share removed.
 """
 
@@ -29,11 +29,11 @@ from tfopt._keras import keras
 
 import numpy as np
 
-from tfopt.optimize import latency as latency_lib
-from tfopt.optimize.channels import Channels, trace
-from tfopt.optimize.common import OptimizeError, Selection
-from tfopt.optimize.flops import model_macs
-from tfopt.optimize.surgery import Graph, fresh
+from tfopt.compress import latency as latency_lib
+from tfopt.compress.channels import Channels, trace
+from tfopt.compress.common import OptimizeError, Selection
+from tfopt.compress.flops import model_macs
+from tfopt.compress.surgery import Graph, fresh
 
 L = keras.layers
 IMPORTANCE = ("l1", "l2", "bn", "taylor")
@@ -54,7 +54,7 @@ class ChannelSpec:
         round_to: Widths rounded up to a multiple of this (1 = exact); also each group's minimum.
         iterations: Prune in this many steps to the target, fine-tuning after each.
         latency_us: Target LiteRT p50 of the float .tflite at batch 1, in microseconds (0 = aim
-            at ``flops``), predicted from a table of timed layer widths (:mod:`tfopt.optimize.latency`).
+            at ``flops``), predicted from a table of timed layer widths (:mod:`tfopt.compress.latency`).
         latency_threads: Interpreter threads the latency is measured and aimed at with.
         selection: Layers whose output channels may be pruned; empty = all.
     """
@@ -304,7 +304,7 @@ def macs_after(
 ) -> int:
     """The model's multiply-adds per example with the ``removed`` classes gone (counted from widths).
 
-    ``macs``: the model's :func:`~tfopt.optimize.flops.model_macs`, when already counted.
+    ``macs``: the model's :func:`~tfopt.compress.flops.model_macs`, when already counted.
     """
     counts = _counts(model, ch, removed)
     macs = macs if macs is not None else model_macs(model)
@@ -352,7 +352,7 @@ def plan(
         spec: What to remove and how to rank.
         batches: ``(images, labels)`` training batches: ``taylor`` importance needs them.
         measure: For a latency target: ``(model, entries) -> times`` (default
-            :func:`tfopt.optimize.latency.time_signatures` at ``spec.latency_threads``); a
+            :func:`tfopt.compress.latency.time_signatures` at ``spec.latency_threads``); a
             multi-worker job passes one that every worker gets the chief's times from.
         steps_left: For a latency target: this step goes ``1 / steps_left`` of the way from the
             model's measured latency to the target.

@@ -120,7 +120,7 @@ def trace(model: keras.Model) -> Channels:
     """Traces the channel ids of a functional model (see the module docstring).
 
     Args:
-        model: A functional tf_keras model (:func:`tfopt.optimize.surgery.functional`).
+        model: A functional tf_keras model (:func:`tfopt.compress.surgery.functional`).
     """
     ch = Channels()
     config = {e["name"]: e for e in model.get_config()["layers"]}
