@@ -14,11 +14,11 @@ import textwrap
 
 import pytest
 
-from tfopt import hosts as hosts_lib
-from tfopt import launch as launch_mod
 from tfopt.errors import ConfigError
-from tfopt.hosts import HostsUnavailable, Link, SimulatedHosts, parse_link
+from tfopt.launch import cluster as launch_cluster
+from tfopt.launch import hosts as hosts_lib
 from tfopt.launch import launch, main
+from tfopt.launch.hosts import HostsUnavailable, Link, SimulatedHosts, parse_link
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -178,7 +178,7 @@ def test_a_delay_is_applied_or_its_absence_said_in_one_line():
 @needs_namespaces
 def test_the_data_service_runs_on_the_first_host_and_trainers_reach_it_over_the_link(monkeypatch):
     monkeypatch.setattr(
-        launch_mod, "SERVE", [sys.executable, os.path.join(ROOT, "tests", "fake_serve.py")]
+        launch_cluster, "SERVE", [sys.executable, os.path.join(ROOT, "tests", "fake_serve.py")]
     )
     code = """
         import os, socket

@@ -7,7 +7,7 @@ Every render goes through three independent checks:
   serialize it back unchanged (a field the models do not know would be dropped);
 * ``crd``: the TFJob CRD's OpenAPI v3 schema (``tests/data/tfjob_crd_schema.json``, trimmed
   from the training operator's manifests), with unknown fields refused;
-* ``tfopt``: :func:`tfopt.kube.check_tfjob` (container named ``tensorflow``, one chief,
+* ``tfopt``: :func:`tfopt.launch.kube.check_tfjob` (container named ``tensorflow``, one chief,
   restart-policy values, the ``tfjob-port``, ``runPolicy`` present).
 
 The negative tests mutate a correct render and state which of the three catch each mistake.
@@ -25,8 +25,8 @@ import pytest
 import yaml
 from kubeflow.training import ApiClient, KubeflowOrgV1TFJob
 
-from tfopt import kube
 from tfopt.errors import ConfigError
+from tfopt.launch import kube
 
 SCHEMA_FILE = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "data", "tfjob_crd_schema.json"
@@ -47,7 +47,7 @@ PS_COMMAND = ["python", "-m", "tfopt.train", "--strategy", "parameter_server"]
 
 
 def launcher_parser() -> argparse.ArgumentParser:
-    """The launcher's own task-count options, plus the ones tfopt.kube adds."""
+    """The launcher's own task-count options, plus the ones tfopt.launch.kube adds."""
     parser = argparse.ArgumentParser(prog="python -m tfopt.launch")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--ps", type=int, default=0)
@@ -285,7 +285,7 @@ def test_parser_refuses_other_choices(argv, capsys):
 
 
 def test_kube_does_not_import_tensorflow():
-    code = "import sys, tfopt.kube; print(sorted(m for m in ('tensorflow', 'tf_keras', 'yaml') if m in sys.modules))"
+    code = "import sys, tfopt.launch.kube; print(sorted(m for m in ('tensorflow', 'tf_keras', 'yaml') if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )

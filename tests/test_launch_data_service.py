@@ -20,11 +20,12 @@ import uuid
 import pytest
 from isolation import ISOLATED
 
-from tfopt import launch as launch_mod
 from tfopt.config import DATA_SERVICE_ENV, LAUNCHED_SERVICE, RunConfig, from_dict
 from tfopt.data import service
 from tfopt.errors import ConfigError
+from tfopt.launch import cluster as launch_cluster
 from tfopt.launch import data_service_tasks, launch, main, make_cluster
+from tfopt.launch import supervise as launch_mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE = [sys.executable, os.path.join(ROOT, "tests", "fake_serve.py")]
@@ -40,7 +41,7 @@ def _run(code: str, env: dict, **kwargs):
 
 @pytest.fixture
 def fake_serve(monkeypatch):
-    monkeypatch.setattr(launch_mod, "SERVE", FAKE)
+    monkeypatch.setattr(launch_cluster, "SERVE", FAKE)
 
 
 def test_service_ports_differ_from_the_cluster_and_workers_register_the_host(tmp_path):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tfopt import config as C
 from tfopt.errors import TfoptError
-from tfopt.hosts import parse_link
+from tfopt.launch.hosts import parse_link
 from tfopt.runtime.tf_config import parse_tf_config
 from tfopt.specs import parse_model, parse_model_args
 

@@ -26,6 +26,7 @@ MOVED = {
         "techniques",
     )
 }
+MOVED.update({"tfopt.hosts": "tfopt.launch.hosts", "tfopt.kube": "tfopt.launch.kube"})
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
