@@ -55,7 +55,7 @@ def test_train_groups_its_options_and_shows_defaults_and_choices():
     assert "{one_device,mirrored,multi_worker_mirrored,parameter_server}" in help_text
     # every config flag says its default: the value RunConfig() gives it
     by_dest = {a.dest: a for a in parser._actions}
-    for dest in cli._FLAG_KEYS:
+    for dest in cli.flag_keys():
         if dest in by_dest and dest != "output":
             assert "default" in by_dest[dest].help, dest
     assert (

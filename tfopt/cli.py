@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Collection
 
 from tfopt import config as config_lib
 from tfopt import flagcheck, log
 from tfopt.errors import ConfigError, TfoptError
-from tfopt.specs import MODEL_SOURCES, PRECISIONS, STRATEGIES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -23,11 +23,38 @@ def _choices(names) -> str:
     return "{" + ",".join(names) + "}"
 
 
+#: The help groups of the config flags, in the order ``--help`` shows them.
+GROUPS = ("configuration", "data", "model", "distribution", "training", "output")
+#: A section's help group, unless its field's :class:`~tfopt.config.Flag` names another.
+SECTION_GROUPS = {"data": "data", "model": "model", "runtime": "distribution", "train": "training"}
+
+
+def config_flags() -> list[tuple[str, dataclasses.Field, config_lib.Flag]]:
+    """``(section, field, flag)`` of every RunConfig field that has a command-line option."""
+    out = []
+    for section in dataclasses.fields(config_lib.RunConfig):
+        for f in dataclasses.fields(_section_type(section.name)):
+            if config_lib.FLAG in f.metadata:
+                out.append((section.name, f, f.metadata[config_lib.FLAG]))
+    return out
+
+
+def _section_type(name: str) -> type:
+    return type(getattr(config_lib.RunConfig(), name))
+
+
+def _dest(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Adds the flags every training-like command shares, in groups (configuration, data, model,
-    distribution, training, output), each flag's help ending with its default from
-    :class:`~tfopt.config.RunConfig` when it has one."""
-    g = parser.add_argument_group("configuration")
+    """Adds the flags every training-like command shares, generated from the fields of
+    :class:`~tfopt.config.RunConfig` that carry a :class:`~tfopt.config.Flag`: grouped (data,
+    model, distribution, training, output), each help ending with the field's default, choice
+    lists shown from the config's own (``--config``, ``--set``, ``--print-config`` come first).
+    """
+    groups = {title: parser.add_argument_group(title) for title in GROUPS}
+    g = groups["configuration"]
     g.add_argument(
         "--config",
         metavar="FILE",
@@ -43,69 +70,29 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--print-config", action="store_true", help="print the resolved config as JSON and exit"
     )
-
-    g = parser.add_argument_group("data")
-    g.add_argument(
-        "--dataset",
-        metavar="SOURCE",
-        help="mnist, fashion_mnist, digits, folder:PATH (one subfolder per class), "
-        "tfds:NAME[/CONFIG] or tfrecord:GLOB",
-    )
-    g.add_argument(
-        "--image-size",
-        metavar="HxW",
-        help="resize every image to HxW (bilinear; the aspect ratio is not "
-        "kept: crop or pad beforehand to keep it; default: as stored)",
-    )
-    g.add_argument(
-        "--channels",
-        type=int,
-        choices=(1, 3),
-        help="convert images to 1 (gray) or 3 (RGB) channels (default: as stored)",
-    )
-    g.add_argument(
-        "--input-scale",
-        metavar=_choices(config_lib.INPUT_SCALES),
-        help="what the model's input gets: auto (read from the model: 0-255 pixels when its first "
-        "layers scale them, as Rescaling(1/255) does), unit (pixels / 255, then data.normalize) or "
-        "raw (0-255 pixels)",
-    )
-    g.add_argument("--data-dir", metavar="DIR", help="where datasets are cached as TFRecord shards")
-    g.add_argument(
-        "--limit",
-        type=int,
-        metavar="N",
-        help="use only the first N records of each split (0 = all)",
-    )
-    g.add_argument(
-        "--batch-size", type=int, metavar="N", help="global batch size (split across replicas)"
-    )
-    g.add_argument(
-        "--data-service",
-        metavar="local|grpc://HOST:PORT|launched",
-        help="feed the input through the tf.data service: in-process (local), an existing "
-        "dispatcher, or the one tfopt launch --data-workers N started (default: launched in "
-        "such a launch's tasks, else off; '' turns it off)",
-    )
-    g.add_argument(
-        "--data-service-mode",
-        metavar=_choices(config_lib.SERVICE_MODES),
-        help="tf.data service sharing: each batch once across the service's workers, or every worker the whole stream",
-    )
-    g.add_argument(
-        "--verify",
-        action="store_true",
-        default=None,
-        help="re-hash every data shard against its manifest (default: size and mtime checks)",
-    )
-
-    g = parser.add_argument_group("model")
-    g.add_argument(
-        "--model",
-        metavar="NAME|FILE|keras.applications:NAME|module:function",
-        help="the model: " + "; ".join(MODEL_SOURCES.get(n).summary for n in MODEL_SOURCES),
-    )
-    g.add_argument(
+    defaults = config_lib.RunConfig()
+    types = {name: config_lib._field_types(_section_type(name)) for name in SECTION_GROUPS}
+    for section, f, flag in config_flags():
+        typ = types[section][f.name]
+        value = getattr(getattr(defaults, section), f.name)
+        kwargs: dict = {"dest": _dest(flag.name), "help": flag.help}
+        if value not in ("", None) and "default" not in flag.help:
+            shown = "off" if value is False else "on" if value is True else value
+            kwargs["help"] += f" (default: {shown})"
+        if typ is bool:
+            kwargs.update(action="store_true", default=None)
+        else:
+            kwargs["type"] = typ if typ in (int, float) else str
+            choices = config_lib.choices_of(section, f.name)
+            if flag.choices:
+                kwargs["choices"] = flag.choices
+            kwargs["metavar"] = flag.metavar or (
+                _choices(choices) if choices and not flag.choices else None
+            )
+        groups[flag.group or SECTION_GROUPS[section]].add_argument(
+            flag.name, *flag.aliases, **kwargs
+        )
+    groups["model"].add_argument(
         "--model-arg",
         action="append",
         default=[],
@@ -113,99 +100,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="a keyword argument of keras.applications:NAME or a factory, e.g. alpha=0.35, "
         "weights=None (default), weights=imagenet (downloads), weights=PATH (repeatable)",
     )
-    g.add_argument(
-        "--head",
-        metavar=_choices(config_lib.HEADS),
-        help="the classification layer: auto (replaced when the class count differs), new (always replaced) or keep",
-    )
-    g.add_argument(
-        "--freeze-epochs",
-        type=int,
-        metavar="N",
-        help="train only the classification layer for the first N epochs, then every layer (fine-tuning)",
-    )
-
-    g = parser.add_argument_group("distribution")
-    g.add_argument("--strategy", metavar=_choices(STRATEGIES), help=f"one of: {STRATEGIES.help()}")
-    g.add_argument(
-        "--cpu-replicas",
-        type=int,
-        metavar="N",
-        help="logical CPU devices for `mirrored` without GPUs; they share the CPU cores, "
-        "so on one CPU host mirrored is no faster than one_device",
-    )
-    g.add_argument(
-        "--collective",
-        metavar=_choices(config_lib.COLLECTIVES),
-        help="the multi_worker_mirrored all-reduce (nccl: GPUs)",
-    )
-    g.add_argument(
-        "--bytes-per-pack",
-        type=int,
-        metavar="BYTES",
-        help="multi_worker_mirrored: all-reduce the gradients in packs of about this many bytes, "
-        "so that the first packs travel while later gradients are computed (default 0: one pack)",
-    )
-    g.add_argument(
-        "--allreduce-dtype",
-        metavar=_choices(config_lib.ALLREDUCE_DTYPES),
-        help="mirrored, multi_worker_mirrored: the dtype gradients are summed across replicas "
-        "in; bfloat16 sends half the bytes (default float32)",
-    )
-    add_shard_variables(g)
-
-    g = parser.add_argument_group("training")
-    g.add_argument("--precision", metavar=_choices(PRECISIONS), help=f"one of: {PRECISIONS.help()}")
-    g.add_argument("--epochs", type=int, metavar="N", help="passes over the training split")
-    g.add_argument(
-        "--lr", type=float, metavar="RATE", help="learning rate (cosine decay over the run)"
-    )
-    g.add_argument(
-        "--scale-lr",
-        action="store_true",
-        default=None,
-        help="multiply the learning rate by the replica count",
-    )
-    g.add_argument(
-        "--steps-per-epoch",
-        type=int,
-        metavar="N",
-        help="steps per epoch (0 = one pass over the split)",
-    )
-    g.add_argument(
-        "--steps-per-execution",
-        type=int,
-        metavar="N",
-        help="steps per tf.function call (0 = auto, up to 32)",
-    )
-    g.add_argument(
-        "--backup-every",
-        type=int,
-        metavar="N",
-        help="back up every N steps as well as at each epoch end (0 = epoch ends only; a restart resumes there)",
-    )
-    g.add_argument(
-        "--deterministic",
-        action="store_true",
-        default=None,
-        help="op determinism and a deterministic input: reruns and resumes give identical weights",
-    )
-
-    g = parser.add_argument_group("output")
-    g.add_argument(
-        "--output",
-        "-o",
-        metavar="DIR",
-        help="run directory to write (default: a new runs/<stage>[-N]; "
-        "runs/latest points at the newest run)",
-    )
+    add_shard_variables(groups["distribution"])
+    g = groups["output"]
     g.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a finished run at -o, or discard an unfinished run of other settings there",
     )
     add_verbosity(g, "no progress bar")
-    _add_defaults(parser)
 
 
 def group(parser: argparse.ArgumentParser, title: str):
@@ -213,49 +115,13 @@ def group(parser: argparse.ArgumentParser, title: str):
     return next(g for g in parser._action_groups if g.title == title)
 
 
-def _add_defaults(parser: argparse.ArgumentParser) -> None:
-    """Ends the help of every config flag with the default RunConfig gives it."""
-    defaults = config_lib.RunConfig()
-    for action in parser._actions:
-        if action.dest not in _FLAG_KEYS or not action.help or "default" in action.help:
-            continue
-        section, key = _FLAG_KEYS[action.dest]
-        value = getattr(getattr(defaults, section), key)
-        if value not in ("", None):
-            shown = "off" if value is False else "on" if value is True else value
-            action.help += f" (default: {shown})"
-
-
-_FLAG_KEYS = {
-    "strategy": ("runtime", "strategy"),
-    "precision": ("runtime", "precision"),
-    "cpu_replicas": ("runtime", "cpu_replicas"),
-    "collective": ("runtime", "collective"),
-    "bytes_per_pack": ("runtime", "bytes_per_pack"),
-    "allreduce_dtype": ("runtime", "allreduce_dtype"),
-    "dataset": ("data", "dataset"),
-    "data_dir": ("data", "data_dir"),
-    "limit": ("data", "limit"),
-    "batch_size": ("data", "global_batch_size"),
-    "model": ("model", "name"),
-    "epochs": ("train", "epochs"),
-    "lr": ("train", "learning_rate"),
-    "scale_lr": ("train", "scale_lr"),
-    "steps_per_epoch": ("train", "steps_per_epoch"),
-    "steps_per_execution": ("train", "steps_per_execution"),
-    "output": ("train", "output_dir"),
-    "verify": ("data", "verify"),
-    "backup_every": ("train", "backup_every"),
-    "deterministic": ("runtime", "deterministic"),
-    "data_service": ("data", "service"),
-    "data_service_mode": ("data", "service_mode"),
-    "image_size": ("data", "image_size"),
-    "channels": ("data", "channels"),
-    "input_scale": ("data", "input_scale"),
-    "head": ("model", "head"),
-    "trust_model_file": ("model", "trust"),
-    "freeze_epochs": ("model", "freeze_epochs"),
-}
+def flag_keys() -> dict[str, tuple[str, str]]:
+    """Option dest -> ``(section, key)`` of every config flag (and ``--trust-model``, which the
+    stages that load model files add themselves)."""
+    return {
+        **{_dest(flag.name): (section, f.name) for section, f, flag in config_flags()},
+        "trust_model_file": ("model", "trust"),
+    }
 
 
 def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
@@ -268,7 +134,7 @@ def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
     from_file = config_lib.load(args.config) if args.config else None
     cfg = config_lib.apply_overrides(from_file or config_lib.RunConfig(), args.set)
     raw: dict[str, dict] = {}
-    for flag, (section, key) in _FLAG_KEYS.items():
+    for flag, (section, key) in flag_keys().items():
         value = getattr(args, flag, None)
         if value is not None:
             raw.setdefault(section, {})[key] = value

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfopt.errors import ConfigError
-from tfopt.specs import PRECISIONS, STRATEGIES, parse_model
+from tfopt.specs import MODEL_SOURCES, PRECISIONS, STRATEGIES, parse_model
 
 AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow here
 
@@ -42,6 +42,43 @@ DATA_SERVICE_ENV = "TFOPT_DATA_SERVICE"
 LAUNCHED_SERVICE = "launched"
 
 
+#: The key of a field's :class:`Flag` in its ``dataclasses.field`` metadata.
+FLAG = "tfopt.flag"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a config field appears on every training-like command line.
+
+    :func:`tfopt.cli.add_config_args` makes the options from these: one per field that has a
+    Flag, in the help group of its section (or ``group``), its help ending with the default
+    ``RunConfig()`` gives the field, its choices shown from the config's own choice lists.
+
+    Attributes:
+        name: The option, e.g. ``--batch-size``.
+        help: What it sets, in a few words.
+        metavar: What its value looks like (choices are shown as ``{a,b}`` without one).
+        choices: Values argparse itself enforces (the others are checked by the config).
+        group: The help group when not the section's (``training``, ``output``).
+        aliases: Other spellings of the option, e.g. ``-o``.
+    """
+
+    name: str
+    help: str
+    metavar: str | None = None
+    choices: tuple | None = None
+    group: str | None = None
+    aliases: tuple[str, ...] = ()
+
+
+def flag(default: Any = dataclasses.MISSING, name: str = "", help: str = "", *, factory=None, **kw):
+    """A config field with a command-line option: ``dataclasses.field`` plus a :class:`Flag`."""
+    meta = {FLAG: Flag(name, help, **kw)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 def default_data_service() -> str:
     """``data.service``'s default: ``launched`` in a task of ``tfopt launch --data-workers N``, else off."""
     return LAUNCHED_SERVICE if os.environ.get(DATA_SERVICE_ENV) else ""
@@ -61,11 +98,26 @@ class DataConfig:
     Every parallelism and buffer knob defaults to AUTOTUNE (-1); set a positive int to pin it.
     """
 
-    dataset: str = "mnist"
-    data_dir: str = field(default_factory=default_data_dir)
+    dataset: str = flag(
+        "mnist",
+        "--dataset",
+        "mnist, fashion_mnist, digits, folder:PATH (one subfolder per class), "
+        "tfds:NAME[/CONFIG] or tfrecord:GLOB",
+        metavar="SOURCE",
+    )
+    data_dir: str = flag(
+        name="--data-dir",
+        help="where datasets are cached as TFRecord shards",
+        metavar="DIR",
+        factory=default_data_dir,
+    )
     num_shards: int = 8
-    global_batch_size: int = 128
-    limit: int = 0  # use only the first N records of each split (0 = all); for smoke runs
+    global_batch_size: int = flag(
+        128, "--batch-size", "global batch size (split across replicas)", metavar="N"
+    )
+    limit: int = flag(
+        0, "--limit", "use only the first N records of each split (0 = all)", metavar="N"
+    )
     seed: int = 42
     shuffle_buffer: int = 10000
     cache: str = "memory"  # memory | none | file (under data_dir)
@@ -79,23 +131,54 @@ class DataConfig:
     normalize: str = (
         ""  # "" (off) | imagenet | MEAN/STD per channel in [0, 1] units, e.g. 0.5,0.5,0.5/0.25
     )
-    input_scale: str = "auto"  # auto (read from the model) | unit ([0, 1]) | raw (0-255 pixels)
+    input_scale: str = flag(
+        "auto",
+        "--input-scale",
+        "what the model's input gets: auto (read from the model: 0-255 pixels when its first "
+        "layers scale them, as Rescaling(1/255) does), unit (pixels / 255, then data.normalize) or "
+        "raw (0-255 pixels)",
+    )
     interleave_cycle_length: int = AUTOTUNE
     num_parallel_reads: int = AUTOTUNE
     num_parallel_calls: int = AUTOTUNE
     prefetch_buffer: int = AUTOTUNE
     deterministic: bool = False
     ram_budget_mb: int = 0  # 0 = tf.data default
-    image_size: str = (
-        ""  # HxW: resize every image (bilinear, aspect not kept), e.g. 96x96; "" = as stored
+    image_size: str = flag(
+        "",
+        "--image-size",
+        "resize every image to HxW (bilinear; the aspect ratio is not "
+        "kept: crop or pad beforehand to keep it; default: as stored)",
+        metavar="HxW",
     )
-    channels: int = 0  # 1 or 3: convert gray <-> RGB; 0 = as stored
+    channels: int = flag(
+        0,
+        "--channels",
+        "convert images to 1 (gray) or 3 (RGB) channels (default: as stored)",
+        choices=(1, 3),
+    )
     feature_spec: str = ""  # for TFRecord globs: "image=raw:28x28x1,label=int64[,classes=10]"
-    verify: bool = False  # re-hash every shard on prepare (else only when its size/mtime changed)
+    verify: bool = flag(
+        False,
+        "--verify",
+        "re-hash every data shard against its manifest (default: size and mtime checks)",
+    )
     # tf.data service: "" (off) | local (in-process) | grpc://HOST:PORT (a dispatcher) |
     # launched (the one tfopt launch --data-workers N started; the default in its tasks)
-    service: str = field(default_factory=default_data_service)
-    service_mode: str = "distributed_epoch"  # distributed_epoch (each batch once) | parallel_epochs
+    service: str = flag(
+        name="--data-service",
+        help="feed the input through the tf.data service: in-process (local), an existing "
+        "dispatcher, or the one tfopt launch --data-workers N started (default: launched in "
+        "such a launch's tasks, else off; '' turns it off)",
+        metavar="local|grpc://HOST:PORT|launched",
+        factory=default_data_service,
+    )
+    service_mode: str = flag(
+        "distributed_epoch",
+        "--data-service-mode",
+        "tf.data service sharing: each batch once across the service's workers, or every "
+        "worker the whole stream",
+    )
 
 
 HEADS = ("auto", "keep", "new")
@@ -105,17 +188,27 @@ HEADS = ("auto", "keep", "new")
 class ModelConfig:
     """Which model to build or load (see :func:`tfopt.specs.parse_model_source` for the forms)."""
 
-    name: str = (
-        "cnn"  # a built-in name, a model file, keras.applications:NAME or package.module:function
+    name: str = flag(
+        "cnn",
+        "--model",
+        "the model: " + "; ".join(MODEL_SOURCES.get(n).summary for n in MODEL_SOURCES),
+        metavar="NAME|FILE|keras.applications:NAME|module:function",
     )
     dropout: float = 0.25  # built-in models that use dropout
     args: str = ""  # KEY=VALUE,... keyword arguments of keras.applications:NAME or a factory
     trust: bool = False  # load model files that can run code (Lambda layers, custom objects)
-    head: str = (
-        "auto"  # auto (new when the class count differs) | keep | new (a fresh logits layer)
+    head: str = flag(
+        "auto",
+        "--head",
+        "the classification layer: auto (replaced when the class count differs), new (always "
+        "replaced) or keep",
     )
-    freeze_epochs: int = (
-        0  # tfopt.train: train only the classification layer for this many first epochs
+    freeze_epochs: int = flag(
+        0,
+        "--freeze-epochs",
+        "train only the classification layer for the first N epochs, then every layer "
+        "(fine-tuning)",
+        metavar="N",
     )
 
 
@@ -123,17 +216,39 @@ class ModelConfig:
 class RuntimeConfig:
     """Distribution strategy, devices and numeric precision."""
 
-    strategy: str = "mirrored"
-    cpu_replicas: int = 2  # logical CPU devices for `mirrored` on a machine without GPUs
-    precision: str = "float32"
-    collective: str = "auto"  # multi_worker_mirrored communication: auto | ring | nccl
-    # multi_worker_mirrored: gradients all-reduced in packs of about this many bytes (0: one pack)
-    bytes_per_pack: int = 0
-    # mirrored / multi_worker_mirrored: gradients summed across replicas as bfloat16 (half the bytes)
-    allreduce_dtype: str = "float32"
+    strategy: str = flag("mirrored", "--strategy", f"one of: {STRATEGIES.help()}")
+    cpu_replicas: int = flag(
+        2,
+        "--cpu-replicas",
+        "logical CPU devices for `mirrored` without GPUs; they share the CPU cores, "
+        "so on one CPU host mirrored is no faster than one_device",
+        metavar="N",
+    )
+    precision: str = flag(
+        "float32", "--precision", f"one of: {PRECISIONS.help()}", group="training"
+    )
+    collective: str = flag(
+        "auto", "--collective", "the multi_worker_mirrored all-reduce (nccl: GPUs)"
+    )
+    bytes_per_pack: int = flag(
+        0,
+        "--bytes-per-pack",
+        "multi_worker_mirrored: all-reduce the gradients in packs of about this many bytes, "
+        "so that the first packs travel while later gradients are computed (default 0: one pack)",
+        metavar="BYTES",
+    )
+    allreduce_dtype: str = flag(
+        "float32",
+        "--allreduce-dtype",
+        "mirrored, multi_worker_mirrored: the dtype gradients are summed across replicas "
+        "in; bfloat16 sends half the bytes (default float32)",
+    )
     startup_timeout: float = 120.0  # seconds a multi-worker start-up may take before failing
-    deterministic: bool = (
-        False  # op determinism + deterministic input: bit-identical reruns and resumes
+    deterministic: bool = flag(
+        False,
+        "--deterministic",
+        "op determinism and a deterministic input: reruns and resumes give identical weights",
+        group="training",
     )
     # parameter_server only: shard large variables over the ps tasks (tfopt.runtime.sharding).
     variable_partitioner: str = "none"  # none | min_size | max_size
@@ -146,17 +261,40 @@ class RuntimeConfig:
 class TrainConfig:
     """The fit loop and what it writes."""
 
-    epochs: int = 3
+    epochs: int = flag(3, "--epochs", "passes over the training split", metavar="N")
     seed: int = 42  # initial weights (and every other Keras/NumPy/Python random draw) of the run
-    learning_rate: float = 1e-3
+    learning_rate: float = flag(
+        1e-3, "--lr", "learning rate (cosine decay over the run)", metavar="RATE"
+    )
     lr_schedule: str = "cosine"  # constant | cosine (decays to 0 over all training steps)
-    scale_lr: bool = False  # multiply the learning rate by the number of replicas
-    steps_per_execution: int = 0  # 0 = auto
-    steps_per_epoch: int = 0  # 0 = one pass over the training split
-    output_dir: str = ""  # "" = a new runs/<stage> (or runs/<stage>-N); see tfopt.runs
+    scale_lr: bool = flag(False, "--scale-lr", "multiply the learning rate by the replica count")
+    steps_per_execution: int = flag(
+        0,
+        "--steps-per-execution",
+        "steps per tf.function call (0 = auto, up to 32)",
+        metavar="N",
+    )
+    steps_per_epoch: int = flag(
+        0, "--steps-per-epoch", "steps per epoch (0 = one pass over the split)", metavar="N"
+    )
+    output_dir: str = flag(
+        "",
+        "--output",
+        "run directory to write (default: a new runs/<stage>[-N]; "
+        "runs/latest points at the newest run)",
+        metavar="DIR",
+        group="output",
+        aliases=("-o",),
+    )
     tensorboard: bool = True
     verbose: int = 1
-    backup_every: int = 0  # steps between backups (0 = at each epoch end only)
+    backup_every: int = flag(
+        0,
+        "--backup-every",
+        "back up every N steps as well as at each epoch end (0 = epoch ends only; a restart "
+        "resumes there)",
+        metavar="N",
+    )
     nan_retries: int = (
         2  # roll back to the last backup this many times on a non-finite loss, then stop
     )
@@ -214,6 +352,12 @@ _CHOICES = {
     ("data", "channels"): (0, 1, 3),
     ("data", "input_scale"): INPUT_SCALES,
 }
+
+
+def choices_of(section: str, key: str) -> tuple | None:
+    """The values ``section.key`` may take, when it is a choice (None otherwise)."""
+    choices = _CHOICES.get((section, key))
+    return tuple(choices) if choices is not None else None
 
 
 def _field_types(cls) -> dict[str, Any]:
