@@ -32,12 +32,11 @@ MULTI_PROCESS = ("multi_worker_mirrored", "parameter_server")
 class TeacherSpec:
     """The teacher, trained from scratch or fine-tuned (``tfopt.train``): any model source."""
 
-    model: str = (
-        "cnn"  # a built-in name, a model file, keras.applications:NAME, package.module:function
-    )
+    # a built-in name, a model file, keras.applications:NAME, package.module:function
+    model: str = config_lib.ModelConfig.name
     args: str = ""  # KEY=VALUE,... of keras.applications:NAME or a factory
-    epochs: int = 3
-    learning_rate: float = 1e-3
+    epochs: int = config_lib.TrainConfig.epochs  # tfopt.train's defaults
+    learning_rate: float = config_lib.TrainConfig.learning_rate
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,8 @@ class StudentSpec:
 
     model: str = "tiny_cnn"
     args: str = ""
-    epochs: int = 3
-    learning_rate: float = 1e-3
+    epochs: int = config_lib.TrainConfig.epochs
+    learning_rate: float = config_lib.TrainConfig.learning_rate
     temperature: float = (
         config_lib.DistillConfig.temperature
     )  # the loss's defaults are tfopt.distill's
