@@ -75,3 +75,13 @@ def check_figures(res: dict) -> None:
             f["name"], f["values"], f["unit"], target=(f["op"], f["bound"]) if f["op"] else None
         )
         assert (again["value"], again["status"]) == (f["value"], f["status"]), f["name"]
+
+
+def committed(name: str) -> dict:
+    """The parsed JSON of the committed result ``bench/results/<name>.json`` (relative to the repo root)."""
+    import json
+    import os
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "bench", "results", f"{name}.json"), encoding="utf-8") as fh:
+        return json.load(fh)

@@ -42,7 +42,16 @@ EXPENSIVE_FIXTURES = ("mnist_run", "pipeline_run")
 
 @pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(items):
-    """Marks the users of ``EXPENSIVE_FIXTURES`` slow; puts the files of ``LONGEST_FIRST`` first."""
+    """Marks the users of ``EXPENSIVE_FIXTURES`` slow; skips the bench tier unless it is due
+    (``tests/bench_tier.py``); puts the files of ``LONGEST_FIRST`` first."""
+    import bench_tier
+
+    bench_items = [item for item in items if item.get_closest_marker("bench")]
+    if bench_items:
+        due, why = bench_tier.due()
+        if not due:
+            for item in bench_items:
+                item.add_marker(pytest.mark.skip(reason=f"bench tier: {why}"))
     for item in items:
         if set(EXPENSIVE_FIXTURES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
@@ -52,6 +61,22 @@ def pytest_collection_modifyitems(items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order within a file and among the rest is kept
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's ``loadfile`` (one worker runs a file's tests: they share module fixtures),
+    except that the README's chains (``test_readme.py``), independent of each other, are spread."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ChainsApart(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if "test_readme.py::test_every_command_runs_in_order[" in nodeid:
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    return ChainsApart(config, log)
 
 
 def once_per_session(tmp_path_factory, name: str, make):

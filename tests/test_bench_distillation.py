@@ -12,12 +12,13 @@ import subprocess
 import sys
 
 import pytest
-from bench_checks import OPS
+from bench_checks import OPS, committed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_distillation_benchmark_smoke(tmp_path):
     out = tmp_path / "distillation.json"
     env = dict(
@@ -42,11 +43,14 @@ def test_distillation_benchmark_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| B6 distillation" in proc.stdout and "gap closed, teacher A" in proc.stdout
     res = json.loads(out.read_text())
-    assert (
-        res["id"] == "B6"
-        and res["params"]["smoke"] is True
-        and len(res["per_seed"]) == res["params"]["seeds"]
-    )
+    assert res["params"]["smoke"] is True
+    check_result(res)
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+
+
+def check_result(res: dict) -> None:
+    """Everything a B6 result must get right whatever its figures (a smoke run's or a full run's)."""
+    assert res["id"] == "B6" and len(res["per_seed"]) == res["params"]["seeds"]
     assert {"processor", "usable_cores"} <= set(res["environment"]) and res["lscpu"]["flags"]
 
     # Selection: validation only, both arms tried, each keeps its best validation accuracy.
@@ -97,4 +101,7 @@ def test_distillation_benchmark_smoke(tmp_path):
             ), f
     assert sum(res["teachers"]["multi_weights"]) == pytest.approx(1.0)
     assert res["peer"]["url"].startswith("https://keras.io/examples/vision/knowledge_distillation")
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+
+
+def test_the_committed_distillation_result_holds_together():
+    check_result(committed("distillation"))

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from bench_checks import check_verdicts
+from bench_checks import check_verdicts, committed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "bench", "mixed_precision.py")
@@ -27,6 +27,7 @@ SIDES = [
     "peer:mixed_bfloat16",
 ]
 POLICIES = ["float32", "mixed_bfloat16"]
+MNIST_TEST_IMAGES = 10_000  # the test split's size: a larger ``limit`` reads all of it
 
 
 def _step_ms(row):
@@ -135,7 +136,8 @@ def _check_accuracy(res, figs):
                     len(row["val_accuracy"]) == plan["epochs"]
                     and 0.0 <= row["test_accuracy"] <= 1.0
                 )
-                assert row["test_images"] == plan["limit"]
+                # ``limit`` images of the test split, as many as it has
+                assert row["test_images"] == min(plan["limit"], MNIST_TEST_IMAGES)
                 assert row["steps_per_epoch"] == plan["limit"] // plan["batch"]
             # the same seed: the same initial weights under both policies; training moves them apart
             f32, bf16 = runs["float32"], runs["mixed_bfloat16"]
@@ -161,7 +163,27 @@ def _check_accuracy(res, figs):
         assert (f"accuracy_pt_{model}" in res["targets"]) == (f32_acc >= 0.95)
 
 
+def check_result(res: dict) -> None:
+    """Everything a B2 result must get right whatever its figures (a smoke run's or a full run's):
+    every side ran, every ratio and accuracy gap recomputed from the raw numbers, every verdict."""
+    p = res["params"]
+    assert res["id"] == "B2"
+    flags = set(res["lscpu"]["flags"])
+    assert flags and res["cpu_bf16"]["amx_bf16"] == ("amx_bf16" in flags)
+    assert res["cpu_bf16"]["avx512_bf16"] == ("avx512_bf16" in flags)
+    figs = {f["key"]: f for f in res["figures"]}
+    # one figure per accuracy model, two per throughput model
+    assert sorted(figs) == sorted(
+        [f"accuracy_pt_{m['name']}" for m in p["accuracy"]]
+        + [f"{k}_{m['name']}" for m in p["models"] for k in ("auto_vs_float32", "bf16_speedup")]
+    )
+    _check_throughput(res, flags, figs)
+    _check_accuracy(res, figs)
+    check_verdicts(res["targets"])
+
+
 @pytest.mark.slow
+@pytest.mark.bench
 def test_mixed_precision_benchmark_smoke(tmp_path):
     out = tmp_path / "mixed_precision.json"
     env = dict(
@@ -181,18 +203,17 @@ def test_mixed_precision_benchmark_smoke(tmp_path):
     assert "| B2 mixed precision" in proc.stdout and "precision auto: float32" in proc.stderr
     res = json.loads(out.read_text())
     p = res["params"]
-    assert p["smoke"] is True and res["id"] == "B2"
+    assert p["smoke"] is True
     assert [m["name"] for m in p["models"]] == ["wide_cnn"] and [
         m["name"] for m in p["accuracy"]
     ] == ["cnn"]
+    assert sorted(f["key"] for f in res["figures"]) == [
+        "accuracy_pt_cnn",
+        "auto_vs_float32_wide_cnn",
+        "bf16_speedup_wide_cnn",
+    ]
+    check_result(res)
     flags = set(res["lscpu"]["flags"])
-    assert flags and res["cpu_bf16"]["amx_bf16"] == ("amx_bf16" in flags)
-    assert res["cpu_bf16"]["avx512_bf16"] == ("avx512_bf16" in flags)
-    figs = {f["key"]: f for f in res["figures"]}
-    assert sorted(figs) == ["accuracy_pt_cnn", "auto_vs_float32_wide_cnn", "bf16_speedup_wide_cnn"]
-    _check_throughput(res, flags, figs)
-    _check_accuracy(res, figs)
-    check_verdicts(res["targets"])
 
     # the figures are a function of the raw runs: recomputing them from the JSON gives the same
     redo = _figures_from(out, tmp_path / "again.json", env)
@@ -221,3 +242,7 @@ def test_mixed_precision_benchmark_smoke(tmp_path):
             {"bf16_speedup_wide_cnn"} if amx else set()
         )
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
+
+
+def test_the_committed_mixed_precision_result_holds_together():
+    check_result(committed("mixed_precision"))

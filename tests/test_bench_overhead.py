@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from bench_checks import committed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDES = ("tfopt", "bare_tuned", "bare_default")
@@ -48,6 +49,7 @@ def _check_figure(fig, values):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_overhead_benchmark_smoke(tmp_path):
     out = tmp_path / "overhead.json"
     env = dict(
@@ -201,3 +203,7 @@ def check_result(res):
         )
         expected += 1
     assert len(figs) == expected
+
+
+def test_the_committed_overhead_result_holds_together():
+    check_result(committed("overhead"))

@@ -8,42 +8,59 @@ follows from the JSON's own numbers.
 import statistics
 
 import pytest
-from bench_checks import check_figures, run_smoke
+from bench_checks import check_figures, committed, run_smoke
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_quantizers_benchmark_smoke(tmp_path):
-    from bench import quantizers
-
     proc, res = run_smoke("quantizers.py", tmp_path)
     assert "## B9q: cnn" in proc.stdout and "### Figures" in proc.stdout
-    assert res["id"] == "B9q" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
-    fam = res["families"]["cnn"]
-    assert list(fam["rows"]) == [
-        f"{arm}/{m}" for arm, modes in quantizers.ARMS.items() for m in modes
-    ]
-    for key, row in fam["rows"].items():
-        assert row["quantizer"] == (None if row["mode"] == "float32" else row["arm"]), key
-    for mode, c in fam["compare"].items():
-        lit, conv = (
-            res["latency_rounds"][f"cnn/{arm}/{mode}"]["xnnpack/1t"]
-            for arm in ("litert", "converter")
+    assert res["params"]["smoke"] is True and list(res["families"]) == ["cnn"]
+    check_result(res)
+
+
+def check_result(res: dict) -> None:
+    """Everything a B9q result must get right whatever its figures (a smoke run's or a full run's)."""
+    from bench import quantizers
+
+    assert res["id"] == "B9q" and res["lscpu"]["flags"]
+    assert list(res["families"]) == res["params"]["families"]
+    for name, fam in res["families"].items():
+        assert list(fam["rows"]) == [
+            f"{arm}/{m}" for arm, modes in quantizers.ARMS.items() for m in modes
+        ], name
+        for key, row in fam["rows"].items():
+            assert row["quantizer"] == (None if row["mode"] == "float32" else row["arm"]), (
+                name,
+                key,
+            )
+        for mode, c in fam["compare"].items():
+            lit, conv = (
+                res["latency_rounds"][f"{name}/{arm}/{mode}"]["xnnpack/1t"]
+                for arm in ("litert", "converter")
+            )
+            assert c["litert_over_converter_p50"]["xnnpack/1t"] == pytest.approx(
+                [a / b for a, b in zip(lit, conv)]
+            ), (name, mode)
+            assert c["better"] == quantizers.verdict(
+                fam["rows"][f"litert/{mode}"],
+                fam["rows"][f"converter/{mode}"],
+                lit,
+                conv,
+            ), (name, mode)
+        auto = fam["rows"]["litert/dynamic_auto"]
+        first = next(
+            f for f in res["figures"] if f["name"].startswith(f"{name}: dynamic_auto speedup")
         )
-        assert c["litert_over_converter_p50"]["xnnpack/1t"] == pytest.approx(
-            [a / b for a, b in zip(lit, conv)]
-        )
-        assert c["better"] == quantizers.verdict(
-            fam["rows"][f"litert/{mode}"],
-            fam["rows"][f"converter/{mode}"],
-            lit,
-            conv,
-        )
-    auto = fam["rows"]["litert/dynamic_auto"]
-    first = next(f for f in res["figures"] if f["name"].startswith("cnn: dynamic_auto speedup"))
-    assert first["value"] == pytest.approx(
-        statistics.median(auto["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"])
-    )
+        assert first["value"] == pytest.approx(
+            statistics.median(auto["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"])
+        ), name
     check_figures(res)
+
+
+def test_the_committed_quantizers_result_holds_together():
+    check_result(committed("quantizers"))
 
 
 def test_the_verdict_weighs_accuracy_by_its_standard_error_then_speed_by_its_spread():

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from bench_checks import check_verdicts
+from bench_checks import check_verdicts, committed
 from isolation import ISOLATED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +27,7 @@ def _median(values):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_scaling_benchmark_smoke(tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("B3 pins its processes to two distinct cores")
@@ -60,10 +61,21 @@ def test_scaling_benchmark_smoke(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "| B3 multi-worker scaling" in proc.stdout and "| all-reduce, 2 workers" in proc.stdout
+    assert "| 2 MWMS workers on 2 simulated hosts" in proc.stdout
 
     res = json.loads(out.read_text())
+    assert res["params"]["smoke"] is True
+    # the smoke links phase: one repeat, one row (1 Gbit/s, packed)
+    [rep] = res["links"]["repeats"]
+    assert [(row["gbit"], row["variant"]) for row in rep["rows"]] == [(1, "packed")]
+    check_result(res)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("b3-")]  # scratch removed
+
+
+def check_result(res: dict) -> None:
+    """Everything a B3 result must get right whatever its figures (a smoke run's or a full run's)."""
     p = res["params"]
-    assert p["smoke"] is True and res["phases"] == ["scaling", "allreduce", "backup", "links"]
+    assert res["id"] == "B3" and res["phases"] == ["scaling", "allreduce", "backup", "links"]
     assert res["lscpu"]["flags"] and res["environment"]["tensorflow"]
     c0, c1 = res["cores"][:2]
     assert c0 != c1
@@ -176,24 +188,46 @@ def test_scaling_benchmark_smoke(tmp_path):
 
     # -- links: the workers on two simulated hosts; the link's counters carry the all-reduce ---------
     lk = res["links"]
-    [rep] = lk["repeats"]
-    [row] = rep["rows"]
-    assert (row["gbit"], row["variant"]) == (1, "packed")
-    workers = row["side"]["processes"]
-    assert [pr["runtime"]["bytes_per_pack"] for pr in workers] == [p["pack_bytes"]] * 2
-    values = workers[0]["trainable_values"]
-    assert row["ring_model_bytes_per_step"] == 4 * values  # N = 2: every gradient once, float32
-    assert row["ring_model_ms"] == pytest.approx(1e3 * 4 * values / (1e9 / 8))
-    # Each worker sends at least the ring model's bytes (what the all-reduce must move), and not
-    # much more (the rest of gRPC's messages): the counters are those of the link between them.
-    for pr in workers:
-        sent = pr["window"]["link_tx_bytes"] / (pr["window_steps"][1] - pr["window_steps"][0])
-        assert 1.0 <= sent / (4 * values) < 1.5, sent
-    assert row["efficiency"] == pytest.approx(
-        row["examples_per_sec"] / rep["control"]["examples_per_sec"]
-    )
-    assert lk["table"][0]["efficiency"] == row["efficiency"]
-    assert "| 2 MWMS workers on 2 simulated hosts" in proc.stdout
+    assert len(lk["repeats"]) == p["repeats"]
+    cells = [(gbit, variant) for gbit in p["link_gbits"] for variant in p["link_variants"]]
+    for rep in lk["repeats"]:
+        assert sorted((row["gbit"], row["variant"]) for row in rep["rows"]) == sorted(cells)
+        for row in rep["rows"]:
+            gbit, variant = row["gbit"], row["variant"]
+            workers = row["side"]["processes"]
+            packed = p["pack_bytes"] if variant == "packed" else 0
+            assert [pr["runtime"]["bytes_per_pack"] for pr in workers] == [packed] * 2, row
+            width = 2 if variant == "bfloat16" else 4  # the all-reduce's bytes per value
+            values = workers[0]["trainable_values"]
+            # N = 2: every gradient once
+            assert row["ring_model_bytes_per_step"] == width * values
+            assert row["ring_model_ms"] == (
+                pytest.approx(1e3 * width * values / (gbit * 1e9 / 8)) if gbit else None
+            )
+            # Each worker sends at least the ring model's bytes (what the all-reduce must move), and
+            # not much more (the rest of gRPC's messages): the counters are those of the link
+            # between them (none on the loopback, where they would be the host's own eth0).
+            if gbit:
+                for pr in workers:
+                    sent = pr["window"]["link_tx_bytes"] / (
+                        pr["window_steps"][1] - pr["window_steps"][0]
+                    )
+                    assert 1.0 <= sent / (width * values) < 1.5, (gbit, variant, sent)
+            else:
+                assert row["link_bytes_per_step"] is None
+            assert row["efficiency"] == pytest.approx(
+                row["examples_per_sec"] / rep["control"]["examples_per_sec"]
+            )
+    # the table: per link rate and variant, the median over the repeats
+    assert [(t["gbit"], t["variant"]) for t in lk["table"]] == cells
+    for t in lk["table"]:
+        effs = [
+            row["efficiency"]
+            for rep in lk["repeats"]
+            for row in rep["rows"]
+            if (row["gbit"], row["variant"]) == (t["gbit"], t["variant"])
+        ]
+        assert t["efficiencies"] == effs and t["efficiency"] == _median(effs)
 
     # -- verdicts ------------------------------------------------------------------------------------
     targets = res["targets"]
@@ -201,7 +235,10 @@ def test_scaling_benchmark_smoke(tmp_path):
     assert targets["efficiency"]["measured"] == sc["efficiency"]
     assert targets["backup_overhead_pct"]["measured"] == bk["overhead_pct"]
     check_verdicts(targets)
-    assert not [f for f in os.listdir(tmp_path) if f.startswith("b3-")]  # scratch removed
+
+
+def test_the_committed_scaling_result_holds_together():
+    check_result(committed("scaling"))
 
 
 def test_a_link_row_counts_bytes_only_on_simulated_hosts():

@@ -6,19 +6,19 @@ well-formed JSON, never what the figures are.
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 import pytest
-from bench_checks import check_verdicts
+from bench_checks import check_verdicts, committed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_ingestion_benchmark_smoke(tmp_path):
-    import statistics
-
     out = tmp_path / "ingestion.json"
     env = dict(
         os.environ,
@@ -46,7 +46,46 @@ def test_ingestion_benchmark_smoke(tmp_path):
     assert "| B1 ingestion" in proc.stdout and "AUTOTUNE gap" in proc.stdout
 
     res = json.loads(out.read_text())
-    assert res["id"] == "B1" and res["params"]["smoke"] is True and res["lscpu"]["flags"]
+    assert res["params"]["smoke"] is True
+    check_ingestion_result(res)
+    assert not [
+        p for p in os.listdir(tmp_path) if p.startswith(".tmp-")
+    ]  # atomic write left no debris
+
+
+@pytest.mark.slow
+@pytest.mark.bench
+def test_end_to_end_benchmark_reads_a_pipeline_run(tmp_path, pipeline_run):
+    out = tmp_path / "end_to_end.json"
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "bench", "end_to_end.py"),
+            "--run",
+            pipeline_run["run"],
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    res = json.loads(out.read_text())
+    assert "| size: teacher float32 weights / chosen .tflite" in proc.stdout
+    check_end_to_end_result(res)
+
+
+def check_ingestion_result(res: dict) -> None:
+    """Everything a B1 result must get right whatever its figures (a smoke run's or a full run's)."""
+    assert res["id"] == "B1" and res["lscpu"]["flags"]
     assert (
         res["dataset"]["shards"] == 16 and res["peer"]["module"] == "bench/peers/tf_data_guide.py"
     )
@@ -91,37 +130,14 @@ def test_ingestion_benchmark_smoke(tmp_path):
         assert pair["gap_pct"] == pytest.approx(
             100 * (1 - max(pair["autotune_trials"]) / max(pair["best_hand_trials"]))
         )
-    assert not [
-        p for p in os.listdir(tmp_path) if p.startswith(".tmp-")
-    ]  # atomic write left no debris
 
 
-@pytest.mark.slow
-def test_end_to_end_benchmark_reads_a_pipeline_run(tmp_path, pipeline_run):
-    out = tmp_path / "end_to_end.json"
-    env = dict(
-        os.environ,
-        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        TF_CPP_MIN_LOG_LEVEL="2",
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "bench", "end_to_end.py"),
-            "--run",
-            pipeline_run["run"],
-            "--out",
-            str(out),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    res = json.loads(out.read_text())
-    assert "| size: teacher float32 weights / chosen .tflite" in proc.stdout
+def test_the_committed_ingestion_result_holds_together():
+    check_ingestion_result(committed("ingestion"))
+
+
+def check_end_to_end_result(res: dict) -> None:
+    """Everything a B8 result must get right whatever its figures (read from any pipeline run)."""
     b8 = {r["name"].split(":")[0]: r for r in res["b8"]["rows"]}
     teacher, chosen = res["teacher"], res["chosen"]
     # the published ratios are the variants' own figures, recomputed here
@@ -130,3 +146,7 @@ def test_end_to_end_benchmark_reads_a_pipeline_run(tmp_path, pipeline_run):
         teacher["size_bytes"] / chosen["size_bytes"], rel=1e-6
     )
     assert res["lscpu"]["flags"] and res["environment"]["tensorflow"]
+
+
+def test_the_committed_end_to_end_result_holds_together():
+    check_end_to_end_result(committed("end_to_end"))

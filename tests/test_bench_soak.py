@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from bench_checks import check_figures, committed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,6 +39,7 @@ def test_slope_and_summary_against_hand_computed_values():
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_a_short_soak_holds_memory_files_threads_and_disk(tmp_path):
     out = tmp_path / "soak.json"
     proc = subprocess.run(
@@ -65,4 +67,36 @@ def test_a_short_soak_holds_memory_files_threads_and_disk(tmp_path):
         proc.stdout[-3000:],
     )
     assert proc.returncode == 0 and res["parameters"]["steps"] == 1200 and len(res["epochs"]) == 30
+    check_result(res)
+
+
+def check_result(res: dict) -> None:
+    """Everything an S1 result must get right whatever its figures (a short soak's or a full one's)."""
+    sys.path.insert(0, ROOT)
+    from bench.soak import summarize
+
+    par = res["parameters"]
+    assert res["id"] == "S1" and res["lscpu"]["flags"]
+    assert (
+        par["steps"] == par["epochs"] * par["steps_per_epoch"]
+        and len(res["epochs"]) == par["epochs"]
+    )
+    assert [r["epoch"] for r in res["epochs"]] == list(range(1, par["epochs"] + 1))
     assert res["statistics"]["backup_bytes_max"] > 0  # backups were written (and rotated)
+    # the statistics are the epochs' samples', each figure its statistic, each verdict its number's
+    stats = summarize(res["epochs"])
+    assert res["statistics"] == stats
+    assert [f["values"] for f in res["figures"]] == [
+        [stats[key]]
+        for key in (
+            "rss_kib_per_epoch",
+            "open_files_growth",
+            "threads_growth",
+            "backup_growth_ratio",
+        )
+    ]
+    check_figures(res)
+
+
+def test_the_committed_soak_result_holds_together():
+    check_result(committed("soak"))

@@ -1,9 +1,11 @@
 """README.md and the guides can be followed as written: every command of their ``bash`` blocks runs, in order.
 
 README.md's first block (the two set-up commands that create ``.venv``) is what ``.ci/run`` itself
-runs. Every later command, README.md's then each guide's in the order of ``DOCS``, runs in a fresh
-directory, so each example finds the run directories an earlier one made; a command that a
-guide repeats from an earlier document runs once. The pipelines' commands (``tfopt.pipeline``,
+runs. Every later command, README.md's then each guide's in the order of ``DOCS``, belongs to the
+document that shows it first (a command a guide repeats from an earlier document runs once). Each
+document's commands run as one chain in a fresh directory, after the earlier commands whose run
+directories they read (found from the paths they name: ``-o``, ``--from``, ``--teacher``, ...), so
+the chains are independent and run in parallel, each in the order the documents give. The pipelines' commands (``tfopt.pipeline``,
 ``tfopt.report``) make and read only their own run directories, so they run in a directory of
 their own (``test_readme_pipelines.py``, beside this test under pytest-xdist). Blocks marked
 ``text`` show commands that need what a test machine lacks (your files, docker, kubectl); the
@@ -112,6 +114,76 @@ def section_commands(pipelines: bool) -> list[str]:
         if bool(PIPELINE_COMMAND.search(command)) == pipelines and command not in out:
             out.append(command)
     return out
+
+
+def _outputs(command: str) -> set[str]:
+    """The paths a command writes: ``-o``/``--output``, the folder ``to_folder`` makes, a
+    ``--config`` file's ``train.output_dir``, or the stage's default next to its input."""
+    words = shlex.split(command)
+    out: set[str] = set()
+    if "--print-config" in words:
+        return out
+    for flag in ("-o", "--output"):
+        if flag in words:
+            out.add(words[words.index(flag) + 1])
+    if "tfopt.data.to_folder" in words:
+        rest = [
+            w for w in words[words.index("tfopt.data.to_folder") + 1 :] if not w.startswith("-")
+        ]
+        out.add(rest[1])
+    if not out and "tfopt.train" in words and "--config" in words:
+        from tfopt import config as config_lib
+
+        cfg = config_lib.load(os.path.join(REPO, words[words.index("--config") + 1]))
+        out.add(cfg.train.output_dir)
+    if not out and "--from" in words and "--inspect" not in words:
+        source = words[words.index("--from") + 1]
+        if "tfopt.export" in words:
+            out.add(f"{source}-export")
+        elif "--technique" in words:
+            out.add(f"{source}-{words[words.index('--technique') + 1]}")
+    return out
+
+
+def _reads(command: str, path: str) -> bool:
+    """True when a word of ``command`` names ``path`` or a file under it."""
+    for word in shlex.split(command):
+        word = word.removeprefix("folder:")
+        if word == path or word.startswith(path.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def chains(commands: list[str] | None = None) -> dict[str, list[str]]:
+    """Document -> its commands, each after the earlier commands it reads from (in the
+    documents' order); documents without commands of their own are left out."""
+    commands = section_commands(pipelines=False) if commands is None else commands
+    owner = {}
+    for doc in DOCS:
+        with open(os.path.join(REPO, doc), encoding="utf-8") as f:
+            text = f.read()
+        mine = [main_job(text)] if doc == "README.md" else []
+        for command in mine + doc_commands(text, skip_first=doc == "README.md"):
+            owner.setdefault(command, doc)
+    needs: dict[int, set[int]] = {}
+    for i, command in enumerate(commands):
+        needs[i] = set()
+        written: dict[str, int] = {}  # path -> the last earlier command that writes it
+        for j in range(i):
+            for path in _outputs(commands[j]):
+                written[path] = j
+        needs[i] = {j for path, j in written.items() if _reads(command, path)}
+
+    def with_needs(i: int) -> set[int]:
+        out = {i}
+        for j in needs[i]:
+            out |= with_needs(j)
+        return out
+
+    by_doc: dict[str, set[int]] = {}
+    for i, command in enumerate(commands):
+        by_doc.setdefault(owner.get(command, "README.md"), set()).update(with_needs(i))
+    return {doc: [commands[i] for i in sorted(by_doc[doc])] for doc in DOCS if doc in by_doc}
 
 
 def _export_small(args: list[str]) -> list[str]:
@@ -227,6 +299,34 @@ def run_in_order(commands: list[str], tmp_path, after=None) -> None:
             after(i, command)
 
 
+def test_every_command_is_in_a_chain_after_what_it_reads():
+    commands = section_commands(pipelines=False)
+    found = chains(commands)
+    assert set().union(*map(set, found.values())) == set(commands)
+    for doc, chain in found.items():
+        assert chain == sorted(chain, key=commands.index), doc  # the documents' order
+    # the tour's export reads the main job's run; the photos' model reads the photos
+    tour = found["README.md"]
+    assert tour.index(commands[0]) < tour.index(
+        next(c for c in tour if "--from runs/mnist --modes" in c)
+    )
+    distill = found["docs/distillation.md"]
+    assert any("mnist_cnn.yaml --precision" in c for c in distill)  # the second teacher's run
+    assert not any("--print-config" in c for c in distill)
+    assert any(
+        c.startswith("python -m tfopt.train --strategy mirrored -o runs/mnist") for c in distill
+    )
+    export = found["docs/export.md"]
+    assert any("--technique pqat" in c for c in export)  # export.md's --from runs/mnist-pqat
+    assert not any("fashion_mlp" in c for c in export)
+    assert _outputs("python -m tfopt.optimize --from runs/mnist --technique pqat") == {
+        "runs/mnist-pqat"
+    }
+    assert _outputs("python -m tfopt.export --from runs/a --modes int8") == {"runs/a-export"}
+    assert _outputs("python -m tfopt.data.to_folder fashion_mnist photos --limit 600") == {"photos"}
+
+
 @pytest.mark.slow
-def test_every_readme_command_runs_in_order(tmp_path):
-    run_in_order(section_commands(pipelines=False), tmp_path)
+@pytest.mark.parametrize("doc", sorted(chains()))
+def test_every_command_runs_in_order(doc, tmp_path):
+    run_in_order(chains()[doc], tmp_path)
