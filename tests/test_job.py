@@ -399,16 +399,16 @@ def test_a_crashed_overwrite_leaves_the_previous_run_intact(tmp_path):
 
 
 def test_versions_reports_what_is_installed_and_keeps_bugs(monkeypatch):
-    from tfopt.runtime import job
+    from tfopt.runtime import record
 
-    assert job.versions()["tensorflow_model_optimization"].startswith("0.8")
+    assert record.versions()["tensorflow_model_optimization"].startswith("0.8")
 
     def broken(name):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(job, "version", broken)
+    monkeypatch.setattr(record, "version", broken)
     with pytest.raises(ZeroDivisionError):  # only "not installed" is swallowed
-        job.versions()
+        record.versions()
 
 
 @pytest.mark.slow
