@@ -1,6 +1,7 @@
 """The Job: the one context every stage (train, distill, optimize) runs in.
 
-A stage's own module holds only what is specific to it; everything else is here:
+A stage's own module holds only what is specific to it; everything else is here, in its fit loop
+(:mod:`tfopt.runtime.fitloop`) and in its record (:mod:`tfopt.runtime.record`):
 
     with Job(cfg, "train", out_dir=..., options=...) as job:   # validated before TensorFlow starts
         with job.strategy.scope():
