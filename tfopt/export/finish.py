@@ -1,0 +1,79 @@
+"""Finishing every written .tflite: the appended softmax, the I/O names and the TFLite Metadata
+(normalization, labels, ``input.json``, the recipe) that MediaPipe Tasks and LiteRT read."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from tfopt.export import (
+    metadata,
+    outputs,
+)
+from tfopt.export.evaluate import (
+    TFLiteModel,
+)
+from tfopt.fileio import write_bytes
+
+
+def write_metadata(
+    rows: list[dict],
+    out_dir: str,
+    contract: dict,
+    plan: outputs.Plan,
+    outs: str,
+    name: str,
+    version: str,
+) -> None:
+    """Finishes every written .tflite: its softmax (see ``outputs.plan``), names and metadata.
+
+    See :mod:`tfopt.export.metadata`: the normalization, the labels, ``input.json`` and the
+    mode's recipe travel inside the file. An appended softmax is checked on random inputs against
+    numpy's. Sizes in the rows stay the evaluated flatbuffer's; ``metadata_bytes`` is what the
+    softmax, the names, the metadata and the packed files add.
+    """
+    rng = np.random.default_rng(0)
+    for row in rows:
+        if row.get("file"):
+            path = os.path.join(out_dir, row["file"])
+            with open(path, "rb") as f:
+                content = f.read()
+            final = content
+            if plan.append_softmax:
+                final = outputs.append_softmax(content)
+                probe = rng.random((4, *contract["image_shape"]), dtype=np.float32)
+                logits = TFLiteModel(content).predict(probe).astype(np.float64)
+                want = np.exp(logits - logits.max(axis=1, keepdims=True))
+                got = TFLiteModel(final).predict(probe)
+                assert np.allclose(got, want / want.sum(axis=1, keepdims=True), atol=1e-5), row[
+                    "file"
+                ]
+            files = metadata.files_of(contract)
+            if row.get("recipe"):
+                with open(os.path.join(out_dir, row["recipe"]), "rb") as f:
+                    files["recipe.json"] = f.read()
+            described = metadata.write(
+                outputs.name_io(final, outs),
+                contract,
+                outputs=outs,
+                name=f"{name} ({row['mode']})",
+                version=version[:12],
+                description=f"Image classifier over {len(contract.get('class_names') or [])} "
+                f"classes, exported by tfopt as {row['mode']}"
+                + (
+                    f", quantized by {QUANTIZED_BY[row['quantizer']]}."
+                    if row.get("quantizer")
+                    else "."
+                ),
+                files=files,
+            )
+            write_bytes(path, described)
+            row["metadata_bytes"] = len(described) - len(content)
+            row["outputs"] = outs
+
+
+QUANTIZED_BY = {
+    "converter": "the TFLite converter",
+    "litert": "LiteRT Quantizer (ai-edge-quantizer)",
+}
