@@ -116,6 +116,45 @@ def section_commands(pipelines: bool) -> list[str]:
     return out
 
 
+#: README cluster launches a dedicated test already runs (the same launcher flags, stage and
+#: strategy), keyed by ``launch_key``: the chains parse them instead of running them again.
+COVERED_LAUNCHES = {
+    (("--max-restarts", "--workers"), "tfopt.train", "multi_worker_mirrored"): (
+        "test_fault_tolerance.py",
+        "test_multi_worker_kills_of_a_worker_and_the_chief_restart_to_identical_weights",
+    ),
+    (("--chief", "--ps", "--workers"), "tfopt.train", "parameter_server"): (
+        "test_sharding.py",
+        "test_sharded_parameter_servers_resume_across_shardings_bit_identically",
+    ),
+    (("--workers",), "tfopt.optimize", "multi_worker_mirrored"): (
+        "test_optimize_matrix.py",
+        "test_matrix_matches_compatibility_doc",
+    ),
+    (("--data-workers", "--workers"), "tfopt.train", "multi_worker_mirrored"): (
+        "test_launch_data_service.py",
+        "test_training_goes_on_when_its_data_worker_and_dispatcher_are_killed",
+    ),
+}
+
+
+def launch_key(command: str) -> tuple | None:
+    """``(launcher flags, stage, strategy)`` of a ``tfopt.launch`` command that runs a cluster."""
+    words = shlex.split(command)
+    if "tfopt.launch" not in words or "--" not in words or "--render" in words:
+        return None
+    split = words.index("--")
+    own = tuple(sorted(w for w in words[:split] if w.startswith("--")))
+    inner = words[split + 1 :]
+    stage = inner[inner.index("-m") + 1]
+    strategy = inner[inner.index("--strategy") + 1] if "--strategy" in inner else None
+    return own, stage, strategy
+
+
+def _covered(command: str) -> bool:
+    return launch_key(command) in COVERED_LAUNCHES
+
+
 def _outputs(command: str) -> set[str]:
     """The paths a command writes: ``-o``/``--output``, the folder ``to_folder`` makes, a
     ``--config`` file's ``train.output_dir``, or the stage's default next to its input."""
@@ -180,8 +219,11 @@ def chains(commands: list[str] | None = None) -> dict[str, list[str]]:
             out |= with_needs(j)
         return out
 
+    read = set().union(*needs.values())  # a covered launch whose run another command reads runs
     by_doc: dict[str, set[int]] = {}
     for i, command in enumerate(commands):
+        if _covered(command) and i not in read:
+            continue
         by_doc.setdefault(owner.get(command, "README.md"), set()).update(with_needs(i))
     return {doc: [commands[i] for i in sorted(by_doc[doc])] for doc in DOCS if doc in by_doc}
 
@@ -302,7 +344,7 @@ def run_in_order(commands: list[str], tmp_path, after=None) -> None:
 def test_every_command_is_in_a_chain_after_what_it_reads():
     commands = section_commands(pipelines=False)
     found = chains(commands)
-    assert set().union(*map(set, found.values())) == set(commands)
+    assert set().union(*map(set, found.values())) == {c for c in commands if not _covered(c)}
     for doc, chain in found.items():
         assert chain == sorted(chain, key=commands.index), doc  # the documents' order
     # the tour's export reads the main job's run; the photos' model reads the photos
@@ -324,6 +366,43 @@ def test_every_command_is_in_a_chain_after_what_it_reads():
     }
     assert _outputs("python -m tfopt.export --from runs/a --modes int8") == {"runs/a-export"}
     assert _outputs("python -m tfopt.data.to_folder fashion_mnist photos --limit 600") == {"photos"}
+
+
+def test_a_launch_a_dedicated_test_runs_is_parsed_and_that_test_runs_the_same_launch():
+    """The README's cluster launches that a chain does not run: each parses (launcher and stage),
+    and the dedicated test named for it launches the same flags, stage and strategy."""
+    import ast
+    import importlib
+
+    from tfopt import cli
+    from tfopt.launch.cli import build_parser as launch_parser
+
+    covered = [c for c in section_commands(pipelines=False) if _covered(c)]
+    assert len(covered) == len(COVERED_LAUNCHES), covered  # each entry is still in the docs
+    for command in covered:
+        words = shlex.split(command)
+        split = words.index("--")
+        launch_parser().parse_args(words[words.index("tfopt.launch") + 1 : split])
+        inner = words[split + 1 :]
+        stage = inner[inner.index("-m") + 1]
+        parser = importlib.import_module(f"{stage}.cli").build_parser()
+        args = parser.parse_args(inner[inner.index("-m") + 2 :])
+        if stage == "tfopt.train":
+            cli.config_from_args(args)  # the flags' values are valid, as at the start of a run
+        own, _, strategy = launch_key(command)
+        file, name = COVERED_LAUNCHES[launch_key(command)]
+        with open(os.path.join(REPO, "tests", file), encoding="utf-8") as f:
+            source = f.read()
+        tests = {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+        assert name in tests, (file, name)
+        for needed in (*own, stage, strategy):
+            assert f'"{needed}"' in source or f"{needed} " in source, (command, file, needed)
+    # the key reads the launcher's own flags, the stage and the strategy
+    assert launch_key(
+        "python -m tfopt.launch --workers 2 --max-restarts 3 -- python -m tfopt.train "
+        "--strategy multi_worker_mirrored -o r"
+    ) == (("--max-restarts", "--workers"), "tfopt.train", "multi_worker_mirrored")
+    assert launch_key("python -m tfopt.train -o r") is None
 
 
 @pytest.mark.slow
