@@ -15,7 +15,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 from tfopt._keras import tf  # noqa: E402
 
 from tfopt import config as C  # noqa: E402
-from tfopt.data import pipeline  # noqa: E402
+from tfopt.data import distributed  # noqa: E402
 from tfopt.runtime.job import Job  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def main(closures: int) -> None:
     )
     with Job(cfg, "train", out_dir=False) as job:  # workers and ps serve inside
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(job.strategy)
-        fn = pipeline.dataset_fn(cfg.data, "train", training=True, info=job.info)
+        fn = distributed.dataset_fn(cfg.data, "train", training=True, info=job.info)
         with job.strategy.scope():  # as Keras fit builds it under ParameterServerStrategy
             per_worker = coordinator.create_per_worker_dataset(
                 lambda: job.strategy.distribute_datasets_from_function(fn)

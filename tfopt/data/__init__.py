@@ -8,10 +8,10 @@ import importlib
 
 _HOMES = {
     "build": "pipeline",
-    "dataset_fn": "pipeline",
-    "distribute": "pipeline",
+    "dataset_fn": "distributed",
+    "distribute": "distributed",
     "make_dataset": "pipeline",
-    "parse_fn": "pipeline",
+    "parse_fn": "parse",
     "shift_augment": "pipeline",
     "DatasetInfo": "sources",
     "SplitInfo": "sources",

@@ -27,15 +27,16 @@ with several input pipelines still sees every record exactly once across them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tfopt._keras import tf
 
 import numpy as np
 
-from tfopt import _compat
 from tfopt.config import AUTOTUNE, DataConfig, feed_normalize
 from tfopt.data import service
 from tfopt.data.augment import (
@@ -45,6 +46,7 @@ from tfopt.data.augment import (
     normalize_batches,
 )
 from tfopt.data.builtin import SPLITS
+from tfopt.data.parse import Augment, parse_fn, resize_fn, split_of
 from tfopt.data.shards import scan_tfrecord
 from tfopt.data.sources import DatasetInfo, dataset_dir, prepare
 from tfopt.errors import ConfigError, DataError
@@ -54,97 +56,9 @@ PARSE_BLOCK = 256  # records parsed per call of a vectorized parse function
 _ENDLESS = 2**62  # passes in a training stream: never reached
 _PASS_GRAPH_SEED = 0x5EED
 
-Augment = Callable[[tf.Tensor, tf.Tensor], tuple]
-
 
 def _tune(value: int) -> int:
     return tf.data.AUTOTUNE if value == AUTOTUNE else value
-
-
-def parse_fn(info: DatasetInfo, split: str) -> Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]:
-    """Returns a function: serialized tfopt ``tf.train.Example`` -> (image, label).
-
-    When the stored images share one shape, the function also accepts a vector of records and
-    then returns batched tensors; ``build`` uses that (it is marked ``vectorized``) because
-    parsing records in blocks is several times faster than one by one. Images of varying sizes
-    (a ``folder:`` source) are parsed one by one and resized to ``info.image_shape``'s height and
-    width on the way (bilinear), so that they can be batched.
-
-    Args:
-        info: The prepared dataset (image shapes and, per split, how images are encoded).
-        split: The split whose records will be parsed.
-
-    Returns:
-        A function mapping one serialized record to ``(float32 [H, W, C] in [0, 1], int64 label)``
-        (or a vector of them to ``([N, H, W, C], [N])``), at the stored size (see ``resize_fn``).
-
-    Raises:
-        DataError: ``split`` is not one of the dataset's splits.
-    """
-    stored = tuple(info.record_shape)
-    varying = None in stored[:2]
-    shape = (*info.image_shape[:2], stored[2]) if varying else stored
-    encoding = _split(info, split).encoding
-    image_key, label_key = info.feature_keys
-    spec = {
-        image_key: tf.io.FixedLenFeature([], tf.string),
-        label_key: tf.io.FixedLenFeature([], tf.int64),
-    }
-
-    def decode(encoded: tf.Tensor) -> tf.Tensor:
-        if encoding == "png":
-            image = tf.io.decode_png(encoded, channels=shape[2])
-        elif encoding == "jpeg":
-            image = tf.io.decode_jpeg(encoded, channels=shape[2])
-        else:  # "image": JPEG, PNG, BMP or GIF (the first frame)
-            image = tf.io.decode_image(encoded, channels=shape[2], expand_animations=False)
-        if varying:
-            image = tf.cast(
-                tf.clip_by_value(tf.round(tf.image.resize(image, shape[:2])), 0, 255), tf.uint8
-            )
-        return tf.ensure_shape(image, shape)
-
-    def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        batched = serialized.shape.rank == 1
-        example = (tf.io.parse_example if batched else tf.io.parse_single_example)(serialized, spec)
-        if encoding == "raw":
-            image = tf.reshape(
-                tf.io.decode_raw(example[image_key], tf.uint8), ((-1,) if batched else ()) + shape
-            )
-        elif batched:
-            image = tf.map_fn(
-                decode, example[image_key], fn_output_signature=tf.TensorSpec(shape, tf.uint8)
-            )
-        else:
-            image = decode(example[image_key])
-        return tf.cast(image, tf.float32) * (1.0 / 255.0), example[label_key]
-
-    parse.vectorized = not varying
-    return parse
-
-
-def resize_fn(info: DatasetInfo) -> Augment | None:
-    """Returns ``(images, labels) -> (images, labels)`` on batches: the stored images to
-    ``info.image_shape`` (``data.image_size``: bilinear resize, the aspect ratio not kept;
-    ``data.channels``: gray repeated to RGB, or RGB to luma), or None when they already match."""
-    stored, target = tuple(info.record_shape), tuple(info.image_shape)
-    if None in stored[:2]:  # parse_fn resized them already
-        stored = (*target[:2], stored[2])
-    if stored == target:
-        return None
-
-    def resize(images, labels):
-        if stored[2] != target[2]:
-            images = (
-                tf.image.grayscale_to_rgb(images)
-                if target[2] == 3
-                else tf.image.rgb_to_grayscale(images)
-            )
-        if stored[:2] != target[:2]:
-            images = tf.image.resize(images, target[:2])
-        return tf.ensure_shape(images, (None, *target)), labels
-
-    return resize
 
 
 def shift_augment(seed: int, start: int = 0) -> Callable[[tf.data.Dataset], tf.data.Dataset]:
@@ -295,112 +209,153 @@ def build(
     served = training and bool(cfg.service)
     if served:  # the same graph on every trainer: the shared service job does the splitting
         pipelines, pipeline_id = 1, 0
-    seed = cfg.seed + pipeline_id  # different pipelines hold different data: decorrelate them
     if training:  # one seeded order, the same in every pipeline, so that file shards partition
         files = [files[i] for i in np.random.default_rng(cfg.seed).permutation(len(files))]
-    by_file = pipelines > 1 and len(files) >= pipelines
-    by_record = pipelines > 1 and not by_file
-    ordered = None if training else True
-    vectorized = getattr(parse, "vectorized", False)
+    reader = _Reader(cfg, files, parse, training, pipelines, pipeline_id, cache_path)
+    if not training:
+        ds = _evaluation_pass(reader, batch_size, resize)
+    else:
+        ds = _training_stream(
+            reader, batch_size, group, num_records, start_step, served, service_job, augment, resize
+        )
+    ds = ds.prefetch(_tune(cfg.prefetch_buffer))
+    return ds.with_options(_options(cfg, training, sharded=input_context is not None))
 
-    def read(path):
+
+@dataclasses.dataclass
+class _Reader:
+    """How one pipeline reads its records: its share of the files (or of each file's records),
+    parsed, optionally cached; ``seed`` decorrelates pipelines that hold different data."""
+
+    cfg: DataConfig
+    files: list[str]
+    parse: Callable
+    training: bool
+    pipelines: int
+    pipeline_id: Any
+    cache_path: str | None
+
+    def __post_init__(self):
+        self.seed = self.cfg.seed + self.pipeline_id
+        self.by_file = self.pipelines > 1 and len(self.files) >= self.pipelines
+        self.by_record = self.pipelines > 1 and not self.by_file
+        self.ordered = None if self.training else True
+        self.vectorized = getattr(self.parse, "vectorized", False)
+
+    def file_dataset(self) -> tf.data.Dataset:
+        """The files this pipeline reads (all of them when it shards by record)."""
+        ds = tf.data.Dataset.from_tensor_slices(self.files)
+        return ds.shard(self.pipelines, self.pipeline_id) if self.by_file else ds
+
+    def _read(self, path):
         records = tf.data.TFRecordDataset(path)
         # Sharding each file by record index makes the partition independent of read order.
-        return records.shard(pipelines, pipeline_id) if by_record else records
+        return records.shard(self.pipelines, self.pipeline_id) if self.by_record else records
 
-    def records_of(file_ds: tf.data.Dataset, cache: bool) -> tf.data.Dataset:
+    def records_of(self, file_ds: tf.data.Dataset, cache: bool) -> tf.data.Dataset:
+        """Parsed single records of ``file_ds`` (cached in memory or a file when ``cache``)."""
+        cfg = self.cfg
         ds = file_ds.interleave(
-            read,
+            self._read,
             cycle_length=_tune(cfg.interleave_cycle_length),
             num_parallel_calls=_tune(cfg.num_parallel_reads),
-            deterministic=ordered,
+            deterministic=self.ordered,
         )
-        if vectorized:  # parse blocks of records
+        if self.vectorized:  # parse blocks of records
             ds = ds.batch(PARSE_BLOCK)
-        ds = ds.map(parse, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered)
+        ds = ds.map(
+            self.parse, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=self.ordered
+        )
         if cache and cfg.cache == "file":  # blocks: fewer, larger elements to write and read back
-            ds = ds.cache(
-                _pipeline_path(
-                    _file_cache(cfg, files, training, pipelines, pipeline_id, cache_path),
-                    pipeline_id,
-                )
+            path = _file_cache(
+                cfg, self.files, self.training, self.pipelines, self.pipeline_id, self.cache_path
             )
-        if vectorized:
+            ds = ds.cache(_pipeline_path(path, self.pipeline_id))
+        if self.vectorized:
             ds = ds.unbatch()
         # Single records, so that a shuffle can hold every one of them by reference.
         return ds.cache() if cache and cfg.cache == "memory" else ds
 
-    file_ds = tf.data.Dataset.from_tensor_slices(files)
-    if by_file:
-        file_ds = file_ds.shard(pipelines, pipeline_id)
-    # Training drops the remainder at a global step's size, so that every epoch's steps hold the
-    # same examples whatever the replica count (mirrored on 2 devices trains exactly like one device).
-    if not training:
-        ds = records_of(file_ds, cache=True).batch(batch_size)
-        if resize is not None:
-            ds = ds.map(
-                resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=True
-            )
-        evaluate = eval_transform(cfg)  # crop_flip's central window, data.normalize
-        if evaluate is not None:
-            ds = ds.apply(evaluate)
+
+def _evaluation_pass(reader: _Reader, batch_size: int, resize: Augment | None) -> tf.data.Dataset:
+    """One ordered pass over every record of the pipeline, resized and normalized as evaluated."""
+    cfg = reader.cfg
+    ds = reader.records_of(reader.file_dataset(), cache=True).batch(batch_size)
+    if resize is not None:
+        ds = ds.map(resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=True)
+    evaluate = eval_transform(cfg)  # crop_flip's central window, data.normalize
+    return ds.apply(evaluate) if evaluate is not None else ds
+
+
+def _training_stream(
+    reader: _Reader,
+    batch_size: int,
+    group: int,
+    num_records: int | None,
+    start_step: int,
+    served: bool,
+    service_job: str,
+    augment: Augment | None,
+    resize: Augment | None,
+) -> tf.data.Dataset:
+    """The endless stream of shuffled passes from ``start_step`` on (see :func:`build`).
+
+    Training drops the remainder at a global step's size, so that every epoch's steps hold the
+    same examples whatever the replica count (mirrored on 2 devices trains exactly like one device).
+    """
+    cfg, files, pipelines, seed = reader.cfg, reader.files, reader.pipelines, reader.seed
+    file_ds = reader.file_dataset()
+    if pipelines == 1 and num_records is not None:
+        counts = [num_records]
     else:
-        if pipelines == 1 and num_records is not None:
-            counts = [num_records]
+        counts = [scan_tfrecord(f) for f in files]
+    per_pass = batches_per_pass(counts, pipelines, reader.by_file, batch_size * group)
+    # Sized to the records, not beyond: tf.data allocates the whole buffer up front.
+    full = -(-sum(counts) // pipelines) if reader.by_record else sum(counts)
+    buffer = full if cfg.cache == "memory" else cfg.shuffle_buffer
+    cached = reader.records_of(file_ds, cache=True) if cfg.cache != "none" else None
+
+    def one_pass(index):
+        # A graph-level seed of this function's own: with a tensor op seed, TensorFlow's seed
+        # logic fails when the global seed is 0, and the order must not depend on it anyway.
+        tf.random.set_seed(_PASS_GRAPH_SEED)
+        records = cached
+        if records is None:  # re-read the files, in this pass's order
+            records = reader.records_of(
+                file_ds.shuffle(len(files), seed=pass_seed(seed, index)), cache=False
+            )
+        ds = records.shuffle(
+            max(1, buffer), seed=pass_seed(seed, index), reshuffle_each_iteration=False
+        )
+        if group > 1:
+            ds = ds.batch(batch_size * group, drop_remainder=True).rebatch(batch_size)
         else:
-            counts = [scan_tfrecord(f) for f in files]
-        per_pass = batches_per_pass(counts, pipelines, by_file, batch_size * group)
-        # Sized to the records, not beyond: tf.data allocates the whole buffer up front.
-        full = -(-sum(counts) // pipelines) if by_record else sum(counts)
-        buffer = full if cfg.cache == "memory" else cfg.shuffle_buffer
-        cached = records_of(file_ds, cache=True) if cfg.cache != "none" else None
+            ds = ds.batch(batch_size, drop_remainder=True)
+        return ds.take(per_pass * group)
 
-        def one_pass(index):
-            # A graph-level seed of this function's own: with a tensor op seed, TensorFlow's seed
-            # logic fails when the global seed is 0, and the order must not depend on it anyway.
-            tf.random.set_seed(_PASS_GRAPH_SEED)
-            records = cached
-            if records is None:  # re-read the files, in this pass's order
-                records = records_of(
-                    file_ds.shuffle(len(files), seed=pass_seed(seed, index)), cache=False
-                )
-            ds = records.shuffle(
-                max(1, buffer), seed=pass_seed(seed, index), reshuffle_each_iteration=False
-            )
-            if group > 1:
-                ds = ds.batch(batch_size * group, drop_remainder=True).rebatch(batch_size)
-            else:
-                ds = ds.batch(batch_size, drop_remainder=True)
-            return ds.take(per_pass * group)
-
-        first, skip = divmod(int(start_step), per_pass)
-        ds = tf.data.Dataset.range(first, _ENDLESS).flat_map(one_pass)
-        if not served:
-            ds = ds.skip(skip * group)
-        start = (
-            int(start_step) - (skip if served else 0)
-        ) * group  # stream index of the first batch
-        if resize is not None:
-            ds = ds.map(
-                resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=ordered
-            )
-        if augment is not None:
-            ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
-        elif cfg.augment == "shift":
-            ds = ds.apply(shift_augment(seed, start=start))
-        elif cfg.augment == "crop_flip":  # normalizes in the same pass
-            ds = ds.apply(crop_flip_augment(cfg, seed, start=start))
-        if feed_normalize(cfg) and (augment is not None or cfg.augment != "crop_flip"):
-            ds = ds.apply(normalize_batches(cfg))
-        if served:  # everything above runs on the service workers, with these options
-            ds = service.maybe_distribute(
-                ds.with_options(_options(cfg, training, sharded=False)),
-                cfg,
-                training=True,
-                job_name=service_job,
-            )
-    ds = ds.prefetch(_tune(cfg.prefetch_buffer))
-    return ds.with_options(_options(cfg, training, sharded=input_context is not None))
+    first, skip = divmod(int(start_step), per_pass)
+    ds = tf.data.Dataset.range(first, _ENDLESS).flat_map(one_pass)
+    if not served:
+        ds = ds.skip(skip * group)
+    start = (int(start_step) - (skip if served else 0)) * group  # stream index of the first batch
+    if resize is not None:
+        ds = ds.map(resize, num_parallel_calls=_tune(cfg.num_parallel_calls), deterministic=None)
+    if augment is not None:
+        ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+    elif cfg.augment == "shift":
+        ds = ds.apply(shift_augment(seed, start=start))
+    elif cfg.augment == "crop_flip":  # normalizes in the same pass
+        ds = ds.apply(crop_flip_augment(cfg, seed, start=start))
+    if feed_normalize(cfg) and (augment is not None or cfg.augment != "crop_flip"):
+        ds = ds.apply(normalize_batches(cfg))
+    if served:  # everything above runs on the service workers, with these options
+        ds = service.maybe_distribute(
+            ds.with_options(_options(cfg, True, sharded=False)),
+            cfg,
+            training=True,
+            job_name=service_job,
+        )
+    return ds
 
 
 def _file_cache(
@@ -426,12 +381,6 @@ def _file_cache(
     return cache_path
 
 
-def _split(info: DatasetInfo, split: str):
-    if split not in info.splits:
-        raise DataError(f"split {split!r} does not exist; choose one of {', '.join(info.splits)}")
-    return info.splits[split]
-
-
 def _pipeline_path(path: str, pipeline_id) -> str | tf.Tensor:
     """``path`` with ``{id}`` replaced by ``pipeline_id`` when that is a tensor (a worker index known
     only when the worker runs the dataset function, see ``per_worker_context``)."""
@@ -439,38 +388,6 @@ def _pipeline_path(path: str, pipeline_id) -> str | tf.Tensor:
         return path
     head, tail = path.split("{id}", 1)
     return tf.strings.join([head, tf.strings.as_string(pipeline_id), tail])
-
-
-def per_worker_context(
-    input_context: tf.distribute.InputContext | None,
-) -> tf.distribute.InputContext | None:
-    """Makes each ParameterServerStrategy worker its own input pipeline; other contexts pass unchanged.
-
-    Under ``ParameterServerStrategy`` the dataset function is traced once, on the coordinator, with
-    ``InputContext(num_input_pipelines=1, input_pipeline_id=0)``, and the same graph then runs on
-    every worker. Left like that, every worker shuffles with the same seed and reads the same
-    batches in the same order, so concurrent workers apply each batch twice. The returned context
-    has one pipeline per worker whose id is the worker's index, a tensor resolved on each worker
-    when it creates its dataset (``tf.distribute.coordinator.experimental_get_current_worker_index``):
-    workers then read disjoint shards with different shuffle seeds.
-    """
-    if (
-        input_context is None
-        or input_context.num_input_pipelines != 1
-        or not tf.distribute.has_strategy()
-    ):
-        return input_context
-    strategy = tf.distribute.get_strategy()
-    if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-        return input_context
-    workers = _compat.parameter_server_workers(strategy)
-    if workers < 2:
-        return input_context
-    return tf.distribute.InputContext(
-        num_input_pipelines=workers,
-        input_pipeline_id=tf.distribute.coordinator.experimental_get_current_worker_index(),
-        num_replicas_in_sync=input_context.num_replicas_in_sync,
-    )
 
 
 def per_pipeline_batch_size(
@@ -522,7 +439,7 @@ def make_dataset(
         raise DataError(f"split {split!r} does not exist; choose one of {', '.join(SPLITS)}")
     info = info or prepare(cfg)
     check_model_shape(cfg, info.image_shape)
-    files = _split(info, split).files
+    files = split_of(info, split).files
     cache_path = None
     if cfg.cache == "file":
         n = input_context.num_input_pipelines if input_context else 1
@@ -542,68 +459,8 @@ def make_dataset(
         batch_size=per_pipeline_batch_size(cfg, input_context),
         input_context=input_context,
         cache_path=cache_path,
-        num_records=_split(info, split).num_records,
+        num_records=split_of(info, split).num_records,
         start_step=start_step,
         service_job=service_job,
         resize=resize_fn(info),
-    )
-
-
-def dataset_fn(
-    cfg: DataConfig,
-    split: str,
-    *,
-    training: bool,
-    info: DatasetInfo | None = None,
-    start_step: int = 0,
-    service_job: str = "",
-) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-    """Returns ``fn(input_context) -> dataset`` for ``distribute_datasets_from_function`` and
-    ``ParameterServerStrategy``'s DatasetCreator.
-
-    The dataset is prepared (and verified) once, now; training streams are endless, as the
-    coordinator needs (set ``steps_per_epoch``), begin at ``start_step`` and, with ``data.service``,
-    come from the tf.data service job ``service_job``.
-    """
-    info = info or prepare(cfg)
-
-    def fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        return make_dataset(
-            cfg,
-            split,
-            training=training,
-            input_context=per_worker_context(input_context),
-            info=info,
-            start_step=start_step,
-            service_job=service_job,
-        )
-
-    return fn
-
-
-def distribute(
-    strategy: tf.distribute.Strategy,
-    cfg: DataConfig,
-    split: str,
-    *,
-    training: bool,
-    info: DatasetInfo | None = None,
-):
-    """Returns ``strategy.distribute_datasets_from_function`` over this split: one pipeline per worker.
-
-    Args:
-        strategy: Any tf.distribute strategy supporting ``distribute_datasets_from_function``.
-        cfg: The data config; ``global_batch_size`` is split evenly among the replicas.
-        split: ``train``, ``validation`` or ``test``.
-        training: Training mode (see ``build``).
-        info: An already prepared dataset.
-
-    Returns:
-        A ``tf.distribute.DistributedDataset`` of per-replica batches.
-    """
-    info = info or prepare(cfg)
-    return strategy.distribute_datasets_from_function(
-        lambda ctx: make_dataset(
-            cfg, split, training=training, input_context=per_worker_context(ctx), info=info
-        )
     )

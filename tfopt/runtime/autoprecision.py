@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from tfopt._keras import keras, tf
 
 from tfopt import _compat
-from tfopt.data import pipeline
+from tfopt.data import distributed
 from tfopt.runtime import precision
 
 MARGIN = 0.05  # a mixed policy must be more than 5% faster than float32 to be chosen
@@ -194,7 +194,7 @@ def resolve(
     data = dataclasses.replace(
         cfg.data, service="", deterministic=cfg.data.deterministic or cfg.runtime.deterministic
     )
-    fn = pipeline.dataset_fn(data, "train", training=True, info=info)
+    fn = distributed.dataset_fn(data, "train", training=True, info=info)
     dataset = (
         fn(tf.distribute.InputContext())
         if local

@@ -12,7 +12,7 @@ import time
 from tfopt._keras import keras, tf
 
 from tfopt import _compat
-from tfopt.data import pipeline, service
+from tfopt.data import distributed, pipeline, service
 from tfopt.errors import PeerLost, TrainingError
 from tfopt.runtime import sharding, sidecar
 from tfopt.runtime.backup import Backup, NonFinite
@@ -149,7 +149,7 @@ class FitLoop:
         if self.spec.needs_servers:
             start_step //= max(1, self.cluster.num_workers if self.cluster else 1)
         name = service.job_name(self.stage, "train", self.fingerprint, data) if data.service else ""
-        fn = pipeline.dataset_fn(
+        fn = distributed.dataset_fn(
             data, "train", training=True, info=self.info, start_step=start_step, service_job=name
         )
         if self.spec.needs_servers:
