@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tfopt import log
+from tfopt.core import log
 from tfopt.core.tables import markdown_table  # noqa: F401  (the benchmarks' tables: one implementation)
 
 # The benchmarks are programs: tfopt's lines (precision auto's choice, a resume) show as the
@@ -65,14 +65,14 @@ def environment(tf=None) -> dict[str, Any]:
 
 
 def _cpu_model() -> str:
-    from tfopt.cpu import cpu_info
+    from tfopt.core.cpu import cpu_info
 
     return cpu_info()["model"]
 
 
 def write_json_atomic(path: str, payload: Any) -> None:
-    """Writes ``payload`` as JSON to ``path`` atomically, readable under the user's umask (tfopt.fileio)."""
-    from tfopt.fileio import write_json
+    """Writes ``payload`` as JSON to ``path`` atomically, readable under the user's umask (tfopt.core.fileio)."""
+    from tfopt.core.fileio import write_json
 
     write_json(path, payload)
 
@@ -219,8 +219,8 @@ class QuietGate:
 
 def lscpu_info() -> dict[str, Any]:
     """What ``lscpu`` says about this machine's CPU (model, topology, caches, flags), JSON-ready
-    (:func:`tfopt.cpu.cpu_info`: /proc/cpuinfo where lscpu is missing)."""
-    from tfopt.cpu import cpu_info
+    (:func:`tfopt.core.cpu.cpu_info`: /proc/cpuinfo where lscpu is missing)."""
+    from tfopt.core.cpu import cpu_info
 
     return cpu_info()
 

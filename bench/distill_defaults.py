@@ -76,7 +76,7 @@ class Runner:
         self.trials: list[dict] = []
 
     def run(self, stage: str, config: dict, seed: int) -> dict:
-        from tfopt._keras import keras
+        from tfopt.core._keras import keras
 
         from tfopt.distill.cli import main as distill_main
         from tfopt.train.cli import main as train_main

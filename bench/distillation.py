@@ -45,7 +45,7 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tfopt._keras import keras, tf  # noqa: E402
+from tfopt.core._keras import keras, tf  # noqa: E402
 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402

@@ -223,7 +223,7 @@ def peer_run(
 def accuracy_run(plan: AccuracyPlan, policy: str, seed: int, workdir: str) -> dict:
     """One accuracy run of tfopt: the validation accuracy of every epoch, the test accuracy read once
     at the end (by the run), and the sha256 of the weights training started from and ended with."""
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     from tfopt.runtime.job import weights_digest
 
@@ -467,7 +467,7 @@ def report(res: dict) -> str:
 
 def throughput(p: Params, gate: QuietGate, workdir: str) -> dict:
     """Every throughput repeat: ``{model: {"repeats": [...]}}``."""
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     from peers import mixed_precision_guide as guide
 
@@ -523,7 +523,7 @@ def accuracy(p: Params, workdir: str) -> dict:
 
     Not gated on foreign load: load changes how long a run takes, not what it computes.
     """
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     out = {plan.name: {"seeds": []} for plan in p.accuracy}
     for i in range(max((plan.seeds for plan in p.accuracy), default=0)):

@@ -220,7 +220,7 @@ def harness(argv: list[str]) -> int:
 
     started = time.perf_counter()
     if args.side == "tfopt":
-        from tfopt._keras import keras
+        from tfopt.core._keras import keras
 
         from tfopt.train.stage import run
 
@@ -230,7 +230,7 @@ def harness(argv: list[str]) -> int:
         except _Done:
             pass
     else:
-        from tfopt._keras import keras
+        from tfopt.core._keras import keras
 
         from bench.peers import bare_fit
 

@@ -334,7 +334,7 @@ def harness_train(argv: list[str]) -> int:
     targs = parser.parse_args(train_argv)
     cfg = cli.config_from_args(targs)
 
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     from tfopt.train.stage import run
 
@@ -542,7 +542,7 @@ def harness_allreduce(argv: list[str]) -> int:
     nbytes = args.bandwidth_mb * MB
     bw_before = loopback_bandwidth(args.report_dir, index, nbytes, args.copies, "before")
 
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     from tfopt.config import RunConfig, RuntimeConfig
     from tfopt.runtime.job import connect
@@ -1738,7 +1738,7 @@ def _previous(out: str, phases: list[str]) -> dict | None:
 def _isolation(mode: str) -> bool:
     if mode == "off":
         return False
-    from tfopt.errors import ConfigError
+    from tfopt.core.errors import ConfigError
     from tfopt.launch import isolation_prefix
 
     try:

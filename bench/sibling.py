@@ -62,7 +62,7 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.cpu import peak_summary, peaks  # noqa: E402
+from tfopt.core.cpu import peak_summary, peaks  # noqa: E402
 from tfopt.export import tflite  # noqa: E402
 from tfopt.export.evaluate import load_split  # noqa: E402
 from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402

@@ -80,7 +80,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def run(epochs: int, steps_per_epoch: int, backup_every: int, work: str) -> list[dict]:
     """Trains in this process; returns one sample per epoch end."""
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     from tfopt import config as C
     from tfopt.train import run as train

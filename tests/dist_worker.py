@@ -14,8 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tfopt import log  # noqa: E402
 from tfopt.config import RuntimeConfig  # noqa: E402
+from tfopt.core import log  # noqa: E402
 from tfopt.runtime.strategy import make_strategy, num_replicas, run_server  # noqa: E402
 from tfopt.runtime.tf_config import cluster_from_env  # noqa: E402
 from tfopt.runtime.watchdog import StartupWatchdog  # noqa: E402
@@ -36,7 +36,7 @@ def main(strategy_name: str, startup_timeout: float) -> None:
     peers = cluster.peers(("chief", "worker", "ps")) if cluster else []
     with StartupWatchdog(runtime.startup_timeout, peers):
         strategy = make_strategy(runtime, cluster)  # first TF work of the process (MWMS needs it)
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     task = f"{cluster.task_type}:{cluster.task_index}"
     if strategy_name == "multi_worker_mirrored":

@@ -1,9 +1,9 @@
 """A quantization-sensitive run shared by the export tests."""
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
+from tfopt.core.fileio import write_json
 from tfopt.export.evaluate import load_split
-from tfopt.fileio import write_json
 from tfopt.models.io import save_model
 
 
@@ -38,7 +38,7 @@ def sensitive_run(cfg, tmp_path, epochs: int = 1):
 
 def keras_macs(model) -> dict:
     """Multiply-adds per example from the Keras layers' own shapes (independent of the .tflite)."""
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     import numpy as np
 

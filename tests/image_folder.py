@@ -2,7 +2,7 @@
 
 import os
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 

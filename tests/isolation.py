@@ -27,7 +27,7 @@ ISOLATED = _isolation_prefix()
 
 def launch_isolates() -> bool:
     """True when ``tfopt.launch`` runs a loopback cluster in a private network namespace (its default)."""
-    from tfopt.errors import ConfigError
+    from tfopt.core.errors import ConfigError
     from tfopt.launch import isolation_prefix
 
     try:

@@ -1,6 +1,6 @@
 """A user's model factory, named on the command line as ``model_factory:small_net``."""
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 
 def small_net(input_shape, num_classes, width=8):

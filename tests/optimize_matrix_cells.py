@@ -19,7 +19,7 @@ from tfopt.runtime.devices import setup_cpu_replicas  # noqa: E402
 
 setup_cpu_replicas(2)  # mirrored: 2 replicas on the one CPU, before TensorFlow touches devices
 
-from tfopt.fileio import write_json  # noqa: E402
+from tfopt.core.fileio import write_json  # noqa: E402
 from tfopt.optimize.cli import build_parser, resolve_config, settings_for  # noqa: E402
 from tfopt.optimize.runner import run as run_optimize  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402

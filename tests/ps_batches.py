@@ -12,7 +12,7 @@ import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from tfopt._keras import tf  # noqa: E402
+from tfopt.core._keras import tf  # noqa: E402
 
 from tfopt import config as C  # noqa: E402
 from tfopt.data import distributed  # noqa: E402

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.runs import RunRecord, refuse_input_as_output
 from tfopt.runtime.rundir import RunDir
 
@@ -216,8 +216,8 @@ def _digits(root, classes=3, per_class=4):
 @pytest.mark.parametrize("name", ["line1\nline2", "tab\there", "bell\x07"])
 def test_a_class_folder_name_with_a_control_character_is_refused(tmp_path, name):
     from tfopt.config import DataConfig
+    from tfopt.core.errors import DataError
     from tfopt.data import prepare
-    from tfopt.errors import DataError
 
     root = _digits(tmp_path / "imgs")
     os.rename(os.path.join(root, "digit_1"), os.path.join(root, name))
@@ -260,8 +260,8 @@ def test_dangling_and_looping_links_are_skipped_with_one_line_each(tmp_path, cap
 
 
 def test_an_image_name_that_is_not_utf8_is_one_line(tmp_path):
+    from tfopt.core.errors import DataError
     from tfopt.data.folder_source import listing_digest
-    from tfopt.errors import DataError
 
     root = tmp_path / "imgs"
     _digits(root)
@@ -293,7 +293,7 @@ def test_a_model_file_whose_config_expands_past_the_cap_is_one_line(tmp_path, ca
     bomb = tmp_path / "bomb.keras"
     _bomb(bomb, "config.json", 8 << 20)
     assert bomb.stat().st_size < 100_000
-    from tfopt.errors import ModelError
+    from tfopt.core.errors import ModelError
 
     with pytest.raises(ModelError, match="config.json expands to 8388608 bytes"):
         io.load_model(str(bomb))
@@ -319,7 +319,7 @@ def test_a_huge_config_file_and_a_huge_value_are_one_readable_line(tmp_path, cap
 
 def test_an_image_size_past_8192_a_side_and_a_runaway_model_arg_are_one_line():
     from tfopt.config import parse_image_size
-    from tfopt.specs import parse_model_args
+    from tfopt.core.specs import parse_model_args
 
     with pytest.raises(ConfigError, match="larger than 8192 pixels a side"):
         parse_image_size("100000x100000")
@@ -482,7 +482,7 @@ def test_a_hand_edited_run_record_is_one_line(tmp_path):
 
 
 def test_tensorflows_full_disk_error_is_one_line_and_its_other_errors_keep_their_traceback(capsys):
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     from tfopt import cli
 

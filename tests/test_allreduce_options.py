@@ -11,11 +11,11 @@ import pytest
 from isolation import ISOLATED
 
 from tfopt import config as C
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 
 def test_compressed_aggregation_rounds_each_gradient_to_bfloat16_and_back():
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     from tfopt.runtime.job import compress_allreduce
 

@@ -6,13 +6,13 @@ import subprocess
 import sys
 import textwrap
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest
 
 from tfopt import config as C
-from tfopt.errors import TrainingError
+from tfopt.core.errors import TrainingError
 from tfopt.runtime.backup import remove_debris
 from tfopt.runtime.job import Job
 
@@ -169,8 +169,8 @@ def test_backups_keep_the_two_newest_and_survive_a_moved_directory(tmp_path, eve
 
 FULL_DISK = textwrap.dedent("""
     import os, subprocess, sys
-    from tfopt._keras import keras, tf
-    from tfopt.errors import TfoptError
+    from tfopt.core._keras import keras, tf
+    from tfopt.core.errors import TfoptError
     from tfopt.runtime.backup import Backup
     d = sys.argv[1]
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
@@ -235,7 +235,7 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_previous_backup(tmp_path)
 
 WRITER = textwrap.dedent("""
     import json, os, sys
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
     from tfopt.runtime.backup import Backup
     d, mode = sys.argv[1], sys.argv[2]
     model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(512)])  # 1 MB of weights per backup

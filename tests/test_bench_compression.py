@@ -161,7 +161,7 @@ def test_the_committed_compression_result_holds_together():
 def test_largest_buffer_entropy_counts_the_biggest_kernels_bytes():
     """1 bit for a kernel whose int8 bytes take two values equally often, 0 for one value: the
     number follows the biggest buffer's byte histogram, not the file's."""
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     import numpy as np
 

@@ -2,7 +2,7 @@
 
 import math
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 import pytest

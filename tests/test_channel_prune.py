@@ -6,7 +6,7 @@ flows through), so the original computes exactly what a correct surgery must; th
 is built from the unzeroed weights minus those channels.
 """
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 import pytest
@@ -268,7 +268,7 @@ def test_bad_specs_are_named(bad, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["MobileNetV2", "ResNet50", "EfficientNetB0"])
 def test_keras_applications_prune_exactly_fine_tune_and_convert_to_int8(name):
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     from tfopt.export.tflite import convert
 

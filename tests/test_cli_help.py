@@ -84,7 +84,7 @@ def _every_flag() -> set[str]:
     try:
         for module, _ in COMMANDS.values():
             mod = importlib.import_module(module)
-            if module == "tfopt.cpu":  # no parser: its flags are --refresh and --here
+            if module == "tfopt.core.cpu":  # no parser: its flags are --refresh and --here
                 continue
             with pytest.raises(SystemExit):
                 mod.main(["--help"])

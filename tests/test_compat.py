@@ -1,4 +1,4 @@
-"""One test per entry of tfopt._compat: it fails, naming the entry to change or remove, as soon as
+"""One test per entry of tfopt.core._compat: it fails, naming the entry to change or remove, as soon as
 upstream changes what the entry relies on (a private name goes, a public one comes, a defect is
 fixed). Tiny models only: each test takes seconds.
 """
@@ -11,13 +11,13 @@ import re
 import sys
 from importlib.metadata import version
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest
 import tensorflow_model_optimization as tfmot
 
-from tfopt import _compat
+from tfopt.core import _compat
 
 TFMOT = f"tfmot {version('tensorflow-model-optimization')}"
 TF = f"TensorFlow {tf.__version__} / tf_keras {version('tf_keras')}"
@@ -62,7 +62,9 @@ def test_every_entry_has_a_test():
         if name.startswith("test_") and name != "test_every_entry_has_a_test"
     )
     missing = [name for name in _compat.__all__ if name not in sources]
-    assert not missing, f"tfopt._compat entries without a test in tests/test_compat.py: {missing}"
+    assert not missing, (
+        f"tfopt.core._compat entries without a test in tests/test_compat.py: {missing}"
+    )
 
 
 def test_targets_are_the_installed_versions():
@@ -70,8 +72,8 @@ def test_targets_are_the_installed_versions():
     for package, targets in _compat.TARGETS.items():
         installed = version(package)
         assert any(installed.split(".")[: len(t.split("."))] == t.split(".") for t in targets), (
-            f"{package} {installed} is installed but tfopt._compat targets {', '.join(targets)}: run "
-            "tests/test_compat.py, remove the workarounds it reports fixed, then update tfopt._compat.TARGETS"
+            f"{package} {installed} is installed but tfopt.core._compat targets {', '.join(targets)}: run "
+            "tests/test_compat.py, remove the workarounds it reports fixed, then update tfopt.core._compat.TARGETS"
         )
 
 
@@ -84,7 +86,7 @@ def test_importing_compat_does_not_load_tfmot():
         if isinstance(node, (ast.Import, ast.ImportFrom))
         and "tensorflow_model_optimization" in ast.unparse(node)
     ]
-    assert not eager, f"tfopt._compat imports tfmot at module level: {eager}"
+    assert not eager, f"tfopt.core._compat imports tfmot at module level: {eager}"
 
 
 # -- private APIs ----------------------------------------------------------------------------------
@@ -95,7 +97,7 @@ def test_tfmot_wrapper_classes_are_still_private():
     public = {"PruneLowMagnitude": _s, "ClusterWeights": _c, "QuantizeLayer": _q}
     for name, module in public.items():
         assert not hasattr(module, name), (
-            f"{TFMOT} exports {module.__name__}.{name}: use the public name in tfopt._compat "
+            f"{TFMOT} exports {module.__name__}.{name}: use the public name in tfopt.core._compat "
             "(PRUNE_WRAPPERS / CLUSTER_WRAPPERS / QUANTIZE_LAYERS)"
         )
     model = _dense()
@@ -107,7 +109,7 @@ def test_tfmot_wrapper_classes_are_still_private():
     assert isinstance(clustered.get_layer("cluster_h"), _compat.CLUSTER_WRAPPERS)
     qat = _q.quantize_model(_dense())
     assert any(isinstance(layer, _compat.QUANTIZE_LAYERS) for layer in qat.layers), (
-        f"{TFMOT}: quantize_model no longer adds a QuantizeLayer; update tfopt._compat.QUANTIZE_LAYERS"
+        f"{TFMOT}: quantize_model no longer adds a QuantizeLayer; update tfopt.core._compat.QUANTIZE_LAYERS"
     )
 
 
@@ -123,7 +125,7 @@ class _Scale(keras.layers.Layer):
 def test_tfmot_registries_are_still_private():
     for module, name in ((_s, "PruneRegistry"), (_c, "ClusteringRegistry")):
         assert not hasattr(module, name), (
-            f"{TFMOT} exports {module.__name__}.{name}: use it in tfopt._compat's registry functions"
+            f"{TFMOT} exports {module.__name__}.{name}: use it in tfopt.core._compat's registry functions"
         )
     from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import (
         ClusteringRegistry,
@@ -137,7 +139,7 @@ def test_tfmot_registries_are_still_private():
         (ClusteringRegistry, "clusterable_weight_names"),
     ):
         assert hasattr(registry, "_weight_names"), (
-            f"{TFMOT} dropped {registry.__name__}._weight_names: update tfopt._compat.{fn}"
+            f"{TFMOT} dropped {registry.__name__}._weight_names: update tfopt.core._compat.{fn}"
         )
 
     dense, conv, custom = keras.layers.Dense(4), keras.layers.Conv2D(2, 3), _Scale()
@@ -176,18 +178,18 @@ class _Subclassed(keras.Model):
 
 def test_keras_graph_network_and_keras_history_are_still_private():
     assert not hasattr(keras.models, "Functional"), (
-        f"{TF} exports keras.models.Functional: use isinstance in tfopt._compat.is_graph_network"
+        f"{TF} exports keras.models.Functional: use isinstance in tfopt.core._compat.is_graph_network"
     )
     model = _dense()
     sequential = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     subclassed = _Subclassed()
     subclassed(tf.zeros((1, 8)))
     assert _compat.is_graph_network(model) and _compat.is_graph_network(sequential), (
-        f"{TF} changed Model._is_graph_network: update tfopt._compat.is_graph_network"
+        f"{TF} changed Model._is_graph_network: update tfopt.core._compat.is_graph_network"
     )
     assert not _compat.is_graph_network(subclassed)
     assert [_compat.producing_layer(t).name for t in model.outputs] == ["out"], (
-        f"{TF} changed KerasTensor._keras_history: update tfopt._compat.producing_layer"
+        f"{TF} changed KerasTensor._keras_history: update tfopt.core._compat.producing_layer"
     )
     out = model.get_layer("out")
     other = keras.Model(
@@ -195,12 +197,14 @@ def test_keras_graph_network_and_keras_history_are_still_private():
     )  # a second call
     assert _compat.model_node_indices(model, out) == [0] and _compat.model_node_indices(
         other, out
-    ) == [1], f"{TF} changed Functional._network_nodes: update tfopt._compat.model_node_indices"
+    ) == [1], (
+        f"{TF} changed Functional._network_nodes: update tfopt.core._compat.model_node_indices"
+    )
 
 
 def test_freezing_variables_has_no_public_api():
     assert not hasattr(tf.graph_util, "convert_variables_to_constants_v2"), (
-        f"{TF} exports tf.graph_util.convert_variables_to_constants_v2: import it publicly in tfopt._compat"
+        f"{TF} exports tf.graph_util.convert_variables_to_constants_v2: import it publicly in tfopt.core._compat"
     )
     var = tf.Variable(2.0)
     fn = tf.function(lambda x: x * var).get_concrete_function(tf.TensorSpec([1], tf.float32))
@@ -211,7 +215,7 @@ def test_freezing_variables_has_no_public_api():
 
 def test_converter_error_is_still_private():
     assert not [n for n in dir(tf.lite) if n.endswith("Error")], (
-        f"{TF} exports a converter error from tf.lite: import it publicly in tfopt._compat.ConverterError"
+        f"{TF} exports a converter error from tf.lite: import it publicly in tfopt.core._compat.ConverterError"
     )
     fn = tf.function(lambda x: tf.linalg.det(x)).get_concrete_function(
         tf.TensorSpec([2, 2], tf.float32)
@@ -225,7 +229,7 @@ def test_litert_ops_details_is_still_private():
 
     assert not hasattr(Interpreter, "get_ops_details"), (
         f"ai-edge-litert {version('ai-edge-litert')} has a public Interpreter.get_ops_details: use it in "
-        "tfopt._compat.interpreter_ops_details"
+        "tfopt.core._compat.interpreter_ops_details"
     )
     fn = tf.function(lambda x: tf.nn.relu(x) + 1.0).get_concrete_function(
         tf.TensorSpec([1, 4], tf.float32)
@@ -235,7 +239,7 @@ def test_litert_ops_details_is_still_private():
     interpreter.allocate_tensors()
     ops = _compat.interpreter_ops_details(interpreter)
     assert ops and {"op_name", "index", "inputs", "outputs"} <= set(ops[0]), (
-        "LiteRT changed Interpreter._get_ops_details: update tfopt._compat.interpreter_ops_details"
+        "LiteRT changed Interpreter._get_ops_details: update tfopt.core._compat.interpreter_ops_details"
     )
 
 
@@ -255,7 +259,7 @@ def test_litert_signature_invoke_is_still_private():
     )
     runner = interpreter.get_signature_runner("triple")
     assert not hasattr(runner, "invoke"), (
-        "LiteRT's SignatureRunner has a public invoke(): use it in tfopt._compat.signature_invoker"
+        "LiteRT's SignatureRunner has a public invoke(): use it in tfopt.core._compat.signature_invoker"
     )
     runner(x=np.ones((1, 4), np.float32))
     runner._interpreter_wrapper.SetTensor(
@@ -264,7 +268,7 @@ def test_litert_signature_invoke_is_still_private():
     _compat.signature_invoker(runner)()  # the bare invoke of that one subgraph
     out = runner._interpreter_wrapper.GetTensor(dict(runner._outputs)["y"], runner._subgraph_index)
     assert out.tolist() == [[6.0] * 4], (
-        "LiteRT changed SignatureRunner: update tfopt._compat.signature_invoker"
+        "LiteRT changed SignatureRunner: update tfopt.core._compat.signature_invoker"
     )
 
 
@@ -287,7 +291,7 @@ def test_tflite_model_editing_is_still_private():
         if re.search(r"strip|flatbuffer|read_model", n, re.I)
     ]
     assert not public, (
-        f"LiteRT / tf.lite now export {public}: use them in tfopt._compat.read_tflite_model / "
+        f"LiteRT / tf.lite now export {public}: use them in tfopt.core._compat.read_tflite_model / "
         "write_tflite_model"
     )
     fn = tf.function(lambda x: tf.nn.relu(x) * 2.0).get_concrete_function(
@@ -297,13 +301,13 @@ def test_tflite_model_editing_is_still_private():
     model = _compat.read_tflite_model(content)
     names = [t.name for t in model.subgraphs[0].tensors]
     assert all(isinstance(n, bytes) for n in names) and any(names), (
-        "LiteRT changed flatbuffer_utils' object model: update tfopt._compat.read_tflite_model"
+        "LiteRT changed flatbuffer_utils' object model: update tfopt.core._compat.read_tflite_model"
     )
     for t in model.subgraphs[0].tensors:
         t.name = None
     again = _compat.write_tflite_model(model)
     assert again[4:8] == b"TFL3" and len(again) < len(content), (
-        "update tfopt._compat.write_tflite_model"
+        "update tfopt.core._compat.write_tflite_model"
     )
     x = np.array([[-1.0, 0.5, 2.0, -3.0]], np.float32)
     outs = []
@@ -345,7 +349,7 @@ def test_qat_model_still_does_not_reload_from_keras_format(tmp_path):
         ValueError,
         "expected .* variables|different outputs",
         f"upstream fixed QAT models reloading from .keras in {TFMOT} "
-        "(model-optimization#1123): remove tfopt._compat.fix_for_keras_format",
+        "(model-optimization#1123): remove tfopt.core._compat.fix_for_keras_format",
     )
 
 
@@ -358,7 +362,7 @@ def test_quantize_layer_still_builds_twice_on_reload():
     clone(tf.zeros((1, 8)))
     assert len(clone.weights) > len(layer.weights), (
         f"upstream fixed QuantizeLayer building twice in {TFMOT}: remove the QuantizeLayer branch of "
-        "tfopt._compat.fix_for_keras_format"
+        "tfopt.core._compat.fix_for_keras_format"
     )
 
 
@@ -368,7 +372,7 @@ def test_quantize_wrapper_still_lists_weights_twice():
     ids = [id(w) for w in wrapper._trainable_weights]
     assert len(ids) > len(set(ids)), (
         f"upstream fixed QuantizeWrapperV2 listing the quantized kernel twice in {TFMOT}: remove the "
-        "QuantizeWrapper branch of tfopt._compat.fix_for_keras_format"
+        "QuantizeWrapper branch of tfopt.core._compat.fix_for_keras_format"
     )
 
 
@@ -424,7 +428,7 @@ def test_clustering_summaries_still_assert_under_steps_per_execution(tmp_path):
         AssertionError,
         "Continuous batch count",
         f"upstream fixed ClusteringSummaries under steps_per_execution > 1 in {TFMOT}: "
-        "remove tfopt._compat.StepCountingClusteringSummaries if the next test fails too",
+        "remove tfopt.core._compat.StepCountingClusteringSummaries if the next test fails too",
     )
 
 
@@ -433,7 +437,7 @@ def test_clustering_summaries_still_write_every_epoch_at_step_0(tmp_path):
     _fit_clustered(_c.ClusteringSummaries(log_dir=str(tmp_path)), 1, batch_hooks=False)
     assert _summary_steps(str(tmp_path)) == [0], (
         f"upstream fixed ClusteringSummaries' step count without batch hooks in {TFMOT}: remove "
-        "tfopt._compat.StepCountingClusteringSummaries if the previous test fails too"
+        "tfopt.core._compat.StepCountingClusteringSummaries if the previous test fails too"
     )
 
 
@@ -499,7 +503,7 @@ def test_pruning_still_fails_in_a_mixed_dtype_under_mirrored_strategy():
         ValueError,
         "Tensor conversion requested dtype float32",
         f"upstream fixed pruning in a mixed dtype under MirroredStrategy in {TFMOT} "
-        "(model-optimization#409): pruning no longer needs tfopt._compat.tfmot_layer_dtype",
+        "(model-optimization#409): pruning no longer needs tfopt.core._compat.tfmot_layer_dtype",
     )
 
 
@@ -522,7 +526,7 @@ def test_clustering_still_fails_in_a_mixed_dtype():
             working.append(name)
     assert not working, (
         f"upstream fixed clustering in a mixed dtype in {TFMOT} for centroid init {working}: clustering "
-        "needs tfopt._compat.tfmot_layer_dtype only for the others (none left: drop it for clustering)"
+        "needs tfopt.core._compat.tfmot_layer_dtype only for the others (none left: drop it for clustering)"
     )
 
 
@@ -543,7 +547,7 @@ def test_qat_still_fails_under_a_mixed_global_policy(policy):
         (TypeError, ValueError, tf.errors.InvalidArgumentError),
         ".",
         f"upstream fixed QAT under {policy} in {TFMOT} (model-optimization#367): remove "
-        "tfopt._compat.float32_global_policy",
+        "tfopt.core._compat.float32_global_policy",
     )
     dtype = tf.bfloat16 if policy == "mixed_bfloat16" else tf.float16
     _still_broken(
@@ -551,7 +555,7 @@ def test_qat_still_fails_under_a_mixed_global_policy(policy):
         tf.errors.InvalidArgumentError,
         "FakeQuantWithMinMaxVars",
         f"{TF} has {dtype.name} fake-quantization kernels (tensorflow#51857): QAT may no longer need "
-        "tfopt._compat.float32_global_policy",
+        "tfopt.core._compat.float32_global_policy",
     )
 
 
@@ -707,7 +711,7 @@ def test_a_keras_model_saved_once_converts_byte_for_byte_as_from_keras_model_doe
                 c.representative_dataset = lambda: ([x] for x in data)
         assert ours.convert() == public.convert(), (
             f"{TF} converts a Keras model differently from its SavedModel: fix or remove "
-            "tfopt._compat.saved_model_converter (and tfopt.export.tflite.saved_models)"
+            "tfopt.core._compat.saved_model_converter (and tfopt.export.tflite.saved_models)"
         )
 
 
@@ -729,7 +733,7 @@ def test_modify_model_io_type_is_still_private_and_gives_integer_io():
 
     assert not hasattr(tf.lite, "modify_model_io_type") and not hasattr(
         tf.lite.experimental, "modify_model_io_type"
-    ), "tf.lite exports modify_model_io_type: use it in tfopt._compat"
+    ), "tf.lite exports modify_model_io_type: use it in tfopt.core._compat"
     converter = tf.lite.TFLiteConverter.from_keras_model(_dense())
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = lambda: ([x[None]] for x in _data()[0])
@@ -749,7 +753,7 @@ def test_parameter_server_workers_reads_what_is_still_private():
     source = inspect.getsource(sys.modules[cls.__module__])
     assert "self._cluster_resolver =" in source and "self._num_workers =" in source
     assert "cluster_resolver" not in vars(cls), (
-        "ParameterServerStrategy has its own cluster_resolver: use it in tfopt._compat.parameter_server_workers"
+        "ParameterServerStrategy has its own cluster_resolver: use it in tfopt.core._compat.parameter_server_workers"
     )
 
 
@@ -760,8 +764,8 @@ def test_sharded_container_reads_what_is_still_private():
 
     source = inspect.getsource(sharded_variable)
     assert "v._sharded_container = weakref.ref(self)" in source, (
-        "ShardedVariable no longer sets _sharded_container: update tfopt._compat.sharded_container"
+        "ShardedVariable no longer sets _sharded_container: update tfopt.core._compat.sharded_container"
     )
-    from tfopt._compat import sharded_container
+    from tfopt.core._compat import sharded_container
 
     assert sharded_container(tf.Variable(1.0)) is None

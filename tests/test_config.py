@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tfopt import config as C
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 
 def test_defaults_are_valid_and_frozen():

@@ -7,7 +7,7 @@ import pytest
 
 from tfopt import cli
 from tfopt import config as config_lib
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.train import cli as train_cli
 
 

@@ -2,15 +2,15 @@
 
 import dataclasses
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 import pytest
 
 from tfopt.config import DataConfig, apply_overrides, from_dict, parse_normalize
+from tfopt.core.errors import ConfigError
 from tfopt.data import build, make_dataset, parse_fn, prepare
 from tfopt.data.augment import crop_flip_augment, crop_flip_draws, eval_transform
-from tfopt.errors import ConfigError
 
 MEAN, STD = (0.2, 0.4, 0.6), (0.5, 0.25, 0.125)
 

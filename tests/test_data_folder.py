@@ -4,16 +4,16 @@ with its own label, resized as asked, and every bad folder is one line naming th
 import os
 import sys
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 import pytest
 from image_folder import constant_folder, digits_folder, write_image
 
 from tfopt.config import DataConfig
+from tfopt.core.errors import ConfigError, DataError
 from tfopt.data import make_dataset, prepare
 from tfopt.data.sources import dataset_dir
-from tfopt.errors import ConfigError, DataError
 
 NAMES = ["cat", "dog", "eel"]
 

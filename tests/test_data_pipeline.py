@@ -6,15 +6,15 @@ import hashlib
 import os
 import shutil
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 import pytest
 
 from tfopt.config import DataConfig
+from tfopt.core.errors import ConfigError, DataError
 from tfopt.data import build, dataset_fn, distribute, make_dataset, parse_fn, prepare, shift_augment
 from tfopt.data.shards import encode_example
-from tfopt.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,14 @@ import dataclasses
 import hashlib
 import socket
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import pytest
 
 from tfopt import config as C
 from tfopt.config import DataConfig
+from tfopt.core.errors import ConfigError, DataError
 from tfopt.data import build, parse_fn, prepare, service
-from tfopt.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -257,7 +257,7 @@ def test_job_names():
 
 @pytest.mark.slow
 def test_the_local_service_says_its_ports_are_open_unless_isolated(capfd, monkeypatch):
-    from tfopt import log
+    from tfopt.core import log
     from tfopt.data.service import LocalService
 
     log.configure("tfopt")  # as a command line does

@@ -9,13 +9,13 @@ import sys
 import threading
 import time
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import pytest
 
 from tfopt.config import DataConfig
+from tfopt.core.errors import DataError
 from tfopt.data import prepare, shards
-from tfopt.errors import DataError
 
 
 @pytest.fixture

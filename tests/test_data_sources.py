@@ -3,17 +3,17 @@
 import json
 import os
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 import pytest
 
 from tfopt.config import DataConfig
+from tfopt.core.errors import ConfigError, DataError
 from tfopt.data import builtin, prepare, source_names, tfds_source
 from tfopt.data.shards import encode_example
 from tfopt.data.sources import dataset_dir
 from tfopt.data.tfrecord_source import parse_feature_spec
-from tfopt.errors import ConfigError, DataError
 
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 HAVE_DEBIAN_FASHION = os.path.isfile(

@@ -1,13 +1,13 @@
 """The Distiller: its loss against numpy, equivalences that pin it down, frozen teachers, strategies, tfmot."""
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest
 
 from tfopt import config as C
+from tfopt.core.errors import ConfigError, ModelError
 from tfopt.data import pipeline, sources
-from tfopt.errors import ConfigError, ModelError
 from tfopt.models.distiller import (
     Distiller,
     FeaturePair,

@@ -7,19 +7,19 @@ import subprocess
 import sys
 import zipfile
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest
 from export_fixtures import keras_macs, sensitive_run
 
-from tfopt.errors import ConfigError, DataError, ModelError
+from tfopt.core.errors import ConfigError, DataError, ModelError
+from tfopt.core.fileio import write_json
 from tfopt.export import benchmark, fidelity, metadata, parse_modes, summary, tflite
 from tfopt.export.choices import DEFAULT_MODES
 from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split
 from tfopt.export.runner import BenchSettings, ExportSettings
 from tfopt.export.runner import run as export_run
-from tfopt.fileio import write_json
 from tfopt.models.io import save_model
 from tfopt.runs import load_run
 
@@ -637,8 +637,8 @@ def test_qat_detection_uses_tfmots_classes_not_names():
 def test_export_strips_pruning_and_clustering_wrappers_but_keeps_qat(monkeypatch):
     import tensorflow_model_optimization as tfmot
 
-    from tfopt._compat import CLUSTER_WRAPPERS, PRUNE_WRAPPERS
     from tfopt.compress.common import all_layers, strip_wrappers
+    from tfopt.core._compat import CLUSTER_WRAPPERS, PRUNE_WRAPPERS
     from tfopt.export import runner
 
     pruned = tfmot.sparsity.keras.prune_low_magnitude(_tiny_model())

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from importlib import metadata
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 import pytest
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.export import aeq, auto, benchmark, fidelity, ops, summary, tflite
 from tfopt.export.cli import main as export_main
 from tfopt.export.evaluate import EvalResult, TFLiteModel, read_tflite

@@ -4,12 +4,12 @@ that compute the same outputs."""
 
 import json
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 import pytest
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.export import auto, fidelity, ops, tflite
 from tfopt.export.evaluate import EvalResult, TFLiteModel, keras_outputs, load_split
 from tfopt.export.runner import BenchSettings, ExportSettings

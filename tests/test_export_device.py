@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.export import device
 
 HERE = os.path.dirname(__file__)
@@ -117,7 +117,7 @@ def test_bad_device_flags_are_one_line(phone, monkeypatch):
 
 
 def test_export_benchmark_on_the_device_prints_its_figures(phone, tmp_path, capsys, monkeypatch):
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     from tfopt.export.cli import main
 

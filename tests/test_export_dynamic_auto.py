@@ -2,12 +2,12 @@
 small as dynamic range; a whole-model fallback to weight-only int8 when the mixed model is still
 slower than float32, said in a note."""
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 import pytest
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.export import aeq, auto, dynamic_auto, ops, tflite
 from tfopt.export.evaluate import TFLiteModel
 

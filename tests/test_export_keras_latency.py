@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import pytest
 
-from tfopt.errors import ConfigError, ModelError
+from tfopt.core.errors import ConfigError, ModelError
 from tfopt.export import benchmark, keras_latency
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tfopt.errors import DataError
+from tfopt.core.errors import DataError
 from tfopt.export import metadata
 
 CONTRACT = {
@@ -22,7 +22,7 @@ CONTRACT = {
 
 @pytest.fixture(scope="module")
 def bare():
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
@@ -57,7 +57,7 @@ def test_a_class_name_that_is_not_one_label_line_is_refused(name):
 
 
 def test_written_metadata_is_a_tflite_metadata_buffer_and_the_model_computes_the_same(bare):
-    from tfopt._compat import read_tflite_model
+    from tfopt.core._compat import read_tflite_model
     from tfopt.export.evaluate import TFLiteModel
 
     files = metadata.files_of(CONTRACT)
@@ -88,7 +88,7 @@ def test_written_metadata_is_a_tflite_metadata_buffer_and_the_model_computes_the
 
 
 def test_a_file_without_packed_files_reads_as_empty_and_a_bomb_is_refused(tmp_path):
-    from tfopt.errors import ModelError
+    from tfopt.core.errors import ModelError
 
     assert metadata.read(b"\0" * 64) == {} and metadata.labels(b"\0" * 64) == []
     assert metadata.contract_of(b"\0" * 64) == {}
@@ -105,7 +105,7 @@ def test_a_file_without_packed_files_reads_as_empty_and_a_bomb_is_refused(tmp_pa
 
 
 def test_tampered_packed_files_are_one_line(tmp_path):
-    from tfopt.errors import ModelError
+    from tfopt.core.errors import ModelError
 
     good = io.BytesIO()
     with zipfile.ZipFile(good, "w", zipfile.ZIP_DEFLATED) as z:
@@ -129,7 +129,7 @@ def test_packed_labels_have_exactly_one_line_per_output_whatever_the_class_names
     from hypothesis import example, given, settings
     from hypothesis import strategies as st
 
-    from tfopt._compat import read_tflite_model
+    from tfopt.core._compat import read_tflite_model
 
     graph = read_tflite_model(bare).subgraphs[0]
     outputs = int(graph.tensors[graph.outputs[0]].shape[-1])

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from tfopt import cpu
+from tfopt.core import cpu
 from tfopt.export import metadata, rounds
 
 
 @pytest.fixture(scope="module")
 def graphs():
     """Two flatbuffers of one graph (different names and metadata) and one of another."""
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(

@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest

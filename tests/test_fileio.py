@@ -14,7 +14,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from tfopt.fileio import atomic_dir, atomic_path, write_bytes, write_json, write_text
+from tfopt.core.fileio import atomic_dir, atomic_path, write_bytes, write_json, write_text
 
 UMASKS = (0o022, 0o027)
 
@@ -96,7 +96,7 @@ def test_atomic_dir_honours_the_umask_and_replaces_atomically(umask, tmp_path):
 
 
 def test_save_model_artifacts_honour_the_umask(umask, tmp_path):
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     from tfopt.models.io import save_model
 

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.launch import cluster as launch_cluster
 from tfopt.launch import hosts as hosts_lib
 from tfopt.launch import launch, main

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tfopt import config as C
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.runs import RunRecord, default_output, fingerprint, load_run, update_latest
 from tfopt.runtime.rundir import RunDir
 
@@ -253,7 +253,7 @@ def test_fingerprint_ignores_where_and_how_loudly():
 
 
 def test_a_changed_input_model_or_tfopt_version_is_not_resumed(tmp_path, monkeypatch):
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     from tfopt.runs import load_input
     from tfopt.runtime.job import Job
@@ -285,9 +285,9 @@ def test_a_changed_input_model_or_tfopt_version_is_not_resumed(tmp_path, monkeyp
 
 
 def test_a_backup_of_another_model_is_refused_not_half_restored(tmp_path):
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
-    from tfopt.errors import TrainingError
+    from tfopt.core.errors import TrainingError
     from tfopt.runtime.backup import Backup
 
     def backup(units, extra=False):
@@ -326,7 +326,7 @@ class Crash(Exception):
 
 
 def _crash_at(epoch):
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     class CrashAt(keras.callbacks.Callback):
         def on_epoch_begin(self, e, logs=None):

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from kubeflow.training import ApiClient, KubeflowOrgV1TFJob
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.launch import kube
 
 SCHEMA_FILE = os.path.join(

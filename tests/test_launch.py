@@ -20,7 +20,7 @@ import time
 import pytest
 from isolation import ISOLATED
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.launch import free_ports, isolation_prefix, launch, main, make_cluster
 from tfopt.runtime.tf_config import parse_tf_config
 from tfopt.runtime.watchdog import timeout_message
@@ -593,7 +593,7 @@ def test_a_second_ctrl_c_during_the_grace_period_kills_the_tasks_without_a_trace
 
 _PIPELINE_LIKE = """
 import sys
-from tfopt.children import run_child
+from tfopt.core.children import run_child
 try:
     sys.exit(run_child(sys.argv[1:]))
 except KeyboardInterrupt:

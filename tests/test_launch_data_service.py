@@ -21,8 +21,8 @@ import pytest
 from isolation import ISOLATED
 
 from tfopt.config import DATA_SERVICE_ENV, LAUNCHED_SERVICE, RunConfig, from_dict
+from tfopt.core.errors import ConfigError
 from tfopt.data import service
-from tfopt.errors import ConfigError
 from tfopt.launch import cluster as launch_cluster
 from tfopt.launch import data_service_tasks, launch, main, make_cluster
 from tfopt.launch import supervise as launch_mod
@@ -264,7 +264,7 @@ def test_training_goes_on_when_its_data_worker_and_dispatcher_are_killed(tmp_pat
 
 READER = """
 import collections, json, os
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 PASSES, PER_PASS = 10, 200
 ds = tf.data.Dataset.range(PASSES).flat_map(

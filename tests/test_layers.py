@@ -83,8 +83,10 @@ def test_a_moved_module_still_imports_from_its_old_path_with_a_warning():
         "    warnings.simplefilter('always')\n"
         "    import tfopt.optimize.common as old\n"
         "    from tfopt.optimize import student\n"
+        "    import tfopt.errors as errors\n"
         "assert old is new, old\n"
         "assert student.__name__ == 'tfopt.compress.student', student\n"
+        "assert errors.TfoptError.__module__ == 'tfopt.core.errors', errors\n"
         "print(w[0].category.__name__, w[0].message)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -4,7 +4,8 @@ import logging
 
 import pytest
 
-from tfopt import cli, log
+from tfopt import cli
+from tfopt.core import log
 
 
 def _lines(capsys):
@@ -65,7 +66,7 @@ def test_unconfigured_tfopt_leaves_its_lines_to_python_logging(caplog, capsys):
 
 @pytest.mark.parametrize("level, shown", [(log.NORMAL, False), (log.VERBOSE, True)])
 def test_tensorflow_python_warnings_are_shown_with_verbose_only(level, shown):
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     log.configure("tfopt train", level)
     for logger in (tf.get_logger(), logging.getLogger("absl")):

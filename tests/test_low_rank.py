@@ -1,6 +1,6 @@
 """Low-rank factorization: exact surgery at full rank, ranks as numpy chooses them, FLOPs counted twice."""
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 import pytest
@@ -286,7 +286,7 @@ def test_bad_specs_are_named(bad, message):
 def test_keras_applications_factorize_exactly_and_convert_to_int8(name):
     """A keras.applications graph (residual adds, squeeze-and-excitation, batch norm) at full rank, then at
     a FLOPs budget, converted to int8 and run by the LiteRT interpreter."""
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     from tfopt.export.tflite import convert
 

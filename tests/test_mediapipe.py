@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 import pytest

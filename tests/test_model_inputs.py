@@ -3,15 +3,15 @@ preprocessing a user's model carries expects, checked against numpy; the decisio
 contradictions and the unreadable input sides as one-line errors; the first-batch probe; the
 adapter a distillation teacher gets; and the pipeline feeding 0-255 pixels."""
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest
 
 from tfopt.config import DataConfig, RunConfig, from_dict
+from tfopt.core.errors import ConfigError, ModelError
 from tfopt.data.augment import normalize_batches
 from tfopt.data.sources import input_contract
-from tfopt.errors import ConfigError, ModelError
 from tfopt.models import inputs
 
 L = keras.layers

@@ -2,12 +2,12 @@ import json
 import os
 import zipfile
 
-from tfopt._keras import ensure_tf_keras, keras, tf
+from tfopt.core._keras import ensure_tf_keras, keras, tf
 
 import numpy as np
 import pytest
 
-from tfopt.errors import ModelError
+from tfopt.core.errors import ModelError
 from tfopt.models.io import load_model, save_model
 from tfopt.models.registry import build_model, model_names
 

@@ -9,13 +9,13 @@ naming a foreign module; metadata that cannot be parsed.
 import os
 import zipfile
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import h5py
 import numpy as np
 import pytest
 
-from tfopt.errors import ModelError
+from tfopt.core.errors import ModelError
 from tfopt.models.io import load_model
 
 ESCAPED = '"class_name": "\\u004cambda"'  # JSON for "Lambda", invisible to a byte search

@@ -5,18 +5,18 @@ import os
 import subprocess
 import sys
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest
 
 from tfopt.config import DataConfig, ModelConfig, RunConfig, from_dict
+from tfopt.core.errors import ConfigError, ModelError
+from tfopt.core.fileio import tree_digest
+from tfopt.core.specs import parse_model_args, parse_model_source
 from tfopt.data.augment import normalize_batches
-from tfopt.errors import ConfigError, ModelError
-from tfopt.fileio import tree_digest
 from tfopt.models import sources
 from tfopt.models.registry import build_model
-from tfopt.specs import parse_model_args, parse_model_source
 
 sys.path.insert(0, os.path.dirname(__file__))  # model_factory, for the factory form
 

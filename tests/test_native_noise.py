@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tfopt import native_stderr
+from tfopt.core import native_stderr
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,7 +83,7 @@ def test_a_gpu_is_an_nvidia_device_node_or_the_loaded_driver(tmp_path):
 # check injected, at the verbosity given.
 _FILTERED = r"""
 import os, sys
-from tfopt import log, native_stderr
+from tfopt.core import log, native_stderr
 
 native_stderr.gpu_present = lambda: sys.argv[1] == "gpu"
 log.configure("tfopt test", log.VERBOSE if sys.argv[2] == "verbose" else log.QUIET)

@@ -328,9 +328,9 @@ def test_the_notebooks_import_only_the_public_api():
     found = {name: [p for src in _code(name) for p in private_imports(src)] for name in EXPECTED}
     assert found == {name: [] for name in EXPECTED}
     assert private_imports(
-        "from tfopt._keras import tf\nimport tfopt.data._x\nfrom tfopt.runs import _y\nfrom tfopt import tf"
+        "from tfopt.core._keras import tf\nimport tfopt.data._x\nfrom tfopt.runs import _y\nfrom tfopt import tf"
     ) == [
-        "tfopt._keras",
+        "tfopt.core._keras",
         "tfopt.data._x",
         "tfopt.runs._y",
     ]

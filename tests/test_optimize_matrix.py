@@ -186,7 +186,7 @@ def _fmt(row):
 
 
 def _doc(rows) -> str:
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     import tensorflow_model_optimization as tfmot
 
@@ -388,7 +388,7 @@ def test_matrix_matches_compatibility_doc(tiny_run, tmp_path):
     doc = _doc(rows)
     assert doc.count("| ok |") == len(rows) and "| cqat | mirrored | mixed_bfloat16 | ok |" in doc
     if os.environ.get("TFOPT_WRITE_DOCS") == "1":
-        from tfopt.fileio import write_text
+        from tfopt.core.fileio import write_text
 
         write_text(DOC, doc)
     assert open(DOC, encoding="utf-8").read() == doc, (

@@ -1,6 +1,6 @@
 """tfopt.optimize pieces on small real tf_keras models: checkers, selection, policies, hooks, saving."""
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest

@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.pipeline import config as pipeline_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +96,7 @@ def test_the_wheel_carries_the_package_and_the_example_pipelines(tmp_path):
     )
     (wheel,) = glob.glob(str(tmp_path / "tfopt-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "tfopt/pipeline/config.py" in names and "tfopt/_keras.py" in names
+    assert "tfopt/pipeline/config.py" in names and "tfopt/core/_keras.py" in names
     for example in ("mnist_edge.py", "fashion_edge.py", "folder_edge.py"):
         assert any(n.endswith(f".data/data/share/tfopt/pipelines/{example}") for n in names), names
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))

@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfopt import config as C
-from tfopt.errors import TfoptError
+from tfopt.core.errors import TfoptError
+from tfopt.core.specs import parse_model, parse_model_args
 from tfopt.launch.hosts import parse_link
 from tfopt.runtime.tf_config import parse_tf_config
-from tfopt.specs import parse_model, parse_model_args
 
 BUDGET = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

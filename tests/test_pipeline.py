@@ -9,7 +9,7 @@ import sys
 import pytest
 from isolation import launch_isolates
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.pipeline import apply_overrides, load_pipeline, plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

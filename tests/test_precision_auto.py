@@ -19,8 +19,8 @@ import sys
 import pytest
 
 from tfopt import config as C
-from tfopt.cpu import cpu_flags, cpu_info, parse_cpuinfo
-from tfopt.errors import ConfigError
+from tfopt.core.cpu import cpu_flags, cpu_info, parse_cpuinfo
+from tfopt.core.errors import ConfigError
 from tfopt.runtime import autoprecision as ap
 from tfopt.runtime import precision
 
@@ -213,7 +213,7 @@ def test_mixed_bfloat16_warns_only_without_bf16_hardware():
 
 
 def test_the_warning_is_printed_once_per_process(capsys):
-    from tfopt import log
+    from tfopt.core import log
 
     expected = precision.bf16_warning("mixed_bfloat16", cpu_flags(), precision.accelerators())
     precision._warned.clear()
@@ -267,9 +267,9 @@ def _cfg(out, precision_name):
 
 @pytest.mark.slow
 def test_auto_records_the_probe_and_trains_like_the_policy_it_chose(tmp_path, capfd):
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
-    from tfopt import log
+    from tfopt.core import log
     from tfopt.train import run as train
 
     log.configure("tfopt")  # as the command line does; the line names its stage

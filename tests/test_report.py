@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
+from tfopt.core.fileio import write_json
 from tfopt.export import ops, roofline
-from tfopt.fileio import write_json
 from tfopt.report import pareto, targets
 from tfopt.report.collect import Variant, collect
 from tfopt.report.select import KEYS, choose, parse_rule
@@ -518,7 +518,7 @@ def make_pipeline_dir(root, *, probe=True, pending=(), tflite=None) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_tflite():
-    from tfopt._keras import keras, tf
+    from tfopt.core._keras import keras, tf
 
     inputs = keras.Input((4, 4, 1))
     model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
@@ -568,7 +568,7 @@ def test_collect_makes_one_variant_per_model_and_format_with_figures_from_the_re
 
 @pytest.mark.slow
 def test_report_md_json_html_and_hparams_from_a_synthetic_run(tmp_path, tiny_tflite, caplog):
-    from tfopt.log import PROGRESS
+    from tfopt.core.log import PROGRESS
     from tfopt.report import build
 
     run_dir = make_pipeline_dir(tmp_path, tflite=tiny_tflite)

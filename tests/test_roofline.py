@@ -6,13 +6,13 @@ import os
 import shutil
 import subprocess
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest
 from export_fixtures import keras_macs
 
-from tfopt import _x86_kernels, cpu
+from tfopt.core import _x86_kernels, cpu
 from tfopt.export import ops, roofline
 
 X86 = os.uname().machine == "x86_64"

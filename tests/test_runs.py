@@ -3,7 +3,7 @@ import json
 import pytest
 
 from tfopt import config as C
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.runs import load_run
 
 

@@ -14,7 +14,7 @@ from isolation import ISOLATED
 
 from tfopt import cli, config
 from tfopt.config import RuntimeConfig
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.runtime import sharding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -270,7 +270,7 @@ def test_sharded_parameter_servers_resume_across_shardings_bit_identically(tmp_p
 def _without_metadata(content: bytes) -> bytes:
     """The flatbuffer a runtime computes with: the TFLite Metadata (whose version names the run it
     was exported from) and the packed files left out."""
-    from tfopt._compat import read_tflite_model, write_tflite_model
+    from tfopt.core._compat import read_tflite_model, write_tflite_model
 
     model = read_tflite_model(content)
     for entry in model.metadata or []:

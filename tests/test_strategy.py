@@ -2,16 +2,16 @@
 
 import json
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import pytest
 
 from tfopt.config import RuntimeConfig
-from tfopt.errors import ClusterError, ConfigError
+from tfopt.core.errors import ClusterError, ConfigError
+from tfopt.core.specs import STRATEGIES
 from tfopt.runtime import precision
 from tfopt.runtime.strategy import is_chief, make_strategy, num_replicas, run_server
 from tfopt.runtime.tf_config import parse_tf_config
-from tfopt.specs import STRATEGIES
 
 W2 = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 PS = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
@@ -24,8 +24,8 @@ def cluster(spec, task_type="worker", index=0):
 
 
 def test_every_registered_strategy_has_a_factory():
-    from tfopt.errors import ConfigError
-    from tfopt.specs import resolve
+    from tfopt.core.errors import ConfigError
+    from tfopt.core.specs import resolve
 
     for name in STRATEGIES:
         assert callable(resolve(STRATEGIES.get(name).factory)), name

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tfopt.errors import ClusterError, ConfigError
+from tfopt.core.errors import ClusterError, ConfigError
 from tfopt.runtime.tf_config import (
     ClusterInfo,
     cluster_from_env,

@@ -10,10 +10,10 @@ import argparse
 
 import pytest
 
-from tfopt import flagcheck
 from tfopt.compress.techniques import ONE_PHASE, TECHNIQUES
+from tfopt.core import flagcheck
+from tfopt.core.errors import ConfigError
 from tfopt.distill import cli as distill_cli
-from tfopt.errors import ConfigError
 from tfopt.export import cli as export_cli
 from tfopt.export.choices import MODES
 from tfopt.optimize import cli as optimize_cli

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 import pytest

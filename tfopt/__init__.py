@@ -15,7 +15,7 @@ def __getattr__(name):
 
         return Distiller
     if name in ("tf", "keras"):  # the TensorFlow tfopt runs on, and tf_keras, the Keras it uses
-        from tfopt import _keras
+        from tfopt.core import _keras
 
         return getattr(_keras, name)
     raise AttributeError(f"module 'tfopt' has no attribute {name!r}")

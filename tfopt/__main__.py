@@ -22,7 +22,7 @@ COMMANDS = {
     "report": ("tfopt.report.cli", "(re)build the report of a finished pipeline run"),
     "launch": ("tfopt.launch", "run a command as every task of a local TF_CONFIG cluster"),
     "data.to_folder": ("tfopt.data.to_folder", "write a dataset as class folders of PNG images"),
-    "cpu": ("tfopt.cpu", "measure this CPU's fp32 and int8 multiply-add peaks (the roofline)"),
+    "cpu": ("tfopt.core.cpu", "measure this CPU's fp32 and int8 multiply-add peaks (the roofline)"),
 }
 
 

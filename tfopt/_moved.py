@@ -27,6 +27,26 @@ MOVED = {
     )
 }
 MOVED.update({"tfopt.hosts": "tfopt.launch.hosts", "tfopt.kube": "tfopt.launch.kube"})
+MOVED.update(
+    {
+        f"tfopt.{name}": f"tfopt.core.{name}"
+        for name in (
+            "_compat",
+            "_keras",
+            "_x86_kernels",
+            "children",
+            "cpu",
+            "errors",
+            "fileio",
+            "flagcheck",
+            "log",
+            "native_stderr",
+            "runlock",
+            "specs",
+            "timing",
+        )
+    }
+)
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

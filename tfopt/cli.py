@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable, Collection
 
 from tfopt import config as config_lib
-from tfopt import flagcheck, log
-from tfopt.errors import ConfigError, TfoptError
+from tfopt.core import flagcheck, log
+from tfopt.core.errors import ConfigError, TfoptError
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -164,7 +164,7 @@ def check_code_trust(model: config_lib.ModelConfig, where: str) -> None:
     Raises:
         ConfigError: a factory model from ``where`` without ``--trust-model``.
     """
-    from tfopt.specs import parse_model_source
+    from tfopt.core.specs import parse_model_source
 
     if model.trust or parse_model_source(model.name).form != "factory":
         return
@@ -211,7 +211,7 @@ def check_config_flags(cfg: config_lib.RunConfig, given: Collection[str]) -> Non
 
     Args:
         cfg: The resolved config (its strategy may come from ``--config`` or an input run).
-        given: The options given explicitly (:func:`tfopt.flagcheck.explicit`).
+        given: The options given explicitly (:func:`tfopt.core.flagcheck.explicit`).
 
     Raises:
         ConfigError: e.g. ``--cpu-replicas is not used with --strategy one_device (it needs
@@ -279,7 +279,7 @@ MAX_ERROR_CHARS = 2000
 
 
 def run_main(prog: str, fn: Callable[[], int], level: int = log.NORMAL) -> int:
-    """Runs a CLI body with tfopt's logging configured (:func:`tfopt.log.configure`), turning a
+    """Runs a CLI body with tfopt's logging configured (:func:`tfopt.core.log.configure`), turning a
     TfoptError into one line on stderr and exit code 2."""
     log.configure(prog, level)
     try:

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfopt.errors import ConfigError
-from tfopt.specs import MODEL_SOURCES, PRECISIONS, STRATEGIES, parse_model
+from tfopt.core.errors import ConfigError
+from tfopt.core.specs import MODEL_SOURCES, PRECISIONS, STRATEGIES, parse_model
 
 AUTOTUNE = -1  # the value of tf.data.AUTOTUNE, without importing TensorFlow here
 
@@ -186,7 +186,7 @@ HEADS = ("auto", "keep", "new")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which model to build or load (see :func:`tfopt.specs.parse_model_source` for the forms)."""
+    """Which model to build or load (see :func:`tfopt.core.specs.parse_model_source` for the forms)."""
 
     name: str = flag(
         "cnn",

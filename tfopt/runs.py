@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfopt import config as config_lib
-from tfopt import runlock
-from tfopt.errors import ConfigError
-from tfopt.fileio import tree_digest
-from tfopt.specs import STAGES
+from tfopt.core import runlock
+from tfopt.core.errors import ConfigError
+from tfopt.core.fileio import tree_digest
+from tfopt.core.specs import STAGES
 
 SCHEMA_VERSION = 2
 RUNS_ROOT = "runs"
@@ -300,7 +300,7 @@ def fresh_dir(base: str, cluster: str | None = None) -> str:
 
     A crashed run's work directory (``<dir>.partial``) does not make a name taken: re-running
     the same command resumes it. A directory another live run is writing (its lock is held,
-    :mod:`tfopt.runlock`) does, unless that run is this process's own cluster (``cluster``: the
+    :mod:`tfopt.core.runlock`) does, unless that run is this process's own cluster (``cluster``: the
     workers of a multi-worker run pick the directory their chief locked).
     """
     candidate, n = base, 1

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 

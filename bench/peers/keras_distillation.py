@@ -29,7 +29,7 @@ average per replica).
 
 from __future__ import annotations
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 

@@ -21,7 +21,7 @@ them (resized and scaled the way the benchmark's pipeline feeds the Keras model)
 
 from __future__ import annotations
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 

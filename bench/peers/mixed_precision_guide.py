@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 

@@ -24,7 +24,7 @@ What a user following it does, step by step as the tutorial says:
 
 from __future__ import annotations
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 GUIDE = (
     "Better performance with the tf.data API (https://www.tensorflow.org/guide/data_performance)"

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 
@@ -73,7 +73,7 @@ def run(
         "baseline_h5_zip_bytes", "tflite_zip_bytes"}``; ``unique_max`` is the largest number of
         distinct values in a kernel; ``tutorial_ratio`` the tutorial's own figure.
     """
-    import tensorflow_model_optimization as tfmot  # after tfopt._keras: the tf_keras flavour
+    import tensorflow_model_optimization as tfmot  # after tfopt.core._keras: the tf_keras flavour
 
     clustering = tfmot.clustering.keras
     keras.utils.set_random_seed(seed)

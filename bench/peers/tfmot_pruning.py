@@ -35,7 +35,7 @@ import tempfile
 import time
 import zipfile
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 
@@ -118,7 +118,7 @@ def run(
         "baseline_h5_zip_bytes", "tflite_zip_bytes"}``; ``tutorial_ratio`` is the tutorial's own
         figure (zipped baseline ``.h5`` / zipped pruned + quantized ``.tflite``).
     """
-    import tensorflow_model_optimization as tfmot  # after tfopt._keras: the tf_keras flavour
+    import tensorflow_model_optimization as tfmot  # after tfopt.core._keras: the tf_keras flavour
 
     keras.utils.set_random_seed(seed)
     train_images = len(x_train) * (1 - VALIDATION_SPLIT)

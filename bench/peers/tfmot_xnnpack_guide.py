@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 
@@ -151,7 +151,7 @@ def _kernel_out(layer) -> np.ndarray:
 
 def _taylor(model: keras.Model, names: list[str], batches) -> dict[str, np.ndarray]:
     """``(sum over the kernel slice of weight x gradient)^2`` per output channel, averaged over ``batches``."""
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     kernels = [
         model.get_layer(n).pointwise_kernel

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 L = keras.layers
 PRODUCERS = (L.SeparableConv2D, L.DepthwiseConv2D, L.Conv2D, L.Dense)  # checked in this order

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import tensorflow_model_optimization as tfmot
 
-from tfopt._compat import (
+from tfopt.compress.common import OptimizeError, Selection, check_model, weight_table
+from tfopt.core._compat import (
     CLUSTER_WRAPPERS,
     StepCountingClusteringSummaries,
     cluster_registry_supports,
     clusterable_weight_names,
 )
-from tfopt.compress.common import OptimizeError, Selection, check_model, weight_table
 
 _clustering = tfmot.clustering.keras
 _Init = _clustering.CentroidInitialization

@@ -11,13 +11,13 @@ import gzip
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from tfopt._keras import ensure_tf_keras, keras
+from tfopt.core._keras import ensure_tf_keras, keras
 
 import numpy as np
 
-from tfopt import _compat
-from tfopt._compat import is_graph_network, producing_layer
-from tfopt.errors import OptimizeError  # noqa: F401  (re-exported)
+from tfopt.core import _compat
+from tfopt.core._compat import is_graph_network, producing_layer
+from tfopt.core.errors import OptimizeError  # noqa: F401  (re-exported)
 from tfopt.runtime import sharding
 
 #: Kernel-like weights: what pruning and clustering act on (biases and BN statistics are not).
@@ -316,7 +316,7 @@ def strip_wrappers(model: keras.Model) -> keras.Model:
         return model
     import tensorflow_model_optimization as tfmot
 
-    from tfopt._compat import CLUSTER_WRAPPERS, PRUNE_WRAPPERS
+    from tfopt.core._compat import CLUSTER_WRAPPERS, PRUNE_WRAPPERS
 
     if any(isinstance(layer, PRUNE_WRAPPERS) for layer in all_layers(model)):
         model = tfmot.sparsity.keras.strip_pruning(model)

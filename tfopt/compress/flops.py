@@ -7,11 +7,11 @@ the first, the others cost little). One multiply-add = 2 FLOPs.
 
 from __future__ import annotations
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 
-from tfopt._compat import model_node_indices
+from tfopt.core._compat import model_node_indices
 
 
 def _positions(shape, data_format: str = "channels_last") -> int:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 
-from tfopt import native_stderr
-from tfopt._compat import signature_invoker
-from tfopt.timing import time_calls
+from tfopt.core import native_stderr
+from tfopt.core._compat import signature_invoker
+from tfopt.core.timing import time_calls
 
 L = keras.layers
 MODEL_KEY = "model"

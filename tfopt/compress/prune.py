@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 import tensorflow_model_optimization as tfmot
 
-from tfopt._compat import prunable_weight_names, prune_registry_supports
 from tfopt.compress.common import (
     OptimizeError,
     Selection,
@@ -32,6 +31,7 @@ from tfopt.compress.common import (
     kernel_variables,
     m_by_n_violations,
 )
+from tfopt.core._compat import prunable_weight_names, prune_registry_supports
 
 _sparsity = tfmot.sparsity.keras
 SCHEDULES = ("constant", "polynomial")

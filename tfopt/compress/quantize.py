@@ -43,12 +43,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import tensorflow_model_optimization as tfmot
 
-from tfopt._compat import QUANTIZE_LAYERS, fix_for_keras_format, float32_global_policy
 from tfopt.compress.common import OptimizeError, Selection, all_layers, check_model
+from tfopt.core._compat import QUANTIZE_LAYERS, fix_for_keras_format, float32_global_policy
 from tfopt.runtime import sharding
 
 _q = tfmot.quantization.keras

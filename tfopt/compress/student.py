@@ -13,9 +13,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
-from tfopt._compat import tfmot_layer_dtype
 from tfopt.compress import cluster as cluster_lib
 from tfopt.compress import prune as prune_lib
 from tfopt.compress import quantize as quantize_lib
@@ -27,6 +26,7 @@ from tfopt.compress.common import (
     weight_table,
 )
 from tfopt.compress.techniques import ONE_PHASE
+from tfopt.core._compat import tfmot_layer_dtype
 from tfopt.runtime import precision, sharding
 
 

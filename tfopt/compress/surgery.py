@@ -16,12 +16,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 
-from tfopt._compat import is_graph_network
 from tfopt.compress.common import OptimizeError
+from tfopt.core._compat import is_graph_network
 
 
 def functional(model: keras.Model) -> keras.Model:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfopt.errors import OptimizeError
+from tfopt.core.errors import OptimizeError
 
 
 @dataclass(frozen=True)

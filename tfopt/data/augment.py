@@ -30,10 +30,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 from tfopt.config import DataConfig, feed_normalize, parse_normalize, reverses_channels
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 _ENDLESS = 2**62  # batch indices of a training stream: never reached
 Transform = Callable[[tf.data.Dataset], tf.data.Dataset]

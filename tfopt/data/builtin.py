@@ -23,8 +23,8 @@ import zipfile
 import numpy as np
 
 from tfopt.config import DataConfig
+from tfopt.core.errors import DataError
 from tfopt.data import shards
-from tfopt.errors import DataError
 
 SPLITS = ("train", "validation", "test")
 

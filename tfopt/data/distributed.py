@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
-from tfopt import _compat
 from tfopt.config import DataConfig
+from tfopt.core import _compat
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo, prepare
 

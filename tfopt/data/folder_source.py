@@ -31,14 +31,14 @@ import os
 import re
 import unicodedata
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 
 from tfopt.config import DataConfig
+from tfopt.core.errors import DataError
 from tfopt.data import shards
 from tfopt.data.builtin import plan_splits
-from tfopt.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 SPLIT_FOLDERS = {

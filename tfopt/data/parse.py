@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
+from tfopt.core.errors import DataError
 from tfopt.data.sources import DatasetInfo
-from tfopt.errors import DataError
 
 #: ``(images, labels) -> (images, labels)`` on batches.
 Augment = Callable[[tf.Tensor, tf.Tensor], tuple]

@@ -33,11 +33,12 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 
 from tfopt.config import AUTOTUNE, DataConfig, feed_normalize
+from tfopt.core.errors import ConfigError, DataError
 from tfopt.data import service
 from tfopt.data.augment import (
     check_model_shape,
@@ -49,7 +50,6 @@ from tfopt.data.builtin import SPLITS
 from tfopt.data.parse import Augment, parse_fn, resize_fn, split_of
 from tfopt.data.shards import scan_tfrecord
 from tfopt.data.sources import DatasetInfo, dataset_dir, prepare
-from tfopt.errors import ConfigError, DataError
 
 SHIFT_PIXELS = 2
 PARSE_BLOCK = 256  # records parsed per call of a vectorized parse function

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace):
     """Starts the server ``args`` describe and returns it (running)."""
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     service = tf.data.experimental.service
     if args.role == "dispatcher":

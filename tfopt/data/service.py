@@ -16,9 +16,8 @@ import threading
 import uuid
 from urllib.parse import urlsplit
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
-from tfopt.children import ISOLATED_ENV
 from tfopt.config import (
     DATA_SERVICE_ENV,
     LAUNCHED_SERVICE,
@@ -26,8 +25,9 @@ from tfopt.config import (
     DataConfig,
     RunConfig,
 )
-from tfopt.errors import ConfigError, DataError
-from tfopt.specs import STRATEGIES
+from tfopt.core.children import ISOLATED_ENV
+from tfopt.core.errors import ConfigError, DataError
+from tfopt.core.specs import STRATEGIES
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ import struct
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 
-from tfopt.errors import DataError
-from tfopt.fileio import write_bytes
+from tfopt.core.errors import DataError
+from tfopt.core.fileio import write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tfopt.config import DataConfig, parse_image_size
+from tfopt.core.errors import DataError
 from tfopt.data import builtin, folder_source, shards, tfds_source, tfrecord_source
-from tfopt.errors import DataError
 
 
 @dataclass(frozen=True)

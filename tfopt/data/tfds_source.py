@@ -21,15 +21,15 @@ import os
 import re
 import struct
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 
 from tfopt.config import DataConfig
+from tfopt.core.errors import DataError
+from tfopt.core.fileio import write_bytes
 from tfopt.data import shards
 from tfopt.data.builtin import SPLITS, plan_splits, records_needed
-from tfopt.errors import DataError
-from tfopt.fileio import write_bytes
 
 log = logging.getLogger(__name__)
 

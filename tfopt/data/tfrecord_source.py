@@ -26,13 +26,13 @@ import os
 import re
 from dataclasses import dataclass
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 
 from tfopt.config import DataConfig
+from tfopt.core.errors import ConfigError, DataError
 from tfopt.data import shards
-from tfopt.errors import ConfigError, DataError
 
 ENCODINGS = ("raw", "png", "jpeg")
 _EXAMPLE = (

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 from tfopt.config import DataConfig, default_data_dir
-from tfopt.errors import ConfigError, TfoptError
+from tfopt.core.errors import ConfigError, TfoptError
 
 FOLDERS = {"train": "train", "validation": "val", "test": "test"}
 
@@ -36,11 +36,11 @@ def write_folder(cfg: DataConfig, out: str) -> dict[str, int]:
         ConfigError: ``out`` exists.
         DataError: the source cannot be prepared.
     """
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
+    from tfopt.core.fileio import atomic_dir
     from tfopt.data.pipeline import make_dataset
     from tfopt.data.sources import prepare
-    from tfopt.fileio import atomic_dir
 
     if os.path.exists(out):
         raise ConfigError(f"{out!r} exists; give a new folder to write the images into")

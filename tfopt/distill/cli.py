@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 
-from tfopt import cli, flagcheck
+from tfopt import cli
 from tfopt import config as config_lib
 from tfopt.compress.techniques import ONE_PHASE
 from tfopt.config import COMBINE_MODES
+from tfopt.core import flagcheck
+from tfopt.core.errors import ConfigError
 from tfopt.distill.options import DistillOptions, parse_feature
-from tfopt.errors import ConfigError
 
 PROG = "tfopt distill"
 DESCRIPTION = (
@@ -154,7 +155,7 @@ def check_flags(args, given: set[str]) -> None:
 
     Args:
         args: The parsed command line.
-        given: The options given explicitly (:func:`tfopt.flagcheck.explicit`).
+        given: The options given explicitly (:func:`tfopt.core.flagcheck.explicit`).
 
     Raises:
         ConfigError: e.g. ``--sparsity is not used by --technique cluster (it belongs to

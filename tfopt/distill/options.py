@@ -6,7 +6,7 @@ import dataclasses
 
 from tfopt.compress.techniques import ONE_PHASE
 from tfopt.config import COMBINE_MODES, DistillConfig
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 _LOSS = DistillConfig()
 

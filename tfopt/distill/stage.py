@@ -20,8 +20,8 @@ import numpy as np
 from tfopt.compress import student as student_lib
 from tfopt.compress.common import compile_for_eval
 from tfopt.config import DataConfig, RunConfig
+from tfopt.core.errors import ConfigError, ModelError
 from tfopt.distill.options import DistillOptions
-from tfopt.errors import ConfigError, ModelError
 from tfopt.models import inputs, sources
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
 from tfopt.models.io import save_model
@@ -30,7 +30,7 @@ from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
 
 if TYPE_CHECKING:
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
 PROG = "tfopt distill"
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from importlib import metadata
 
 import numpy as np
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 PACKAGE = "ai-edge-quantizer"
 MIN_VERSION, MAX_VERSION = (0, 10), (0, 11)  # tested with 0.10.0 (which pins ai-edge-litert 2.3.0)

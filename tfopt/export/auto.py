@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
+from tfopt.core.log import PROGRESS
 from tfopt.export import benchmark as bench
 from tfopt.export import converter, fidelity
 from tfopt.export.evaluate import EvalResult
 from tfopt.export.ops import OpRunner, model_ops, single_op_model
-from tfopt.log import PROGRESS
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ import tempfile
 
 import numpy as np
 
-from tfopt import native_stderr
-from tfopt.errors import ConfigError
+from tfopt.core import native_stderr
+from tfopt.core.errors import ConfigError
+from tfopt.core.timing import time_calls
 from tfopt.export.evaluate import TFLiteModel
-from tfopt.timing import time_calls
 
 GZIP_LEVEL = 9
 
@@ -45,7 +45,7 @@ def kernel_report(model: TFLiteModel) -> dict:
     A delegate node covers the original nodes between its input and output tensors; they are
     found by walking back from its outputs until its inputs.
     """
-    from tfopt._compat import interpreter_ops_details  # imports TensorFlow: only when asked
+    from tfopt.core._compat import interpreter_ops_details  # imports TensorFlow: only when asked
 
     ops = interpreter_ops_details(model.interpreter)  # the only view of the execution plan
     delegates = [op for op in ops if op["op_name"] == "DELEGATE"]
@@ -262,9 +262,9 @@ def keras_cost(model) -> dict:
 
     FLOPs come from TensorFlow's profiler on the model's frozen graph at batch 1.
     """
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
-    from tfopt._compat import convert_variables_to_constants_v2
+    from tfopt.core._compat import convert_variables_to_constants_v2
 
     shape = [1, *[int(d) for d in model.input_shape[1:]]]
     flops = None

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tfopt.errors import ConfigError
-from tfopt.specs import Registry
+from tfopt.core.errors import ConfigError
+from tfopt.core.specs import Registry
 
 
 @dataclass(frozen=True)

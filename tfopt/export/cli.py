@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import sys
 
-from tfopt import cli, flagcheck, native_stderr
-from tfopt.errors import ConfigError, ModelError
+from tfopt import cli
+from tfopt.core import flagcheck, native_stderr
+from tfopt.core.errors import ConfigError, ModelError
 from tfopt.export import choices
 
 PROG = "tfopt export"
@@ -281,7 +282,7 @@ def check_flags(args, given: set[str]) -> None:
 
     Args:
         args: The parsed command line.
-        given: The options given explicitly (:func:`tfopt.flagcheck.explicit`).
+        given: The options given explicitly (:func:`tfopt.core.flagcheck.explicit`).
 
     Raises:
         ConfigError: one line naming the flag, what reads it and the fix.
@@ -396,7 +397,7 @@ def _start_tensorflow() -> None:
     Only this call, the converter and the interpreter creation print such notices; everything
     else (a crash's message, a traceback) reaches stderr untouched.
     """
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     with native_stderr.filtered():
         tf.config.list_physical_devices()  # loads the device plugins: the CUDA probe prints here
@@ -408,11 +409,11 @@ def _body(args, given: set[str]) -> int:
 
 
 def _work(args) -> int:
-    from tfopt.cpu import peak_summary
+    from tfopt.core.cpu import peak_summary
+    from tfopt.core.fileio import write_json
     from tfopt.export import runner, ship, summary
     from tfopt.export.fidelity import Thresholds
     from tfopt.export.tflite import ConvertOptions
-    from tfopt.fileio import write_json
     from tfopt.runtime.strategy import is_chief
     from tfopt.runtime.tf_config import parse_tf_config
 

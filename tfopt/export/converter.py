@@ -22,26 +22,26 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 
-from tfopt import native_stderr
+from tfopt.compress.common import tfmot_imported
+from tfopt.config import DataConfig
+from tfopt.core import native_stderr
 
 # TF 2.21: the MLIR converter's error class is not in tf.lite's public API; nor is editing a flatbuffer
 # or converting a Keras model without writing it to a SavedModel each time.
-from tfopt._compat import (
+from tfopt.core._compat import (
     ConverterError,
     modify_model_io_type,
     read_tflite_model,
     saved_model_converter,
     write_tflite_model,
 )  # noqa: E402
-from tfopt.compress.common import tfmot_imported
-from tfopt.config import DataConfig
+from tfopt.core.errors import ConfigError, ModelError
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo
-from tfopt.errors import ConfigError, ModelError
 from tfopt.export.choices import (
     IO_TYPES,
     MODES,
@@ -544,7 +544,7 @@ def _sparse_problem(
 def modify_io(content: bytes, io_type: str) -> bytes:
     """Sets the I/O type of a quantized flatbuffer (e.g. after selective quantization).
 
-    Uses the converter's own post-processing step (:func:`tfopt._compat.modify_model_io_type`)
+    Uses the converter's own post-processing step (:func:`tfopt.core._compat.modify_model_io_type`)
     because the quantization debugger only returns float-I/O models.
     """
     if io_type == "float":

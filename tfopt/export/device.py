@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 REMOTE_DIR = "/data/local/tmp/tfopt"
 BINARY_URL = (

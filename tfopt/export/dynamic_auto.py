@@ -26,11 +26,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
+from tfopt.core.log import PROGRESS
 from tfopt.export import aeq, auto
 from tfopt.export import benchmark as bench
 from tfopt.export.ops import op_costs
-from tfopt.log import PROGRESS
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfopt import native_stderr
 from tfopt.config import DataConfig
+from tfopt.core import native_stderr
+from tfopt.core.errors import DataError, ModelError
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo
-from tfopt.errors import DataError, ModelError
 
 
 def _interpreter_class():

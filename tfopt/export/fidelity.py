@@ -18,12 +18,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 
-from tfopt import native_stderr
-from tfopt.errors import ConfigError
+from tfopt.core import native_stderr
+from tfopt.core.errors import ConfigError
 from tfopt.export.converter import ConvertOptions, make_converter, modify_io, representative_fn
 from tfopt.export.evaluate import EvalResult
 

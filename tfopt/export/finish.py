@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from tfopt.core.fileio import write_bytes
 from tfopt.export import (
     metadata,
     outputs,
@@ -14,7 +15,6 @@ from tfopt.export import (
 from tfopt.export.evaluate import (
     TFLiteModel,
 )
-from tfopt.fileio import write_bytes
 
 
 def write_metadata(

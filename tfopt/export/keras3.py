@@ -18,11 +18,11 @@ import subprocess
 import sys
 import tempfile
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 
-from tfopt.errors import ModelError
+from tfopt.core.errors import ModelError
 from tfopt.models import inputs
 from tfopt.models.inputs import InputSide
 

@@ -32,16 +32,16 @@ import sys
 import tempfile
 import time
 
-from tfopt.errors import ConfigError, ModelError
+from tfopt.core.errors import ConfigError, ModelError
 
 _TIMEOUT_S = 600.0
 
 
 def _load(path: str, *, threads: int, trust_model: bool):
     """Runs in the child: starts TensorFlow at ``threads`` threads and loads the model as export sees it."""
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
-    from tfopt import native_stderr
+    from tfopt.core import native_stderr
 
     with native_stderr.filtered():  # the runtime starts here: CUDA probe notices
         tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -56,7 +56,7 @@ def _load(path: str, *, threads: int, trust_model: bool):
 
 def _prepare(model):
     """Runs in the child: the traced batch-1 call of ``model`` and its fixed input."""
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     import numpy as np
 
@@ -72,9 +72,9 @@ def _time(fn, x, *, runs: int, warmup: int) -> dict:
 
     Eager execution is synchronous on CPU: each call returns with its result computed.
     """
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
-    from tfopt.timing import time_calls
+    from tfopt.core.timing import time_calls
 
     return {
         **time_calls(lambda: fn(x), warmup=warmup, runs=runs),
@@ -86,7 +86,7 @@ def _time(fn, x, *, runs: int, warmup: int) -> dict:
 
 def _serve(threads: int) -> int:
     """Runs in the child: loads and times the models named on stdin, one JSON answer per request."""
-    from tfopt._keras import keras
+    from tfopt.core._keras import keras
 
     fn = x = None
     for line in sys.stdin:

@@ -9,6 +9,7 @@ import os
 import time
 
 from tfopt.config import DataConfig
+from tfopt.core.fileio import write_bytes, write_json
 from tfopt.export import (
     auto,
     device,
@@ -24,7 +25,6 @@ from tfopt.export.evaluate import (
     load_split,
 )
 from tfopt.export.settings import ExportSettings
-from tfopt.fileio import write_bytes, write_json
 
 
 def row_of(

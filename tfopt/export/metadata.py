@@ -26,7 +26,7 @@ import json
 import zipfile
 import zlib
 
-from tfopt.errors import DataError, ModelError
+from tfopt.core.errors import DataError, ModelError
 from tfopt.export import metadata_fb
 
 LABELS = "labels.txt"
@@ -108,7 +108,7 @@ def write(
         DataError: a class name that cannot be a label line.
         ModelError: the model does not have one input and one output.
     """
-    from tfopt._compat import read_tflite_model, tflite_schema, write_tflite_model
+    from tfopt.core._compat import read_tflite_model, tflite_schema, write_tflite_model
 
     names = list(contract.get("class_names") or [])
     check_labels(names)

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfopt import native_stderr
-from tfopt._compat import (
+from tfopt.core import native_stderr
+from tfopt.core._compat import (
     interpreter_ops_details,
     read_tflite_model,
     tflite_schema,
     write_tflite_model,
 )
+from tfopt.core.timing import time_calls
 from tfopt.export.evaluate import _interpreter_class
-from tfopt.timing import time_calls
 
 # Kernel classes a roofline distinguishes: the multiply-adds of a regular convolution or a
 # matrix product, of a depthwise convolution, and ops whose cost is memory traffic.

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 
-from tfopt.errors import ConfigError, ModelError
+from tfopt.core.errors import ConfigError, ModelError
 from tfopt.export.choices import OUTPUTS, check_choice
 
 
@@ -101,7 +101,7 @@ def append_softmax(content: bytes) -> bytes:
         ModelError: the output is not one float32 tensor (integer outputs take their softmax
             before conversion, see :func:`plan`).
     """
-    from tfopt._compat import read_tflite_model, tflite_schema, write_tflite_model
+    from tfopt.core._compat import read_tflite_model, tflite_schema, write_tflite_model
 
     schema = tflite_schema()
     model = read_tflite_model(content)
@@ -160,7 +160,7 @@ def name_io(content: bytes, outputs: str) -> bytes:
     Raises:
         ModelError: the model does not have one input and one output.
     """
-    from tfopt._compat import read_tflite_model, write_tflite_model
+    from tfopt.core._compat import read_tflite_model, write_tflite_model
 
     model = read_tflite_model(content)
     graph = model.subgraphs[0]

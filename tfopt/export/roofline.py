@@ -1,7 +1,7 @@
 """How far a .tflite's latency is from what the CPU could do: its roofline, per kernel class.
 
 The bound of an op is its multiply-adds divided by one core's measured peak rate for the
-arithmetic its kernel uses (:func:`tfopt.cpu.peaks`), times the cores it may use: fp32 FMA for
+arithmetic its kernel uses (:func:`tfopt.core.cpu.peaks`), times the cores it may use: fp32 FMA for
 float ops, the int8 dot product for ops with integer weights, and the fp32 rate for depthwise
 convolutions in every precision, because XNNPACK's x86 int8 depthwise kernels multiply in 32-bit
 lanes (``qs8_qc8w_dwconv_*_mul32``: as many lanes per instruction as fp32 FMA). Elementwise and
@@ -39,7 +39,7 @@ def bound_ms(costs: Sequence[OpCost], peaks: dict, threads: int = 1) -> float | 
 
     Args:
         costs: The model's ops (:func:`tfopt.export.ops.op_costs`).
-        peaks: One core's peak rates (:func:`tfopt.cpu.peaks`).
+        peaks: One core's peak rates (:func:`tfopt.core.cpu.peaks`).
         threads: Threads the model runs on; the bound assumes each on its own core.
 
     Returns:
@@ -68,7 +68,7 @@ def analyze(
 
     Args:
         costs: The model's ops (:func:`tfopt.export.ops.op_costs`).
-        peaks: One core's peak rates (:func:`tfopt.cpu.peaks`).
+        peaks: One core's peak rates (:func:`tfopt.core.cpu.peaks`).
         p50_ms: The whole model's measured p50 at ``threads``.
         op_ms: Each op's p50 timed alone (:func:`tfopt.export.ops.time_alone`), in the order of
             ``costs``; None skips the per-class times.
@@ -156,7 +156,7 @@ def measure(
     Args:
         content: The .tflite flatbuffer.
         latency: Its latency figures by setting (``{"xnnpack/1t": {"p50_ms", "threads"}, ...}``).
-        peaks: One core's peak rates (default :func:`tfopt.cpu.peaks`, measured once per machine).
+        peaks: One core's peak rates (default :func:`tfopt.core.cpu.peaks`, measured once per machine).
         runs: Timed invokes of each op alone, at the first setting's thread count only.
         warmup: Untimed invokes of each op first.
 
@@ -164,7 +164,7 @@ def measure(
         ``{setting: analyze(...)}`` for the ``xnnpack/*`` settings; the first one has per-class
         times. Empty when nothing was timed with XNNPACK.
     """
-    from tfopt.cpu import peaks as measured_peaks
+    from tfopt.core.cpu import peaks as measured_peaks
     from tfopt.export.ops import op_costs, time_alone
 
     keys = [k for k, v in latency.items() if k.startswith("xnnpack/") and v.get("p50_ms")]

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tfopt.core.timing import percentiles, samples
 from tfopt.export import benchmark as bench
-from tfopt.timing import percentiles, samples
 
 ROUNDS = 5
 
@@ -26,7 +26,7 @@ def graph_key(content: bytes) -> str:
     """A digest of what a runtime computes with: every subgraph's ops, tensors, weights and
     quantization, by position. Tensor and signature names, metadata and packed files are left out.
     """
-    from tfopt._compat import read_tflite_model
+    from tfopt.core._compat import read_tflite_model
 
     model = read_tflite_model(content)
     h = hashlib.sha256()

@@ -21,13 +21,15 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 
 from tfopt.compress.common import strip_wrappers
 from tfopt.config import DataConfig, RunConfig
-from tfopt.cpu import has_int8_dot, host_label, host_words, peak_summary, peaks
+from tfopt.core.cpu import has_int8_dot, host_label, host_words, peak_summary, peaks
+from tfopt.core.fileio import write_bytes, write_json, write_text
+from tfopt.core.log import PROGRESS
 from tfopt.data.sources import input_contract, prepare
 from tfopt.export import benchmark as bench
 from tfopt.export import (
@@ -59,8 +61,6 @@ from tfopt.export.settings import (  # noqa: F401  (importable from here, as bef
     ExportSettings,
     settings_dict,
 )
-from tfopt.fileio import write_bytes, write_json, write_text
-from tfopt.log import PROGRESS
 from tfopt.models import inputs
 from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input, refuse_input_as_output

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.export import (
     fidelity,
     outputs,

@@ -6,8 +6,8 @@ import io
 import os
 from collections.abc import Sequence
 
+from tfopt.core.fileio import write_bytes
 from tfopt.core.tables import markdown_table
-from tfopt.fileio import write_bytes
 
 
 def _kib(n: int | None) -> str:

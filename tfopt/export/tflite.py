@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.export.choices import BOTH_QUANTIZERS, MODES, check_choice
 from tfopt.export.converter import (  # noqa: F401  (the export stage's conversion surface)
     SPARSITY_THRESHOLD,

@@ -22,7 +22,7 @@ Job semantics:
 * SIGTERM (or SIGHUP, the terminal closing) to the launcher is passed on to every task as SIGTERM
   (each writes a backup at its next step and exits 143); the launcher then exits 143. A launcher
   killed outright takes its tasks along: each gets SIGTERM from the kernel when it dies
-  (:func:`tfopt.children.die_with_parent`).
+  (:func:`tfopt.core.children.die_with_parent`).
 * ``--timeout S`` stops everything after S seconds and returns 124.
 * A local cluster (``--host`` on the loopback, the default) runs in a private network namespace
   whose only interface is its own loopback (``unshare -n`` as root, ``unshare -rn`` for other

@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
-from tfopt.children import ISOLATED_ENV
-from tfopt.errors import ConfigError
+from tfopt.core.children import ISOLATED_ENV
+from tfopt.core.errors import ConfigError
 from tfopt.launch import hosts as hosts_lib
 from tfopt.launch import kube
 from tfopt.launch.cluster import isolation

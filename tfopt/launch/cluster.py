@@ -9,8 +9,8 @@ import socket
 import subprocess
 import sys
 
-from tfopt.children import ISOLATED_ENV, LOOPBACK
-from tfopt.errors import ConfigError
+from tfopt.core.children import ISOLATED_ENV, LOOPBACK
+from tfopt.core.errors import ConfigError
 
 SERVE = [sys.executable, "-m", "tfopt.data.serve"]  # runs a dispatcher or a worker
 

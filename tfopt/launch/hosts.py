@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 SUBNET = "10.253.0"  # host i is SUBNET.(i + 1)/24
 _PREFIX = "tfopt-"

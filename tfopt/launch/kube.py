@@ -13,7 +13,8 @@ import posixpath
 from typing import Any
 
 from tfopt.config import DATA_SERVICE_ENV
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
+from tfopt.core.specs import STAGES  # the tfopt commands that take -o/--output
 from tfopt.launch.kube_checks import (  # noqa: F401  (check_tfjob: part of this module's API)
     API_VERSION,
     CLEAN_POD_POLICIES,
@@ -47,7 +48,6 @@ from tfopt.launch.kube_checks import (  # noqa: F401  (check_tfjob: part of this
     check_tfjob,
     pod_resources,
 )
-from tfopt.specs import STAGES  # the tfopt commands that take -o/--output
 
 
 def add_render_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

@@ -8,7 +8,7 @@ import posixpath
 import re
 from typing import Any
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 API_VERSION, KIND = "kubeflow.org/v1", "TFJob"
 RENDER_TARGETS = ("kubeflow",)

@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping
 from typing import IO
 
-from tfopt.children import ISOLATED_ENV, die_with_parent
 from tfopt.config import DATA_SERVICE_ENV
-from tfopt.errors import ConfigError
+from tfopt.core.children import ISOLATED_ENV, die_with_parent
+from tfopt.core.errors import ConfigError
 from tfopt.launch import hosts as hosts_lib
 from tfopt.launch.cluster import data_service_tasks, make_cluster
 

@@ -34,11 +34,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tfopt._keras import ensure_tf_keras, keras, tf
+from tfopt.core._keras import ensure_tf_keras, keras, tf
 
-from tfopt._compat import is_graph_network
 from tfopt.config import COMBINE_MODES, DistillConfig
-from tfopt.errors import ConfigError, ModelError
+from tfopt.core._compat import is_graph_network
+from tfopt.core.errors import ConfigError, ModelError
 from tfopt.models.io import save_model
 from tfopt.runtime import sharding
 

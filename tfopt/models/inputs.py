@@ -27,12 +27,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 import numpy as np
 
 from tfopt.config import DataConfig, is_raw_normalize, parse_normalize, reverses_channels
-from tfopt.errors import ConfigError, ModelError
+from tfopt.core.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 

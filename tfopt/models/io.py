@@ -16,11 +16,11 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
-from tfopt._keras import ensure_tf_keras, keras
+from tfopt.core._keras import ensure_tf_keras, keras
 
-from tfopt import _compat
-from tfopt.errors import ModelError
-from tfopt.fileio import atomic_dir, atomic_path
+from tfopt.core import _compat
+from tfopt.core.errors import ModelError
+from tfopt.core.fileio import atomic_dir, atomic_path
 from tfopt.runtime import sharding
 
 # tfmot wrappers (QAT, pruning, clustering) are registered Keras classes of a known library.

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 Builder = Callable[..., "keras.Model"]
 _REGISTRY: dict[str, Builder] = {}

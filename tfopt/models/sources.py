@@ -1,6 +1,6 @@
 """Model sources: every form of ``--model`` built or loaded one way, inside ``strategy.scope()``.
 
-The forms (the registry is :data:`tfopt.specs.MODEL_SOURCES`):
+The forms (the registry is :data:`tfopt.core.specs.MODEL_SOURCES`):
 
 - a built-in name (``cnn``, ``small_cnn``, ...: :mod:`tfopt.models.registry`);
 - a model file (``.keras``, ``.h5`` or a SavedModel directory), loaded safely by
@@ -31,15 +31,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tfopt._keras import ensure_tf_keras, keras
+from tfopt.core._keras import ensure_tf_keras, keras
 
 import numpy as np
 
 from tfopt.config import BGR_PREFIX, ModelConfig, RunConfig, is_raw_normalize
-from tfopt.errors import ConfigError, ModelError
-from tfopt.fileio import tree_digest
+from tfopt.core.errors import ConfigError, ModelError
+from tfopt.core.fileio import tree_digest
+from tfopt.core.specs import ModelSource, parse_model, parse_model_args, parse_model_source, resolve
 from tfopt.models import io, registry
-from tfopt.specs import ModelSource, parse_model, parse_model_args, parse_model_source, resolve
 
 
 @dataclass
@@ -166,7 +166,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, normalize=normalize))
 
 
-# -- the builders, one per form (named by tfopt.specs.MODEL_SOURCES) -------------------------------
+# -- the builders, one per form (named by tfopt.core.specs.MODEL_SOURCES) -------------------------------
 
 
 def build_builtin(

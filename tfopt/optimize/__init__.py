@@ -10,7 +10,7 @@ import importlib
 _EXPORTS = {
     "ClusterSpec": "tfopt.compress.cluster",
     "check_clusters": "tfopt.compress.cluster",
-    "OptimizeError": "tfopt.errors",
+    "OptimizeError": "tfopt.core.errors",
     "Selection": "tfopt.compress.common",
     "m_by_n_violations": "tfopt.compress.common",
     "rebuild": "tfopt.compress.common",

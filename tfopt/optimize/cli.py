@@ -14,11 +14,12 @@ import json
 import os
 import sys
 
-from tfopt import cli, flagcheck
+from tfopt import cli
 from tfopt import config as config_lib
 from tfopt.compress.techniques import TECHNIQUES
-from tfopt.errors import ConfigError
-from tfopt.specs import PRECISIONS, STRATEGIES
+from tfopt.core import flagcheck
+from tfopt.core.errors import ConfigError
+from tfopt.core.specs import PRECISIONS, STRATEGIES
 
 PROG = "tfopt optimize"
 DEFAULT_PRUNE_EPOCHS = 3  # and low-rank: structural changes need time to recover
@@ -462,7 +463,7 @@ def check_flags(args, given: set[str]) -> tuple[str, ...]:
 
     Args:
         args: The parsed command line.
-        given: The options given explicitly (:func:`tfopt.flagcheck.explicit`).
+        given: The options given explicitly (:func:`tfopt.core.flagcheck.explicit`).
 
     Returns:
         The technique names (empty with ``--inspect``, which uses no technique flag).
@@ -579,7 +580,7 @@ def _body(args, given: set[str]) -> int:
         else:
             print(f"{PROG}: {res.technique}: error: {res.error}", file=sys.stderr)
     if args.report and records:
-        from tfopt.fileio import write_json
+        from tfopt.core.fileio import write_json
 
         write_json(
             args.report,

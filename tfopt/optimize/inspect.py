@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 from tfopt.compress import cluster as cluster_lib
 from tfopt.compress import low_rank as low_rank_lib
@@ -24,7 +24,7 @@ from tfopt.compress.channels import trace
 from tfopt.compress.common import check_model
 from tfopt.compress.flops import model_macs
 from tfopt.compress.surgery import fresh
-from tfopt.errors import TfoptError
+from tfopt.core.errors import TfoptError
 
 
 @dataclass

@@ -15,9 +15,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
-from tfopt._compat import tfmot_layer_dtype
 from tfopt.compress import channel_prune as channel_lib
 from tfopt.compress import cluster as cluster_lib
 from tfopt.compress import latency as latency_lib
@@ -26,6 +25,7 @@ from tfopt.compress import prune as prune_lib
 from tfopt.compress import quantize as quantize_lib
 from tfopt.compress.common import compute_dtypes, rebuild
 from tfopt.compress.flops import model_macs
+from tfopt.core._compat import tfmot_layer_dtype
 from tfopt.runtime import sharding
 from tfopt.runtime.job import Job
 from tfopt.runtime.strategy import from_chief

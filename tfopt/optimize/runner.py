@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 from tfopt.compress import channel_prune as channel_lib
 from tfopt.compress import cluster as cluster_lib
@@ -36,8 +36,8 @@ from tfopt.compress.common import (
     weights_gzip_bytes,
 )
 from tfopt.config import RunConfig
-from tfopt.errors import TfoptError
-from tfopt.fileio import atomic_path, write_json, write_text
+from tfopt.core.errors import TfoptError
+from tfopt.core.fileio import atomic_path, write_json, write_text
 from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
 from tfopt.optimize.phases import Context, FineTune, run_chain

@@ -22,7 +22,7 @@ from typing import Any
 
 from tfopt import config as config_lib
 from tfopt.config import RunConfig
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 RUN_SECTIONS = ("data", "model", "runtime", "train")
 MULTI_PROCESS = ("multi_worker_mirrored", "parameter_server")

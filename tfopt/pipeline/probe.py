@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
-from tfopt._compat import build_step_state
 from tfopt.config import RunConfig
+from tfopt.core._compat import build_step_state
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import prepare
 from tfopt.models.io import load_model

@@ -15,9 +15,9 @@ import os
 import sys
 import time
 
-from tfopt.children import run_child
-from tfopt.errors import ConfigError, TfoptError
-from tfopt.fileio import write_json
+from tfopt.core.children import run_child
+from tfopt.core.errors import ConfigError, TfoptError
+from tfopt.core.fileio import write_json
 from tfopt.pipeline.config import MULTI_PROCESS, PipelineConfig
 from tfopt.pipeline.execute import STATE_FILE, read_state, run_stage
 from tfopt.pipeline.stages import Stage, plan, stage_dir

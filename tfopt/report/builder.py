@@ -19,8 +19,8 @@ import os
 import time
 from collections.abc import Callable
 
-from tfopt.fileio import atomic_dir, write_bytes, write_json, write_text
-from tfopt.log import PROGRESS
+from tfopt.core.fileio import atomic_dir, write_bytes, write_json, write_text
+from tfopt.core.log import PROGRESS
 from tfopt.report import collect as collect_lib
 from tfopt.report import debugger, pareto, targets
 from tfopt.report.select import choose, parse_rule

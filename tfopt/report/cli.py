@@ -41,9 +41,9 @@ def _parser() -> cli.ArgumentParser:
 
 def _start_tensorflow() -> None:
     """Starts TensorFlow's runtime where its start-up notices (the CUDA probe) are filtered out."""
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
-    from tfopt import native_stderr
+    from tfopt.core import native_stderr
 
     with native_stderr.filtered():
         tf.config.list_physical_devices()

@@ -23,7 +23,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.runs import RunRecord
 
 STATE_FILE = "pipeline.json"

@@ -440,7 +440,7 @@ def _roofline(report: dict) -> list[dict]:
     variants = [v for v in report["variants"] if v.get("roofline")]
     if not variants:
         return []
-    from tfopt.cpu import peak_summary
+    from tfopt.core.cpu import peak_summary
 
     rows, lines = [], []
     for v in variants:

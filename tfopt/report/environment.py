@@ -15,7 +15,7 @@ import platform
 import re
 from collections import Counter
 
-from tfopt import cpu
+from tfopt.core import cpu
 from tfopt.report.collect import PipelineRun
 
 # The flags that decide which XNNPACK / oneDNN kernels run.
@@ -136,7 +136,7 @@ def analyze_tflite(path: str) -> dict:
         ``{"file", "text", "ops": [{"index", "op", "output", "shape", "type", "input_types"}],
         "op_counts": {op: n}, "subgraphs", "model_bytes"}``.
     """
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     with open(path, "rb") as f:
         content = f.read()

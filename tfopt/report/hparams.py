@@ -51,7 +51,7 @@ def write(root: str, variants: Sequence[Variant], chosen: str | None) -> list[st
     Returns:
         The run names written (the variants' names).
     """
-    from tfopt._keras import tf
+    from tfopt.core._keras import tf
 
     from tensorboard.plugins.hparams import api as hp
 

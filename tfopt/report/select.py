@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 from tfopt.report.collect import Variant
 
 # key -> (what it is, unit, how to read it from a variant)

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
-from tfopt import _compat
+from tfopt.core import _compat
 from tfopt.data import distributed
 from tfopt.runtime import precision
 

@@ -21,7 +21,7 @@ the data position mid-epoch and writes nothing mid-epoch under ParameterServerSt
   the input stream there (see :mod:`tfopt.data.pipeline`) and ``fit`` continues at that epoch and
   step, so the run goes on as if never stopped.
 - **Preemption:** SIGTERM sets a flag; at the next step boundary (every worker agrees under
-  MultiWorkerMirrored) a backup is written and :class:`~tfopt.errors.Preempted` raised: the
+  MultiWorkerMirrored) a backup is written and :class:`~tfopt.core.errors.Preempted` raised: the
   command exits 143, and a restart loses no step.
 - **NaN guard:** a non-finite loss (or non-finite weights about to be backed up) raises
   :class:`NonFinite`; weights that are not finite are never backed up. The Job rolls back.
@@ -34,13 +34,13 @@ import os
 import shutil
 import signal
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 
-from tfopt import _compat
-from tfopt.errors import Preempted, TfoptError, TrainingError
-from tfopt.fileio import write_text
+from tfopt.core import _compat
+from tfopt.core.errors import Preempted, TfoptError, TrainingError
+from tfopt.core.fileio import write_text
 
 KEEP = 2  # backups kept: the newest may be the one a kill interrupted
 

@@ -9,9 +9,9 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
-from tfopt.fileio import write_json, write_text
+from tfopt.core.fileio import write_json, write_text
 from tfopt.runtime import sharding
 
 

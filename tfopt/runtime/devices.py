@@ -1,8 +1,8 @@
 """Logical CPU devices, so `mirrored` runs several replicas on a machine without GPUs."""
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 
 def setup_cpu_replicas(n: int) -> int:

@@ -9,11 +9,11 @@ import logging
 import os
 import time
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
-from tfopt import _compat
+from tfopt.core import _compat
+from tfopt.core.errors import PeerLost, TrainingError
 from tfopt.data import distributed, pipeline, service
-from tfopt.errors import PeerLost, TrainingError
 from tfopt.runtime import sharding, sidecar
 from tfopt.runtime.backup import Backup, NonFinite
 from tfopt.runtime.callbacks import EpochTimer, MetricsLogger, PlainValidation

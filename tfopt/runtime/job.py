@@ -29,11 +29,12 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 from tfopt.config import DataConfig, RunConfig
+from tfopt.core.log import PROGRESS
+from tfopt.core.specs import AUTO_PRECISION, PRECISIONS, STRATEGIES
 from tfopt.data import service, sources
-from tfopt.log import PROGRESS
 from tfopt.runs import default_output, fingerprint
 from tfopt.runtime import autoprecision, precision
 from tfopt.runtime import strategy as strategy_lib
@@ -59,7 +60,6 @@ from tfopt.runtime.tf_config import (
     validate_for_strategy,
 )
 from tfopt.runtime.watchdog import StartupWatchdog
-from tfopt.specs import AUTO_PRECISION, PRECISIONS, STRATEGIES
 
 log = logging.getLogger(__name__)
 

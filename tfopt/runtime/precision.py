@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import logging
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
-from tfopt.cpu import cpu_flags
-from tfopt.specs import AUTO_PRECISION, PRECISIONS
+from tfopt.core.cpu import cpu_flags
+from tfopt.core.specs import AUTO_PRECISION, PRECISIONS
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def set_policy(name: str) -> None:
     Call it before building the model: layers read the policy when they are created.
 
     Args:
-        name: A name in :data:`tfopt.specs.PRECISIONS`.
+        name: A name in :data:`tfopt.core.specs.PRECISIONS`.
 
     Raises:
         ConfigError: ``name`` is not one of these.
@@ -71,7 +71,7 @@ def bf16_warning(policy: str, flags: set[str], devices: list[str]) -> str | None
 
     Args:
         policy: The requested policy name.
-        flags: The CPU's feature flags (:func:`tfopt.cpu.cpu_flags`).
+        flags: The CPU's feature flags (:func:`tfopt.core.cpu.cpu_flags`).
         devices: The accelerator types present (:func:`accelerators`).
 
     Returns:

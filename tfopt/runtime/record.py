@@ -11,14 +11,14 @@ import platform
 import statistics
 from importlib.metadata import PackageNotFoundError, version
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 
 from tfopt._version import __version__
 from tfopt.config import RunConfig
+from tfopt.core.log import RESULT
 from tfopt.data import sources
-from tfopt.log import RESULT
 from tfopt.runs import RunRecord
 from tfopt.runtime import quality, sharding
 

@@ -17,9 +17,9 @@ import os
 import shutil
 from collections.abc import Callable
 
-from tfopt.errors import ConfigError
-from tfopt.fileio import write_json, write_text
-from tfopt.runlock import Locked, RunLock
+from tfopt.core.errors import ConfigError
+from tfopt.core.fileio import write_json, write_text
+from tfopt.core.runlock import Locked, RunLock
 from tfopt.runs import PARTIAL_SUFFIX, RunRecord, update_latest
 
 FINGERPRINT_FILE = "fingerprint.json"
@@ -118,7 +118,7 @@ class RunDir:
     def check(self) -> None:
         """Refuses, before any work, to replace a finished run or resume a different config.
 
-        The chief first locks the directory (:mod:`tfopt.runlock`) for the rest of the run and
+        The chief first locks the directory (:mod:`tfopt.core.runlock`) for the rest of the run and
         finishes a commit a crash interrupted (:meth:`recover`).
 
         Raises:

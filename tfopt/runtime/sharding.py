@@ -38,13 +38,13 @@ import functools
 import math
 import threading
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
 import numpy as np
 
-from tfopt import _compat
 from tfopt.config import RuntimeConfig
-from tfopt.errors import ConfigError
+from tfopt.core import _compat
+from tfopt.core.errors import ConfigError
 
 _MIB = 1 << 20
 _local = threading.local()

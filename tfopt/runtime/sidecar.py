@@ -16,9 +16,9 @@ import os
 import time
 from collections.abc import Callable
 
-from tfopt._keras import keras, tf
+from tfopt.core._keras import keras, tf
 
-from tfopt.fileio import write_json
+from tfopt.core.fileio import write_json
 
 log = logging.getLogger(__name__)
 

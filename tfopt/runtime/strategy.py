@@ -1,6 +1,6 @@
 """The strategy factories: one string -> a ``tf.distribute.Strategy``, plus the PS task servers.
 
-The names and what tfopt must know about each strategy live in :data:`tfopt.specs.STRATEGIES`,
+The names and what tfopt must know about each strategy live in :data:`tfopt.core.specs.STRATEGIES`,
 whose entries point at the factories here:
 
 * ``one_device``: ``OneDeviceStrategy`` on ``/gpu:0`` when a GPU exists, else ``/cpu:0``.
@@ -28,16 +28,16 @@ import logging
 import os
 from typing import NoReturn
 
-from tfopt._keras import tf
+from tfopt.core._keras import tf
 
 import numpy as np
 
 from tfopt.config import RuntimeConfig
-from tfopt.errors import ClusterError, ConfigError
+from tfopt.core.errors import ClusterError, ConfigError
+from tfopt.core.specs import STRATEGIES
 from tfopt.runtime import sharding
 from tfopt.runtime.devices import setup_cpu_replicas
 from tfopt.runtime.tf_config import ClusterInfo, parse_tf_config, validate_for_strategy
-from tfopt.specs import STRATEGIES
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 TensorFlow's own errors for a malformed TF_CONFIG arrive late (at strategy creation or at the
 first collective), are spread over several lines, or never come at all (a wrong address makes
 start-up hang). This module checks the JSON once, at the edge, and raises a one-line
-:class:`~tfopt.errors.ClusterError` that quotes the bad value, the valid choices and the fix.
+:class:`~tfopt.core.errors.ClusterError` that quotes the bad value, the valid choices and the fix.
 
 It accepts TF_CONFIG as TensorFlow documents it and as the Kubeflow training operator
 (``TFJob``, ``kubeflow.org/v1``) writes it::
@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tfopt.children import ISOLATED_ENV, LOOPBACK
-from tfopt.errors import ClusterError
-from tfopt.specs import STRATEGIES
+from tfopt.core.children import ISOLATED_ENV, LOOPBACK
+from tfopt.core.errors import ClusterError
+from tfopt.core.specs import STRATEGIES
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 EVALUATOR = "evaluator"
@@ -367,7 +367,7 @@ def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
 
     Args:
         info: The parsed TF_CONFIG, or None when unset.
-        strategy: A strategy name (see :data:`tfopt.specs.STRATEGIES`).
+        strategy: A strategy name (see :data:`tfopt.core.specs.STRATEGIES`).
 
     Raises:
         ConfigError: unknown strategy name.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tfopt import cli, flagcheck
+from tfopt import cli
+from tfopt.core import flagcheck
 
 PROG = "tfopt train"
 DESCRIPTION = "Train a model under any tf.distribute strategy and write a run directory."

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 from tfopt.config import RunConfig
 from tfopt.models import inputs, sources
@@ -141,7 +141,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
 def pretrained(cfg: RunConfig) -> bool:
     """Whether the model starts from weights someone trained: a model file, or an application
     given ``weights``. A built-in model, or an application without weights, starts at random."""
-    from tfopt.specs import parse_model
+    from tfopt.core.specs import parse_model
 
     source, kwargs = parse_model(cfg.model.name, cfg.model.args)
     if source.form == "builtin":

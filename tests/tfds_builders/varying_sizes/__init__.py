@@ -4,7 +4,7 @@ Image ``i`` of a split is flat gray: 60 (class ``dark``) or 180 (``light``), of 
 (10 + i % 7) x (12 + i % 5).
 """
 
-from tfopt._keras import tf  # noqa: F401  (sets TensorFlow's flags before tfds imports it)
+from tfopt.core._keras import tf  # noqa: F401  (sets TensorFlow's flags before tfds imports it)
 
 import numpy as np
 import tensorflow_datasets as tfds

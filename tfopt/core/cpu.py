@@ -3,10 +3,10 @@
 The one home of CPU-flag parsing: the precision policy's bf16 check, the report's environment
 section and the benchmarks' ``lscpu`` records all read them here. :func:`peaks` measures one
 core's peak multiply-add rates (fp32 FMA, int8 dot product) and its clock with a microbenchmark
-of machine code (:mod:`tfopt._x86_kernels`), the denominators of every roofline figure. No
+of machine code (:mod:`tfopt.core._x86_kernels`), the denominators of every roofline figure. No
 TensorFlow import.
 
-Run ``python -m tfopt.cpu`` to print the peaks of this machine (``--refresh`` re-measures).
+Run ``python -m tfopt.core.cpu`` to print the peaks of this machine (``--refresh`` re-measures).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from tfopt.fileio import write_json
+from tfopt.core.fileio import write_json
 
 
 def parse_cpuinfo(text: str) -> dict:
@@ -203,7 +203,7 @@ def measure_here() -> dict:
     import ctypes
     import mmap
 
-    from tfopt import _x86_kernels as kx
+    from tfopt.core import _x86_kernels as kx
 
     flags = cpu_flags()
     out = {"machine": platform.machine(), "isa": isa(flags)}
@@ -289,7 +289,7 @@ def peaks(refresh: bool = False, timeout: float = 60.0) -> dict:
             pass
     try:
         child = subprocess.run(
-            [sys.executable, "-m", "tfopt.cpu", "--here"],
+            [sys.executable, "-m", "tfopt.core.cpu", "--here"],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -331,7 +331,7 @@ def peak_summary(peaks: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tfopt.cpu [--refresh]``: prints this machine's peaks as JSON."""
+    """``python -m tfopt.core.cpu [--refresh]``: prints this machine's peaks as JSON."""
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--here"]:
         print(json.dumps(measure_here()))
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(argv) - {"--refresh"}:
         code = 0 if set(argv) & {"-h", "--help"} else 2
         print(
-            "usage: python -m tfopt.cpu [--refresh]\n\nMeasures one core's fp32 FMA and int8 "
+            "usage: python -m tfopt.core.cpu [--refresh]\n\nMeasures one core's fp32 FMA and int8 "
             "dot-product peaks and its clock (cached per CPU model; --refresh measures again) "
             "and prints them as JSON.",
             file=sys.stdout if code == 0 else sys.stderr,

@@ -4,7 +4,7 @@ TensorFlow, the TFLite converter and the LiteRT interpreter write to file descri
 below Python: start-up notices (no CUDA driver here, the XNNPACK delegate is on, the quantizer's
 settings) and the converter's MLIR diagnostics, which its exception repeats anyway. Most come
 from absl's logging before it is initialized, which ``TF_CPP_MIN_LOG_LEVEL`` does not reach. Two
-blocks hide them, each used only around a call known to print them (``tfopt._keras`` imports
+blocks hide them, each used only around a call known to print them (``tfopt.core._keras`` imports
 TensorFlow and runs its CUDA probe in one):
 
 - ``filtered()``: lines :func:`is_noise` calls start-up notices are dropped; every other line is
@@ -107,7 +107,10 @@ def is_noise(line: bytes, gpu: bool) -> bool:
 
 
 def _enabled() -> bool:
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in ("", "0"):  # tfopt._keras defaults it to 2
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") in (
+        "",
+        "0",
+    ):  # tfopt.core._keras defaults it to 2
         return False
     import logging
 

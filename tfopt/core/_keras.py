@@ -10,7 +10,7 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfopt import native_stderr  # noqa: E402  (standard library only: no TensorFlow)
+from tfopt.core import native_stderr  # noqa: E402  (standard library only: no TensorFlow)
 
 
 def _import_quietly():
@@ -31,7 +31,7 @@ def _import_quietly():
 
 tf, keras = _import_quietly()
 
-from tfopt.errors import ModelError  # noqa: E402
+from tfopt.core.errors import ModelError  # noqa: E402
 
 __all__ = ["tf", "keras", "ensure_tf_keras"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 
 def explicit(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> set[str]:

@@ -1,4 +1,4 @@
-"""Machine code of the peak-rate microbenchmarks :func:`tfopt.cpu.peaks` runs (x86-64, System V).
+"""Machine code of the peak-rate microbenchmarks :func:`tfopt.core.cpu.peaks` runs (x86-64, System V).
 
 Each kernel is ``uint64_t kernel(uint64_t iterations)``: it zeroes the registers it uses (zeros
 keep floating-point math off the slow denormal path), then runs ``iterations`` times a loop of

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tfopt.errors import ConfigError
+from tfopt.core.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tfopt._keras import keras
+from tfopt.core._keras import keras
 
 # TensorFlow 2.21: tf.lite.TFLiteConverter.convert() raises ConverterError (unsupported ops, failed
 # legalization), which tf.lite does not export; catching it by class needs the private module.
