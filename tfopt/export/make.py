@@ -4,19 +4,30 @@ layers in float."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
 import time
+from collections.abc import Callable
+
+from tfopt.core._keras import keras
+
+import numpy as np
 
 from tfopt.config import DataConfig
 from tfopt.core.fileio import write_bytes, write_json
+from tfopt.data.sources import input_contract, prepare
 from tfopt.export import (
     auto,
     device,
     fidelity,
+    keras3,
+    outputs,
     tflite,
 )
 from tfopt.export import benchmark as bench
+from tfopt.export.choices import MODES
 from tfopt.export.evaluate import (
     EvalResult,
     TFLiteModel,
@@ -25,6 +36,14 @@ from tfopt.export.evaluate import (
     load_split,
 )
 from tfopt.export.settings import ExportSettings
+from tfopt.models import inputs
+from tfopt.models.io import saved_by_keras3
+
+log = logging.getLogger(__name__)
+
+
+def _is_tf_keras(model) -> bool:
+    return isinstance(model, keras.Model)  # not a Keras 3 model reached through a SavedModel
 
 
 def row_of(
@@ -221,3 +240,180 @@ def partial(
         float_layers=layers,
         float_nodes=nodes,
     )
+
+
+@dataclasses.dataclass
+class Inputs:
+    """What every mode of one export reads: the model as exported (its outputs planned), the data
+    as fed (input scale settled), the test split and the Keras model's outputs on it, the
+    calibration batches, and the input contract written beside the files."""
+
+    model: keras.Model
+    data_cfg: DataConfig
+    info: object
+    decided: dict | None
+    x_test: np.ndarray
+    y_test: np.ndarray
+    reference: np.ndarray
+    calibration: list | None
+    plan: outputs.Plan
+    contract: dict
+    cost: dict
+
+
+def read_inputs(run, model, qat: bool, modes: list[str], settings: ExportSettings, say) -> Inputs:
+    """Settles the input side, reads the test split, plans the outputs, draws calibration batches."""
+    data_cfg: DataConfig = run.config.data
+    info = prepare(data_cfg)
+    decided = None
+    if _is_tf_keras(model) and not qat:  # a QAT model's input side fake-quantizes
+        origin = "flag" if run.model_file else "config"
+        if saved_by_keras3(run.model_path):  # the wrapped SavedModel hides its layers: ask Keras 3
+            side = keras3.input_side(
+                run.model_path, info.image_shape, trust_model=settings.trust_model
+            )
+        else:
+            side = inputs.measure(model, info.image_shape)
+        data_cfg, decided = inputs.resolve(data_cfg, side, run.source, origin)
+    say(f"reading the test split of {data_cfg.dataset}")
+    x_test, y_test = load_split(data_cfg, "test", settings.eval_limit, info)
+    plan = outputs.plan(model, settings.outputs, x_test, settings.options.io != "float")
+    model = plan.model
+    say(f"the exported files give {plan.note}")
+    reference = keras_outputs(model, x_test)
+    calibration = None
+    if not qat and any(MODES.get(m).calibration for m in modes):
+        say(f"drawing {settings.calibration_steps} calibration batches from the training pipeline")
+        calibration = tflite.calibration_batches(data_cfg, settings.calibration_steps, info)
+        warning = inputs.probe(model, calibration[0]) if decided and calibration else None
+        if warning:
+            log.warning(warning)
+    # What a user of the .tflite files needs besides them: the input contract and the class names.
+    contract = {**input_contract(data_cfg, info), **({"model_input": decided} if decided else {})}
+    return Inputs(
+        model,
+        data_cfg,
+        info,
+        decided,
+        x_test,
+        y_test,
+        reference,
+        calibration,
+        plan,
+        contract,
+        bench.keras_cost(model),
+    )
+
+
+def make_files(
+    got: Inputs,
+    qat: bool,
+    modes: list[str],
+    settings: ExportSettings,
+    out_dir: str,
+    keras: bench.KerasLatency | None,
+    say: Callable[[str], None],
+    notes: list[str],
+    phone: device.Device | None,
+) -> list[dict]:
+    """One row per file: every mode converted (or searched), written, evaluated and gated."""
+    model, calibration = got.model, got.calibration
+    x_test, y_test, reference = got.x_test, got.y_test, got.reference
+    rows: list[dict] = []
+    validation = Validation(model, got.data_cfg, got.info, settings.search_limit)
+    for i, mode in enumerate(modes, 1):
+
+        def step(msg: str, i: int = i) -> None:
+            say(f"[{i}/{len(modes)}] {msg}")
+
+        if MODES.get(mode).latency_aware:
+            if keras:
+                keras.ready()  # nothing else may run while this process times
+            rows.append(
+                auto_row(
+                    model,
+                    calibration,
+                    settings,
+                    validation,
+                    x_test,
+                    y_test,
+                    reference,
+                    out_dir,
+                    step,
+                    notes,
+                    phone,
+                )
+            )
+            continue
+        rows.extend(_converted(got, qat, mode, settings, out_dir, step, say, notes, validation))
+    return rows
+
+
+def _converted(
+    got: Inputs,
+    qat: bool,
+    mode: str,
+    settings: ExportSettings,
+    out_dir: str,
+    step: Callable[[str], None],
+    say: Callable[[str], None],
+    notes: list[str],
+    validation: Validation,
+) -> list[dict]:
+    """A converted mode's row (its file written, evaluated and gated), and for int8 the rows of
+    the files made from it: selective (when int8 fails the gate) and partial (chosen layers)."""
+    model, calibration = got.model, got.calibration
+    x_test, y_test, reference = got.x_test, got.y_test, got.reference
+    out: list[dict] = []
+    step(f"{mode}: converting")
+    started = time.perf_counter()
+    conv = tflite.convert(model, mode, calibration=calibration, options=settings.options)
+    convert_s = time.perf_counter() - started
+    file = f"model_{mode}.tflite"
+    write_bytes(os.path.join(out_dir, file), conv.content)
+    extra = {}
+    if conv.recipe is not None:  # beside the model: readable, editable, --recipe re-applies it
+        extra["recipe"] = f"model_{mode}_recipe.json"
+        write_json(os.path.join(out_dir, extra["recipe"]), conv.recipe)
+    step(f"{mode}: evaluating on {len(y_test)} test examples")
+    result = evaluate(TFLiteModel(conv.content), x_test, y_test, reference)
+    gate = fidelity.check(result, settings.thresholds)
+    step(f"{mode}: benchmarking")
+    out.append(
+        row_of(
+            mode,
+            conv.io,
+            file,
+            conv.content,
+            result,
+            gate,
+            quantizer=conv.quantizer,
+            sparse=conv.sparse,
+            qat=conv.qat,
+            convert_seconds=round(convert_s, 2),
+            notes=conv.notes,
+            **extra,
+        )
+    )
+    if mode == "int8" and not gate.passed and settings.selective and not qat:
+        out.append(
+            selective(
+                model,
+                calibration,
+                conv,
+                result,
+                settings,
+                validation,
+                x_test,
+                y_test,
+                reference,
+                out_dir,
+                say,
+                notes,
+            )
+        )
+    if mode == "int8" and settings.float_layers and not qat:
+        out.append(
+            partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say)
+        )
+    return out

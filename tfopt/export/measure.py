@@ -12,6 +12,7 @@ from tfopt.export import (
     summary,
 )
 from tfopt.export import rounds as rounds_lib
+from tfopt.export.evaluate import read_tflite
 from tfopt.export.settings import BenchSettings
 
 
@@ -86,3 +87,16 @@ def measured(
     if same_as:
         row["same_graph_as"] = same_as
     return row
+
+
+def time_all(rows: list[dict], out_dir: str, bench_settings, say, phone) -> None:
+    """Times every written file together and fills each row's latency and roofline."""
+    files = {r["mode"]: os.path.join(out_dir, r["file"]) for r in rows if r.get("file")}
+    latency, same = time_files(files, bench_settings, say, phone)
+    rooflines: dict[str, dict] = {}
+    for row in rows:
+        name = row["mode"]
+        if name in files:
+            twin = same.get(name)
+            measured(row, read_tflite(files[name]), latency[name], twin, rooflines.get(twin))
+            rooflines[name] = row["roofline"]

@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 
 from tfopt.core._keras import keras
@@ -28,22 +27,18 @@ import numpy as np
 from tfopt.compress.common import strip_wrappers
 from tfopt.config import DataConfig, RunConfig
 from tfopt.core.cpu import has_int8_dot, host_label, host_words, peak_summary, peaks
-from tfopt.core.fileio import write_bytes, write_json, write_text
+from tfopt.core.fileio import write_json, write_text
 from tfopt.core.log import PROGRESS
-from tfopt.data.sources import input_contract, prepare
 from tfopt.export import benchmark as bench
 from tfopt.export import (
     device,
-    fidelity,
     keras3,
     metadata,
-    outputs,
     ship,
     summary,
     tflite,
 )
 from tfopt.export.choices import (
-    MODES,
     parse_modes,
 )
 from tfopt.export.evaluate import (
@@ -54,14 +49,16 @@ from tfopt.export.evaluate import (
     read_tflite,
 )
 from tfopt.export.finish import write_metadata
-from tfopt.export.make import Validation, auto_row, partial, row_of, selective
-from tfopt.export.measure import measured, time_files
+from tfopt.export.make import (
+    make_files,
+    read_inputs,
+)
+from tfopt.export.measure import measured, time_all, time_files
 from tfopt.export.settings import (  # noqa: F401  (importable from here, as before)
     BenchSettings,
     ExportSettings,
     settings_dict,
 )
-from tfopt.models import inputs
 from tfopt.models.io import load_model, saved_by_keras3
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input, refuse_input_as_output
 from tfopt.runtime import quality
@@ -166,10 +163,6 @@ def run(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _is_tf_keras(model) -> bool:
-    return isinstance(model, keras.Model)  # not a Keras 3 model reached through a SavedModel
-
-
 def _export(
     run,
     model,
@@ -181,127 +174,21 @@ def _export(
     say: Callable[[str], None],
     phone: device.Device | None = None,
 ) -> RunRecord:
-    data_cfg: DataConfig = run.config.data
-    info = prepare(data_cfg)
-    decided = None
-    if _is_tf_keras(model) and not qat:  # a QAT model's input side fake-quantizes
-        origin = "flag" if run.model_file else "config"
-        if saved_by_keras3(run.model_path):  # the wrapped SavedModel hides its layers: ask Keras 3
-            side = keras3.input_side(
-                run.model_path, info.image_shape, trust_model=settings.trust_model
-            )
-        else:
-            side = inputs.measure(model, info.image_shape)
-        data_cfg, decided = inputs.resolve(data_cfg, side, run.source, origin)
-    say(f"reading the test split of {data_cfg.dataset}")
-    x_test, y_test = load_split(data_cfg, "test", settings.eval_limit, info)
-    plan = outputs.plan(model, settings.outputs, x_test, settings.options.io != "float")
-    model = plan.model
-    say(f"the exported files give {plan.note}")
-    reference = keras_outputs(model, x_test)
-    calibration = None
-    if not qat and any(MODES.get(m).calibration for m in modes):
-        say(f"drawing {settings.calibration_steps} calibration batches from the training pipeline")
-        calibration = tflite.calibration_batches(data_cfg, settings.calibration_steps, info)
-        warning = inputs.probe(model, calibration[0]) if decided and calibration else None
-        if warning:
-            log.warning(warning)
-    cost = bench.keras_cost(model)
+    got = read_inputs(run, model, qat, modes, settings, say)
+    model, contract = got.model, got.contract
     rd.open()
     out_dir = rd.work
-    # What a user of the .tflite files needs besides them: the input contract and the class names.
-    contract = {**input_contract(data_cfg, info), **({"model_input": decided} if decided else {})}
     write_json(os.path.join(out_dir, "input.json"), contract)
     if contract["class_names"]:
         write_text(os.path.join(out_dir, "labels.txt"), "\n".join(contract["class_names"]) + "\n")
-    rows: list[dict] = []
     notes: list[str] = []
-    validation = Validation(model, data_cfg, info, settings.search_limit)
-    for i, mode in enumerate(modes, 1):
-        if MODES.get(mode).latency_aware:
-            if keras:
-                keras.ready()  # nothing else may run while this process times
-            rows.append(
-                auto_row(
-                    model,
-                    calibration,
-                    settings,
-                    validation,
-                    x_test,
-                    y_test,
-                    reference,
-                    out_dir,
-                    lambda msg, i=i: say(f"[{i}/{len(modes)}] {msg}"),
-                    notes,
-                    phone,
-                )
-            )
-            continue
-        say(f"[{i}/{len(modes)}] {mode}: converting")
-        started = time.perf_counter()
-        conv = tflite.convert(model, mode, calibration=calibration, options=settings.options)
-        convert_s = time.perf_counter() - started
-        file = f"model_{mode}.tflite"
-        write_bytes(os.path.join(out_dir, file), conv.content)
-        extra = {}
-        if conv.recipe is not None:  # beside the model: readable, editable, --recipe re-applies it
-            extra["recipe"] = f"model_{mode}_recipe.json"
-            write_json(os.path.join(out_dir, extra["recipe"]), conv.recipe)
-        say(f"[{i}/{len(modes)}] {mode}: evaluating on {len(y_test)} test examples")
-        result = evaluate(TFLiteModel(conv.content), x_test, y_test, reference)
-        gate = fidelity.check(result, settings.thresholds)
-        say(f"[{i}/{len(modes)}] {mode}: benchmarking")
-        rows.append(
-            row_of(
-                mode,
-                conv.io,
-                file,
-                conv.content,
-                result,
-                gate,
-                quantizer=conv.quantizer,
-                sparse=conv.sparse,
-                qat=conv.qat,
-                convert_seconds=round(convert_s, 2),
-                notes=conv.notes,
-                **extra,
-            )
-        )
-        if mode == "int8" and not gate.passed and settings.selective and not qat:
-            rows.append(
-                selective(
-                    model,
-                    calibration,
-                    conv,
-                    result,
-                    settings,
-                    validation,
-                    x_test,
-                    y_test,
-                    reference,
-                    out_dir,
-                    say,
-                    notes,
-                )
-            )
-        if mode == "int8" and settings.float_layers and not qat:
-            rows.append(
-                partial(model, calibration, conv, settings, x_test, y_test, reference, out_dir, say)
-            )
+    rows = make_files(got, qat, modes, settings, out_dir, keras, say, notes, phone)
     write_metadata(
-        rows, out_dir, contract, plan, settings.outputs, run.config.model.name, rd.fingerprint
+        rows, out_dir, contract, got.plan, settings.outputs, run.config.model.name, rd.fingerprint
     )
     if keras:
         keras.ready()  # nothing else may run while this process times
-    files = {r["mode"]: os.path.join(out_dir, r["file"]) for r in rows if r.get("file")}
-    latency, same = time_files(files, settings.bench, say, phone)
-    rooflines: dict[str, dict] = {}
-    for row in rows:
-        name = row["mode"]
-        if name in files:
-            twin = same.get(name)
-            measured(row, read_tflite(files[name]), latency[name], twin, rooflines.get(twin))
-            rooflines[name] = row["roofline"]
+    time_all(rows, out_dir, settings.bench, say, phone)
     host = host_words(threads=1)
     chosen = ship.choose(rows)
     shipped = None
@@ -309,13 +196,13 @@ def _export(
         shutil.copyfile(os.path.join(out_dir, chosen["file"]), os.path.join(out_dir, ship.FILE))
         shipped = ship.describe(chosen, host)
     # A gate that passes says the .tflite agrees with the Keras model, not that the model is any good.
-    keras_accuracy = float(np.mean(np.argmax(reference, axis=-1) == y_test))
+    keras_accuracy = float(np.mean(np.argmax(got.reference, axis=-1) == got.y_test))
     worth = quality.verdict(
         quality.Evidence(
             keras_accuracy,
-            info.num_classes,
-            int(len(y_test)),
-            input_read=decided["decided_by"] != "default" if decided else None,
+            got.info.num_classes,
+            int(len(got.y_test)),
+            input_read=got.decided["decided_by"] != "default" if got.decided else None,
         )
     )
     if worth:
@@ -330,7 +217,15 @@ def _export(
         log.warning(line)
     notes.extend(slower)
     notes.extend(f"{r['mode']}: {r['fastest_runtime']}" for r in rows if r.get("fastest_runtime"))
-    keras_figures = _keras_figures(model, run.model_path, cost, settings, keras, say)
+    keras_figures = _keras_figures(model, run.model_path, got.cost, settings, keras, say)
+    return _record(
+        run, got, qat, rows, settings, rd, notes, keras_figures, shipped, worth, slower, phone
+    )
+
+
+def _record(run, got, qat, rows, settings, rd, notes, keras_figures, shipped, worth, slower, phone):
+    """Writes export.md and export.png, then commits the run with its record."""
+    out_dir, contract = rd.work, got.contract
     table = summary.export_table(rows)
     cpu_peaks = peaks()
     roofline_md = summary.roofline_table(rows)
@@ -359,12 +254,16 @@ def _export(
         "export",
         run.config,
         rd.path,
-        data={"dataset": data_cfg.dataset, "test_examples": int(len(y_test)), "input": contract},
+        data={
+            "dataset": got.data_cfg.dataset,
+            "test_examples": int(len(got.y_test)),
+            "input": contract,
+        },
         model={
             "name": run.config.model.name,
             "qat": qat,
-            **cost,
-            "weight_sparsity": round(tflite.weight_sparsity(model), 4),
+            **got.cost,
+            "weight_sparsity": round(tflite.weight_sparsity(got.model), 4),
         },
         metrics={
             "keras_test_accuracy": rows[0]["eval"]["keras_accuracy"] if rows else None,
