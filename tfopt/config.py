@@ -508,6 +508,14 @@ def _validate_augment(data: DataConfig) -> None:
 
 
 def _validate(cfg: RunConfig) -> RunConfig:
+    _check_values(cfg)
+    _check_strategy_fit(cfg)
+    _check_ranges(cfg)
+    return cfg
+
+
+def _check_values(cfg: RunConfig) -> None:
+    """Choices, sizes that must be positive, and the tf.data knobs (positive or AUTOTUNE)."""
     for (section, key), choices in _CHOICES.items():
         value = getattr(getattr(cfg, section), key)
         if value not in choices:
@@ -538,6 +546,10 @@ def _validate(cfg: RunConfig) -> RunConfig:
             raise ConfigError(
                 f"data.{key}={value} is not valid; give a positive int or -1 for AUTOTUNE"
             )
+
+
+def _check_strategy_fit(cfg: RunConfig) -> None:
+    """Settings that only some strategies read, and a freeze that fits the epochs."""
     if cfg.runtime.variable_partitioner != "none" and cfg.runtime.strategy != "parameter_server":
         raise ConfigError(
             f"runtime.variable_partitioner={cfg.runtime.variable_partitioner!r} shards variables over "
@@ -565,6 +577,10 @@ def _validate(cfg: RunConfig) -> RunConfig:
             f"model.freeze_epochs={cfg.model.freeze_epochs} must be in [0, train.epochs="
             f"{cfg.train.epochs}]; give the number of first epochs that train the head alone"
         )
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    """Counts that may be 0, rates and factors in range, and the values parsed from text."""
     for section, key in (
         ("data", "limit"),
         ("runtime", "bytes_per_pack"),
@@ -608,7 +624,6 @@ def _validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(
             f"runtime.startup_timeout={cfg.runtime.startup_timeout} must be > 0 seconds"
         )
-    return cfg
 
 
 def from_dict(raw: Mapping[str, Any], base: RunConfig | None = None) -> RunConfig:
