@@ -149,23 +149,26 @@ def _train_mnist(out: str) -> str:
     return str(out)
 
 
-def _pipeline(*args, **kw):
-    import subprocess
+def readme_pipeline_command() -> list[str]:
+    """The README's first pipeline command, shrunk to the small slice as test_readme runs it."""
+    import shlex
     import sys
 
+    from test_readme import section_commands, shrink
+
+    words = shlex.split(shrink(section_commands(pipelines=True)[0]))
+    return [sys.executable if words[0] == "python" else words[0], *words[1:]]
+
+
+def _pipeline(out: str, *args, **kw):
+    """The README's first pipeline command into ``out``, with backups every 4 steps (which only
+    changes where a stopped run resumes) and ``args``."""
+    import subprocess
+
+    command = readme_pipeline_command()
+    at = command.index("-o")
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tfopt.pipeline",
-            "pipelines/mnist_edge.py",
-            "--variant",
-            "smoke",
-            "--set",
-            "train.backup_every=4",
-            "--quiet",
-            *args,
-        ],
+        [*command[:at], "--set", "train.backup_every=4", *args, "-o", out, *command[at + 2 :]],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -176,13 +179,16 @@ def _pipeline(*args, **kw):
 
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory):
-    """The smoke ``mnist_edge`` pipeline, run three times into one run directory (read-only).
+    """The README's first pipeline command (the smoke ``mnist_edge``, shrunk as test_readme runs
+    it), run three times into one run directory (read-only): once per session.
 
     1. Stopped by SIGTERM during the student's distillation, right after its first backup.
-    2. Run again: the teacher is kept, the student resumes from its backup, the rest runs.
+    2. Run again: the teacher is kept, the student resumes from its backup, the rest runs. A copy
+       of the run as it is then is what the README's later pipeline commands start from
+       (``readme``; test_readme_pipelines).
     3. Run again with ``--set export.runs=10``: only the exports rerun; the report is rebuilt.
 
-    Returns ``{"run": path, "codes": [exit codes], "logs": [output of each run]}``.
+    Returns ``{"run": path, "readme": path, "codes": [exit codes], "logs": [output of each run]}``.
     """
     return once_per_session(tmp_path_factory, "pipeline_run", _run_pipeline_three_times)
 
@@ -193,8 +199,9 @@ def _run_pipeline_three_times(directory: str) -> dict:
     import time
 
     run = os.path.join(directory, "mnist_edge")
+    readme = os.path.join(directory, "readme", "mnist_edge")
     codes, logs = [], []
-    proc = _pipeline("-o", run)
+    proc = _pipeline(run)
     lines = []
     backups = os.path.join(run, "student.partial", "backup", "0", "ckpt-*.index")
     deadline = time.time() + 600
@@ -209,10 +216,12 @@ def _run_pipeline_three_times(directory: str) -> dict:
     codes.append(proc.wait())
     logs.append("".join(lines))
     for extra in ((), ("--set", "export.runs=10")):
-        proc = _pipeline("-o", run, *extra)
+        proc = _pipeline(run, *extra)
         logs.append(proc.stdout.read())
         codes.append(proc.wait())
-    return {"run": run, "codes": codes, "logs": logs}
+        if not extra:
+            shutil.copytree(run, readme, symlinks=True)
+    return {"run": run, "readme": readme, "codes": codes, "logs": logs}
 
 
 @pytest.fixture(autouse=True)

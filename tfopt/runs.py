@@ -258,6 +258,33 @@ def load_run(path: str, need_model: bool = True) -> Run:
     return run
 
 
+#: Settings that change where or how loudly a run writes, not what it computes.
+NOT_FINGERPRINTED = {
+    ("train", "output_dir"),
+    ("train", "verbose"),
+    ("train", "tensorboard"),
+    ("data", "data_dir"),
+    ("data", "verify"),
+    ("runtime", "startup_timeout"),
+    ("train", "backup_every"),
+    # A checkpoint restores into any sharding (tfopt.runtime.sharding): a resume may change it.
+    ("runtime", "variable_partitioner"),
+    ("runtime", "min_shard_bytes"),
+    ("runtime", "max_shard_bytes"),
+    ("runtime", "max_shards"),
+    ("runtime", "bytes_per_pack"),  # how the same sums travel, not what they are
+}
+
+
+def result_config(cfg) -> dict:
+    """The parts of a ``RunConfig`` that determine a run's result (the fingerprint's input): all
+    of it but :data:`NOT_FINGERPRINTED`."""
+    out = cfg.to_dict()
+    for section, key in NOT_FINGERPRINTED:
+        out.get(section, {}).pop(key, None)
+    return out
+
+
 def fingerprint(*parts: Any) -> str:
     """A digest of what determines a run's result (configs, options, tfopt's version), for resume checks.
 

@@ -16,7 +16,7 @@ from tfopt import config as config_lib
 from tfopt.compress.techniques import STRUCTURAL, TECHNIQUES
 from tfopt.config import RunConfig
 from tfopt.pipeline.config import PipelineConfig
-from tfopt.runs import fingerprint
+from tfopt.runs import fingerprint, result_config
 
 QAT_TECHNIQUES = tuple(
     name for name, t in TECHNIQUES.items() if t.phases[-1] == "qat"
@@ -64,11 +64,9 @@ def stage_run_config(cfg: PipelineConfig, spec, output_dir: str) -> RunConfig:
 
 
 def _result_part(run_cfg: RunConfig) -> dict:
-    out = run_cfg.to_dict()
-    out["train"] = {
-        k: v for k, v in out["train"].items() if k not in ("output_dir", "verbose", "tensorboard")
-    }
-    return out
+    # What the stage's own run fingerprints (tfopt.runs.result_config): a setting that changes
+    # where or how a run writes (backups, output, progress) keeps a finished stage.
+    return result_config(run_cfg)
 
 
 def plan(cfg: PipelineConfig) -> list[Stage]:

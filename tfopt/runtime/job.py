@@ -35,7 +35,7 @@ from tfopt.config import DataConfig, RunConfig
 from tfopt.core.log import PROGRESS
 from tfopt.core.specs import AUTO_PRECISION, PRECISIONS, STRATEGIES
 from tfopt.data import service, sources
-from tfopt.runs import default_output, fingerprint
+from tfopt.runs import default_output, fingerprint, result_config  # noqa: F401
 from tfopt.runtime import autoprecision, precision
 from tfopt.runtime import strategy as strategy_lib
 from tfopt.runtime.callbacks import EpochTimer, MetricsLogger
@@ -47,7 +47,6 @@ from tfopt.runtime.fitloop import (  # noqa: F401  (their old home: stages impor
 )
 from tfopt.runtime.record import (  # noqa: F401
     Recording,
-    result_config,
     run_record,
     versions,
     weights_digest,

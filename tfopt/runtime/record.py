@@ -24,23 +24,6 @@ from tfopt.runtime import quality, sharding
 
 log = logging.getLogger(__name__)
 
-# Settings that change where or how loudly a run writes, not what it computes.
-_NOT_FINGERPRINTED = {
-    ("train", "output_dir"),
-    ("train", "verbose"),
-    ("train", "tensorboard"),
-    ("data", "data_dir"),
-    ("data", "verify"),
-    ("runtime", "startup_timeout"),
-    ("train", "backup_every"),
-    # A checkpoint restores into any sharding (tfopt.runtime.sharding): a resume may change it.
-    ("runtime", "variable_partitioner"),
-    ("runtime", "min_shard_bytes"),
-    ("runtime", "max_shard_bytes"),
-    ("runtime", "max_shards"),
-    ("runtime", "bytes_per_pack"),  # how the same sums travel, not what they are
-}
-
 
 def versions() -> dict:
     """Versions of tfopt, Python and the TensorFlow stack, for run.json."""
@@ -82,14 +65,6 @@ def weights_digest(model: keras.Model) -> str:
     for w in sharding.full_weights(model):
         h.update(w.tobytes())
     return h.hexdigest()
-
-
-def result_config(cfg: RunConfig) -> dict:
-    """The parts of ``cfg`` that determine a run's result (the fingerprint's input)."""
-    out = cfg.to_dict()
-    for section, key in _NOT_FINGERPRINTED:
-        out.get(section, {}).pop(key, None)
-    return out
 
 
 class Recording:
