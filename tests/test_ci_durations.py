@@ -34,3 +34,12 @@ def test_rows_sum_each_files_tests_longest_file_first(tmp_path):
     text = durations.table(rows, totals)
     assert text.splitlines()[0].startswith("4 tests (1 failed, 1 skipped)")
     assert "| `tests/test_a.py` | 2 | 10 | `test_two` (8) |" in text
+
+
+def test_the_development_guide_holds_a_generated_table():
+    durations = _durations()
+    with open(durations.DOC, encoding="utf-8") as f:
+        doc = f.read()
+    body = doc.split(durations.BEGIN, 1)[1].split(durations.END, 1)[0]
+    assert "| file | tests | seconds | longest test (s) |" in body
+    assert body.count("| `tests/test_") >= 50, "run the suite, then python .ci/durations.py"

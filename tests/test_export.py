@@ -679,7 +679,7 @@ def tiny_run(tmp_path_factory):
 # Runs the export CLI with one piece replaced, the way a native library or a bug would behave.
 _WRAPPER = r"""
 import os, sys
-from tfopt.export import cli, evaluate, tflite
+from tfopt.export import cli, converter, evaluate
 
 how = sys.argv[1]
 NOISE = b"fully_quantize: 0, inference_type: 6, input_inference_type: FLOAT32\n"
@@ -702,7 +702,7 @@ else:
                 os.abort()
             return 1 / 0  # a bug: must keep its traceback
 
-    tflite.make_converter = lambda *args, **kwargs: Crashing()
+    converter.make_converter = lambda *args, **kwargs: Crashing()
 sys.exit(cli.main(sys.argv[2:]))
 """
 
