@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -62,6 +63,7 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
+from tfopt.core import fileio  # noqa: E402
 from tfopt.core.cpu import peak_summary, peaks  # noqa: E402
 from tfopt.export import tflite  # noqa: E402
 from tfopt.export.evaluate import load_split  # noqa: E402
@@ -160,33 +162,52 @@ def match_spec(dense: str, sibling: str, match: str, p: Params):
     return ChannelSpec(flops=min(1.0, share), round_to=p.round_to)
 
 
-def pruned_arm(dense: str, workdir: str, tag: str, spec, p: Params) -> str:
-    """channel_prune by ``spec`` (1 epoch), then distilled from the dense model."""
+def pruned_arm(dense: str, workdir: str, tag: str, spec, p: Params) -> tuple[str, dict]:
+    """channel_prune by ``spec`` (1 epoch), then distilled from the dense model.
+
+    Returns the run and what it was aimed at. A target the dense model's widths cannot reach
+    (every group at its minimum is still slower) is recorded with channel_prune's reason, and the
+    arm is pruned to the nearest reachable target instead: the closest channel pruning gets.
+    """
+    from tfopt.core.errors import TargetOutOfReach
     from tfopt.distill import run as distill
-    from tfopt.distill.options import DistillOptions
-    from tfopt.optimize.runner import OptimizeSettings
     from tfopt.optimize.runner import run as optimize
 
     tag = f"{tag}-e{p.finetune_epochs}{'-smoke' if p.smoke else ''}"
     pruned, out = os.path.join(workdir, f"pruned-{tag}"), os.path.join(workdir, f"distilled-{tag}")
+    aim = _target(spec)
+    reach = os.path.join(workdir, f"pruned-{tag}.unreachable.json")
+    if os.path.exists(reach):
+        with open(reach) as f:
+            aim = json.load(f)
     if not os.path.exists(os.path.join(pruned, "run.json")):
-        settings = OptimizeSettings(
-            technique="channel_prune",
-            epochs=1,
-            learning_rate=p.learning_rate,
-            channels=spec,
-            tensorboard=False,
-        )
         cfg = _cfg(dense, pruned, 1, p)
-        (outcome,) = optimize(dense, cfg, [settings], [pruned], keep_going=True)
-        if not outcome.ok:
-            raise RuntimeError(f"channel_prune {tag}: {outcome.error}")
+        try:
+            optimize(dense, cfg, [_prune_settings(spec, p)], [pruned], keep_going=False)
+        except TargetOutOfReach as e:
+            key = "latency_us" if spec.latency_us else "flops"
+            aim = aim | {"unreachable": str(e), f"sibling_{key}": aim[key], key: e.nearest}
+            fileio.write_json(reach, aim)
+            spec = dataclasses.replace(spec, **{key: e.nearest})
+            optimize(dense, cfg, [_prune_settings(spec, p)], [pruned], keep_going=False)
     if p.finetune_epochs > 1 and not os.path.exists(os.path.join(out, "run.json")):
         cfg = _cfg(dense, out, p.finetune_epochs - 1, p)
         student = load_run(pruned).model_path  # the pruned network, its weights included
         cfg = config_lib.apply_overrides(cfg, [f"model.name={student}", "model.args="])
-        distill(cfg, DistillOptions(teachers=(dense,)))
-    return out if p.finetune_epochs > 1 else pruned
+        distill(cfg, (dense,))
+    return (out if p.finetune_epochs > 1 else pruned), aim
+
+
+def _prune_settings(spec, p: Params):
+    from tfopt.optimize.runner import OptimizeSettings
+
+    return OptimizeSettings(
+        technique="channel_prune",
+        epochs=1,
+        learning_rate=p.learning_rate,
+        channels=spec,
+        tensorboard=False,
+    )
 
 
 def sibling_arm(workdir: str, alpha: float, p: Params) -> str:
@@ -287,9 +308,9 @@ def main(argv=None) -> int:
             for match in p.matches:
                 bar.set_postfix_str(f"channel_prune to alpha {alpha:g}'s {match}, distilled")
                 spec = match_spec(dense, sibling, match, p)
-                run_dir = pruned_arm(dense, workdir, f"{match}-a{alpha:g}", spec, p)
+                run_dir, aim = pruned_arm(dense, workdir, f"{match}-a{alpha:g}", spec, p)
                 arms[f"pruned_{match}_{alpha:g}"] = export_arm(run_dir, p) | {
-                    "matched": {"to": f"sibling_{alpha:g}", "by": match, **_target(spec)}
+                    "matched": {"to": f"sibling_{alpha:g}", "by": match, **aim}
                 }
                 bar.update(1)
         for name, arm in arms.items():
@@ -350,7 +371,8 @@ def summarize(p: Params, arms: dict, per: dict, peaks: dict) -> dict:
                     detail=f"{100 * pr['int8']['accuracy']:.2f}% vs {100 * sib['int8']['accuracy']:.2f}% "
                     f"(n={pr['int8']['examples']}, standard error of the difference {gap_se:.2f} pt); "
                     f"the target applies at equal or lower int8 p50 (sibling / pruned "
-                    f"{median(faster):.2f}x); pick: {verdicts[name]}",
+                    f"{median(faster):.2f}x); pick: {verdicts[name]}"
+                    + _unreachable(out_arms[name]["matched"]),
                 ),
                 figure(
                     f"{pair}: int8 speed (sibling p50 / pruned p50)",
@@ -399,10 +421,21 @@ def summarize(p: Params, arms: dict, per: dict, peaks: dict) -> dict:
     )
 
 
+def _unreachable(matched: dict) -> str:
+    """A sentence saying the sibling's cost is out of channel pruning's reach, or nothing."""
+    if not matched.get("unreachable"):
+        return ""
+    return f"; the sibling's cost is out of reach ({matched['unreachable']}), so the arm is pruned to the nearest"
+
+
 def _aim(matched: dict) -> str:
     if "latency_us" in matched:
-        return f"float p50 {matched['latency_us']:.0f} us, {matched['threads']} thread(s)"
-    return f"{matched['flops']:.3f} of the dense multiply-adds"
+        aim = f"float p50 {matched['latency_us']:.0f} us, {matched['threads']} thread(s)"
+    else:
+        aim = f"{matched['flops']:.3f} of the dense multiply-adds"
+    if matched.get("unreachable"):
+        aim += " (the sibling's is out of reach: the nearest channel pruning gets)"
+    return aim
 
 
 def report(res: dict) -> str:

@@ -66,6 +66,11 @@ def check_result(res: dict) -> None:
             assert (
                 latency["to"] == sibling and latency["latency_us"] > 0 and latency["threads"] == 1
             ), alpha
+            if latency.get("unreachable"):  # pruned to the nearest target instead, and said so
+                assert "out of reach" in latency["unreachable"], alpha
+                assert latency["latency_us"] > latency["sibling_latency_us"], alpha
+                gap = next(f for f in res["figures"] if f"alpha {alpha:g}'s float p50" in f["name"])
+                assert "out of reach" in gap["detail"], alpha
     for name, arm in arms.items():
         for mode, row in arm["modes"].items():
             n, acc = row["examples"], row["accuracy"]

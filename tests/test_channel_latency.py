@@ -80,6 +80,7 @@ def test_a_latency_target_below_the_floor_is_a_one_line_error_naming_it():
     text = str(e.value)
     assert "\n" not in text and "out of reach" in text
     floor = float(text.rsplit(">= ", 1)[1])
+    assert e.value.nearest == floor  # what a caller aims at instead
     assert (
         cp.plan(model, cp.ChannelSpec(latency_us=floor, round_to=8), measure=_macs_measure).latency[
             "predicted_us"

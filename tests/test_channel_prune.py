@@ -170,6 +170,7 @@ def test_a_target_below_the_floor_is_a_one_line_error():
         "minimum width (4) leaves "
     )
     assert "give flops >= " in message and "\n" not in message
+    assert err.value.nearest == float(message.rsplit(">= ", 1)[1])
 
 
 @pytest.mark.slow

@@ -50,7 +50,7 @@ def test_train_groups_its_options_and_shows_defaults_and_choices():
     for title in ("configuration", "data", "model", "distribution", "training", "output"):
         assert groups.get(title), (title, groups)
     assert "strategy" in groups["distribution"] and "epochs" in groups["training"]
-    assert "trust_model_file" in groups["model"] and "output" in groups["output"]
+    assert "trust_model" in groups["model"] and "output" in groups["output"]
     help_text = parser.format_help()
     assert "{one_device,mirrored,multi_worker_mirrored,parameter_server}" in help_text
     # every config flag says its default: the value RunConfig() gives it

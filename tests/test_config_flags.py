@@ -7,7 +7,9 @@ import pytest
 
 from tfopt import cli
 from tfopt import config as config_lib
+from tfopt.core import flagcheck
 from tfopt.core.errors import ConfigError
+from tfopt.distill import cli as distill_cli
 from tfopt.train import cli as train_cli
 
 
@@ -19,13 +21,39 @@ class _Train(config_lib.TrainConfig):
 
 
 @dataclass(frozen=True)
+class _Distill(config_lib.DistillConfig):
+    prune_layers: str = config_lib.flag(
+        "", "--prune-layers", "layers --technique prune may prune", read_by=("prune",)
+    )
+
+
+@dataclass(frozen=True)
 class _Run(config_lib.RunConfig):
     train: _Train = field(default_factory=_Train)
+    distill: _Distill = field(default_factory=_Distill)
 
 
 @pytest.fixture
 def dummy_field(monkeypatch):
     monkeypatch.setattr(config_lib, "RunConfig", _Run)
+
+
+def test_a_stage_field_is_its_stages_flag_read_by_what_its_metadata_names(dummy_field, capsys):
+    parser = distill_cli.build_parser()
+    action = next(
+        a for a in cli.group(parser, "distillation")._group_actions if a.dest == "prune_layers"
+    )
+    assert action.help == "layers --technique prune may prune"
+    assert "--prune-layers" not in train_cli.build_parser().format_help()  # train does not read it
+    argv = ["--teacher", "runs/x", "--prune-layers", "conv0"]
+    with pytest.raises(ConfigError) as e:
+        distill_cli.check_flags(parser.parse_args(argv), flagcheck.explicit(parser, argv))
+    assert str(e.value) == (
+        "--prune-layers is not used by --technique none (it belongs to prune); give --technique "
+        "prune, or drop --prune-layers"
+    )
+    assert distill_cli.main([*argv, "--technique", "prune", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["distill"]["prune_layers"] == "conv0"
 
 
 def test_a_new_field_is_a_flag_with_help_default_and_group(dummy_field):
@@ -52,11 +80,15 @@ def test_a_new_field_is_set_by_its_flag_by_set_and_printed(dummy_field, capsys):
 
 
 def test_every_flag_of_the_config_tree_is_on_the_command_line_once():
-    parser = train_cli.build_parser()
-    options = [o for a in parser._actions for o in a.option_strings]
-    assert len(options) == len(set(options))
-    for section, f, flag in cli.config_flags():
-        assert flag.name in options, (section, f.name)
+    for module, sections in (
+        (train_cli, config_lib.STAGE_SECTIONS["train"]),
+        (distill_cli, config_lib.STAGE_SECTIONS["distill"]),
+    ):
+        parser = module.build_parser()
+        options = [o for a in parser._actions for o in a.option_strings]
+        assert len(options) == len(set(options)), module
+        for section, f, flag in cli.config_flags():
+            assert (flag.name in options) == (section in sections), (module, section, f.name)
     # choices come from the config's own lists: one list per setting
     strategy = next(a for a in parser._actions if a.dest == "strategy")
     assert strategy.metavar == "{" + ",".join(config_lib.choices_of("runtime", "strategy")) + "}"

@@ -124,12 +124,10 @@ def test_mirrored_in_process_writes_a_new_run_and_leaves_the_teacher_alone(
     run = _check_common(
         out, mnist_run, "mirrored", 2, reference, tolerance=0.01
     )  # equal step by step
-    from tfopt.distill.options import DistillOptions
-
     settings = run["distill"]["settings"]
     assert (settings["temperature"], settings["alpha"]) == (
-        DistillOptions.temperature,
-        DistillOptions.alpha,
+        C.DistillConfig.temperature,
+        C.DistillConfig.alpha,
     )
     assert run["distill"]["teachers"][0]["weight"] == 1.0 and "compression" not in run["distill"]
     assert _tree_digest(mnist_run) == before
@@ -305,8 +303,8 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run, referen
             ["--teacher", "{run}", "--student", "resnet9000"],
             "unknown model 'resnet9000'; choose one of",
         ),
-        (["--teacher", "{run}", "--alpha", "2"], "--alpha 2.0 must be in [0, 1]"),
-        (["--teacher", "{run}", "--temperature", "0"], "--temperature 0.0 must be > 0"),
+        (["--teacher", "{run}", "--alpha", "2"], "distill.alpha=2.0 must be in [0, 1]"),
+        (["--teacher", "{run}", "--temperature", "0"], "distill.temperature=0.0 must be > 0"),
         (
             ["--teacher", "{run}", "-o", "{run}"],
             "is the input; a stage writes a NEW run directory",
@@ -325,15 +323,15 @@ def test_parameter_server_real_cluster_with_pruning(tmp_path, mnist_run, referen
         ),
         (
             ["--teacher", "{run}", "--technique", "quantize"],
-            "choose one of none, prune, qat, cluster",
+            "distill.technique='quantize' is not valid; choose one of none, prune, qat, cluster",
         ),
         (
             ["--teacher", "{run}", "--technique", "cluster", "--clusters", "1"],
-            "--clusters 1 must be in [2, 256]",
+            "distill.clusters=1 must be in [2, 256]",
         ),
         (
             ["--teacher", "{run}", "--technique", "prune", "--sparsity", "1"],
-            "--sparsity 1.0 must be in (0, 1)",
+            "distill.sparsity=1.0 must be in (0, 1)",
         ),
         (
             ["--teacher", "{run}", "--student", "mlp", "--model", "cnn"],
@@ -373,7 +371,6 @@ def _printed(capsys, argv):
 
 def test_defaults_are_the_chosen_recipe_and_user_settings_win(tmp_path, capsys):
     from tfopt.distill.cli import RECIPE
-    from tfopt.distill.options import DistillOptions
 
     chosen = json.load(
         open(
@@ -387,29 +384,19 @@ def test_defaults_are_the_chosen_recipe_and_user_settings_win(tmp_path, capsys):
     )["selection"]["chosen"]["distill"]
     out = _printed(capsys, [])
     # The defaults are the configuration the committed selection experiment chose on validation.
+    loss = C.DistillConfig()
+    assert out["distill"]["temperature"] == loss.temperature == float(chosen["temperature"])
+    assert out["distill"]["alpha"] == loss.alpha == float(chosen["alpha"])
     assert (
-        out["distill"]["temperature"] == DistillOptions.temperature == float(chosen["temperature"])
+        out["train"]["learning_rate"] == RECIPE[("train", "learning_rate")] == float(chosen["lr"])
     )
-    assert out["distill"]["alpha"] == DistillOptions.alpha == float(chosen["alpha"])
-    assert (
-        out["config"]["train"]["learning_rate"]
-        == RECIPE[("train", "learning_rate")]
-        == float(chosen["lr"])
-    )
-    assert (
-        out["config"]["data"]["augment"]
-        == RECIPE[("data", "augment")]
-        == chosen["set:data.augment"]
-    )
-    assert out["config"]["model"]["name"] == "tiny_cnn" and out["config"]["train"]["seed"] == 42
+    assert out["data"]["augment"] == RECIPE[("data", "augment")] == chosen["set:data.augment"]
+    assert out["model"]["name"] == "tiny_cnn" and out["train"]["seed"] == 42
     # A flag, --set and a --config file each win over the recipe; a file that does not set a key keeps it.
     assert RECIPE[("data", "augment")] != "none" and RECIPE[("train", "learning_rate")] != 0.0123
     out = _printed(capsys, ["--lr", "0.0123", "--set", "data.augment=none", "--seed", "7"])
-    assert (
-        out["config"]["train"]["learning_rate"] == 0.0123
-        and out["config"]["data"]["augment"] == "none"
-    )
-    assert out["config"]["train"]["seed"] == 7 and out["config"]["data"]["seed"] == 7
+    assert out["train"]["learning_rate"] == 0.0123 and out["data"]["augment"] == "none"
+    assert out["train"]["seed"] == 7 and out["data"]["seed"] == 7
     for text, lr in (
         ("train:\n  learning_rate: 0.0456\n", 0.0456),
         ("train:\n  epochs: 5\n", RECIPE[("train", "learning_rate")]),
@@ -417,28 +404,26 @@ def test_defaults_are_the_chosen_recipe_and_user_settings_win(tmp_path, capsys):
         path = tmp_path / "cfg.yaml"
         path.write_text(text)
         out = _printed(capsys, ["--config", str(path)])
-        assert out["config"]["train"]["learning_rate"] == lr
-        assert out["config"]["data"]["augment"] == RECIPE[("data", "augment")]
+        assert out["train"]["learning_rate"] == lr
+        assert out["data"]["augment"] == RECIPE[("data", "augment")]
 
 
-def test_every_distillation_default_is_the_configs():
-    """The Distiller, the CLI, DistillOptions and a pipeline's student all take DistillConfig's defaults."""
+def test_every_distillation_default_is_the_configs(capsys):
+    """The Distiller, the command line and a pipeline's student all take DistillConfig's defaults."""
     import dataclasses
     import inspect
 
-    from tfopt.distill.cli import build_parser
-    from tfopt.distill.options import DistillOptions
+    from tfopt.compress.techniques import ONE_PHASE
     from tfopt.models.distiller import Distiller
     from tfopt.pipeline.config import StudentSpec
 
     loss = C.DistillConfig()
-    flags = vars(build_parser().parse_args([]))
+    assert main(["--teacher", "runs/any", "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)["distill"]
     init = inspect.signature(Distiller.__init__).parameters
-    options = DistillOptions(teachers=())
-    for name, value in dataclasses.asdict(loss).items():
-        assert getattr(options, name) == value and flags[name] == value, name
-        if name != "teacher_weights":  # the Distiller takes numbers; its None is equal weights
-            assert init[name].default == value, name
+    assert printed == dataclasses.asdict(loss)
+    for name in ("temperature", "alpha", "combine", "feature_weight"):
+        assert init[name].default == getattr(loss, name), name
     assert (StudentSpec().temperature, StudentSpec().alpha) == (loss.temperature, loss.alpha)
-    for name in ("technique", "sparsity", "clusters"):
-        assert flags[name] == getattr(options, name), name
+    # the techniques a student compresses under: the registry's one-phase ones, as the config lists
+    assert C.DISTILL_TECHNIQUES == ONE_PHASE

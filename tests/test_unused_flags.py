@@ -175,7 +175,7 @@ def _with_value(parser, flag: str) -> list[str]:
         return [flag]
     if action.choices:
         return [flag, str(next(iter(action.choices)))]
-    return [flag, {int: "1", float: "0.5"}.get(action.type, "4,1")]
+    return [flag, {int: "16", float: "0.5"}.get(action.type, "4,1")]
 
 
 def _check(module, parser, argv: list[str]) -> str | None:

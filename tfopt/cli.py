@@ -24,15 +24,30 @@ def _choices(names) -> str:
 
 
 #: The help groups of the config flags, in the order ``--help`` shows them.
-GROUPS = ("configuration", "data", "model", "distribution", "training", "output")
+GROUPS = ("configuration", "distillation", "data", "model", "distribution", "training", "output")
 #: A section's help group, unless its field's :class:`~tfopt.config.Flag` names another.
-SECTION_GROUPS = {"data": "data", "model": "model", "runtime": "distribution", "train": "training"}
+SECTION_GROUPS = {
+    "distill": "distillation",
+    "data": "data",
+    "model": "model",
+    "runtime": "distribution",
+    "train": "training",
+}
+TRAINING = config_lib.TRAINING_SECTIONS
 
 
-def config_flags() -> list[tuple[str, dataclasses.Field, config_lib.Flag]]:
-    """``(section, field, flag)`` of every RunConfig field that has a command-line option."""
+def config_flags(
+    sections: tuple[str, ...] | None = None,
+) -> list[tuple[str, dataclasses.Field, config_lib.Flag]]:
+    """``(section, field, flag)`` of every RunConfig field that has a command-line option.
+
+    Args:
+        sections: Only these sections (default: every one).
+    """
     out = []
     for section in dataclasses.fields(config_lib.RunConfig):
+        if sections is not None and section.name not in sections:
+            continue
         for f in dataclasses.fields(_section_type(section.name)):
             if config_lib.FLAG in f.metadata:
                 out.append((section.name, f, f.metadata[config_lib.FLAG]))
@@ -47,11 +62,38 @@ def _dest(option: str) -> str:
     return option.lstrip("-").replace("-", "_")
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Adds the flags every training-like command shares, generated from the fields of
-    :class:`~tfopt.config.RunConfig` that carry a :class:`~tfopt.config.Flag`: grouped (data,
-    model, distribution, training, output), each help ending with the field's default, choice
-    lists shown from the config's own (``--config``, ``--set``, ``--print-config`` come first).
+def _option_kwargs(section: str, f: dataclasses.Field, flag: config_lib.Flag, value) -> dict:
+    """argparse's keywords for one config field's option (its default shown, never set: a
+    flag not given leaves the config's value, whichever file or ``--set`` gave it)."""
+    typ = config_lib._field_types(_section_type(section))[f.name]
+    kwargs: dict = {"dest": _dest(flag.name), "help": flag.help}
+    if value not in ("", None) and "default" not in flag.help:
+        shown = "off" if value is False else "on" if value is True else value
+        kwargs["help"] += f" (default: {shown})"
+    if typ is bool:
+        return kwargs | {"action": "store_true", "default": None}
+    kwargs["type"] = typ if typ in (int, float) else str
+    choices = config_lib.choices_of(section, f.name)
+    if flag.choices:
+        kwargs["choices"] = flag.choices
+    kwargs["metavar"] = flag.metavar or (
+        _choices(choices) if choices and not flag.choices else None
+    )
+    if flag.repeat:
+        kwargs.update(action="append", default=None)
+    return kwargs
+
+
+def add_config_args(parser: argparse.ArgumentParser, sections: tuple[str, ...] = TRAINING) -> None:
+    """Adds the flags of the config ``sections``, generated from the fields of
+    :class:`~tfopt.config.RunConfig` that carry a :class:`~tfopt.config.Flag`: grouped (the
+    stage's own, data, model, distribution, training, output), each help ending with the field's
+    default, choice lists shown from the config's own (``--config``, ``--set``,
+    ``--print-config`` come first).
+
+    Args:
+        parser: The command's parser.
+        sections: The config sections the command reads (default: the training ones).
     """
     groups = {title: parser.add_argument_group(title) for title in GROUPS}
     g = groups["configuration"]
@@ -71,26 +113,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "--print-config", action="store_true", help="print the resolved config as JSON and exit"
     )
     defaults = config_lib.RunConfig()
-    types = {name: config_lib._field_types(_section_type(name)) for name in SECTION_GROUPS}
-    for section, f, flag in config_flags():
-        typ = types[section][f.name]
+    for section, f, flag in config_flags(sections):
         value = getattr(getattr(defaults, section), f.name)
-        kwargs: dict = {"dest": _dest(flag.name), "help": flag.help}
-        if value not in ("", None) and "default" not in flag.help:
-            shown = "off" if value is False else "on" if value is True else value
-            kwargs["help"] += f" (default: {shown})"
-        if typ is bool:
-            kwargs.update(action="store_true", default=None)
-        else:
-            kwargs["type"] = typ if typ in (int, float) else str
-            choices = config_lib.choices_of(section, f.name)
-            if flag.choices:
-                kwargs["choices"] = flag.choices
-            kwargs["metavar"] = flag.metavar or (
-                _choices(choices) if choices and not flag.choices else None
-            )
         groups[flag.group or SECTION_GROUPS[section]].add_argument(
-            flag.name, *flag.aliases, **kwargs
+            flag.name, *flag.aliases, **_option_kwargs(section, f, flag, value)
         )
     groups["model"].add_argument(
         "--model-arg",
@@ -116,12 +142,8 @@ def group(parser: argparse.ArgumentParser, title: str):
 
 
 def flag_keys() -> dict[str, tuple[str, str]]:
-    """Option dest -> ``(section, key)`` of every config flag (and ``--trust-model``, which the
-    stages that load model files add themselves)."""
-    return {
-        **{_dest(flag.name): (section, f.name) for section, f, flag in config_flags()},
-        "trust_model_file": ("model", "trust"),
-    }
+    """Option dest -> ``(section, key)`` of every config flag."""
+    return {_dest(flag.name): (section, f.name) for section, f, flag in config_flags()}
 
 
 def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
@@ -136,6 +158,8 @@ def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
     raw: dict[str, dict] = {}
     for flag, (section, key) in flag_keys().items():
         value = getattr(args, flag, None)
+        if isinstance(value, list):  # a repeatable option: its values comma-joined
+            value = ",".join(value)
         if value is not None:
             raw.setdefault(section, {})[key] = value
     raw.setdefault("runtime", {}).update(shard_variables(args))
@@ -152,6 +176,40 @@ def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
         if not typed:
             check_code_trust(cfg.model, f"--config {args.config}")
     return cfg
+
+
+def check_read(
+    cfg: config_lib.RunConfig, given: Collection[str], sections: tuple[str, ...]
+) -> None:
+    """Refuses an option of ``sections`` that the value its section is chosen by does not read.
+
+    What reads a field is its :attr:`~tfopt.config.Flag.read_by` (e.g. ``--sparsity`` by
+    ``--technique prune``); the chooser is the section's ``CHOSEN_BY`` field.
+
+    Raises:
+        ConfigError: e.g. ``--sparsity is not used by --technique cluster (it belongs to prune);
+            give --technique prune, or drop --sparsity``.
+    """
+    for section in sections:
+        values = getattr(cfg, section)
+        chooser = getattr(type(values), "CHOSEN_BY", None)
+        if chooser is None:
+            continue
+        flags = {f.name: flag for s, f, flag in config_flags((section,))}
+        chosen = getattr(values, chooser)
+        users = {flag.name: flag.read_by for flag in flags.values() if flag.read_by}
+        own = [name for name, readers in users.items() if chosen in readers]
+        takes = f"{chosen} takes {flagcheck.join(own)}; " if own else ""
+        option = flags[chooser].name
+        flagcheck.refuse_unused(
+            users,
+            (chosen,),
+            given,
+            chosen_as=f"{option} {chosen}",
+            fix=lambda flag, readers: (
+                f"{takes}give {option} {flagcheck.join(readers)}, or drop {flag}"
+            ),
+        )
 
 
 def check_code_trust(model: config_lib.ModelConfig, where: str) -> None:

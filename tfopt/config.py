@@ -61,6 +61,10 @@ class Flag:
         choices: Values argparse itself enforces (the others are checked by the config).
         group: The help group when not the section's (``training``, ``output``).
         aliases: Other spellings of the option, e.g. ``-o``.
+        repeat: The option may be given several times; the field holds the values comma-joined.
+        read_by: The values of the section's chooser (its ``CHOSEN_BY`` field, e.g.
+            ``distill.technique``) that read this field; empty = every value. The option given
+            with another value is refused in one line naming its owners.
     """
 
     name: str
@@ -69,6 +73,8 @@ class Flag:
     choices: tuple | None = None
     group: str | None = None
     aliases: tuple[str, ...] = ()
+    repeat: bool = False
+    read_by: tuple[str, ...] = ()
 
 
 def flag(default: Any = dataclasses.MISSING, name: str = "", help: str = "", *, factory=None, **kw):
@@ -196,7 +202,12 @@ class ModelConfig:
     )
     dropout: float = 0.25  # built-in models that use dropout
     args: str = ""  # KEY=VALUE,... keyword arguments of keras.applications:NAME or a factory
-    trust: bool = False  # load model files that can run code (Lambda layers, custom objects)
+    trust: bool = flag(
+        False,
+        "--trust-model",
+        "load model files that can run code (Lambda layers, custom objects) and factories named "
+        "in files: only if you trust them",
+    )
     head: str = flag(
         "auto",
         "--head",
@@ -301,27 +312,80 @@ class TrainConfig:
     nan_lr_factor: float = 0.5  # learning-rate multiplier applied at each roll-back
 
 
-COMBINE_MODES = (
-    "probs",
-    "logits",
-)  # how several teachers' outputs are combined (see tfopt.models.distiller)
+#: distill.combine: how several teachers' outputs are combined (see tfopt.models.distiller).
+COMBINE_MODES = ("probs", "logits")
+#: distill.technique: compress while distilling, in one phase under the distillation loss ("none" =
+#: plain). tfopt.compress.techniques derives the same list from its registry (a test holds them equal).
+DISTILL_TECHNIQUES = ("none", "prune", "qat", "cluster")
 
 
 @dataclass(frozen=True)
 class DistillConfig:
-    """The distillation loss's settings, the one home of their defaults.
+    """How ``tfopt.distill`` distils teachers into a student: the one home of every default.
 
-    ``tfopt.distill`` (flags and :class:`~tfopt.distill.options.DistillOptions`), the
-    :class:`~tfopt.models.distiller.Distiller` model and pipelines' student stage all default to
-    these. Temperature and alpha were chosen on the validation split by
+    The :class:`~tfopt.models.distiller.Distiller` model and pipelines' student stage default to
+    these too. Temperature and alpha were chosen on the validation split by
     ``bench/distill_defaults.py`` (``bench/results/distill_defaults.json``).
     """
 
-    temperature: float = 1.0  # softmax temperature T
-    alpha: float = 0.5  # weight of the teacher term in [0, 1] (0 = labels only, 1 = teacher only)
-    teacher_weights: str = "equal"  # equal | accuracy | W1,W2,... (one per teacher)
-    combine: str = "probs"  # one of COMBINE_MODES
-    feature_weight: float = 1.0  # weight of the feature-distillation term
+    #: The field whose value decides which of the others are read (:attr:`Flag.read_by`).
+    CHOSEN_BY: typing.ClassVar[str] = "technique"
+
+    temperature: float = flag(1.0, "--temperature", "softmax temperature T, chosen on validation")
+    alpha: float = flag(
+        0.5,
+        "--alpha",
+        "weight of the teacher term in [0, 1] (0 = labels only, 1 = teacher only), chosen on "
+        "validation",
+    )
+    teacher_weights: str = flag(
+        "equal",
+        "--teacher-weights",
+        "equal, accuracy (from validation accuracy) or W1,W2,... (one per --teacher)",
+    )
+    combine: str = flag("probs", "--combine", "combine several teachers' probs or logits")
+    features: str = flag(
+        "",
+        "--feature",
+        "feature distillation between two named layers (repeatable)",
+        metavar="[I/]TEACHER_LAYER:STUDENT_LAYER",
+        repeat=True,
+    )
+    feature_weight: float = flag(1.0, "--feature-weight", "weight of the feature term")
+    technique: str = flag("none", "--technique", "compress while distilling")
+    sparsity: float = flag(
+        0.75, "--sparsity", "target sparsity of --technique prune", read_by=("prune",)
+    )
+    clusters: int = flag(
+        16, "--clusters", "centroids per kernel of --technique cluster", read_by=("cluster",)
+    )
+    baseline: str = flag(
+        "",
+        "--baseline",
+        "run of the same student trained without a teacher (the report gives the gap closed)",
+        metavar="RUN",
+    )
+
+
+def parse_features(text: str) -> tuple[tuple[str, str, int], ...]:
+    """Parses ``distill.features``: comma-separated ``[TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER``.
+
+    Raises:
+        ConfigError: an entry of another form (one line naming it and an example).
+    """
+    out = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        index, sep, rest = entry.partition("/")
+        if not sep:
+            index, rest = "0", entry
+        teacher_layer, colon, student_layer = rest.partition(":")
+        if not colon or not teacher_layer or not student_layer or not index.isdigit():
+            raise ConfigError(
+                f"--feature {entry!r} is not [TEACHER_INDEX/]TEACHER_LAYER:STUDENT_LAYER; "
+                "e.g. --feature pool0:stem_relu"
+            )
+        out.append((teacher_layer, student_layer, int(index)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -332,10 +396,28 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
-    def to_dict(self) -> dict:
-        """Returns the config as nested plain dicts (JSON-serializable)."""
-        return dataclasses.asdict(self)
+    def to_dict(self, stage: str | None = None) -> dict:
+        """Returns the config as nested plain dicts (JSON-serializable).
+
+        Args:
+            stage: Only the sections this stage reads (:data:`STAGE_SECTIONS`); None = all.
+        """
+        out = dataclasses.asdict(self)
+        if stage is None:
+            return out
+        return {k: v for k, v in out.items() if k in STAGE_SECTIONS.get(stage, TRAINING_SECTIONS)}
+
+
+#: The sections every training-like stage reads.
+TRAINING_SECTIONS = ("data", "model", "runtime", "train")
+#: The sections each stage reads: its run record and its resume fingerprint hold only these.
+STAGE_SECTIONS = {
+    "train": TRAINING_SECTIONS,
+    "distill": (*TRAINING_SECTIONS, "distill"),
+    "optimize": TRAINING_SECTIONS,
+}
 
 
 _CHOICES = {
@@ -351,6 +433,8 @@ _CHOICES = {
     ("model", "head"): HEADS,
     ("data", "channels"): (0, 1, 3),
     ("data", "input_scale"): INPUT_SCALES,
+    ("distill", "combine"): COMBINE_MODES,
+    ("distill", "technique"): DISTILL_TECHNIQUES,
 }
 
 
@@ -511,7 +595,54 @@ def _validate(cfg: RunConfig) -> RunConfig:
     _check_values(cfg)
     _check_strategy_fit(cfg)
     _check_ranges(cfg)
+    _check_distill(cfg.distill)
     return cfg
+
+
+def reads(section: Any, key: str) -> bool:
+    """Whether ``section`` (a config section's value) reads its field ``key``: the field's
+    :attr:`Flag.read_by` holds the value of the section's ``CHOSEN_BY`` field, or is empty."""
+    f = next(f for f in dataclasses.fields(section) if f.name == key)
+    flag_ = f.metadata.get(FLAG)
+    if flag_ is None or not flag_.read_by:
+        return True
+    return getattr(section, type(section).CHOSEN_BY) in flag_.read_by
+
+
+def _check_distill(d: DistillConfig) -> None:
+    """The distillation loss's ranges, the teacher weights' form and the feature pairs (a
+    setting the chosen technique does not read is not checked: the command line refuses it)."""
+    bad = None
+    if not d.temperature > 0:
+        bad = "temperature", "must be > 0 (Hinton et al. use 2-20)"
+    elif not 0.0 <= d.alpha <= 1.0:
+        bad = "alpha", "must be in [0, 1] (0 = labels only, 1 = teacher only)"
+    elif reads(d, "sparsity") and not 0.0 < d.sparsity < 1.0:
+        bad = "sparsity", "must be in (0, 1), e.g. 0.75"
+    elif reads(d, "clusters") and not 2 <= d.clusters <= 256:
+        bad = "clusters", "must be in [2, 256], e.g. 16"
+    elif not d.feature_weight >= 0:
+        bad = "feature_weight", "must be >= 0"
+    elif teacher_weights(d.teacher_weights) == []:
+        bad = "teacher_weights", "must be equal, accuracy or comma-separated non-negative numbers"
+    if bad:
+        key, rule = bad
+        raise ConfigError(f"distill.{key}={getattr(d, key)!r} {rule}")
+    parse_features(d.features)
+
+
+def teacher_weights(text: str) -> list[float] | None:
+    """``distill.teacher_weights`` as fixed numbers; None for ``equal`` and ``accuracy``, ``[]``
+    when the text is neither those nor non-negative numbers with a positive sum."""
+    if text in ("equal", "accuracy"):
+        return None
+    try:
+        weights = [float(w) for w in text.split(",")]
+    except ValueError:
+        return []
+    if min(weights) < 0 or not sum(weights) > 0 or not all(map(math.isfinite, weights)):
+        return []
+    return weights
 
 
 def _check_values(cfg: RunConfig) -> None:

@@ -276,10 +276,10 @@ NOT_FINGERPRINTED = {
 }
 
 
-def result_config(cfg) -> dict:
+def result_config(cfg, stage: str | None = None) -> dict:
     """The parts of a ``RunConfig`` that determine a run's result (the fingerprint's input): all
-    of it but :data:`NOT_FINGERPRINTED`."""
-    out = cfg.to_dict()
+    of it (or of the sections ``stage`` reads) but :data:`NOT_FINGERPRINTED`."""
+    out = cfg.to_dict(stage)
     for section, key in NOT_FINGERPRINTED:
         out.get(section, {}).pop(key, None)
     return out

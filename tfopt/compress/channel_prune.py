@@ -34,6 +34,7 @@ from tfopt.compress.channels import Channels, trace
 from tfopt.compress.common import OptimizeError, Selection
 from tfopt.compress.flops import model_macs
 from tfopt.compress.surgery import Graph, fresh
+from tfopt.core.errors import TargetOutOfReach
 
 L = keras.layers
 IMPORTANCE = ("l1", "l2", "bn", "taylor")
@@ -392,11 +393,13 @@ def plan(
         budget = base - (base - spec.latency_us) / steps_left if base > spec.latency_us else base
         share, floor = _smallest_share(cost, pick, budget)
         if share is None:
-            raise OptimizeError(
+            nearest = math.ceil(floor * 10) / 10
+            raise TargetOutOfReach(
                 f"channel-pruning latency target {spec.latency_us:g} us is out of reach: the fastest widths (each "
                 f"group keeps >= {spec.round_to}) give {floor:.1f} us (LiteRT, {spec.latency_threads} thread(s); the "
                 f"model now {base:.1f} us; the unprunable layers hold the rest); give --target-latency-us >= "
-                f"{math.ceil(floor * 10) / 10:g}"
+                f"{nearest:g}",
+                nearest,
             )
         latency = {
             "target_us": spec.latency_us,
@@ -414,10 +417,11 @@ def plan(
             lambda removed: macs_after(model, ch, removed, macs), pick, budget
         )
         if share is None:
-            raise OptimizeError(
+            raise TargetOutOfReach(
                 f"channel-pruning FLOPs target {spec.flops:g} of the model is out of reach: every group at its "
                 f"minimum width ({spec.round_to}) leaves {floor / total:.3f} of its multiply-adds ({floor} of {total}; "
-                f"the unprunable layers hold the rest); give flops >= {math.ceil(floor / total * 1000) / 1000:g}"
+                f"the unprunable layers hold the rest); give flops >= {math.ceil(floor / total * 1000) / 1000:g}",
+                math.ceil(floor / total * 1000) / 1000,
             )
     removed = pick(share)
     kept = lambda ids: sum(ch.find(i) not in removed for i in ids)  # noqa: E731

@@ -27,6 +27,18 @@ class OptimizeError(ModelError):
     """A model cannot be optimized as asked (unsupported layer, technique, strategy or policy)."""
 
 
+class TargetOutOfReach(OptimizeError):
+    """A compression target lies beyond what the model allows.
+
+    Attributes:
+        nearest: The reachable value closest to the target, in the target's unit.
+    """
+
+    def __init__(self, message: str, nearest: float):
+        super().__init__(message)
+        self.nearest = nearest
+
+
 class TrainingError(TfoptError):
     """Training cannot go on as configured (e.g. the loss stays NaN after every roll-back)."""
 

@@ -1,6 +1,7 @@
 """tfopt.distill: distil trained teacher runs into a student (optionally compressed while it learns).
 
-``run(cfg, opts) -> RunRecord`` is the library entry (:mod:`tfopt.distill.stage`); ``python -m
+``run(cfg, teachers) -> RunRecord`` is the library entry (its settings: ``cfg.distill``,
+:class:`tfopt.config.DistillConfig`) (:mod:`tfopt.distill.stage`); ``python -m
 tfopt.distill`` its command line (:mod:`tfopt.distill.cli`). Imported lazily so that the command
 line rejects a bad flag before TensorFlow is imported.
 """

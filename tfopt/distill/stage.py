@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tfopt.compress import student as student_lib
 from tfopt.compress.common import compile_for_eval
-from tfopt.config import DataConfig, RunConfig
+from tfopt.config import DataConfig, RunConfig, parse_features
 from tfopt.core.errors import ConfigError, ModelError
-from tfopt.distill.options import DistillOptions
+from tfopt.distill.options import DistillOptions, fixed_weights, settings_record
 from tfopt.models import inputs, sources
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
 from tfopt.models.io import save_model
@@ -101,13 +102,24 @@ def _student_data(job: Job, student, name: str, teachers: DataConfig | None) -> 
     return decided
 
 
-def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> RunRecord | None:
-    """Distils the teachers' runs into ``cfg.model.name`` as described by ``cfg``, ``opts`` and TF_CONFIG.
+def run(
+    cfg: RunConfig,
+    teachers: Sequence[str] | DistillOptions,
+    out_dir: str | None = None,
+    *,
+    overwrite: bool = False,
+) -> RunRecord | None:
+    """Distils the teachers into ``cfg.model.name`` as ``cfg.distill`` says, under TF_CONFIG.
 
     Args:
-        cfg: Data, runtime and train settings (``train.output_dir`` empty = a new ``runs/distill[-N]``).
-        opts: The teachers and the distillation settings.
-        overwrite: Replace a finished run at ``train.output_dir``.
+        cfg: The config: ``distill`` (the loss, the teachers' weights, features, compression,
+            baseline), data, model (the student; ``model.trust`` loads teacher files that run
+            code), runtime and train settings.
+        teachers: Run directories of trained teachers, or model files trained on the same data.
+            (A :class:`~tfopt.distill.options.DistillOptions` is still taken, deprecated.)
+        out_dir: The run directory to write (default ``cfg.train.output_dir``; empty = a new
+            ``runs/distill[-N]``).
+        overwrite: Replace a finished run at the output directory.
 
     Returns:
         The committed RunRecord on the chief; None on other workers.
@@ -115,15 +127,20 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
     Raises:
         TfoptError: a bad option, teacher run, TF_CONFIG, data or model choice.
     """
+    if isinstance(teachers, DistillOptions):
+        cfg, teachers = teachers.apply(cfg)
+    if out_dir:
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, output_dir=out_dir))
+    d = cfg.distill
     sources.check(cfg.model)
     if cfg.model.freeze_epochs:
         raise ConfigError(
             f"model.freeze_epochs={cfg.model.freeze_epochs} applies to tfopt.train (fine-tuning a "
             "pretrained network); a distilled student trains every layer: drop --freeze-epochs"
         )
-    fixed_weights = opts.fixed_weights()
-    teacher_runs = [load_input(p, cfg) for p in opts.teachers]  # run directories or model files
-    baseline_run = load_input(opts.baseline, cfg) if opts.baseline else None
+    weights_given = fixed_weights(d, teachers)
+    teacher_runs = [load_input(p, cfg) for p in teachers]  # run directories or model files
+    baseline_run = load_input(d.baseline, cfg) if d.baseline else None
     if cfg.train.output_dir:
         inputs_ = teacher_runs + ([baseline_run] if baseline_run else [])
         refuse_input_as_output(cfg.train.output_dir, [r.source for r in inputs_])
@@ -132,7 +149,10 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
     job = Job(
         cfg,
         "distill",
-        options={**opts.to_dict(), "teacher_digests": [r.digest for r in teacher_runs]},
+        options={
+            **settings_record(d, teachers),
+            "teacher_digests": [r.digest for r in teacher_runs],
+        },
         overwrite=overwrite,
         build_model=sources.build_model,
     )
@@ -143,7 +163,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
         with job.strategy.scope():
             teachers = [
                 sources.load_stage_input(
-                    r, job.info.image_shape, job.info.num_classes, opts.trust_model
+                    r, job.info.image_shape, job.info.num_classes, cfg.model.trust
                 )
                 for r in teacher_runs
             ]
@@ -165,27 +185,27 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
         val_acc = [_accuracy(*_logits(t, val_ds)) for t in plain_teachers]
         weights = (
             accuracy_weights(val_acc, job.info.num_classes)
-            if opts.teacher_weights == "accuracy"
-            else fixed_weights or [1.0] * len(teachers)
+            if d.teacher_weights == "accuracy"
+            else weights_given or [1.0] * len(teachers)
         )
         weights = [w / sum(weights) for w in weights]
         with job.strategy.scope():
             compression = student_lib.wrap(
                 student,
-                opts.technique,
+                d.technique,
                 cfg.train.epochs * steps,
-                sparsity=opts.sparsity,
-                clusters=opts.clusters,
+                sparsity=d.sparsity,
+                clusters=d.clusters,
             )
             distiller = Distiller(
                 compression.model,
                 teachers,
-                temperature=opts.temperature,
-                alpha=opts.alpha,
+                temperature=d.temperature,
+                alpha=d.alpha,
                 teacher_weights=weights,
-                combine=opts.combine,
-                features=opts.features,
-                feature_weight=opts.feature_weight,
+                combine=d.combine,
+                features=parse_features(d.features),
+                feature_weight=d.feature_weight,
             )
             distiller.compile(
                 optimizer=job.optimizer(lr, cfg.train.epochs * steps), steps_per_execution=spe
@@ -212,7 +232,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
         if job.chief:
             section = _score(
                 cfg,
-                opts,
+                teachers,
                 plain,
                 plain_teachers,
                 teacher_runs,
@@ -253,7 +273,7 @@ def run(cfg: RunConfig, opts: DistillOptions, *, overwrite: bool = False) -> Run
 
 def _score(
     cfg,
-    opts: DistillOptions,
+    teacher_sources: Sequence[str],
     plain,
     teachers,
     teacher_runs,
@@ -274,7 +294,7 @@ def _score(
     labels = test_logits[0][1]
     teacher_acc = [_accuracy(*t) for t in test_logits]
     combined = teacher_log_probs(
-        [t[0] for t in test_logits], weights, opts.temperature, opts.combine
+        [t[0] for t in test_logits], weights, cfg.distill.temperature, cfg.distill.combine
     )
     target_acc = _accuracy(combined.numpy(), labels)  # the combined soft target's own accuracy
     gap = {
@@ -285,7 +305,7 @@ def _score(
     if baseline_run is not None:
         base = plain_copy(
             sources.load_stage_input(
-                baseline_run, plain.input_shape[1:], plain.output_shape[-1], opts.trust_model
+                baseline_run, plain.input_shape[1:], plain.output_shape[-1], cfg.model.trust
             )
         )
         base_acc = float(base.evaluate(test_ds, return_dict=True, verbose=0)["accuracy"])
@@ -297,7 +317,7 @@ def _score(
             else None,
         )
     return {
-        "settings": opts.to_dict(),
+        "settings": settings_record(cfg.distill, teacher_sources),
         "teachers": [
             {
                 "run": r.source,

@@ -8,6 +8,7 @@ In the pipeline's own process for one-process strategies and for exports; for
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -45,16 +46,15 @@ def run_stage(
         t = cfg.teacher
         run(replace_output(stage_run_config(cfg, t, out), out, verbose), overwrite=True)
     elif stage.kind == "distill":
-        from tfopt.distill.options import DistillOptions
         from tfopt.distill.stage import run
 
         s = cfg.student
         run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
-        run(
+        run_cfg = dataclasses.replace(
             run_cfg,
-            DistillOptions(teachers=(source,), temperature=s.temperature, alpha=s.alpha),
-            overwrite=True,
+            distill=dataclasses.replace(run_cfg.distill, temperature=s.temperature, alpha=s.alpha),
         )
+        run(run_cfg, (source,), overwrite=True)
     elif stage.kind == "optimize":
         from tfopt.compress.channel_prune import ChannelSpec
         from tfopt.compress.low_rank import LowRankSpec

@@ -127,7 +127,7 @@ class Job(FitLoop, Recording):
         service.check(cfg)
         self.chief = strategy_lib.is_chief(self.cluster)
         self.options = options or {}
-        self.fingerprint = fingerprint(stage, result_config(cfg), self.options)
+        self.fingerprint = fingerprint(stage, result_config(cfg, stage), self.options)
         exposed = exposure_warning(self.cluster)
         if exposed and self.chief:  # once per job
             log.warning(exposed, extra={"prog": f"tfopt {stage}"})
@@ -138,7 +138,7 @@ class Job(FitLoop, Recording):
             self.run_dir = RunDir(
                 explicit or default_output(stage, cluster=cluster),
                 self.fingerprint,
-                {"config": result_config(cfg), stage: self.options},
+                {"config": result_config(cfg, stage), stage: self.options},
                 overwrite=overwrite,
                 chief=self.chief,
                 cluster=cluster,

@@ -53,7 +53,7 @@ def run_record(stage: str, cfg: RunConfig, output_dir: str | None = None, **sect
             ``config.train.output_dir``); None keeps the config's.
         **sections: The other :class:`~tfopt.runs.RunRecord` fields (``model``, ``metrics``, ...).
     """
-    config = cfg.to_dict()
+    config = cfg.to_dict(stage)
     if output_dir is not None:
         config["train"]["output_dir"] = output_dir
     return RunRecord(stage=stage, config=config, versions=versions(), **sections)

@@ -15,13 +15,6 @@ def build_parser() -> cli.ArgumentParser:
     """The argument parser of ``tfopt train``."""
     parser = cli.ArgumentParser(prog=PROG, description=DESCRIPTION)
     cli.add_config_args(parser)
-    cli.group(parser, "model").add_argument(
-        "--trust-model",
-        dest="trust_model_file",
-        action="store_true",
-        default=None,
-        help="load a model file that can run code (Lambda layers, custom objects): only if trusted (default: off)",
-    )
     return parser
 
 
