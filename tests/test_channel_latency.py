@@ -73,6 +73,37 @@ def test_plan_takes_the_smallest_share_whose_predicted_latency_meets_the_target(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("scale", [2.0, 0.5])
+def test_the_table_is_calibrated_by_measuring_the_whole_pruned_model(scale):
+    """Layers timed alone rarely sum to the model: here the whole model saves ``scale`` times what
+    the table's layers save (the stand-in: the model costs 50 + scale x its multiply-adds / 1000 us,
+    each layer entry 1 + its multiply-adds / 1000). The plan measures the pruned model, scales the
+    table and lands on the target: at most half the multiply-adds' cost, and no smaller share
+    meets it. Uncalibrated, a scale of 2 is out of the table's reach and 0.5 misses the target."""
+    model = cnn((28, 28, 1), 10)
+    total = sum(model_macs(model).values())
+
+    def measure(m, todo):
+        out = [50 + scale * sum(model_macs(m).values()) / 1000]
+        return np.array(
+            out + [1 + cp._macs(m.get_layer(e.layer), e.cin, e.cout) / 1000 for e in todo]
+        )
+
+    target = 50 + scale * total / 2000
+    decided = cp.plan(model, cp.ChannelSpec(latency_us=target, round_to=4), measure=measure)
+    lat = decided.latency
+    assert decided.macs_after <= total / 2 and lat["predicted_us"] <= target
+    last = lat["calibration"][-1]
+    assert (
+        last["scale"] == pytest.approx(scale, rel=1e-3)
+        and len(lat["calibration"]) <= cp.CALIBRATIONS
+    )
+    assert measure(cp.prune_channels(decided), [])[0] <= target  # the model, measured, meets it
+    fewer = cp.plan(model, cp.ChannelSpec(ratio=max(decided.share - 0.01, 0.0), round_to=4))
+    assert fewer.macs_after > total / 2 or fewer.removed == decided.removed
+
+
+@pytest.mark.slow
 def test_a_latency_target_below_the_floor_is_a_one_line_error_naming_it():
     model = cnn((28, 28, 1), 10)
     with pytest.raises(OptimizeError) as e:
@@ -151,13 +182,23 @@ def test_pruning_to_a_latency_target_meets_it_in_the_table_and_removes_multiply_
         tables.append(real_measured(cls, *args, **kwargs))
         return tables[-1]
 
+    made, real_prune = {}, cp.prune_channels
+
+    def prune(decided):
+        made[id(smaller := real_prune(decided))] = decided
+        return smaller
+
     def measure(m, todo):  # LiteRT, timed once: every plan below reads the same times
+        if not todo:  # the calibrating whole-model measurement: the table's own prediction
+            d = made[id(m)]
+            return [tables[-1].predict(cp._counts(d.model, d.channels, d.removed))]
         if not timed:
             timed.append((todo, latency.time_signatures(m, todo)))
         assert todo == timed[0][0]
         return timed[0][1]
 
     monkeypatch.setattr(latency.Table, "measured", classmethod(measured))
+    monkeypatch.setattr(cp, "prune_channels", prune)
     first = cp.plan(model, cp.ChannelSpec(latency_us=1e9, round_to=8), measure=measure)
     table = tables[0]
     assert set(table.grid) == {"conv0", "conv1", "fc", "logits"}
