@@ -129,6 +129,7 @@ def run(
     """
     if isinstance(teachers, DistillOptions):
         cfg, teachers = teachers.apply(cfg)
+    teacher_sources = tuple(teachers)  # ``teachers`` becomes the loaded models below
     if out_dir:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, output_dir=out_dir))
     d = cfg.distill
@@ -232,7 +233,7 @@ def run(
         if job.chief:
             section = _score(
                 cfg,
-                teachers,
+                teacher_sources,
                 plain,
                 plain_teachers,
                 teacher_runs,
