@@ -70,17 +70,23 @@ CAUSES: dict[str, dict[str, str]] = {
         "fine-tuning, scored on 1,000 test images (standard error 1.1 pt).",
     },
     "B11": {
-        "pruned 0.5 + int8": "the pruned int8 model runs at 5.0x its compute bound (the dense "
-        "float model at 2.5x): its depthwise convolutions, 45% of the int8 time, run at 11 of "
-        "89 GMAC/s (the fp32 rate; XNNPACK's x86 int8 depthwise kernels), the regular ones at "
-        "106 of 373.",
-        "pruned 0.35 + int8": "at 8.6x its bound: the narrower layers fill the AVX-512 int8 "
-        "kernels worse (regular convolutions at 57 of 373 GMAC/s) and depthwise runs at 8 of 89 "
-        "GMAC/s, 45% of the int8 time.",
-        "pruned 0.35: accuracy loss": "one channel_prune step removed 65% of the multiply-adds "
-        "(83.07% after its epoch) and 3 distilled epochs recovered to 87.07% against the dense "
-        "88.52% (standard error of the difference 0.6 pt); the half-FLOPs model, with the same "
-        "epochs, gained 0.5 pt.",
+        "alpha 0.5's float p50 vs the sibling: int8 accuracy difference": "at the sibling's "
+        "latency, channel pruning keeps 15.9M multiply-adds to the sibling's 17.6M and 4 epochs "
+        "from the dense weights (1 pruning, 3 distilled) land 0.2 pt under 14 epochs from scratch "
+        "(standard error of the difference 0.6 pt): no measurable gain, so the sibling is the "
+        "simpler pick.",
+        "float p50 vs the sibling: int8 speed": "the pair is matched at equal float latency, so "
+        "their int8 files run at about the same speed too; 1.2x asks for a speed-up that matching "
+        "the latency rules out.",
+        "multiply-adds vs the sibling: int8 speed": "matched at equal multiply-adds, the pruned "
+        "and the sibling's layers are alike in width, and their latencies are too.",
+        "the bound's dense-to-pruned+int8 speedup": "this CPU (AVX2, no VNNI) runs int8 no faster "
+        "than float32 (the same 20 GMAC/s peak, vpmaddwd against vfmadd231ps) and the int8 files "
+        "are 1.3-1.5x slower than float32 here, so int8 adds no speed to the pruning; on a CPU "
+        "with integer dot products (VNNI, ARM dotprod) the int8 bound is 2-4x higher.",
+        "accuracy loss vs the dense model": "pruning removed 71-81% of the multiply-adds in one "
+        "step, then 4 epochs (1 pruning, 3 distilled from the dense model) recovered most of it; "
+        "the siblings, trained from scratch for 14 epochs, lose 0.9-1.0 pt themselves.",
     },
 }
 

@@ -180,6 +180,10 @@ def pruned_arm(dense: str, workdir: str, tag: str, spec, p: Params) -> tuple[str
     if os.path.exists(reach):
         with open(reach) as f:
             aim = json.load(f)
+    elif spec.latency_us and os.path.exists(os.path.join(pruned, "run.json")):
+        # pruned in an earlier run: aimed at the sibling's p50 as measured then
+        phase = load_run(pruned).record.section["phases"][0]
+        aim = aim | {"latency_us": phase["latency"]["target_us"]}
     if not os.path.exists(os.path.join(pruned, "run.json")):
         cfg = _cfg(dense, pruned, 1, p)
         try:

@@ -80,7 +80,6 @@ def check_result(res: dict) -> None:
     check_figures(res)  # every verdict follows from its numbers
 
 
-@pytest.mark.skip(reason="sibling.json is regenerated")
 def test_the_committed_sibling_result_holds_together():
     check_result(committed("sibling"))
 
