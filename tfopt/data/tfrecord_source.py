@@ -247,6 +247,47 @@ def _check_file(path: str, fs: FeatureSpec) -> tuple[int, int, int, tuple[int, .
     return count, (lo if lo is not None else 0), (hi if hi is not None else -1), shape
 
 
+def _checked_shape(path: str, fs, first, shape, varying: bool):
+    """The image shape after reading ``path``, whose first record is ``first``; refuses a raw
+    record of the wrong size, or (sizes not ``varying``) an image of another height and width."""
+    if fs.encoding == "raw" and first and first[0] != int(np.prod(fs.shape)):
+        raise DataError(
+            f"images in {path} have {first[0]} bytes, but data.feature_spec says "
+            f"raw {'x'.join(map(str, fs.shape))} ({int(np.prod(fs.shape))} bytes); fix the spec"
+        )
+    if fs.encoding != "raw" and first:
+        shape = shape or first
+        if not varying and tuple(first[:2]) != tuple(
+            shape[:2]
+        ):  # channels are converted when decoding
+            raise DataError(
+                f"the first image of {path} is {'x'.join(map(str, first))}, not "
+                f"{'x'.join(map(str, shape))}; give every image one shape, or resize them "
+                "with --image-size HxW"
+            )
+    return shape
+
+
+def _classes(fs, names: list[str], lo: int, hi: int, pattern: str) -> int:
+    """The number of classes, checked against the labels seen (``lo``..``hi``) and the names."""
+    if lo < 0:
+        raise DataError(
+            f"tfrecord:{pattern} has negative labels ({lo}); labels must be 0..classes-1"
+        )
+    classes = fs.classes or max(hi + 1, len(names))
+    if names and len(names) != classes:
+        raise DataError(
+            f"labels file {fs.labels!r} names {len(names)} classes but the data has {classes}; "
+            "give one name per class"
+        )
+    if hi >= classes:
+        raise DataError(
+            f"tfrecord:{pattern} has label {hi} but data.feature_spec says classes={classes}; "
+            f"set classes to at least {hi + 1}"
+        )
+    return classes
+
+
 def build_tfrecord(out_dir: str, cfg: DataConfig, pattern: str) -> dict:
     """Indexes (``limit == 0``) or copies the first ``limit`` records of (``limit > 0``) user files.
 
@@ -269,21 +310,7 @@ def build_tfrecord(out_dir: str, cfg: DataConfig, pattern: str) -> dict:
         for path in files:
             count, f_lo, f_hi, first = _check_file(path, fs)
             lo, hi = min(lo, f_lo), max(hi, f_hi)
-            if fs.encoding == "raw" and first and first[0] != int(np.prod(fs.shape)):
-                raise DataError(
-                    f"images in {path} have {first[0]} bytes, but data.feature_spec says "
-                    f"raw {'x'.join(map(str, fs.shape))} ({int(np.prod(fs.shape))} bytes); fix the spec"
-                )
-            if fs.encoding != "raw" and first:
-                shape = shape or first
-                if not varying and tuple(first[:2]) != tuple(
-                    shape[:2]
-                ):  # channels are converted when decoding
-                    raise DataError(
-                        f"the first image of {path} is {'x'.join(map(str, first))}, not "
-                        f"{'x'.join(map(str, shape))}; give every image one shape, or resize them "
-                        "with --image-size HxW"
-                    )
+            shape = _checked_shape(path, fs, first, shape, varying)
             entries.append(
                 {
                     "file": path,
@@ -297,21 +324,7 @@ def build_tfrecord(out_dir: str, cfg: DataConfig, pattern: str) -> dict:
             "encoding": fs.encoding,
             "shards": entries,
         }
-    if lo < 0:
-        raise DataError(
-            f"tfrecord:{pattern} has negative labels ({lo}); labels must be 0..classes-1"
-        )
-    classes = fs.classes or max(hi + 1, len(names))
-    if names and len(names) != classes:
-        raise DataError(
-            f"labels file {fs.labels!r} names {len(names)} classes but the data has {classes}; "
-            "give one name per class"
-        )
-    if hi >= classes:
-        raise DataError(
-            f"tfrecord:{pattern} has label {hi} but data.feature_spec says classes={classes}; "
-            f"set classes to at least {hi + 1}"
-        )
+    classes = _classes(fs, names, lo, hi, pattern)
     if shape is None:
         raise DataError(f"tfrecord:{pattern} holds no records; give files with data")
     if cfg.limit > 0:

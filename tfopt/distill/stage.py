@@ -102,6 +102,18 @@ def _student_data(job: Job, student, name: str, teachers: DataConfig | None) -> 
     return decided
 
 
+@dataclasses.dataclass
+class _Teachers:
+    """The teachers of one run, as they are resolved, loaded and scored."""
+
+    sources: tuple[str, ...]  # as given: run directories or model files
+    runs: list[Run]
+    plain: list = dataclasses.field(default_factory=list)  # strategy-free copies (scoring)
+    val_acc: list = dataclasses.field(default_factory=list)
+    weights: list = dataclasses.field(default_factory=list)  # normalized to sum 1
+    digests: list = dataclasses.field(default_factory=list)
+
+
 def run(
     cfg: RunConfig,
     teachers: Sequence[str] | DistillOptions,
@@ -127,32 +139,15 @@ def run(
     Raises:
         TfoptError: a bad option, teacher run, TF_CONFIG, data or model choice.
     """
-    if isinstance(teachers, DistillOptions):
-        cfg, teachers = teachers.apply(cfg)
-    teacher_sources = tuple(teachers)  # ``teachers`` becomes the loaded models below
-    if out_dir:
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, output_dir=out_dir))
+    cfg, t, weights_given, baseline_run = _resolve(cfg, teachers, out_dir)
     d = cfg.distill
-    sources.check(cfg.model)
-    if cfg.model.freeze_epochs:
-        raise ConfigError(
-            f"model.freeze_epochs={cfg.model.freeze_epochs} applies to tfopt.train (fine-tuning a "
-            "pretrained network); a distilled student trains every layer: drop --freeze-epochs"
-        )
-    weights_given = fixed_weights(d, teachers)
-    teacher_runs = [load_input(p, cfg) for p in teachers]  # run directories or model files
-    baseline_run = load_input(d.baseline, cfg) if d.baseline else None
-    if cfg.train.output_dir:
-        inputs_ = teacher_runs + ([baseline_run] if baseline_run else [])
-        refuse_input_as_output(cfg.train.output_dir, [r.source for r in inputs_])
-    teachers_data = _teachers_data(cfg, teacher_runs)
     # The teachers' weights (or files) are part of what the student is: a retrained teacher is another run.
     job = Job(
         cfg,
         "distill",
         options={
-            **settings_record(d, teachers),
-            "teacher_digests": [r.digest for r in teacher_runs],
+            **settings_record(d, t.sources),
+            "teacher_digests": [r.digest for r in t.runs],
         },
         overwrite=overwrite,
         build_model=sources.build_model,
@@ -161,56 +156,10 @@ def run(
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
-        with job.strategy.scope():
-            teachers = [
-                sources.load_stage_input(
-                    r, job.info.image_shape, job.info.num_classes, cfg.model.trust
-                )
-                for r in teacher_runs
-            ]
-            built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
-            student = built.model
-        for r, teacher in zip(teacher_runs, teachers):
-            _check_teacher(r, teacher, job.info, cfg.data.dataset)
-        _student_data(job, student, cfg.model.name, teachers_data)
-        with job.strategy.scope():  # each teacher sees the inputs it was trained on
-            teachers = [
-                inputs.adapted(
-                    t, job.cfg.data, _teacher_expects(r, t, cfg, job), f"teacher {r.source!r}"
-                )
-                for r, t in zip(teacher_runs, teachers)
-            ]
+        built, models = _load(job, cfg, t)
         val_ds, test_ds = job.dataset("validation"), job.dataset("test")
-        # Score the teachers on strategy-free copies (identical on every worker: deterministic data).
-        plain_teachers = [plain_copy(t) for t in teachers]
-        val_acc = [_accuracy(*_logits(t, val_ds)) for t in plain_teachers]
-        weights = (
-            accuracy_weights(val_acc, job.info.num_classes)
-            if d.teacher_weights == "accuracy"
-            else weights_given or [1.0] * len(teachers)
-        )
-        weights = [w / sum(weights) for w in weights]
-        with job.strategy.scope():
-            compression = student_lib.wrap(
-                student,
-                d.technique,
-                cfg.train.epochs * steps,
-                sparsity=d.sparsity,
-                clusters=d.clusters,
-            )
-            distiller = Distiller(
-                compression.model,
-                teachers,
-                temperature=d.temperature,
-                alpha=d.alpha,
-                teacher_weights=weights,
-                combine=d.combine,
-                features=parse_features(d.features),
-                feature_weight=d.feature_weight,
-            )
-            distiller.compile(
-                optimizer=job.optimizer(lr, cfg.train.epochs * steps), steps_per_execution=spe
-            )
+        _weigh(job, d, t, models, weights_given, val_ds)
+        compression, distiller = _distiller(job, cfg, built.model, models, t, steps, spe, lr)
         plain = student_lib.plain_copy(compression.model)
         compile_for_eval(plain)
         validation = PlainValidation(
@@ -221,7 +170,7 @@ def run(
         )
         # tfmot's callbacks (UpdatePruningStep) re-mask the weights before validation reads them.
         callbacks = job.callbacks(validation, compression.callbacks)
-        digests = distiller.teacher_digests()
+        t.digests = distiller.teacher_digests()
         job.fit(
             distiller, callbacks, epochs=cfg.train.epochs, steps_per_epoch=steps
         )  # raises if a teacher changed
@@ -231,59 +180,128 @@ def run(
         digest = weights_digest(plain)
         record = None
         if job.chief:
-            section = _score(
-                cfg,
-                teacher_sources,
-                plain,
-                plain_teachers,
-                teacher_runs,
-                weights,
-                val_acc,
-                digests,
-                test_ds,
-                baseline_run,
-            )
+            section = _score(cfg, plain, t, test_ds, baseline_run)
             if compression.info is not None:
                 section["compression"] = dict(
                     compression.info, measured=student_lib.measured(plain, compression.info)
                 )
-            artifacts = save_model(plain, job.write_dir)
-            teacher_params = max(int(t.count_params()) for t in plain_teachers)
-            metrics = section.pop("metrics")
-            record = job.record(
-                model={
-                    "name": cfg.model.name,
-                    "role": "student",
-                    "params": int(plain.count_params()),
-                    **built.description,
-                    "teacher_to_student_params": round(
-                        teacher_params / max(1, plain.count_params()), 2
-                    ),
-                },
-                train=job.train_section(steps, spe, lr),
-                metrics=metrics,
-                weights_sha256=digest,
-                artifacts=job.relative(artifacts),
-                section=section,
-                warnings=job.judge(plain, metrics["test_accuracy"]),
-            )
-            job.commit(record)
+            record = _commit(job, cfg, plain, built, t, section, digest, (steps, spe, lr))
         job.done(PROG, record, digest)
         return record
 
 
-def _score(
-    cfg,
-    teacher_sources: Sequence[str],
-    plain,
-    teachers,
-    teacher_runs,
-    weights,
-    val_acc,
-    digests,
-    test_ds,
-    baseline_run,
-) -> dict:
+def _resolve(cfg: RunConfig, teachers, out_dir: str | None):
+    """Checks the options and reads the inputs (JSON, file digests: no TensorFlow op yet).
+
+    Returns:
+        ``(cfg, teachers, fixed weights or None, the baseline run or None)``.
+    """
+    if isinstance(teachers, DistillOptions):
+        cfg, teachers = teachers.apply(cfg)
+    if out_dir:
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, output_dir=out_dir))
+    d = cfg.distill
+    sources.check(cfg.model)
+    if cfg.model.freeze_epochs:
+        raise ConfigError(
+            f"model.freeze_epochs={cfg.model.freeze_epochs} applies to tfopt.train (fine-tuning a "
+            "pretrained network); a distilled student trains every layer: drop --freeze-epochs"
+        )
+    weights_given = fixed_weights(d, teachers)
+    t = _Teachers(tuple(teachers), [load_input(p, cfg) for p in teachers])
+    baseline_run = load_input(d.baseline, cfg) if d.baseline else None
+    if cfg.train.output_dir:
+        inputs_ = t.runs + ([baseline_run] if baseline_run else [])
+        refuse_input_as_output(cfg.train.output_dir, [r.source for r in inputs_])
+    return cfg, t, weights_given, baseline_run
+
+
+def _load(job: Job, cfg: RunConfig, t: _Teachers):
+    """Loads the teachers and builds the student in the strategy's scope, and settles what
+    each is fed; returns ``(the built student, the teachers as the Distiller takes them)``."""
+    teachers_data = _teachers_data(cfg, t.runs)
+    with job.strategy.scope():
+        loaded = [
+            sources.load_stage_input(r, job.info.image_shape, job.info.num_classes, cfg.model.trust)
+            for r in t.runs
+        ]
+        built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
+    for r, teacher in zip(t.runs, loaded):
+        _check_teacher(r, teacher, job.info, cfg.data.dataset)
+    _student_data(job, built.model, cfg.model.name, teachers_data)
+    with job.strategy.scope():  # each teacher sees the inputs it was trained on
+        models = [
+            inputs.adapted(
+                m, job.cfg.data, _teacher_expects(r, m, cfg, job), f"teacher {r.source!r}"
+            )
+            for r, m in zip(t.runs, loaded)
+        ]
+    return built, models
+
+
+def _weigh(job: Job, d, t: _Teachers, models, weights_given, val_ds) -> None:
+    """Scores the teachers on the validation split (strategy-free copies, identical on every
+    worker: deterministic data) and sets their weights in the soft target."""
+    t.plain = [plain_copy(m) for m in models]
+    t.val_acc = [_accuracy(*_logits(m, val_ds)) for m in t.plain]
+    weights = (
+        accuracy_weights(t.val_acc, job.info.num_classes)
+        if d.teacher_weights == "accuracy"
+        else weights_given or [1.0] * len(models)
+    )
+    t.weights = [w / sum(weights) for w in weights]
+
+
+def _distiller(job: Job, cfg: RunConfig, student, models, t: _Teachers, steps, spe, lr):
+    """The student wrapped for ``distill.technique`` and the compiled Distiller that trains it,
+    made in the strategy's scope; returns ``(compression, distiller)``."""
+    d = cfg.distill
+    with job.strategy.scope():
+        compression = student_lib.wrap(
+            student, d.technique, cfg.train.epochs * steps, sparsity=d.sparsity, clusters=d.clusters
+        )
+        distiller = Distiller(
+            compression.model,
+            models,
+            temperature=d.temperature,
+            alpha=d.alpha,
+            teacher_weights=t.weights,
+            combine=d.combine,
+            features=parse_features(d.features),
+            feature_weight=d.feature_weight,
+        )
+        distiller.compile(
+            optimizer=job.optimizer(lr, cfg.train.epochs * steps), steps_per_execution=spe
+        )
+    return compression, distiller
+
+
+def _commit(job: Job, cfg: RunConfig, plain, built, t: _Teachers, section, digest, schedule):
+    """The chief saves the student and commits the run; returns its record."""
+    steps, spe, lr = schedule
+    artifacts = save_model(plain, job.write_dir)
+    teacher_params = max(int(m.count_params()) for m in t.plain)
+    metrics = section.pop("metrics")
+    record = job.record(
+        model={
+            "name": cfg.model.name,
+            "role": "student",
+            "params": int(plain.count_params()),
+            **built.description,
+            "teacher_to_student_params": round(teacher_params / max(1, plain.count_params()), 2),
+        },
+        train=job.train_section(steps, spe, lr),
+        metrics=metrics,
+        weights_sha256=digest,
+        artifacts=job.relative(artifacts),
+        section=section,
+        warnings=job.judge(plain, metrics["test_accuracy"]),
+    )
+    job.commit(record)
+    return record
+
+
+def _score(cfg, plain, t: _Teachers, test_ds, baseline_run) -> dict:
     """The distill section: the student, the teachers and the baseline on the test split.
 
     Runs on the chief alone, so it touches only strategy-free models: reading a strategy
@@ -291,11 +309,11 @@ def _score(
     """
     metrics = plain.evaluate(test_ds, return_dict=True, verbose=0)
     student_acc = float(metrics["accuracy"])
-    test_logits = [_logits(t, test_ds) for t in teachers]
+    test_logits = [_logits(m, test_ds) for m in t.plain]
     labels = test_logits[0][1]
-    teacher_acc = [_accuracy(*t) for t in test_logits]
+    teacher_acc = [_accuracy(*x) for x in test_logits]
     combined = teacher_log_probs(
-        [t[0] for t in test_logits], weights, cfg.distill.temperature, cfg.distill.combine
+        [x[0] for x in test_logits], t.weights, cfg.distill.temperature, cfg.distill.combine
     )
     target_acc = _accuracy(combined.numpy(), labels)  # the combined soft target's own accuracy
     gap = {
@@ -318,20 +336,20 @@ def _score(
             else None,
         )
     return {
-        "settings": settings_record(cfg.distill, teacher_sources),
+        "settings": settings_record(cfg.distill, t.sources),
         "teachers": [
             {
                 "run": r.source,
                 "model": r.config.model.name,
-                "params": int(t.count_params()),
+                "params": int(m.count_params()),
                 "weight": w,
                 "val_accuracy": va,
                 "test_accuracy": ta,
                 "weights_sha256": d,
                 "unchanged": True,
             }
-            for r, t, w, va, ta, d in zip(
-                teacher_runs, teachers, weights, val_acc, teacher_acc, digests
+            for r, m, w, va, ta, d in zip(
+                t.runs, t.plain, t.weights, t.val_acc, teacher_acc, t.digests
             )
         ],
         "gap": gap,

@@ -332,6 +332,60 @@ def time_ops(
 # -- the search ------------------------------------------------------------------------------------
 
 
+def _check(rounds: int, runs: int, counts: list[int], warmup: int, max_candidates: int) -> None:
+    """Refuses a search setting out of range (one line each)."""
+    for name, value, low in (
+        ("rounds", rounds, 1),
+        ("runs", runs, 1),
+        ("threads", min(counts, default=0), 1),
+        ("warmup", warmup, 0),
+    ):
+        if value < low:
+            raise ConfigError(f"int8_auto {name}={value} must be >= {low}")
+    if max_candidates < 2:
+        candidate_sets([], max_candidates)  # raises the one-line error
+
+
+def _time_candidates(
+    contents, counts, rounds, runs, warmup, time_fn
+) -> list[dict[int, list[float]]]:
+    """Every candidate's p50 at every thread count, once per round."""
+    # The final table's protocol (bench.latency: warmup, then runs timed invokes, p50), in
+    # interleaved rounds at every thread count.
+    p50s: list[dict[int, list[float]]] = [{t: [] for t in counts} for _ in contents]
+    for r in range(rounds):
+        order = list(range(len(contents)))
+        order = (
+            order[r % len(order) :] + order[: r % len(order)]
+        )  # rotate: no candidate always goes first
+        for t in counts:
+            for i in order:
+                p50s[i][t].append(
+                    time_fn(contents[i], t)
+                    if time_fn is not None
+                    else bench.latency(contents[i], threads=t, warmup=warmup, runs=runs)["p50_ms"]
+                )
+    return p50s
+
+
+def _scored(sets, contents, p50s, threads: int, evaluate_fn, thresholds) -> list[Candidate]:
+    """Every candidate, scored by ``evaluate_fn`` and gated, with its timings."""
+    candidates = []
+    for s, content, by_threads in zip(sets, contents, p50s):
+        result = evaluate_fn(content)
+        candidates.append(
+            Candidate(
+                list(s),
+                len(content),
+                by_threads[threads],
+                result,
+                fidelity.check(result, thresholds),
+                by_threads,
+            )
+        )
+    return candidates
+
+
 def search(
     model,
     calibration: Sequence[np.ndarray],
@@ -376,16 +430,7 @@ def search(
     say = functools.partial(log.log, PROGRESS)  # shown unless --quiet
     counts = [threads] if isinstance(threads, int) else list(threads)
     threads = counts[0] if counts else 0
-    for name, value, low in (
-        ("rounds", rounds, 1),
-        ("runs", runs, 1),
-        ("threads", min(counts, default=0), 1),
-        ("warmup", warmup, 0),
-    ):
-        if value < low:
-            raise ConfigError(f"int8_auto {name}={value} must be >= {low}")
-    if max_candidates < 2:
-        candidate_sets([], max_candidates)  # raises the one-line error
+    _check(rounds, runs, counts, warmup, max_candidates)
     debugger = fidelity.quantization_debugger(model, calibration, list(calibration)[:1])
     nodes = {r.tensor_name for r in fidelity.rank_layers(debugger)}
     float_content = converter.by_converter(
@@ -406,34 +451,8 @@ def search(
         f"timing {len(sets)} candidate(s) end to end"
     )
     contents = [fidelity.requantize(debugger, s, io_type) for s in sets]
-    # The final table's protocol (bench.latency: warmup, then runs timed invokes, p50), in
-    # interleaved rounds at every thread count.
-    p50s: list[dict[int, list[float]]] = [{t: [] for t in counts} for _ in sets]
-    for r in range(rounds):
-        order = list(range(len(sets)))
-        order = (
-            order[r % len(order) :] + order[: r % len(order)]
-        )  # rotate: no candidate always goes first
-        for t in counts:
-            for i in order:
-                p50s[i][t].append(
-                    time_fn(contents[i], t)
-                    if time_fn is not None
-                    else bench.latency(contents[i], threads=t, warmup=warmup, runs=runs)["p50_ms"]
-                )
-    candidates = []
-    for s, content, by_threads in zip(sets, contents, p50s):
-        result = evaluate_fn(content)
-        candidates.append(
-            Candidate(
-                list(s),
-                len(content),
-                by_threads[threads],
-                result,
-                fidelity.check(result, thresholds),
-                by_threads,
-            )
-        )
+    p50s = _time_candidates(contents, counts, rounds, runs, warmup, time_fn)
+    candidates = _scored(sets, contents, p50s, threads, evaluate_fn, thresholds)
     chosen = choose(candidates)
     return AutoResult(
         threads=threads, ops=timings, candidates=candidates, chosen=chosen, content=contents[chosen]

@@ -148,14 +148,7 @@ def write(
         ),
         files=sorted(files or {}),
     )
-    model.metadata = [m for m in model.metadata or [] if _text(m.name) != metadata_fb.BUFFER_NAME]
-    entry = schema.MetadataT()
-    entry.name = metadata_fb.BUFFER_NAME
-    entry.buffer = len(model.buffers)
-    data = schema.BufferT()
-    data.data = list(buffer)
-    model.buffers.append(data)
-    model.metadata.append(entry)
+    _attach(model, schema, buffer)
     packed = dict(files or {})
     if names:
         packed[LABELS] = ("\n".join(names) + "\n").encode()
@@ -165,6 +158,18 @@ def write(
         for fname, raw in sorted(packed.items()):
             archive.writestr(zipfile.ZipInfo(fname, date_time=(1980, 1, 1, 0, 0, 0)), raw)
     return out.getvalue()
+
+
+def _attach(model, schema, buffer: bytes) -> None:
+    """Puts ``buffer`` in ``model`` as its TFLite Metadata (replacing any it had)."""
+    model.metadata = [m for m in model.metadata or [] if _text(m.name) != metadata_fb.BUFFER_NAME]
+    entry = schema.MetadataT()
+    entry.name = metadata_fb.BUFFER_NAME
+    entry.buffer = len(model.buffers)
+    data = schema.BufferT()
+    data.data = list(buffer)
+    model.buffers.append(data)
+    model.metadata.append(entry)
 
 
 def _text(value) -> str:

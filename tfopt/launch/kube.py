@@ -48,6 +48,7 @@ from tfopt.launch.kube_checks import (  # noqa: F401  (check_tfjob: part of this
     check_tfjob,
     pod_resources,
 )
+from tfopt.launch.kube_data import data_service_target, render_data_service
 
 
 def add_render_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -235,37 +236,11 @@ def render_tfjob(
     """
     command = check_command(command)
     check_image(image)
-    check_dns(
-        name,
-        "--name",
-        DNS1035,
-        63,
-        "a DNS-1035 label (the operator's rule for TFJob names)",
-        "lower-case letters, digits and '-', starting with a letter, e.g. --name mnist-ps",
-    )
-    if namespace is not None:
-        check_dns(
-            namespace,
-            "--namespace",
-            DNS1123_LABEL,
-            63,
-            "a DNS-1123 label",
-            "lower-case letters, digits and '-', e.g. --namespace ml-team",
-        )
+    _check_names(name, namespace, volume_claim)
     counts = check_counts(chief, workers, ps, evaluator)
     check_host_names(name, counts)
-    check_choice(restart_policy, "--restart-policy", RESTART_POLICIES)
-    check_choice(clean_pod_policy, "--clean-pod-policy", CLEAN_POD_POLICIES)
-    check_count(backoff_limit, "--backoff-limit")
+    _check_policies(restart_policy, clean_pod_policy, backoff_limit)
     resources = {role: pod_resources(cpu, memory, gpus if role != "PS" else 0) for role in counts}
-    check_dns(
-        volume_claim,
-        "--volume-claim",
-        DNS1123_SUBDOMAIN,
-        253,
-        "a PersistentVolumeClaim name (DNS-1123)",
-        f"lower-case letters, digits, '-' and '.', e.g. --volume-claim {DEFAULT_CLAIM}",
-    )
     mount_path = check_mount_path(mount_path)
     run_command = job_command(command, mount_path, name)
     metadata: dict[str, Any] = {"name": name}
@@ -290,6 +265,42 @@ def render_tfjob(
             "tfReplicaSpecs": specs,
         },
     }
+
+
+def _check_policies(restart_policy: str, clean_pod_policy: str, backoff_limit: int) -> None:
+    """Refuses a restart or clean-pod policy the operator does not know, or a negative limit."""
+    check_choice(restart_policy, "--restart-policy", RESTART_POLICIES)
+    check_choice(clean_pod_policy, "--clean-pod-policy", CLEAN_POD_POLICIES)
+    check_count(backoff_limit, "--backoff-limit")
+
+
+def _check_names(name: str, namespace: str | None, volume_claim: str) -> None:
+    """Refuses a TFJob name, namespace or claim name Kubernetes would refuse."""
+    check_dns(
+        name,
+        "--name",
+        DNS1035,
+        63,
+        "a DNS-1035 label (the operator's rule for TFJob names)",
+        "lower-case letters, digits and '-', starting with a letter, e.g. --name mnist-ps",
+    )
+    if namespace is not None:
+        check_dns(
+            namespace,
+            "--namespace",
+            DNS1123_LABEL,
+            63,
+            "a DNS-1123 label",
+            "lower-case letters, digits and '-', e.g. --namespace ml-team",
+        )
+    check_dns(
+        volume_claim,
+        "--volume-claim",
+        DNS1123_SUBDOMAIN,
+        253,
+        "a PersistentVolumeClaim name (DNS-1123)",
+        f"lower-case letters, digits, '-' and '.', e.g. --volume-claim {DEFAULT_CLAIM}",
+    )
 
 
 def job_command(command: list[str], mount_path: str, name: str) -> list[str]:
@@ -371,148 +382,6 @@ def render_network_policy(name: str, namespace: str | None = None) -> dict[str, 
             "podSelector": selector,
             "policyTypes": ["Ingress"],
             "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}]}],
-        },
-    }
-
-
-def data_service_target(name: str) -> str:
-    """The ``grpc://`` address of job ``name``'s tf.data dispatcher: its Service, in-namespace."""
-    return f"grpc://{name}-data-dispatcher:{DISPATCHER_PORT}"
-
-
-def render_data_service(
-    *,
-    name: str,
-    image: str,
-    data_workers: int,
-    namespace: str | None = None,
-    cpu: str | None = None,
-    memory: str | None = None,
-    volume_claim: str = DEFAULT_CLAIM,
-    mount_path: str = DEFAULT_MOUNT,
-) -> list[dict[str, Any]]:
-    """The tf.data service of ``tfopt launch --data-workers N`` as Kubernetes objects.
-
-    A dispatcher Deployment (one pod, its journal on the shared volume so that a restarted pod
-    resumes its jobs) and its Service ``<name>-data-dispatcher``, which the TFJob's replicas dial;
-    a Deployment of N worker pods, each registering its pod IP. Kubernetes restarts any pod that
-    dies, as the launcher does; the pods carry the job's label, so the job's NetworkPolicy admits
-    them. They outlive the TFJob: ``kubectl delete -f`` the rendered file when the job is done.
-
-    Args:
-        name: The TFJob's name; the objects are ``<name>-data-dispatcher`` and ``<name>-data-worker``.
-        image: Container image with tfopt installed.
-        data_workers: Number of worker pods (>= 1).
-        namespace: The objects' namespace; None leaves it to kubectl.
-        cpu: CPU request and limit of every pod, or None.
-        memory: Memory request and limit of every pod, or None.
-        volume_claim: The shared PersistentVolumeClaim (the dispatcher's journal goes there).
-        mount_path: Where the dispatcher mounts it.
-
-    Returns:
-        ``[dispatcher Deployment, dispatcher Service, worker Deployment]``.
-
-    Raises:
-        ConfigError: a bad count or quantity, or a name too long for the objects' names.
-    """
-    if check_count(data_workers, "--data-workers") < 1:
-        raise ConfigError(
-            f"--data-workers={data_workers} starts no tf.data service; give 1 or more, or drop it"
-        )
-    if len(f"{name}-data-dispatcher") > 63:
-        raise ConfigError(
-            f"--name={name!r} makes the Service name {name}-data-dispatcher longer than the 63 "
-            f"characters Kubernetes allows: shorten --name to at most {63 - 16} characters"
-        )
-    metadata = {} if namespace is None else {"namespace": namespace}
-    resources = pod_resources(cpu, memory, 0)
-    serve = ["python", "-m", "tfopt.data.serve"]
-    mount_path = check_mount_path(mount_path)
-    journal = f"{mount_path}/{name}/data-dispatcher"
-    dispatcher = _deployment(
-        f"{name}-data-dispatcher",
-        name,
-        1,
-        [*serve, "dispatcher", "--port", str(DISPATCHER_PORT), "--work-dir", journal],
-        DISPATCHER_PORT,
-        image,
-        resources,
-        metadata,
-        volume=(volume_claim, mount_path),
-    )
-    dispatcher["spec"]["strategy"] = {"type": "Recreate"}  # one journal, one writer
-    worker = _deployment(
-        f"{name}-data-worker",
-        name,
-        data_workers,
-        [
-            *serve,
-            "worker",
-            "--dispatcher",
-            f"{name}-data-dispatcher:{DISPATCHER_PORT}",
-            "--host",
-            "$(POD_IP)",
-            "--port",
-            str(DATA_WORKER_PORT),
-        ],
-        DATA_WORKER_PORT,
-        image,
-        resources,
-        metadata,
-    )
-    worker["spec"]["template"]["spec"]["containers"][0]["env"].append(
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-    )
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": f"{name}-data-dispatcher", **metadata},
-        "spec": {
-            "selector": {JOB_LABEL: name, ROLE_LABEL: "data-dispatcher"},
-            "ports": [{"name": "grpc", "port": DISPATCHER_PORT, "targetPort": DISPATCHER_PORT}],
-        },
-    }
-    return [dispatcher, service, worker]
-
-
-def _deployment(
-    full_name: str,
-    job: str,
-    replicas: int,
-    command: list[str],
-    port: int,
-    image: str,
-    resources: dict,
-    metadata: dict,
-    volume: tuple[str, str] | None = None,
-) -> dict[str, Any]:
-    role = full_name[len(job) + 1 :]
-    labels = {JOB_LABEL: job, ROLE_LABEL: role}
-    container: dict[str, Any] = {
-        "name": role,
-        "image": image,
-        "command": command,
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "ports": [{"name": "grpc", "containerPort": port}],
-        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
-        "resources": {kind: dict(amounts) for kind, amounts in resources.items()},
-    }
-    pod: dict[str, Any] = {"containers": [container]}
-    if volume is not None:
-        claim, mount_path = volume
-        container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": mount_path}]
-        pod["volumes"] = [{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim}}]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": full_name, **metadata},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": dict(labels)},
-            "template": {
-                "metadata": {"annotations": {ISTIO_INJECT: "false"}, "labels": dict(labels)},
-                "spec": pod,
-            },
         },
     }
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -200,19 +201,25 @@ def launch(
         ConfigError: an empty command or impossible task counts.
     """
     check(command, workers, ps, chief, timeout, host, max_restarts, data_workers)
-    base = dict(os.environ if env is None else env)
-    base.setdefault("PYTHONUNBUFFERED", "1")
-    if hosts is not None:  # the simulated hosts' only interfaces are their loopback and the link
-        base[ISOLATED_ENV] = "1"
-    out = out or sys.stdout
+    base = _task_env(env, hosts is not None)
     deadline = None if timeout is None else time.monotonic() + timeout
     terminated = threading.Event()
     previous = _on_sigterm(terminated)
+    run = functools.partial(
+        _run_once,
+        command,
+        base=base,
+        out=out or sys.stdout,
+        grace=grace,
+        deadline=deadline,
+        timeout=timeout,
+        terminated=terminated,
+    )
     try:
         for attempt in range(max_restarts + 1):
             cluster = make_cluster(workers, ps=ps, chief=chief, host=host, evaluator=evaluator)
             taken = [a for addresses in cluster.values() for a in addresses]
-            cluster, prefixes = _placed(cluster, hosts)
+            cluster, prefixes = _placed(cluster, hosts)  # on the simulated hosts, if any
             with tempfile.TemporaryDirectory(prefix="tfopt-dispatcher-") as work_dir:
                 first = hosts_lib.address(0) if hosts else host  # where the service runs
                 service = (
@@ -220,40 +227,46 @@ def launch(
                     if data_workers
                     else {}
                 )
-                code, failed = _run_once(
-                    command,
-                    cluster,
-                    service,
-                    base,
-                    out,
-                    grace,
-                    deadline,
-                    timeout,
-                    terminated,
-                    prefixes,
-                    first,
-                )
-            if (
-                code == 0
-                or code < RETRYABLE_FROM
-                or code in (TIMEOUT_EXIT, INTERRUPT_EXIT)
-                or terminated.is_set()
-            ):
+                code, failed = run(cluster, service, prefixes=prefixes, service_host=first)
+            if _ends(code, failed, attempt, max_restarts, terminated):
                 return code
-            if attempt == max_restarts:
-                if max_restarts:
-                    say(
-                        f"{failed} exited with code {code}; no restart left (--max-restarts={max_restarts})"
-                    )
-                return code
-            say(
-                f"{failed} exited with code {code} ({_meaning(code)}); restart {attempt + 1}/{max_restarts}: "
-                "every task starts again and resumes from the last backup"
-            )
         return code  # pragma: no cover - the loop always returns
     finally:
         for sig, handler in (previous or {}).items():
             signal.signal(sig, handler)
+
+
+def _task_env(env: Mapping[str, str] | None, isolated: bool) -> dict[str, str]:
+    """The tasks' base environment: ``env`` (or this process's), unbuffered output, and on
+    simulated hosts the mark that their only interfaces are their loopback and the link."""
+    base = dict(os.environ if env is None else env)
+    base.setdefault("PYTHONUNBUFFERED", "1")
+    if isolated:
+        base[ISOLATED_ENV] = "1"
+    return base
+
+
+def _ends(code: int, failed: str, attempt: int, max_restarts: int, terminated) -> bool:
+    """True when the exit code ``code`` of attempt ``attempt`` ends the launch; otherwise says
+    that every task starts again."""
+    if (
+        code == 0
+        or code < RETRYABLE_FROM
+        or code in (TIMEOUT_EXIT, INTERRUPT_EXIT)
+        or terminated.is_set()
+    ):
+        return True
+    if attempt == max_restarts:
+        if max_restarts:
+            say(
+                f"{failed} exited with code {code}; no restart left (--max-restarts={max_restarts})"
+            )
+        return True
+    say(
+        f"{failed} exited with code {code} ({_meaning(code)}); restart {attempt + 1}/{max_restarts}: "
+        "every task starts again and resumes from the last backup"
+    )
+    return False
 
 
 def _meaning(code: int) -> str:

@@ -126,28 +126,7 @@ def run_pipeline(
     os.makedirs(run_dir, exist_ok=True)
     stages = plan(cfg)
     multi = cfg.base.runtime.strategy in MULTI_PROCESS
-    state = {
-        "schema": SCHEMA,
-        "pipeline": cfg.name,
-        "variant": variant,
-        "file": os.path.abspath(file) if file else "",
-        "config": cfg.to_dict(),
-        "select": cfg.select,
-        "strategy": cfg.base.runtime.strategy,
-        "verbose": 2 if multi else verbose,
-        "stages": [
-            {
-                "name": s.name,
-                "kind": s.kind,
-                "dir": s.name,
-                "inputs": list(s.inputs),
-                "fingerprint": s.fingerprint,
-                "status": "pending",
-                "seconds": None,
-            }
-            for s in stages
-        ],
-    }
+    state = _initial_state(cfg, stages, variant, file, 2 if multi else verbose)
     entries = {e["name"]: e for e in state["stages"]}
     for stage in stages:  # a kill mid-run must not lose the marks of stages that stay valid
         if _finished(stage, run_dir, previous):
@@ -172,7 +151,7 @@ def run_pipeline(
         if multi and stage.trains:
             _launch(cfg, stage, run_dir)
         else:
-            run_stage(cfg, stage, run_dir, verbose=verbose)
+            run_stage(stage, run_dir, verbose=verbose)
         entry.update(status="done", seconds=round(time.perf_counter() - t0, 1))
         rerun.add(stage.name)
         write_json(os.path.join(run_dir, STATE_FILE), state)
@@ -192,6 +171,34 @@ def run_pipeline(
         say(f"pipeline {cfg.name}: writing the report")
         state["report"] = build(run_dir, cfg.select)
     return state
+
+
+def _initial_state(
+    cfg: PipelineConfig, stages: list[Stage], variant: str, file: str, verbose: int
+) -> dict:
+    """The content of ``pipeline.json`` before any stage runs (every stage pending)."""
+    return {
+        "schema": SCHEMA,
+        "pipeline": cfg.name,
+        "variant": variant,
+        "file": os.path.abspath(file) if file else "",
+        "config": cfg.to_dict(),
+        "select": cfg.select,
+        "strategy": cfg.base.runtime.strategy,
+        "verbose": verbose,
+        "stages": [
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "dir": s.name,
+                "inputs": list(s.inputs),
+                "fingerprint": s.fingerprint,
+                "status": "pending",
+                "seconds": None,
+            }
+            for s in stages
+        ],
+    }
 
 
 def _probe(cfg: PipelineConfig, run_dir: str, say) -> dict:

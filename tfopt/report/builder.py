@@ -90,6 +90,36 @@ def build(
         say(f"analyzing {chosen.name} with the TFLite model analyzer")
         analyzer = environment.analyze_tflite(chosen.file)
     final = os.path.join(run_dir, REPORT_DIR)
+    report = _content(run, state, selection, fronts, b8, curves, env, analyzer, final)
+    paths = report["paths"]
+    say("drawing the figures")
+    images = {
+        "training": plots.training_curves(curves),
+        "pareto": plots.pareto(
+            run.variants, fronts["gzip_bytes"], fronts["p50_us"], selection.chosen
+        ),
+    }
+    with atomic_dir(final) as tmp:
+        for key, png in images.items():
+            if png is not None:
+                write_bytes(os.path.join(tmp, IMAGES[key]), png)
+                paths["images"][key] = os.path.join(final, IMAGES[key])
+        say("writing the TensorBoard HParams summaries")
+        report["hparams"]["runs"] = hparams.write(
+            os.path.join(tmp, "hparams"), run.variants, selection.chosen
+        )
+        blocks = content.blocks(report)
+        write_text(os.path.join(tmp, "report.md"), render.markdown(blocks))
+        write_text(
+            os.path.join(tmp, "report.html"),
+            render.html(blocks, {k: v for k, v in images.items() if v}),
+        )
+        write_json(os.path.join(tmp, "report.json"), report)
+    return report
+
+
+def _content(run, state: dict, selection, fronts, b8, curves, env, analyzer, final: str) -> dict:
+    """The content of ``report.json`` (its figures and HParams runs are added as they are written)."""
     paths = {
         "dir": final,
         "md": os.path.join(final, "report.md"),
@@ -102,7 +132,7 @@ def build(
         "schema": SCHEMA,
         "pipeline": state.get("pipeline"),
         "variant": state.get("variant"),
-        "run_dir": run_dir,
+        "run_dir": run.path,
         "pipeline_file": state.get("file"),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "summary": {
@@ -137,27 +167,4 @@ def build(
         "warnings": list(run.warnings),
         "paths": paths,
     }
-    say("drawing the figures")
-    images = {
-        "training": plots.training_curves(curves),
-        "pareto": plots.pareto(
-            run.variants, fronts["gzip_bytes"], fronts["p50_us"], selection.chosen
-        ),
-    }
-    with atomic_dir(final) as tmp:
-        for key, png in images.items():
-            if png is not None:
-                write_bytes(os.path.join(tmp, IMAGES[key]), png)
-                paths["images"][key] = os.path.join(final, IMAGES[key])
-        say("writing the TensorBoard HParams summaries")
-        report["hparams"]["runs"] = hparams.write(
-            os.path.join(tmp, "hparams"), run.variants, selection.chosen
-        )
-        blocks = content.blocks(report)
-        write_text(os.path.join(tmp, "report.md"), render.markdown(blocks))
-        write_text(
-            os.path.join(tmp, "report.html"),
-            render.html(blocks, {k: v for k, v in images.items() if v}),
-        )
-        write_json(os.path.join(tmp, "report.json"), report)
     return report

@@ -222,24 +222,7 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
     objective = parse_objective(rule)
     direction, key = objective
     best_word = {"min": "lowest", "max": "highest"}[direction]
-    rejected: dict[str, str] = {}
-    passing: list[Variant] = []
-    for v in variants:
-        if not v.is_tflite:
-            rejected[v.name] = (
-                "a Keras model: the reference, not an edge model (only .tflite variants are chosen)"
-            )
-            continue
-        failed = next((c for c in constraints if not c.holds(v)), None)
-        if failed is None:
-            passing.append(v)
-        else:
-            value = failed.measure(v)
-            rejected[v.name] = (
-                f"fails {failed}: {failed.key} is {_fmt(value, failed.key)}"
-                if value is not None
-                else f"fails {failed}: {failed.key} not measured"
-            )
+    passing, rejected = _screen(variants, constraints)
     passing.sort(key=_order(objective))
     tied = _latency_ties(passing, objective)
     if len(tied) > 1:  # the smallest of the tied first, then the rest in objective order
@@ -259,21 +242,7 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
     best = passing[0]
     measure = KEYS[key][2]
     what = KEYS[key][0]
-    for v in passing[1:]:
-        same = measure(v) == measure(best)
-        if v in tied:
-            rejected[v.name] = (
-                f"passes and its {what} ({_fmt(measure(v), key)}) ties with the chosen one's "
-                f"({_fmt(measure(best), key)}: within {LATENCY_TIE:.0%}), but its gzip -9 size is "
-                f"larger ({_kib(v.gzip_bytes)} vs {_kib(best.gzip_bytes)})"
-            )
-        else:
-            rejected[v.name] = (
-                f"passes but has the same {what} and a higher p50 latency than the chosen one"
-                if same
-                else f"passes but its {what} is {'higher' if direction == 'min' else 'lower'} than "
-                f"the chosen one's ({_fmt(measure(v), key)} vs {_fmt(measure(best), key)})"
-            )
+    rejected.update(_runners_up(passing, tied, key, direction))
     if len(tied) > 1:
         leader = min(tied, key=_order(objective))
         statement = (
@@ -296,6 +265,53 @@ def choose(variants: Sequence[Variant], rule: str | None) -> Selection:
         [v.name for v in passing],
         {v.name: rejected[v.name] for v in variants if v.name in rejected},
     )
+
+
+def _screen(variants: Sequence[Variant], constraints) -> tuple[list[Variant], dict[str, str]]:
+    """The .tflite variants meeting every constraint, and why each other variant does not."""
+    rejected: dict[str, str] = {}
+    passing: list[Variant] = []
+    for v in variants:
+        if not v.is_tflite:
+            rejected[v.name] = (
+                "a Keras model: the reference, not an edge model (only .tflite variants are chosen)"
+            )
+            continue
+        failed = next((c for c in constraints if not c.holds(v)), None)
+        if failed is None:
+            passing.append(v)
+        else:
+            value = failed.measure(v)
+            rejected[v.name] = (
+                f"fails {failed}: {failed.key} is {_fmt(value, failed.key)}"
+                if value is not None
+                else f"fails {failed}: {failed.key} not measured"
+            )
+    return passing, rejected
+
+
+def _runners_up(
+    passing: list[Variant], tied: list[Variant], key: str, direction: str
+) -> dict[str, str]:
+    """Why each passing variant after the first (the chosen one) was not chosen."""
+    best, measure, what = passing[0], KEYS[key][2], KEYS[key][0]
+    why: dict[str, str] = {}
+    for v in passing[1:]:
+        same = measure(v) == measure(best)
+        if v in tied:
+            why[v.name] = (
+                f"passes and its {what} ({_fmt(measure(v), key)}) ties with the chosen one's "
+                f"({_fmt(measure(best), key)}: within {LATENCY_TIE:.0%}), but its gzip -9 size is "
+                f"larger ({_kib(v.gzip_bytes)} vs {_kib(best.gzip_bytes)})"
+            )
+        else:
+            why[v.name] = (
+                f"passes but has the same {what} and a higher p50 latency than the chosen one"
+                if same
+                else f"passes but its {what} is {'higher' if direction == 'min' else 'lower'} than "
+                f"the chosen one's ({_fmt(measure(v), key)} vs {_fmt(measure(best), key)})"
+            )
+    return why
 
 
 def tie_rule(objective: str) -> str:

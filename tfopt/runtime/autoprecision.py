@@ -201,22 +201,7 @@ def resolve(
         else strategy.distribute_datasets_from_function(fn)
     )
     iterator = iter(dataset)
-    models = {}
-    try:
-        for policy in policies:
-            precision.set_policy(policy)
-            with strategy.scope():
-                # ConfigError for a name the registry lacks, before any step ran
-                model = build(cfg.model, info.image_shape, info.num_classes)
-                model.compile(
-                    optimizer=keras.optimizers.Adam(learning_rate),
-                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    metrics=["accuracy"],
-                )
-                _compat.build_step_state(model)
-            models[policy] = model
-    finally:
-        precision.set_policy("float32")
+    models = _candidates(cfg, build, strategy, info, learning_rate, policies)
 
     def step_of(model) -> Callable[[], None]:
         train_function = model.make_train_function()
@@ -242,6 +227,27 @@ def resolve(
         round(time.perf_counter() - started, 3),
         workers,
     )
+
+
+def _candidates(cfg, build: Callable, strategy, info, learning_rate, policies) -> dict:
+    """One compiled model per policy, built under ``strategy``; the global policy ends float32."""
+    models = {}
+    try:
+        for policy in policies:
+            precision.set_policy(policy)
+            with strategy.scope():
+                # ConfigError for a name the registry lacks, before any step ran
+                model = build(cfg.model, info.image_shape, info.num_classes)
+                model.compile(
+                    optimizer=keras.optimizers.Adam(learning_rate),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    metrics=["accuracy"],
+                )
+                _compat.build_step_state(model)
+            models[policy] = model
+    finally:
+        precision.set_policy("float32")
+    return models
 
 
 def _mean_over_workers(strategy: tf.distribute.Strategy, values: list[float]) -> list[float]:

@@ -217,22 +217,7 @@ class FitLoop:
         self._fitted = model
         if self.evaluator:
             return self._evaluate_backups(model, callbacks, slot, epochs * steps_per_epoch)
-        backup = None
-        if self.run_dir is not None:
-            if self._unopened:
-                self.run_dir.open()
-                self._unopened = False
-                self.say(self._start_line + self._input_words())
-            backup = Backup(
-                model,
-                os.path.join(self.run_dir.work, "backup", str(slot)),
-                steps_per_epoch=steps_per_epoch,
-                every=self.cfg.train.backup_every,
-                chief=self.chief,
-                scratch=os.path.join(self.scratch, f"backup-{slot}"),
-                strategy=self.strategy,
-                lr_scale=self._lr_scale,
-            )
+        backup = self._backup(model, slot, steps_per_epoch) if self.run_dir is not None else None
         # The optimizer's slots and the compiled metrics exist before the first step: traced once.
         _compat.build_step_state(model, predictions=getattr(model, "step_predictions", None))
         # A step returns its metrics' results, which every replica has already all-reduced (metric
@@ -288,6 +273,23 @@ class FitLoop:
             if backup is not None:  # fit skips on_train_end when it raises
                 backup.release()
             self.train_seconds += time.perf_counter() - started
+
+    def _backup(self, model: keras.Model, slot: int, steps_per_epoch: int) -> Backup:
+        """The backups of fit number ``slot`` (opening the run directory on the first fit)."""
+        if self._unopened:
+            self.run_dir.open()
+            self._unopened = False
+            self.say(self._start_line + self._input_words())
+        return Backup(
+            model,
+            os.path.join(self.run_dir.work, "backup", str(slot)),
+            steps_per_epoch=steps_per_epoch,
+            every=self.cfg.train.backup_every,
+            chief=self.chief,
+            scratch=os.path.join(self.scratch, f"backup-{slot}"),
+            strategy=self.strategy,
+            lr_scale=self._lr_scale,
+        )
 
     def attach(self, run_dir: RunDir) -> None:
         """Makes ``run_dir`` the run this job writes from now on, for a stage that writes several runs
