@@ -262,29 +262,44 @@ def test_multi_worker_training_stages_run_under_the_launcher(tmp_path):
 
 
 def test_a_kill_mid_run_keeps_the_done_marks_of_stages_it_does_not_change(tmp_path, monkeypatch):
+    from tfopt.core import stage as stage_lib
     from tfopt.pipeline import runner
-    from tfopt.pipeline.stages import stage_dir
 
     ran = []
 
-    def fake_stage(
-        cfg, stage, run_dir, **_
-    ):  # commits a run the way a stage does; "kills" at one stage
-        if stage.name == crash_at:
-            raise KeyboardInterrupt
-        ran.append(stage.name)
-        os.makedirs(stage_dir(run_dir, stage), exist_ok=True)
-        with open(os.path.join(stage_dir(run_dir, stage), "run.json"), "w") as f:
-            json.dump({"stage": stage.kind}, f)
+    class Recording:  # commits a run the way a stage does; "kills" at one stage
+        trains = False
 
-    monkeypatch.setattr(runner, "run_stage", fake_stage)
+        def __init__(self, name):
+            self.name = name
+
+        def check(self, options):
+            pass
+
+        def run(self, cfg, inputs, out_dir, *, options=None, overwrite=False):
+            name = os.path.basename(out_dir)
+            if name == crash_at:
+                raise KeyboardInterrupt
+            ran.append(name)
+            assert stages[name].kind == self.name
+            assert [os.path.basename(i) for i in inputs] == list(stages[name].inputs)
+            assert options == stages[name].options and cfg.train.output_dir == out_dir
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, "run.json"), "w") as f:
+                json.dump({"stage": self.name}, f)
+
+    monkeypatch.setattr(stage_lib, "_REGISTERED", {})  # the pipeline finds them by name
+    for kind in stage_lib.BUILTIN:
+        stage_lib.register(Recording(kind))
     cfg = apply_overrides(load_pipeline(MNIST_EDGE, "smoke"), ["probe.steps=0"])
     out = str(tmp_path / "run")
     crash_at = None
+    stages = {s.name: s for s in plan(cfg)}
     runner.run_pipeline(cfg, out, report=False)
     order = [s.name for s in plan(cfg)]
     assert ran == order and order.index("student-pqat") < order.index("student-export")
     changed = apply_overrides(cfg, ["compress.sparsity=0.6"])  # student-pqat and its export only
+    stages = {s.name: s for s in plan(changed)}
     crash_at = "student-pqat"
     with pytest.raises(KeyboardInterrupt):
         runner.run_pipeline(changed, out, report=False)

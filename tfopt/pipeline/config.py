@@ -133,7 +133,7 @@ class PipelineConfig:
             ConfigError: a bad value (the message names it and the fix).
         """
         from tfopt.compress.techniques import TECHNIQUES
-        from tfopt.export.choices import parse_modes, parse_threads
+        from tfopt.core.stage import get
         from tfopt.models.sources import check as check_model
 
         if not self.name or os.sep in self.name:
@@ -172,19 +172,7 @@ class PipelineConfig:
                 f"compress.flops={self.compress.flops} must be in (0, 1], e.g. 0.5 for half the "
                 "student's multiply-adds"
             )
-        parse_modes(self.export.modes)
-        parse_threads(self.export.threads)
-        if (
-            self.export.eval_limit < 0
-            or self.export.runs < 1
-            or self.export.warmup < 0
-            or self.export.calibration_steps < 1
-        ):
-            raise ConfigError(
-                f"export.eval_limit={self.export.eval_limit} must be >= 0, export.runs="
-                f"{self.export.runs} >= 1, export.warmup={self.export.warmup} >= 0 and "
-                f"export.calibration_steps={self.export.calibration_steps} >= 1"
-            )
+        get("export").check(dataclasses.asdict(self.export))
         if self.probe.steps < 0:
             raise ConfigError(f"probe.steps={self.probe.steps} must be >= 0 (0 skips the probe)")
         if self.launch.workers < 1 or self.launch.ps < 1 or self.launch.max_restarts < 0:

@@ -1,4 +1,5 @@
-"""Runs one stage of a pipeline through that stage's library entry (never its command line).
+"""Runs one stage of a pipeline through the stage registry (:mod:`tfopt.core.stage`), never a
+stage's module or command line.
 
 In the pipeline's own process for one-process strategies and for exports; for
 ``multi_worker_mirrored`` and ``parameter_server`` every task that ``tfopt.launch`` starts runs
@@ -8,83 +9,37 @@ In the pipeline's own process for one-process strategies and for exports; for
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 
+from tfopt.core.stage import get
 from tfopt.pipeline import config as pipeline_config
-from tfopt.pipeline.config import PipelineConfig
-from tfopt.pipeline.stages import Stage, plan, replace_output, stage_dir, stage_run_config
+from tfopt.pipeline.stages import Stage, plan, replace_output, stage_dir
 
 STATE_FILE = "pipeline.json"
 
 
-def run_stage(
-    cfg: PipelineConfig,
-    stage: Stage,
-    run_dir: str,
-    *,
-    verbose: int = 1,
-) -> None:
+def run_stage(stage: Stage, run_dir: str, *, verbose: int = 1) -> None:
     """Runs ``stage`` of the pipeline run ``run_dir`` and commits its run directory.
 
     Args:
-        cfg: The resolved pipeline config.
         stage: The stage (from :func:`tfopt.pipeline.stages.plan`).
         run_dir: The pipeline's run directory.
         verbose: Keras progress of training stages (0, 1 or 2).
 
     Raises:
-        TfoptError: what the stage's entry raises.
+        TfoptError: what the stage raises.
     """
     out = stage_dir(run_dir, stage)
-    source = stage_dir(run_dir, stage.inputs[0]) if stage.inputs else None
-    if stage.kind == "train":
-        from tfopt.train.stage import run
-
-        t = cfg.teacher
-        run(replace_output(stage_run_config(cfg, t, out), out, verbose), overwrite=True)
-    elif stage.kind == "distill":
-        from tfopt.distill.stage import run
-
-        s = cfg.student
-        run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
-        run_cfg = dataclasses.replace(
-            run_cfg,
-            distill=dataclasses.replace(run_cfg.distill, temperature=s.temperature, alpha=s.alpha),
-        )
-        run(run_cfg, (source,), overwrite=True)
-    elif stage.kind == "optimize":
-        from tfopt.compress.channel_prune import ChannelSpec
-        from tfopt.compress.low_rank import LowRankSpec
-        from tfopt.compress.prune import PruneSpec
-        from tfopt.optimize.runner import OptimizeSettings, run
-
-        s, c = cfg.student, cfg.compress
-        run_cfg = replace_output(stage_run_config(cfg, s, out), out, verbose)
-        settings = OptimizeSettings(
-            technique=stage.settings["technique"],
-            prune=PruneSpec(sparsity=c.sparsity),
-            low_rank=LowRankSpec(flops=c.flops),
-            channels=ChannelSpec(flops=c.flops),
-            epochs=c.epochs,
-            learning_rate=c.learning_rate,
-        )
-        run(source, run_cfg, [settings], [out], keep_going=False, overwrite=True)
-    elif stage.kind == "export":
-        from tfopt.export.runner import BenchSettings, ExportSettings, run
-
-        x = stage.settings
-        settings = ExportSettings(
-            modes=tuple(x["modes"]),
-            eval_limit=x["eval_limit"],
-            calibration_steps=x["calibration_steps"],
-            bench=BenchSettings(threads=tuple(x["threads"]), runs=x["runs"], warmup=x["warmup"]),
-        )
-        run(source, settings, out, overwrite=True)
-    else:  # pragma: no cover - plan() makes only the kinds above
-        raise ValueError(f"unknown stage kind {stage.kind!r}")
+    inputs = [stage_dir(run_dir, name) for name in stage.inputs]
+    get(stage.kind).run(
+        replace_output(stage.config, out, verbose),
+        inputs,
+        out,
+        options=stage.options,
+        overwrite=True,
+    )
 
 
 def read_state(run_dir: str) -> dict | None:
@@ -110,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             pipeline_config.load_pipeline(state["file"], state.get("variant", "default"))
         cfg = pipeline_config.from_dict(state["config"])
         stage = next(s for s in plan(cfg) if s.name == name)
-        run_stage(cfg, stage, run_dir, verbose=int(state.get("verbose", 2)))
+        run_stage(stage, run_dir, verbose=int(state.get("verbose", 2)))
         return 0
 
     return run_main(f"tfopt pipeline[{name}]", body)

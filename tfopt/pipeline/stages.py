@@ -1,5 +1,9 @@
 """The stages of a pipeline run and what each one is given, derived from a PipelineConfig.
 
+Each stage is a run of a stage of :mod:`tfopt.core.stage` (by name): the RunConfig it runs
+under, its inputs and its options, all made here; :mod:`tfopt.pipeline.execute` only hands them
+over.
+
 ``teacher`` (train) -> ``student`` (distill from the teacher) -> ``student-<technique>``
 (optimize, one per compression technique) -> ``<model>-export`` (export every model). Each
 stage's fingerprint covers its own inputs and the fingerprints of the stages it reads, so a
@@ -29,10 +33,13 @@ class Stage:
 
     Attributes:
         name: Also its run directory under the pipeline run (``teacher``, ``student-pqat-export``).
-        kind: ``train``, ``distill``, ``optimize`` or ``export``.
+        kind: The name of the stage it runs (:func:`tfopt.core.stage.get`): ``train``,
+            ``distill``, ``optimize`` or ``export``.
         inputs: Names of the stages whose runs it reads.
         settings: Everything that determines its result, as plain data.
         fingerprint: Digest of ``settings`` and of its inputs' fingerprints.
+        config: The RunConfig it runs under (its output directory is set when it runs).
+        options: The stage's own options (:meth:`tfopt.core.stage.Stage.run`).
     """
 
     name: str
@@ -40,6 +47,8 @@ class Stage:
     inputs: tuple[str, ...]
     settings: dict
     fingerprint: str
+    config: RunConfig = dataclasses.field(default_factory=RunConfig, compare=False)
+    options: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def trains(self) -> bool:
@@ -73,55 +82,45 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
     """The stages of ``cfg`` in the order they run (every stage after the ones it reads)."""
     stages: dict[str, Stage] = {}
 
-    def add(name: str, kind: str, inputs: tuple[str, ...], settings: dict) -> None:
+    def add(name: str, kind: str, inputs: tuple[str, ...], run_cfg: RunConfig, **options) -> None:
+        settings = {"run": _result_part(run_cfg), **options} if kind != "export" else options
         digest = fingerprint(kind, settings, [stages[i].fingerprint for i in inputs])
-        stages[name] = Stage(name, kind, inputs, settings, digest)
+        stages[name] = Stage(name, kind, inputs, settings, digest, run_cfg, options)
 
     t, s, c, e = cfg.teacher, cfg.student, cfg.compress, cfg.export
-    add("teacher", "train", (), {"run": _result_part(stage_run_config(cfg, t, ""))})
-    add(
-        "student",
-        "distill",
-        ("teacher",),
-        {
-            "run": _result_part(stage_run_config(cfg, s, "")),
-            "temperature": s.temperature,
-            "alpha": s.alpha,
-        },
+    student = stage_run_config(cfg, s, "")
+    add("teacher", "train", (), stage_run_config(cfg, t, ""))
+    distilled = dataclasses.replace(
+        student,
+        distill=dataclasses.replace(student.distill, temperature=s.temperature, alpha=s.alpha),
     )
+    add("student", "distill", ("teacher",), distilled)
     for technique in c.techniques:
+        structural = set(STRUCTURAL) & set(TECHNIQUES[technique].phases)
         add(
             f"student-{technique}",
             "optimize",
             ("student",),
-            {
-                "run": _result_part(stage_run_config(cfg, s, "")),
-                "technique": technique,
-                "sparsity": c.sparsity,
-                "epochs": c.epochs,
-                "learning_rate": c.learning_rate,
-                **(
-                    {"flops": c.flops}
-                    if set(STRUCTURAL) & set(TECHNIQUES[technique].phases)
-                    else {}
-                ),
-            },
+            student,
+            technique=technique,
+            sparsity=c.sparsity,
+            epochs=c.epochs,
+            learning_rate=c.learning_rate,
+            **({"flops": c.flops} if structural else {}),
         )
     for source in ["teacher", "student", *[f"student-{x}" for x in c.techniques]]:
         qat = source.startswith("student-") and source[len("student-") :] in QAT_TECHNIQUES
-        modes = ["int8"] if qat else list(e.modes)
         add(
             f"{source}-export",
             "export",
             (source,),
-            {
-                "modes": modes,
-                "eval_limit": e.eval_limit,
-                "runs": e.runs,
-                "warmup": e.warmup,
-                "threads": list(e.threads),
-                "calibration_steps": e.calibration_steps,
-            },
+            cfg.base,
+            modes=["int8"] if qat else list(e.modes),
+            eval_limit=e.eval_limit,
+            runs=e.runs,
+            warmup=e.warmup,
+            threads=list(e.threads),
+            calibration_steps=e.calibration_steps,
         )
     return list(stages.values())
 

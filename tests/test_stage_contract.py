@@ -1,0 +1,159 @@
+"""The stage contract (tfopt.core.stage): every built-in stage keeps it, the registry finds stages
+by name without starting TensorFlow, and each stage's options become the settings its runner
+took from the pipeline before."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tfopt.core import stage
+from tfopt.core.errors import ConfigError
+
+
+def test_every_built_in_stage_keeps_the_contract_in_pipeline_order():
+    assert stage.names() == ["train", "distill", "optimize", "export"]
+    for name in stage.names():
+        s = stage.get(name)
+        assert isinstance(s, stage.Stage) and s.name == name
+        assert s.trains == (name != "export")
+
+
+def test_finding_every_stage_starts_no_tensorflow():
+    code = (
+        "import sys\n"
+        "from tfopt.core import stage\n"
+        "for n in stage.names():\n"
+        "    stage.get(n).check({})\n"
+        "stage.get('export').check({'modes': ['float32', 'int8'], 'threads': [1]})\n"
+        "stage.get('optimize').check({'technique': 'pqat', 'sparsity': 0.6})\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras'))\n"
+        "assert not bad, bad[:5]\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_an_unknown_stage_is_refused_in_one_line_naming_the_stages():
+    with pytest.raises(ConfigError) as e:
+        stage.get("quantize")
+    msg = str(e.value)
+    assert "'quantize'" in msg and "train, distill, optimize, export" in msg and "\n" not in msg
+
+
+def test_a_registered_stage_is_found_and_replaces_a_built_in_one_until_unregistered(monkeypatch):
+    monkeypatch.setattr(stage, "_REGISTERED", {})
+
+    class Mine:
+        name, trains = "export", False
+
+        def check(self, options):
+            pass
+
+        def run(self, cfg, inputs, out_dir, *, options=None, overwrite=False):
+            return None
+
+    mine = stage.register(Mine())
+    assert stage.get("export") is mine
+    stage.unregister("export")
+    assert stage.get("export") is not mine and type(stage.get("export")).__name__ == "ExportStage"
+    with pytest.raises(TypeError, match="not a Stage"):
+        stage.register(object())
+
+
+@pytest.mark.parametrize(
+    "name, options, fragment",
+    [
+        ("train", {"epochs": 1}, "option 'epochs' is not read by stage 'train'"),
+        ("distill", {"alpha": 0.5}, "option 'alpha' is not read by stage 'distill'"),
+        ("optimize", {"sparsty": 0.5}, "give one of technique, sparsity, flops"),
+        ("optimize", {"technique": "prune_3of4"}, "'prune_3of4' is not known"),
+        ("optimize", {"sparsity": 1.0}, "optimize.sparsity=1.0 must be in [0, 1)"),
+        ("export", {"modes": ["int4"]}, "int4"),
+        ("export", {"threads": [0]}, "0"),
+        ("export", {"runs": 0}, "export.runs=0 >= 1"),
+    ],
+)
+def test_a_bad_option_is_refused_in_one_line(name, options, fragment):
+    with pytest.raises(ConfigError) as e:
+        stage.get(name).check(options)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_optimize_options_make_the_settings_the_runner_takes():
+    from tfopt.compress.channel_prune import ChannelSpec
+    from tfopt.compress.low_rank import LowRankSpec
+    from tfopt.compress.prune import PruneSpec
+    from tfopt.optimize.runner import OptimizeSettings
+
+    options = {"technique": "channel_prune", "sparsity": 0.6, "flops": 0.4, "epochs": 2}
+    assert stage.get("optimize").settings(options) == OptimizeSettings(
+        technique="channel_prune",
+        prune=PruneSpec(sparsity=0.6),
+        low_rank=LowRankSpec(flops=0.4),
+        channels=ChannelSpec(flops=0.4),
+        epochs=2,
+        learning_rate=5e-4,
+    )
+    assert stage.get("optimize").settings({}) == OptimizeSettings(
+        prune=PruneSpec(sparsity=0.5),
+        low_rank=LowRankSpec(flops=0.5),
+        channels=ChannelSpec(flops=0.5),
+    )
+
+
+def test_export_options_make_the_settings_the_runner_takes():
+    from tfopt.export.settings import BenchSettings, ExportSettings
+
+    options = {"modes": ["int8", "float32", "int8"], "threads": [1], "runs": 5, "warmup": 1}
+    assert stage.get("export").settings(options) == ExportSettings(
+        modes=("int8", "float32"), bench=BenchSettings(threads=(1,), runs=5, warmup=1)
+    )
+    assert stage.get("export").settings({}) == ExportSettings()
+
+
+def test_the_pipeline_hands_each_stage_its_config_inputs_and_options():
+    from tfopt.pipeline import apply_overrides, load_pipeline, plan
+    from tfopt.pipeline.config import find_pipeline
+
+    cfg = apply_overrides(
+        load_pipeline(find_pipeline("mnist_edge"), "smoke"),
+        ["student.alpha=0.3", "compress.techniques=pqat,channel_prune", "export.runs=7"],
+    )
+    stages = {s.name: s for s in plan(cfg)}
+    assert stages["student"].config.distill.alpha == 0.3 and stages["student"].options == {}
+    assert stages["student"].config.model.name == cfg.student.model
+    assert stages["teacher"].config.model.name == cfg.teacher.model
+    pruned = stages["student-channel_prune"]
+    assert pruned.kind == "optimize" and pruned.inputs == ("student",)
+    assert (
+        pruned.options["technique"] == "channel_prune"
+        and pruned.options["flops"] == cfg.compress.flops
+    )
+    assert "flops" not in stages["student-pqat"].options  # pqat reads no multiply-add target
+    assert stages["student-pqat-export"].options["modes"] == ["int8"]
+    assert stages["teacher-export"].options["runs"] == 7
+    for s in stages.values():  # every option is one its stage reads
+        stage.get(s.kind).check(s.options)
+
+
+@pytest.mark.slow
+def test_train_fine_tunes_the_model_of_the_run_it_is_given(mnist_run, tmp_path):
+    import os
+
+    from tfopt import config as C
+    from tfopt.runs import load_run
+
+    cfg = C.from_dict(
+        {
+            "data": {"limit": 512},
+            "train": {"epochs": 1, "learning_rate": 1e-9, "verbose": 0, "tensorboard": False},
+        },
+        load_run(mnist_run).config,
+    )
+    out = str(tmp_path / "tuned")
+    record = stage.get("train").run(cfg, [mnist_run], out)
+    assert record.config["model"]["name"] == os.path.join(mnist_run, "model.keras")
+    assert record.config["train"]["output_dir"] == out
+    # the input's trained weights: a new CNN at a learning rate of 1e-9 stays near chance (~10%)
+    assert record.metrics["test_accuracy"] > 0.9
