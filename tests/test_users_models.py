@@ -102,14 +102,29 @@ def _train(users, out, *args):
         return json.load(f)
 
 
+@pytest.fixture(scope="module")
+def trained(users, tmp_path_factory):
+    """``trained(name) -> (run.json, run dir)``: tfopt.train on the user's ``<name>.keras`` with
+    SETTINGS, once per module (deterministic: the tests that need it read the same run)."""
+    root, made = tmp_path_factory.mktemp("trained"), {}
+
+    def get(name):
+        if name not in made:
+            model_file = str(users["root"] / f"{name}.keras")
+            made[name] = (_train(users, root / name, "--model", model_file, *SETTINGS), root / name)
+        return made[name]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rescaling", "normalization"])
-def test_a_model_that_scales_its_own_pixels_learns_as_plain_tf_keras_does(users, tmp_path, name):
+def test_a_model_that_scales_its_own_pixels_learns_as_plain_tf_keras_does(users, trained, name):
     """Noise: two seeds of the plain recipe, and the binomial standard error of 120 test images
     (4.2 points at 67%). Before the input side was read, tfopt fed [0, 1] pixels to these models
     and reached 34-40% (chance is 33%), below this bound."""
     model_file = str(users["root"] / f"{name}.keras")
-    run = _train(users, tmp_path / name, "--model", model_file, *SETTINGS)
+    run, _ = trained(name)
     fed = run["data"]["model_input"]
     assert (fed["input_scale"], fed["decided_by"]) == ("raw", "graph")
     assert run["data"]["input"]["input_scale"] == "raw" and run["warnings"] == []
@@ -132,9 +147,10 @@ def _tflite_agrees_on_raw_pixels(tflite_file, keras_file, users, least):
 
 
 @pytest.mark.slow
-def test_optimize_distill_and_export_keep_the_pixels_the_model_was_built_for(users, tmp_path):
-    teacher = tmp_path / "teacher"
-    trained = _train(users, teacher, "--model", str(users["root"] / "rescaling.keras"), *SETTINGS)
+def test_optimize_distill_and_export_keep_the_pixels_the_model_was_built_for(
+    users, tmp_path, trained
+):
+    trained, teacher = trained("rescaling")
     data = ["--dataset", f"folder:{users['images']}", "--strategy", "one_device"]
     where = {"data_dir": users["root"] / "data"}
     _tfopt(

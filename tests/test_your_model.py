@@ -70,10 +70,26 @@ def _cfg(folder, out, model, strategy="one_device", **kw):
     )
 
 
+@pytest.fixture(scope="module")
+def one_device(folder, tmp_path_factory):
+    """``one_device(name, model, **kw) -> (record dict, run dir)``: a one_device run of ``_cfg``,
+    trained once per module (deterministic: every test that needs it reads the same run)."""
+    root, made = tmp_path_factory.mktemp("one_device"), {}
+
+    def get(name, model, **kw):
+        if name not in made:
+            made[name] = (train(_cfg(folder, root / name, model, **kw)).to_dict(), str(root / name))
+        return made[name]
+
+    return get
+
+
 @pytest.mark.slow
-def test_a_softmax_file_trains_exactly_as_the_same_network_with_logits(folder, tmp_path):
+def test_a_softmax_file_trains_exactly_as_the_same_network_with_logits(
+    folder, tmp_path, one_device
+):
     reference = train(_cfg(folder, tmp_path / "logits", folder["logits"])).to_dict()
-    mine = train(_cfg(folder, tmp_path / "mine", folder["mine"])).to_dict()
+    mine, _ = one_device("mine", folder["mine"])
     assert mine["model"]["outputs"] == "logits (softmax activation of 'logits' removed)"
     assert reference["model"]["outputs"] == "logits" and mine["model"]["head"] == "kept"
     assert mine["weights_sha256"] == reference["weights_sha256"]
@@ -84,12 +100,12 @@ def test_a_softmax_file_trains_exactly_as_the_same_network_with_logits(folder, t
 
 
 @pytest.mark.slow
-def test_mirrored_matches_one_device_for_a_file_and_an_application(folder, tmp_path):
+def test_mirrored_matches_one_device_for_a_file_and_an_application(folder, tmp_path, one_device):
     for name, model, kw in (
-        ("file", folder["mine"], {}),
+        ("mine", folder["mine"], {}),
         ("mobilenet", "keras.applications:MobileNetV2", {"args": "alpha=0.35"}),
     ):
-        one = train(_cfg(folder, tmp_path / f"{name}-one", model, **kw)).to_dict()
+        one, _ = one_device(name, model, **kw)
         two = train(
             _cfg(folder, tmp_path / f"{name}-two", model, strategy="mirrored", **kw)
         ).to_dict()
@@ -453,13 +469,13 @@ def test_a_keras3_file_is_exported_through_a_saved_model(folder, tmp_path):
 
 
 @pytest.mark.slow
-def test_pretrained_weights_from_a_file_fine_tune_with_freeze_epochs(folder, tmp_path):
+def test_pretrained_weights_from_a_file_fine_tune_with_freeze_epochs(folder, tmp_path, one_device):
     """``--model-arg weights=PATH.h5``: the base starts from the file (made here from a trained
     run), and head-only epochs keep it exactly as the file has it."""
     from tfopt.models.io import load_model
 
-    train(_cfg(folder, tmp_path / "first", "keras.applications:MobileNetV2", args="alpha=0.35"))
-    trained = load_model(str(tmp_path / "first"))
+    _, first = one_device("mobilenet", "keras.applications:MobileNetV2", args="alpha=0.35")
+    trained = load_model(first)
     base = keras.applications.MobileNetV2(
         alpha=0.35, include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg"
     )
