@@ -157,3 +157,31 @@ def test_train_fine_tunes_the_model_of_the_run_it_is_given(mnist_run, tmp_path):
     assert record.config["train"]["output_dir"] == out
     # the input's trained weights: a new CNN at a learning rate of 1e-9 stays near chance (~10%)
     assert record.metrics["test_accuracy"] > 0.9
+
+
+def test_the_top_level_lists_what_it_offers_and_runs_a_stage_by_name(monkeypatch):
+    import tfopt
+
+    assert set(tfopt.__all__) == {*tfopt._EXPORTS, "__version__", "config", "run_stage"}
+    for name in tfopt.__all__:
+        assert getattr(tfopt, name) is not None, name
+    assert tfopt.stage_names() == stage.names() and tfopt.load_run.__module__ == "tfopt.runs"
+    seen = {}
+
+    class Echo:
+        name, trains = "echo", False
+
+        def check(self, options):
+            pass
+
+        def run(self, cfg, inputs, out_dir, *, options=None, overwrite=False):
+            seen.update(
+                cfg=cfg, inputs=inputs, out_dir=out_dir, options=options, overwrite=overwrite
+            )
+            return "record"
+
+    monkeypatch.setattr(stage, "_REGISTERED", {})
+    tfopt.register_stage(Echo())
+    cfg = tfopt.RunConfig()
+    assert tfopt.run_stage("echo", cfg, ("a",), "out", options={"k": 1}, overwrite=True) == "record"
+    assert seen == dict(cfg=cfg, inputs=["a"], out_dir="out", options={"k": 1}, overwrite=True)

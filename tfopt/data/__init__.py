@@ -15,6 +15,8 @@ _HOMES = {
     "shift_augment": "pipeline",
     "DatasetInfo": "sources",
     "SplitInfo": "sources",
+    "check": "sources",
+    "write_folder": "to_folder",
     "dataset_dir": "sources",
     "prepare": "sources",
     "source_names": "sources",

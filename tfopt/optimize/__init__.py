@@ -5,7 +5,7 @@ The names below are re-exported lazily (PEP 562): importing the package stays ch
 ``python -m tfopt.optimize --help`` and parameter-server task servers do not load tfmot.
 """
 
-import importlib
+from tfopt.core.lazy import exports
 
 _EXPORTS = {
     "ClusterSpec": "tfopt.compress.cluster",
@@ -16,6 +16,7 @@ _EXPORTS = {
     "rebuild": "tfopt.compress.common",
     "weight_table": "tfopt.compress.common",
     "weights_gzip_bytes": "tfopt.compress.common",
+    "total_sparsity": "tfopt.compress.common",
     "format_report": "tfopt.optimize.inspect",
     "inspect_model": "tfopt.optimize.inspect",
     "PruneSpec": "tfopt.compress.prune",
@@ -34,10 +35,4 @@ _EXPORTS = {
     "TECHNIQUES": "tfopt.compress.techniques",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'tfopt.optimize' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__all__, __getattr__ = exports(__name__, _EXPORTS)

@@ -5,7 +5,7 @@
 imported lazily so that the command line rejects a bad flag before TensorFlow starts.
 """
 
-import importlib
+from tfopt.core.lazy import exports
 
 _EXPORTS = {
     "PipelineConfig": "tfopt.pipeline.config",
@@ -22,10 +22,4 @@ _EXPORTS = {
     "plan": "tfopt.pipeline.stages",
     "run_pipeline": "tfopt.pipeline.runner",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'tfopt.pipeline' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__all__, __getattr__ = exports(__name__, _EXPORTS)

@@ -1,0 +1,14 @@
+"""tfopt.runtime: the Job every stage runs in (cluster, strategy, precision, data, the fit loop,
+backups, the record), and the CPU set-up. Names load on first use (PEP 562)."""
+
+from tfopt.core.lazy import exports
+
+_EXPORTS = {
+    "Job": "tfopt.runtime.job",
+    "STRATEGIES": "tfopt.core.specs",
+    "make_strategy": "tfopt.runtime.strategy",
+    "parse_tf_config": "tfopt.runtime.tf_config",
+    "setup_cpu_replicas": "tfopt.runtime.devices",
+}
+
+__all__, __getattr__ = exports(__name__, _EXPORTS)
