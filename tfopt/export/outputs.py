@@ -1,7 +1,7 @@
 """What an exported classifier gives out: probabilities (the default) or logits, under fixed names.
 
 tfopt trains on logits (a model's final softmax is removed for training, see
-``tfopt.models.sources.to_logits``); an app's runtime expects class probabilities. :func:`plan`
+``tfopt.models.heads.to_logits``); an app's runtime expects class probabilities. :func:`plan`
 decides how the softmax comes back (``--outputs probabilities``, the default) or the logits stay
 (``--outputs logits``); a model that already gives probabilities (a user's file) is recognised by
 its outputs, not by its layers, so a Keras 3 model reached through a SavedModel is read the same
@@ -83,7 +83,7 @@ def plan(model: keras.Model, outputs: str, sample: np.ndarray, integer_io: bool)
         )
     if not already:
         return Plan(model, False, "logits")
-    from tfopt.models.sources import to_logits
+    from tfopt.models.heads import to_logits
 
     stripped, done = to_logits(model)
     if stripped is model or gives_probabilities(stripped(sample[:32], training=False)):

@@ -4,7 +4,8 @@ A block is a dict with a ``type``: ``h1``/``h2``/``h3`` (``text``), ``p`` (``tex
 ```code``` inline), ``callout`` (``items``: paragraphs), ``list`` (``items``), ``table`` (``id``,
 ``header``, ``rows``, optional ``note``, ``row_classes``, ``numeric`` column flags), ``img``
 (``key``, ``file``, ``alt``), ``pre`` (``text``, ``summary``: collapsed in HTML) and ``toc`` (HTML:
-links to the sections).
+links to the sections). The diagnostic sections are :mod:`tfopt.report.diagnostics`; the cells'
+formats and the table block, :mod:`tfopt.report.cells`.
 """
 
 from __future__ import annotations
@@ -12,47 +13,14 @@ from __future__ import annotations
 import json
 import os
 
-from tfopt.report import debugger as debugger_lib
-
-
-def _pct(v, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def _signed(v) -> str:
-    return "-" if v is None else f"{v:+.2f}"
-
-
-def _kib(n) -> str:
-    return "-" if n is None else f"{n / 1024:,.1f}"
-
-
-def _us(v) -> str:
-    return "-" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.1f}")
-
-
-def _int(v) -> str:
-    return "-" if v is None else f"{int(v):,}"
-
-
-def _mflops(v) -> str:
-    return "-" if v is None else f"{v / 1e6:.2f}"
-
-
-def _secs(v) -> str:
-    return "-" if v is None else f"{v:,.1f}"
-
-
-def _table(id_: str, header, rows, note: str | None = None, row_classes=None, numeric=None) -> dict:
-    return {
-        "type": "table",
-        "id": id_,
-        "header": list(header),
-        "rows": [list(r) for r in rows],
-        "note": note,
-        "row_classes": row_classes or [""] * len(rows),
-        "numeric": numeric or [False] * len(header),
-    }
+from tfopt.report.cells import kib, mflops, pct, secs, signed, table, us, whole
+from tfopt.report.diagnostics import (
+    debugger_blocks,
+    environment_blocks,
+    ops_blocks,
+    probe_blocks,
+    roofline_blocks,
+)
 
 
 def _summary(report: dict) -> list[dict]:
@@ -65,9 +33,9 @@ def _summary(report: dict) -> list[dict]:
     if chosen:
         items.append(
             f"**Chosen edge model: `{chosen['name']}`** ({chosen['technique']}, {chosen['arch']}): "
-            f"{_pct(chosen['accuracy_pct'])}% test accuracy ({_signed(chosen['delta_pt'])} pt vs "
-            f"`{report['baseline']}`), {_kib(chosen['size_bytes'])} KiB ({_kib(chosen['gzip_bytes'])} KiB "
-            f"gzipped), p50 {_us(chosen['p50_us'])} us at 1 thread."
+            f"{pct(chosen['accuracy_pct'])}% test accuracy ({signed(chosen['delta_pt'])} pt vs "
+            f"`{report['baseline']}`), {kib(chosen['size_bytes'])} KiB ({kib(chosen['gzip_bytes'])} KiB "
+            f"gzipped), p50 {us(chosen['p50_us'])} us at 1 thread."
         )
     if chosen:
         rule = f"`{sel['rule']}`" if sel["rule"] else "no rule"
@@ -101,7 +69,7 @@ def _summary(report: dict) -> list[dict]:
         for r in b8["rows"]
     ]
     blocks.append(
-        _table(
+        table(
             "b8",
             ["figure", "measured", "target", "status", "from"],
             rows,
@@ -115,7 +83,7 @@ def _summary(report: dict) -> list[dict]:
         {
             "type": "p",
             "text": f"{done} of {len(stages)} stages done"
-            + (f" in {_secs(wall)} s of wall time" if wall is not None else "")
+            + (f" in {secs(wall)} s of wall time" if wall is not None else "")
             + f"; strategy `{report.get('strategy') or '?'}`; {len(report['variants'])} variants compared.",
         }
     )
@@ -131,21 +99,21 @@ def _variants(report: dict) -> list[dict]:
         rows.append(
             [
                 v["name"],
-                _pct(v["accuracy_pct"]),
-                _signed(v["delta_pt"]),
-                "(self)" if not v["tflite"] else _pct(v["agreement_pct"]),
-                _int(v["params"]),
-                _mflops(v["flops"]),
-                _kib(v["size_bytes"]) + ("*" if not v["tflite"] else ""),
-                _kib(v["gzip_bytes"]),
-                _us(v["p50_us"]),
-                _us(v["p95_us"]),
-                _us(v.get("bound_us")),
+                pct(v["accuracy_pct"]),
+                signed(v["delta_pt"]),
+                "(self)" if not v["tflite"] else pct(v["agreement_pct"]),
+                whole(v["params"]),
+                mflops(v["flops"]),
+                kib(v["size_bytes"]) + ("*" if not v["tflite"] else ""),
+                kib(v["gzip_bytes"]),
+                us(v["p50_us"]),
+                us(v["p95_us"]),
+                us(v.get("bound_us")),
                 "-"
                 if not v.get("bound_us") or not v["p50_us"]
                 else f"{v['p50_us'] / v['bound_us']:.2f}x",
-                _us(v["p50_us_2t"]),
-                _us(v["p95_us_2t"]),
+                us(v["p50_us_2t"]),
+                us(v["p95_us_2t"]),
                 "-" if not gate else ("pass" if gate.get("passed") else "FAIL"),
             ]
         )
@@ -188,7 +156,7 @@ def _variants(report: dict) -> list[dict]:
     notes = [f"`{v['name']}`: {n}" for v in variants for n in v.get("notes", [])]
     out = [
         {"type": "h2", "text": "Variants"},
-        _table("variants", header, rows, note, classes, numeric),
+        table("variants", header, rows, note, classes, numeric),
     ]
     if notes:
         out.append({"type": "list", "items": notes})
@@ -249,7 +217,7 @@ def _selection(report: dict) -> list[dict]:
     for name, why in sel["rejected"].items():
         rows.append([name, why])
         classes.append("")
-    out.append(_table("selection", ["variant", "verdict"], rows, row_classes=classes))
+    out.append(table("selection", ["variant", "verdict"], rows, row_classes=classes))
     return out
 
 
@@ -269,16 +237,16 @@ def _training(report: dict) -> list[dict]:
             s["name"],
             s["kind"],
             s["status"],
-            _secs(s["seconds"]),
-            _int(s.get("epochs")),
-            _int(s.get("examples_per_sec")),
-            "-" if s.get("test_accuracy") is None else _pct(100 * s["test_accuracy"]),
+            secs(s["seconds"]),
+            whole(s.get("epochs")),
+            whole(s.get("examples_per_sec")),
+            "-" if s.get("test_accuracy") is None else pct(100 * s["test_accuracy"]),
             s.get("strategy") or "-",
         ]
         for s in report["stages"]
     ]
     out.append(
-        _table(
+        table(
             "stages",
             ["stage", "kind", "status", "wall s", "epochs", "examples/s", "test acc %", "strategy"],
             rows,
@@ -288,234 +256,6 @@ def _training(report: dict) -> list[dict]:
         )
     )
     return out
-
-
-def _probe(report: dict) -> list[dict]:
-    out = [{"type": "h2", "text": "Input pipeline"}]
-    p = report.get("probe")
-    if not p:
-        out.append(
-            {
-                "type": "p",
-                "text": "Input pipeline throughput: not measured (the pipeline ran without its probe).",
-            }
-        )
-        return out
-    frac = p.get("input_bound_fraction")
-    rows = [
-        ["input pipeline alone", f"{p.get('input_examples_per_sec', 0):,.0f} examples/s"],
-        [
-            "training step, real input",
-            f"{_secs(p.get('step_ms_real'))} ms ({p.get('train_examples_per_sec', 0):,.0f} examples/s)",
-        ],
-        [
-            "training step, synthetic input (one cached batch)",
-            f"{_secs(p.get('step_ms_synthetic'))} ms",
-        ],
-        ["input-bound fraction", "-" if frac is None else f"{100 * frac:.1f}%"],
-        ["batch, timed steps", f"{p.get('batch', '-')}, {p.get('steps', '-')}"],
-    ]
-    out.append(
-        _table(
-            "probe",
-            ["measure", "value"],
-            rows,
-            f"The teacher's training step on {p.get('device', '?')}; input-bound fraction = "
-            "max(0, 1 - synthetic / real).",
-        )
-    )
-    return out
-
-
-def _debugger(report: dict) -> list[dict]:
-    out = [{"type": "h2", "text": "Quantization debugger"}]
-    found = report["quantization_debugger"]
-    if not found:
-        out.append(
-            {
-                "type": "p",
-                "text": "The int8 fidelity gate did not fire in any export: no per-layer "
-                "quantization error table.",
-            }
-        )
-        return out
-    for f in found:
-        why = "; ".join((f.get("int8_gate") or {}).get("reasons") or []) or "?"
-        out.append({"type": "h3", "text": f"{f['model']}: {f['mode']}"})
-        test_gate = f.get("test_gate") or {}
-        test = (
-            "-"
-            if f.get("test_agreement") is None
-            else f"agreement {_pct(100 * f['test_agreement'])}%, accuracy {_pct(100 * f['test_accuracy'])}%, gate "
-            f"**{'pass' if test_gate.get('passed') else 'FAIL'}**"
-        )
-        out.append(
-            {
-                "type": "p",
-                "text": f"int8 failed the gate ({why}). The debugger ranked {f['ranked_tensors']} "
-                f"quantized tensors by RMSE / scale (about {debugger_lib.HEALTHY_RMSE_OVER_SCALE} for a healthy "
-                f"layer) and the worst were left in float one more at a time, scored on "
-                f"{f.get('search_examples') or '?'} {f.get('search_split') or ''} examples: the search "
-                f"{'passed' if f['passed'] else 'did not pass'} with "
-                f"{', '.join(f['float_layers']) or 'no layer'} in float. The chosen model "
-                f"(`{f['model']}/{f['mode']}`) on {f.get('test_examples') or '?'} test examples: {test}.",
-            }
-        )
-        rows = [
-            [
-                ", ".join(t["float_layers"]),
-                _kib(t["size_bytes"]),
-                "-" if t["accuracy"] is None else _pct(100 * t["accuracy"]),
-                "-" if t["agreement"] is None else _pct(100 * t["agreement"]),
-                "-" if not t["gate"] else ("pass" if t["gate"]["passed"] else "FAIL"),
-            ]
-            for t in f["trials"]
-        ]
-        split = f.get("search_split") or "search"
-        out.append(
-            _table(
-                "debugger-trials",
-                ["layers in float", "size KiB", f"acc % ({split})", f"agree % ({split})", "gate"],
-                rows,
-                row_classes=["chosen" if i == f["chosen_trial"] else "" for i in range(len(rows))],
-                numeric=[False, True, True, True, False],
-            )
-        )
-        rows = [
-            [
-                w["layer"],
-                w["op"] or "-",
-                "-" if w["rmse_over_scale"] is None else f"{w['rmse_over_scale']:.3f}",
-                "-" if w["mse"] is None else f"{w['mse']:.3g}",
-                "-" if w["scale"] is None else f"{w['scale']:.3g}",
-                "yes" if w["in_float"] else "",
-            ]
-            for w in f["worst"]
-        ]
-        out.append(
-            _table(
-                "debugger",
-                ["layer", "op", "RMSE / scale", "MSE", "scale", "kept in float"],
-                rows,
-                f"The {len(rows)} worst of {f['ranked_tensors']} tensors (all in report.json).",
-                numeric=[False, False, True, True, True, False],
-            )
-        )
-    return out
-
-
-def _ops(report: dict) -> list[dict]:
-    a = report.get("analyzer")
-    chosen = report["selection"]["chosen"]
-    out = [{"type": "h2", "text": "Chosen model's ops (TFLite analyzer)"}]
-    if not a:
-        out.append(
-            {
-                "type": "p",
-                "text": "No model was chosen: no op list."
-                if not chosen
-                else f"The file of `{chosen}` was not found: no op list.",
-            }
-        )
-        return out
-    counts = ", ".join(f"{op} x{n}" for op, n in a["op_counts"].items())
-    out.append(
-        {
-            "type": "p",
-            "text": f"`{chosen}`: {len(a['ops'])} ops in {a['subgraphs']} subgraph(s), "
-            f"{_int(a['model_bytes'])} bytes: {counts}.",
-        }
-    )
-    rows = [
-        [str(o["index"]), o["op"], o["output"], o["shape"], o["type"], ", ".join(o["input_types"])]
-        for o in a["ops"]
-    ]
-    out.append(_table("ops", ["#", "op", "output tensor", "shape", "type", "input types"], rows))
-    out.append({"type": "pre", "summary": "the analyzer's full output", "text": a["text"]})
-    return out
-
-
-def _roofline(report: dict) -> list[dict]:
-    """Per .tflite variant and kernel class: time, GMAC/s, compute bound, and where the time goes."""
-    variants = [v for v in report["variants"] if v.get("roofline")]
-    if not variants:
-        return []
-    from tfopt.core.cpu import peak_summary
-
-    rows, lines = [], []
-    for v in variants:
-        r = v["roofline"]
-        for kind, c in r["classes"].items():
-            rows.append(
-                [
-                    v["name"],
-                    kind,
-                    str(c["ops"]),
-                    f"{c['macs'] / 1e6:.2f}",
-                    c["arithmetic"],
-                    _us(c["ms"] * 1e3 if c.get("ms") is not None else None),
-                    "-" if c.get("gmacs") is None else f"{c['gmacs']:.1f}",
-                    _us(c["bound_ms"] * 1e3 if c.get("bound_ms") else None),
-                    "-" if c.get("ratio") is None else f"{c['ratio']:.2f}x",
-                ]
-            )
-        if r.get("summary"):
-            lines.append(f"`{v['name']}`: {r['summary']}")
-    peaks = report.get("cpu_peaks")
-    note = (
-        (peak_summary(peaks) + ". " if peaks else "")
-        + "The bound: each op's multiply-adds over that peak (int8 dot product for integer weights, "
-        "fp32 FMA otherwise and for depthwise); class times: every op timed alone, scaled to the p50."
-    )
-    header = [
-        "variant",
-        "class",
-        "ops",
-        "MMACs",
-        "arithmetic",
-        "1t µs",
-        "GMAC/s",
-        "bound µs",
-        "×bound",
-    ]
-    numeric = [False, False, True, True, False, True, True, True, True]
-    return [
-        {"type": "h2", "text": "Roofline"},
-        _table("roofline", header, rows, note, None, numeric),
-        {"type": "list", "items": lines},
-    ]
-
-
-def _environment(report: dict) -> list[dict]:
-    env = report["environment"]
-    cpu = env["cpu"]
-    rows = [[k, v] for k, v in env["versions"].items()]
-    strategy = env.get("strategy") or {}
-    rows += [
-        ["strategy", f"{strategy.get('name', '?')} ({strategy.get('num_replicas', '?')} replicas)"],
-        ["platform", env["platform"]],
-        ["CPU", cpu.get("model") or "?"],
-        ["cores (usable / logical)", f"{cpu.get('usable_cores')} / {cpu.get('logical_cores')}"],
-        ["SIMD flags", " ".join(cpu.get("simd", [])) or "-"],
-    ]
-    note = (
-        "Versions from the stages' records"
-        + (
-            f"; differ between stages: {', '.join(env['versions_differ'])}"
-            if env["versions_differ"]
-            else ""
-        )
-        + f"; CPU from {cpu.get('source') or '?'} where the report was built."
-    )
-    return [
-        {"type": "h2", "text": "Environment"},
-        _table("environment", ["what", "value"], rows, note),
-        {
-            "type": "pre",
-            "summary": f"all {len(cpu.get('flags', []))} CPU flags",
-            "text": " ".join(cpu.get("flags", [])),
-        },
-    ]
 
 
 def blocks(report: dict) -> list[dict]:
@@ -536,11 +276,11 @@ def blocks(report: dict) -> list[dict]:
     out += _pareto(report)
     out += _selection(report)
     out += _training(report)
-    out += _probe(report)
-    out += _debugger(report)
-    out += _ops(report)
-    out += _roofline(report)
-    out += _environment(report)
+    out += probe_blocks(report)
+    out += debugger_blocks(report)
+    out += ops_blocks(report)
+    out += roofline_blocks(report)
+    out += environment_blocks(report)
     out += [
         {"type": "h2", "text": "Resolved config"},
         {
