@@ -5,7 +5,9 @@ runs. Every later command, README.md's then each guide's in the order of ``DOCS`
 document that shows it first (a command a guide repeats from an earlier document runs once). Each
 document's commands run as one chain in a fresh directory, after the earlier commands whose run
 directories they read (found from the paths they name: ``-o``, ``--from``, ``--teacher``, ...), so
-the chains are independent and run in parallel, each in the order the documents give. The pipelines' commands (``tfopt.pipeline``,
+the chains are independent and run in parallel, each in the order the documents give. A command
+that several chains run after the same commands (the README's main job, which most guides read)
+runs once per session: the first chain to reach it runs it, the others copy its outputs. The pipelines' commands (``tfopt.pipeline``,
 ``tfopt.report``) make and read only their own run directories, so they run in a directory of
 their own (``test_readme_pipelines.py``, beside this test under pytest-xdist). Blocks marked
 ``text`` show commands that need what a test machine lacks (your files, docker, kubectl); the
@@ -295,10 +297,58 @@ def test_every_document_with_commands_is_run():
     assert with_bash <= set(DOCS), sorted(with_bash - set(DOCS))
 
 
-def run_in_order(commands: list[str], tmp_path, after=None) -> None:
+def closure_keys(commands: list[str]) -> list[tuple[str, ...]]:
+    """For each command of a chain, the commands whose outputs it reads, directly or not, then
+    itself, in the chain's order: what its run depends on (the last earlier writer of each path)."""
+    closures: list[set[int]] = []
+    for k, command in enumerate(commands):
+        written = {path: j for j in range(k) for path in _outputs(commands[j])}
+        needs = {j for path, j in written.items() if _reads(command, path)}
+        closures.append(needs.union(*(closures[j] for j in needs)))
+    return [
+        tuple(commands[j] for j in sorted(closure)) + (command,)
+        for closure, command in zip(closures, commands)
+    ]
+
+
+def shared_keys() -> set[tuple[str, ...]]:
+    """The dependency keys (:func:`closure_keys`) that more than one chain holds, of commands whose
+    whole effect is their outputs: a chain copies such a run from the chain that ran it first."""
+    seen: dict[tuple[str, ...], int] = {}
+    for commands in chains().values():
+        for key in set(closure_keys(commands)):
+            seen[key] = seen.get(key, 0) + 1
+    return {
+        key
+        for key, count in seen.items()
+        if count > 1
+        and _outputs(key[-1])
+        and not {"--device", "tfopt.launch"} & set(shlex.split(key[-1]))
+    }
+
+
+def _copy_outputs(paths, src, dst) -> None:
+    """Copies each of ``paths`` (relative) from ``src`` to ``dst``, replacing what is there."""
+    import shutil
+
+    for path in paths:
+        source, target = os.path.join(src, path), os.path.join(dst, path)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.isdir(source):
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copy2(source, target)
+
+
+def run_in_order(commands: list[str], tmp_path, after=None, share=None) -> None:
     """Runs ``commands`` (shrunk to the small slice) one after another in ``tmp_path``; fails on the first error.
 
     ``after(i, command)``, if given, is called after command ``i`` (1-based) succeeded.
+    ``share(key, make)``, if given, runs ``make(directory)`` once per test session for the
+    dependency ``key`` of a command that other chains run too (:func:`shared_keys`): the first
+    chain runs the command and keeps its outputs there, the others copy them.
     """
     os.symlink(os.path.join(REPO, "pipelines"), tmp_path / "pipelines")
     bin_dir = os.path.dirname(sys.executable)
@@ -315,30 +365,69 @@ def run_in_order(commands: list[str], tmp_path, after=None) -> None:
         FAKE_ADB_ROOT=str(phone),
         FAKE_ADB_REPLAY=os.path.join(REPO, "tests", "data", "benchmark_model_arm64.txt"),
     )
+    keys, shared = closure_keys(commands), shared_keys() if share else set()
     for i, command in enumerate(commands, 1):
-        small = shrink(command)
-        # Commands that start TensorFlow servers run in a private network namespace where possible.
-        prefix = ISOLATED if "tfopt.launch" in small else []
-        started = time.monotonic()
-        proc = subprocess.run(
-            [*prefix, "bash", "-c", small],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        print(
-            f"[{i}/{len(commands)}] exit {proc.returncode} in {time.monotonic() - started:.0f} s: {command}",
-            flush=True,
-        )
-        assert proc.returncode == 0, (
-            f"README command {i} failed: {command}\nran: {small}\n"
-            + proc.stdout[-3000:]
-            + proc.stderr[-3000:]
-        )
+        if keys[i - 1] in shared:
+            outputs = sorted(_outputs(command))
+            ran = []
+
+            def make(directory, command=command, outputs=outputs, i=i):
+                _run_one(command, i, len(commands), tmp_path, env)
+                _copy_outputs(outputs, tmp_path, directory)
+                ran.append(True)
+                return directory
+
+            directory = share(keys[i - 1], make)
+            if not ran:
+                _copy_outputs(outputs, directory, tmp_path)
+                print(
+                    f"[{i}/{len(commands)}] copied from the chain that ran it: {command}",
+                    flush=True,
+                )
+        else:
+            _run_one(command, i, len(commands), tmp_path, env)
         if after is not None:
             after(i, command)
+
+
+def _run_one(command: str, i: int, n: int, tmp_path, env: dict) -> None:
+    """Runs one command of a chain (shrunk) in ``tmp_path``; fails the test on a non-zero exit."""
+    small = shrink(command)
+    # Commands that start TensorFlow servers run in a private network namespace where possible.
+    prefix = ISOLATED if "tfopt.launch" in small else []
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*prefix, "bash", "-c", small],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    print(
+        f"[{i}/{n}] exit {proc.returncode} in {time.monotonic() - started:.0f} s: {command}",
+        flush=True,
+    )
+    assert proc.returncode == 0, (
+        f"README command {i} failed: {command}\nran: {small}\n"
+        + proc.stdout[-3000:]
+        + proc.stderr[-3000:]
+    )
+
+
+def test_a_command_that_several_chains_run_is_keyed_by_what_it_reads():
+    train_a, train_b = "python -m tfopt.train -o runs/a", "python -m tfopt.train -o runs/b"
+    prune = "python -m tfopt.optimize --from runs/a --technique prune"
+    export = "python -m tfopt.export --from runs/a-prune"
+    assert closure_keys([train_a, train_b, prune, export]) == [
+        (train_a,),
+        (train_b,),
+        (train_a, prune),
+        (train_a, prune, export),
+    ]
+    shared = shared_keys()  # the README's main job, at least, is read by several guides' chains
+    assert any(key[-1].startswith("python -m tfopt.train ") for key in shared), shared
+    assert all(_outputs(key[-1]) for key in shared)
 
 
 def test_every_command_is_in_a_chain_after_what_it_reads():
@@ -407,5 +496,13 @@ def test_a_launch_a_dedicated_test_runs_is_parsed_and_that_test_runs_the_same_la
 
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", sorted(chains()))
-def test_every_command_runs_in_order(doc, tmp_path):
-    run_in_order(chains()[doc], tmp_path)
+def test_every_command_runs_in_order(doc, tmp_path, tmp_path_factory):
+    import hashlib
+
+    from conftest import once_per_session
+
+    def share(key, make):
+        digest = hashlib.sha256("\n".join(key).encode()).hexdigest()[:16]
+        return once_per_session(tmp_path_factory, f"readme-{digest}", make)
+
+    run_in_order(chains()[doc], tmp_path, share=share)
