@@ -185,3 +185,14 @@ def test_the_top_level_lists_what_it_offers_and_runs_a_stage_by_name(monkeypatch
     cfg = tfopt.RunConfig()
     assert tfopt.run_stage("echo", cfg, ("a",), "out", options={"k": 1}, overwrite=True) == "record"
     assert seen == dict(cfg=cfg, inputs=["a"], out_dir="out", options={"k": 1}, overwrite=True)
+
+
+@pytest.mark.parametrize("name", ["optimize", "export"])
+@pytest.mark.parametrize("inputs", [[], ["runs/a", "runs/b"]])
+def test_a_stage_that_reads_one_input_refuses_none_or_two(name, inputs, tmp_path):
+    from tfopt.config import RunConfig
+
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=f"stage '{name}' reads one input .*not {len(inputs)}"):
+        stage.get(name).run(RunConfig(), inputs, str(out))
+    assert not out.exists()

@@ -134,3 +134,17 @@ def check_keys(stage: str, options: Mapping[str, Any], valid: Sequence[str]) -> 
             raise ConfigError(
                 f"option {key!r} is not read by stage {stage!r}; give one of {', '.join(valid)}"
             )
+
+
+def one_input(stage: str, inputs: Sequence[str]) -> str:
+    """The input of a stage that reads exactly one (a run directory or a model file).
+
+    Raises:
+        ConfigError: none or several, in one line.
+    """
+    if len(inputs) != 1:
+        raise ConfigError(
+            f"stage {stage!r} reads one input (a run directory or a model file), not "
+            f"{len(inputs)}: give one"
+        )
+    return inputs[0]

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfopt.core.errors import ConfigError
-from tfopt.core.stage import check_keys
+from tfopt.core.stage import check_keys, one_input
 from tfopt.export.choices import DEFAULT_MODES, parse_modes, parse_threads
 
 #: What the stage's ``options`` may hold, with their defaults (those of ``tfopt.export``).
@@ -73,11 +73,8 @@ class ExportStage:
         from tfopt.export.runner import run
 
         settings = self.settings(options or {})
-        if len(inputs) != 1:
-            raise ConfigError(
-                f"stage 'export' reads one input (a run directory or a model file), not {len(inputs)}"
-            )
-        return run(inputs[0], settings, out_dir, overwrite=overwrite, data=cfg.data)
+        source = one_input(self.name, inputs)
+        return run(source, settings, out_dir, overwrite=overwrite, data=cfg.data)
 
 
 STAGE = ExportStage()

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfopt.core.errors import ConfigError
-from tfopt.core.stage import check_keys
+from tfopt.core.stage import check_keys, one_input
 
 #: What the stage's ``options`` may hold, with their defaults (those of ``tfopt.optimize``).
 OPTIONS = {"technique": "prune", "sparsity": 0.5, "flops": 0.5, "epochs": 1, "learning_rate": 5e-4}
@@ -75,13 +75,8 @@ class OptimizeStage:
         from tfopt.optimize.runner import run
 
         settings = self.settings(options or {})
-        if len(inputs) != 1:
-            raise ConfigError(
-                f"stage 'optimize' reads one input (a run directory or a model file), not {len(inputs)}"
-            )
-        (outcome,) = run(
-            inputs[0], cfg, [settings], [out_dir], keep_going=False, overwrite=overwrite
-        )
+        source = one_input(self.name, inputs)
+        (outcome,) = run(source, cfg, [settings], [out_dir], keep_going=False, overwrite=overwrite)
         return outcome.record
 
 
