@@ -85,6 +85,41 @@ class Stage(Protocol):
         """
 
 
+class BaseStage:
+    """What the built-in stages share: :meth:`run` checks the options, then hands them (over
+    ``OPTIONS``, the options a stage reads with their defaults) to :meth:`execute`."""
+
+    name = ""
+    trains = True
+    #: The options the stage reads, with their defaults (none: every setting is in the config).
+    OPTIONS: Mapping[str, Any] = {}
+
+    def check(self, options: Mapping[str, Any]) -> None:
+        """Refuses an option the stage does not read (subclasses check values too)."""
+        check_keys(self.name, options, tuple(self.OPTIONS))
+
+    def run(
+        self,
+        cfg: Any,
+        inputs: Sequence[str],
+        out_dir: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> Any:
+        """See :meth:`Stage.run`."""
+        self.check(options or {})
+        return self.execute(
+            cfg, list(inputs), out_dir, {**self.OPTIONS, **(options or {})}, overwrite
+        )
+
+    def execute(
+        self, cfg: Any, inputs: list[str], out_dir: str, options: dict, overwrite: bool
+    ) -> Any:
+        """The stage's work, with checked ``options`` (every key of ``OPTIONS`` present)."""
+        raise NotImplementedError
+
+
 def register(stage: Stage) -> Stage:
     """Adds ``stage`` to the registry (a built-in of the same name is replaced); returns it.
 

@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from tfopt.core.stage import check_keys
+from tfopt.core.stage import BaseStage
 
 
-class DistillStage:
+class DistillStage(BaseStage):
     """Distils the teachers given as inputs (run directories or model files) into ``cfg.model``,
-    as ``cfg.distill`` says."""
+    as ``cfg.distill`` says. Every setting is in the config: no option."""
 
     name = "distill"
-    trains = True
 
-    def check(self, options: Mapping[str, Any]) -> None:
-        """Distill reads every setting from the config (its ``distill`` section): refuses any option."""
-        check_keys(self.name, options, ())
-
-    def run(
-        self,
-        cfg,
-        inputs: Sequence[str],
-        out_dir: str,
-        *,
-        options: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-    ):
-        """See :meth:`tfopt.core.stage.Stage.run` and :func:`tfopt.distill.stage.run`."""
+    def execute(self, cfg, inputs: list[str], out_dir: str, options: dict, overwrite: bool):
+        """See :func:`tfopt.distill.stage.run`."""
         from tfopt.distill.stage import run
 
-        self.check(options or {})
         return run(cfg, tuple(inputs), out_dir, overwrite=overwrite)
 
 

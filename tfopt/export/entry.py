@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from tfopt.core.errors import ConfigError
-from tfopt.core.stage import check_keys, one_input
+from tfopt.core.stage import BaseStage, one_input
 from tfopt.export.choices import DEFAULT_MODES, parse_modes, parse_threads
 
 #: What the stage's ``options`` may hold, with their defaults (those of ``tfopt.export``).
@@ -20,7 +20,7 @@ OPTIONS = {
 }
 
 
-class ExportStage:
+class ExportStage(BaseStage):
     """Exports the one input (a run directory or a model file) to LiteRT in every mode, scores
     and times each file.
 
@@ -30,11 +30,12 @@ class ExportStage:
     """
 
     name = "export"
+    OPTIONS = OPTIONS
     trains = False
 
     def check(self, options: Mapping[str, Any]) -> None:
         """Refuses an unknown option, mode, thread count or a value out of range (no TensorFlow)."""
-        check_keys(self.name, options, tuple(OPTIONS))
+        super().check(options)
         o = {**OPTIONS, **options}
         parse_modes(o["modes"])
         parse_threads(o["threads"])
@@ -60,19 +61,11 @@ class ExportStage:
             ),
         )
 
-    def run(
-        self,
-        cfg,
-        inputs: Sequence[str],
-        out_dir: str,
-        *,
-        options: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-    ):
-        """See :meth:`tfopt.core.stage.Stage.run` and :func:`tfopt.export.runner.run`."""
+    def execute(self, cfg, inputs: list[str], out_dir: str, options: dict, overwrite: bool):
+        """See :func:`tfopt.export.runner.run`."""
         from tfopt.export.runner import run
 
-        settings = self.settings(options or {})
+        settings = self.settings(options)
         source = one_input(self.name, inputs)
         return run(source, settings, out_dir, overwrite=overwrite, data=cfg.data)
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from tfopt.core.errors import ConfigError
-from tfopt.core.stage import check_keys, one_input
+from tfopt.core.stage import BaseStage, one_input
 
 #: What the stage's ``options`` may hold, with their defaults (those of ``tfopt.optimize``).
 OPTIONS = {"technique": "prune", "sparsity": 0.5, "flops": 0.5, "epochs": 1, "learning_rate": 5e-4}
 
 
-class OptimizeStage:
+class OptimizeStage(BaseStage):
     """Compresses the one input (a run directory or a model file) with ``options["technique"]``.
 
     Options: ``technique`` (a name of :data:`tfopt.compress.techniques.TECHNIQUES`), ``sparsity``
@@ -21,13 +21,13 @@ class OptimizeStage:
     """
 
     name = "optimize"
-    trains = True
+    OPTIONS = OPTIONS
 
     def check(self, options: Mapping[str, Any]) -> None:
         """Refuses an unknown option, technique, or a value out of range (no TensorFlow)."""
         from tfopt.compress.techniques import TECHNIQUES
 
-        check_keys(self.name, options, tuple(OPTIONS))
+        super().check(options)
         o = {**OPTIONS, **options}
         if o["technique"] not in TECHNIQUES:
             raise ConfigError(
@@ -62,19 +62,11 @@ class OptimizeStage:
             learning_rate=o["learning_rate"],
         )
 
-    def run(
-        self,
-        cfg,
-        inputs: Sequence[str],
-        out_dir: str,
-        *,
-        options: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-    ):
-        """See :meth:`tfopt.core.stage.Stage.run` and :func:`tfopt.optimize.runner.run`."""
+    def execute(self, cfg, inputs: list[str], out_dir: str, options: dict, overwrite: bool):
+        """See :func:`tfopt.optimize.runner.run`."""
         from tfopt.optimize.runner import run
 
-        settings = self.settings(options or {})
+        settings = self.settings(options)
         source = one_input(self.name, inputs)
         (outcome,) = run(source, cfg, [settings], [out_dir], keep_going=False, overwrite=overwrite)
         return outcome.record

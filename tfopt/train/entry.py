@@ -3,37 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tfopt.core.errors import ConfigError
-from tfopt.core.stage import check_keys
+from tfopt.core.stage import BaseStage
 
 
-class TrainStage:
-    """Trains ``cfg.model``; one input (a run directory or a model file) is fine-tuned instead."""
+class TrainStage(BaseStage):
+    """Trains ``cfg.model``; one input (a run directory or a model file) is fine-tuned instead.
+    Every setting is in the config: no option."""
 
     name = "train"
-    trains = True
 
-    def check(self, options: Mapping[str, Any]) -> None:
-        """Train reads every setting from the config: refuses any option."""
-        check_keys(self.name, options, ())
-
-    def run(
-        self,
-        cfg,
-        inputs: Sequence[str],
-        out_dir: str,
-        *,
-        options: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-    ):
-        """See :meth:`tfopt.core.stage.Stage.run` and :func:`tfopt.train.stage.run`."""
+    def execute(self, cfg, inputs: list[str], out_dir: str, options: dict, overwrite: bool):
+        """See :func:`tfopt.train.stage.run`."""
         from tfopt.runs import load_input
         from tfopt.train.stage import run
 
-        self.check(options or {})
         if len(inputs) > 1:
             raise ConfigError(
                 f"stage 'train' reads at most one input (the model to fine-tune), not {len(inputs)}: "
