@@ -1,0 +1,179 @@
+"""The checks a whole RunConfig passes before anything runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from tfopt.config.fields import AUTOTUNE, FLAG, LAUNCHED_SERVICE
+from tfopt.config.stages import DistillConfig, parse_features
+from tfopt.config.values import _CHOICES, _validate_augment, parse_image_size
+from tfopt.core.errors import ConfigError
+from tfopt.core.specs import parse_model
+
+
+def _validate(cfg: Any) -> Any:
+    _check_values(cfg)
+    _check_strategy_fit(cfg)
+    _check_ranges(cfg)
+    _check_distill(cfg.distill)
+    return cfg
+
+
+def reads(section: Any, key: str) -> bool:
+    """Whether ``section`` (a config section's value) reads its field ``key``: the field's
+    :attr:`Flag.read_by` holds the value of the section's ``CHOSEN_BY`` field, or is empty."""
+    f = next(f for f in dataclasses.fields(section) if f.name == key)
+    flag_ = f.metadata.get(FLAG)
+    if flag_ is None or not flag_.read_by:
+        return True
+    return getattr(section, type(section).CHOSEN_BY) in flag_.read_by
+
+
+def _check_distill(d: DistillConfig) -> None:
+    """The distillation loss's ranges, the teacher weights' form and the feature pairs (a
+    setting the chosen technique does not read is not checked: the command line refuses it)."""
+    bad = None
+    if not d.temperature > 0:
+        bad = "temperature", "must be > 0 (Hinton et al. use 2-20)"
+    elif not 0.0 <= d.alpha <= 1.0:
+        bad = "alpha", "must be in [0, 1] (0 = labels only, 1 = teacher only)"
+    elif reads(d, "sparsity") and not 0.0 < d.sparsity < 1.0:
+        bad = "sparsity", "must be in (0, 1), e.g. 0.75"
+    elif reads(d, "clusters") and not 2 <= d.clusters <= 256:
+        bad = "clusters", "must be in [2, 256], e.g. 16"
+    elif not d.feature_weight >= 0:
+        bad = "feature_weight", "must be >= 0"
+    elif teacher_weights(d.teacher_weights) == []:
+        bad = "teacher_weights", "must be equal, accuracy or comma-separated non-negative numbers"
+    if bad:
+        key, rule = bad
+        raise ConfigError(f"distill.{key}={getattr(d, key)!r} {rule}")
+    parse_features(d.features)
+
+
+def teacher_weights(text: str) -> list[float] | None:
+    """``distill.teacher_weights`` as fixed numbers; None for ``equal`` and ``accuracy``, ``[]``
+    when the text is neither those nor non-negative numbers with a positive sum."""
+    if text in ("equal", "accuracy"):
+        return None
+    try:
+        weights = [float(w) for w in text.split(",")]
+    except ValueError:
+        return []
+    if min(weights) < 0 or not sum(weights) > 0 or not all(map(math.isfinite, weights)):
+        return []
+    return weights
+
+
+def _check_values(cfg: Any) -> None:
+    """Choices, sizes that must be positive, and the tf.data knobs (positive or AUTOTUNE)."""
+    for (section, key), choices in _CHOICES.items():
+        value = getattr(getattr(cfg, section), key)
+        if value not in choices:
+            raise ConfigError(
+                f"{section}.{key}={value!r} is not valid; choose one of {', '.join(map(str, choices))}"
+            )
+    positive = {
+        ("data", "global_batch_size"),
+        ("data", "num_shards"),
+        ("runtime", "cpu_replicas"),
+        ("runtime", "min_shard_bytes"),
+        ("runtime", "max_shard_bytes"),
+        ("train", "epochs"),
+        ("data", "shuffle_buffer"),
+    }
+    for section, key in positive:
+        value = getattr(getattr(cfg, section), key)
+        if value < 1:
+            raise ConfigError(f"{section}.{key}={value} must be >= 1; give a positive number")
+    for key in (
+        "interleave_cycle_length",
+        "num_parallel_reads",
+        "num_parallel_calls",
+        "prefetch_buffer",
+    ):
+        value = getattr(cfg.data, key)
+        if value == 0 or value < AUTOTUNE:
+            raise ConfigError(
+                f"data.{key}={value} is not valid; give a positive int or -1 for AUTOTUNE"
+            )
+
+
+def _check_strategy_fit(cfg: Any) -> None:
+    """Settings that only some strategies read, and a freeze that fits the epochs."""
+    if cfg.runtime.variable_partitioner != "none" and cfg.runtime.strategy != "parameter_server":
+        raise ConfigError(
+            f"runtime.variable_partitioner={cfg.runtime.variable_partitioner!r} shards variables over "
+            f"ps tasks, which only strategy 'parameter_server' has (strategy is "
+            f"{cfg.runtime.strategy!r}); use --strategy parameter_server, or leave variables whole "
+            "(drop --shard-variables, or set runtime.variable_partitioner=none)"
+        )
+    if cfg.runtime.bytes_per_pack and cfg.runtime.strategy != "multi_worker_mirrored":
+        raise ConfigError(
+            f"runtime.bytes_per_pack={cfg.runtime.bytes_per_pack} splits the all-reduce of "
+            "strategy 'multi_worker_mirrored' into packs, and the strategy is "
+            f"{cfg.runtime.strategy!r}; use --strategy multi_worker_mirrored, or drop --bytes-per-pack"
+        )
+    if cfg.runtime.allreduce_dtype != "float32" and cfg.runtime.strategy not in (
+        "mirrored",
+        "multi_worker_mirrored",
+    ):
+        raise ConfigError(
+            f"runtime.allreduce_dtype={cfg.runtime.allreduce_dtype!r} compresses the gradients' "
+            "all-reduce, which only strategies 'mirrored' and 'multi_worker_mirrored' do (strategy "
+            f"is {cfg.runtime.strategy!r}); use one of them, or drop --allreduce-dtype"
+        )
+    if not 0 <= cfg.model.freeze_epochs <= cfg.train.epochs:
+        raise ConfigError(
+            f"model.freeze_epochs={cfg.model.freeze_epochs} must be in [0, train.epochs="
+            f"{cfg.train.epochs}]; give the number of first epochs that train the head alone"
+        )
+
+
+def _check_ranges(cfg: Any) -> None:
+    """Counts that may be 0, rates and factors in range, and the values parsed from text."""
+    for section, key in (
+        ("data", "limit"),
+        ("runtime", "bytes_per_pack"),
+        ("train", "steps_per_execution"),
+        ("train", "steps_per_epoch"),
+        ("data", "ram_budget_mb"),
+        ("train", "backup_every"),
+        ("train", "nan_retries"),
+        ("runtime", "max_shards"),
+    ):
+        if getattr(getattr(cfg, section), key) < 0:
+            raise ConfigError(
+                f"{section}.{key} must be >= 0 (0 = automatic); got {getattr(getattr(cfg, section), key)}"
+            )
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout={cfg.model.dropout} must be in [0, 1)")
+    if not 0.0 < cfg.train.nan_lr_factor <= 1.0:
+        raise ConfigError(
+            f"train.nan_lr_factor={cfg.train.nan_lr_factor} must be in (0, 1]; 1 keeps the rate"
+        )
+    _validate_augment(cfg.data)
+    parse_image_size(cfg.data.image_size)
+    parse_model(cfg.model.name, cfg.model.args)
+    service = cfg.data.service
+    if service not in ("", "local", LAUNCHED_SERVICE) and not (
+        service.startswith("grpc://") and ":" in service[len("grpc://") :]
+    ):
+        raise ConfigError(
+            f"data.service={service!r} is not valid; give local, grpc://HOST:PORT, "
+            f"{LAUNCHED_SERVICE} or nothing (off)"
+        )
+    if cfg.train.learning_rate <= 0:
+        raise ConfigError(f"train.learning_rate={cfg.train.learning_rate} must be > 0")
+    for section, key in (("data", "seed"), ("train", "seed")):
+        if not 0 <= getattr(getattr(cfg, section), key) < 2**32:
+            raise ConfigError(
+                f"{section}.{key}={getattr(getattr(cfg, section), key)} must be in [0, 2**32); "
+                "give a non-negative seed"
+            )
+    if not cfg.runtime.startup_timeout > 0:
+        raise ConfigError(
+            f"runtime.startup_timeout={cfg.runtime.startup_timeout} must be > 0 seconds"
+        )
