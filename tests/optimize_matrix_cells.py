@@ -20,8 +20,9 @@ from tfopt.runtime.devices import setup_cpu_replicas  # noqa: E402
 setup_cpu_replicas(2)  # mirrored: 2 replicas on the one CPU, before TensorFlow touches devices
 
 from tfopt.core.fileio import write_json  # noqa: E402
-from tfopt.optimize.cli import build_parser, resolve_config, settings_for  # noqa: E402
+from tfopt.optimize.cli import build_parser, resolve_config  # noqa: E402
 from tfopt.optimize.runner import run as run_optimize  # noqa: E402
+from tfopt.optimize.settings import settings_for  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
 TECHNIQUES = "prune,prune_2of4,qat,cluster,pqat,cqat,pcqat,low_rank,low_rank_qat,channel_prune,channel_prune_qat"
@@ -50,7 +51,7 @@ def main(run_dir: str, out_dir: str, report: str, cells: str, *flags: str) -> No
         args = build_parser().parse_args(argv)
         cfg = resolve_config(args, run.config)
         names = args.technique.split(",")
-        settings = [settings_for(args, name) for name in names]
+        settings = [settings_for(cfg.optimize, name) for name in names]
         outs = [os.path.join(out_dir, f"{strategy}-{precision}", name) for name in names]
         started = time.process_time()
         for res in run_optimize(run_dir, cfg, settings, outs, keep_going=True):

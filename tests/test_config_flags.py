@@ -80,15 +80,22 @@ def test_a_new_field_is_set_by_its_flag_by_set_and_printed(dummy_field, capsys):
 
 
 def test_every_flag_of_the_config_tree_is_on_the_command_line_once():
-    for module, sections in (
-        (train_cli, config_lib.STAGE_SECTIONS["train"]),
-        (distill_cli, config_lib.STAGE_SECTIONS["distill"]),
+    from tfopt.optimize import cli as optimize_cli
+
+    for module, sections, shared in (
+        (train_cli, config_lib.STAGE_SECTIONS["train"], ()),
+        (distill_cli, config_lib.STAGE_SECTIONS["distill"], ()),
+        (optimize_cli, ("optimize",), optimize_cli.SHARED),
     ):
         parser = module.build_parser()
         options = [o for a in parser._actions for o in a.option_strings]
         assert len(options) == len(set(options)), module
+        keys = parser.get_default("config_keys")
         for section, f, flag in cli.config_flags():
-            assert (flag.name in options) == (section in sections), (module, section, f.name)
+            wanted = section in sections or f"{section}.{f.name}" in shared
+            assert ((section, f.name) in keys.values()) == wanted, (module, section, f.name)
+            if wanted:
+                assert keys[cli._dest(flag.name)] == (section, f.name)
     # choices come from the config's own lists: one list per setting
     strategy = next(a for a in parser._actions if a.dest == "strategy")
     assert strategy.metavar == "{" + ",".join(config_lib.choices_of("runtime", "strategy")) + "}"

@@ -382,10 +382,10 @@ def _parameters(name: str) -> dict:
 def test_the_defaults_the_notebooks_quote_are_the_librarys():
     """A full-size parameter that stands for a library default must equal it (smoke values differ)."""
     from tfopt import config as C
+    from tfopt.config.stages import LONG_PHASES
     from tfopt.distill.cli import RECIPE
     from tfopt.export.fidelity import Thresholds
     from tfopt.export.runner import ExportSettings
-    from tfopt.optimize.cli import DEFAULT_PRUNE_EPOCHS, build_parser
 
     run, loss, gate = C.RunConfig(), C.DistillConfig(), Thresholds()
     training = {"EPOCHS": run.train.epochs, "BATCH_SIZE": run.data.global_batch_size}
@@ -407,8 +407,8 @@ def test_the_defaults_the_notebooks_quote_are_the_librarys():
             "STUDENT_LR": RECIPE[("train", "learning_rate")],
             "TEMPERATURE": loss.temperature,
             "ALPHA": loss.alpha,
-            "SPARSITY": build_parser().get_default("sparsity"),
-            "PRUNE_EPOCHS": DEFAULT_PRUNE_EPOCHS,
+            "SPARSITY": C.OptimizeConfig().sparsity,
+            "PRUNE_EPOCHS": LONG_PHASES["prune"],
         },
         "04_tflite_export_and_report.ipynb": {
             **training,

@@ -95,10 +95,15 @@ def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
         ["--from", tiny_run, "--technique", "prune", "--sparsity", "1.2", "-o", out],
         "sparsity=1.2 must be in [0, 1)",
     )
+    with pytest.raises(SystemExit) as e:  # a choice list is argparse's: a usage error
+        main(["--from", tiny_run, "--technique", "cluster", "--centroid-init", "best", "-o", out])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert "--centroid-init: invalid choice: 'best' (choose from 'kmeans_plus_plus'" in err[0]
     _one_line_error(
         capsys,
-        ["--from", tiny_run, "--technique", "cluster", "--centroid-init", "best", "-o", out],
-        "centroid init 'best' is not valid; choose one of kmeans_plus_plus, density, linear, random",
+        ["--from", tiny_run, "--technique", "cluster", "--set", "optimize.centroid_init=best"],
+        "optimize.centroid_init='best' is not valid; choose one of kmeans_plus_plus, density",
     )
     _one_line_error(
         capsys,
@@ -144,7 +149,7 @@ def test_bad_input_gets_one_line_and_exit_2(tiny_run, tmp_path, capsys):
     _one_line_error(
         capsys,
         ["--from", tiny_run, "--technique", "prune", "--block-size", "4", "-o", out],
-        "--block-size '4' is not ROWS,COLS; e.g. --block-size 4,1",
+        "optimize.block_size='4' is not ROWS,COLS; e.g. --block-size 4,1",
     )
     _one_line_error(
         capsys,

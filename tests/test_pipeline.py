@@ -76,13 +76,17 @@ def test_overrides_and_their_errors():
     assert modes["student-prune_2of4-export"] == list(cfg.export.modes)
     low = apply_overrides(cfg, ["compress.techniques=low_rank,low_rank_qat", "compress.flops=0.4"])
     stages = {s.name: s for s in plan(low)}
-    assert stages["student-low_rank"].settings["flops"] == 0.4
+    assert stages["student-low_rank"].settings["run"]["optimize"]["low_rank_flops"] == 0.4
     assert [
         stages[f"student-{t}-export"].settings["modes"] for t in ("low_rank", "low_rank_qat")
     ] == [list(cfg.export.modes), ["int8"]]  # a QAT result converts to int8 only
-    assert (
-        "flops" not in {s.name: s for s in plan(two)}["student-pqat"].settings
-    )  # no rerun of the others
+    both = ["compress.techniques=pqat,low_rank"]
+    before = {s.name: s.fingerprint for s in plan(apply_overrides(cfg, both))}
+    after = {
+        s.name: s.fingerprint for s in plan(apply_overrides(cfg, [*both, "compress.flops=0.4"]))
+    }
+    assert after["student-low_rank"] != before["student-low_rank"]
+    assert after["student-pqat"] == before["student-pqat"]  # it reads no multiply-add target
     assert [s.name for s in plan(apply_overrides(cfg, ["compress.techniques="]))] == [
         "teacher",
         "student",

@@ -26,7 +26,6 @@ def test_finding_every_stage_starts_no_tensorflow():
         "for n in stage.names():\n"
         "    stage.get(n).check({})\n"
         "stage.get('export').check({'modes': ['float32', 'int8'], 'threads': [1]})\n"
-        "stage.get('optimize').check({'technique': 'pqat', 'sparsity': 0.6})\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras'))\n"
         "assert not bad, bad[:5]\n"
     )
@@ -66,9 +65,7 @@ def test_a_registered_stage_is_found_and_replaces_a_built_in_one_until_unregiste
     [
         ("train", {"epochs": 1}, "option 'epochs' is not read by stage 'train'"),
         ("distill", {"alpha": 0.5}, "option 'alpha' is not read by stage 'distill'"),
-        ("optimize", {"sparsty": 0.5}, "give one of technique, sparsity, flops"),
-        ("optimize", {"technique": "prune_3of4"}, "'prune_3of4' is not known"),
-        ("optimize", {"sparsity": 1.0}, "optimize.sparsity=1.0 must be in [0, 1)"),
+        ("optimize", {"sparsity": 0.5}, "option 'sparsity' is not read by stage 'optimize'"),
         ("export", {"modes": ["int4"]}, "int4"),
         ("export", {"threads": [0]}, "0"),
         ("export", {"runs": 0}, "export.runs=0 >= 1"),
@@ -80,26 +77,65 @@ def test_a_bad_option_is_refused_in_one_line(name, options, fragment):
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
-def test_optimize_options_make_the_settings_the_runner_takes():
+def test_the_optimize_section_makes_the_settings_the_runner_takes():
+    from tfopt import config as C
     from tfopt.compress.channel_prune import ChannelSpec
+    from tfopt.compress.cluster import ClusterSpec
     from tfopt.compress.low_rank import LowRankSpec
     from tfopt.compress.prune import PruneSpec
+    from tfopt.optimize.cli import build_parser, resolve_config
     from tfopt.optimize.runner import OptimizeSettings
+    from tfopt.optimize.settings import settings_for
 
-    options = {"technique": "channel_prune", "sparsity": 0.6, "flops": 0.4, "epochs": 2}
-    assert stage.get("optimize").settings(options) == OptimizeSettings(
+    cfg = C.from_dict(
+        {"optimize": {"technique": "channel_prune", "sparsity": 0.6, "channels_flops": 0.4}}
+    )
+    cfg = C.from_dict({"optimize": {"epochs": 2}}, cfg)
+    assert stage.get("optimize").settings(cfg) == OptimizeSettings(
         technique="channel_prune",
         prune=PruneSpec(sparsity=0.6),
-        low_rank=LowRankSpec(flops=0.4),
         channels=ChannelSpec(flops=0.4),
         epochs=2,
-        learning_rate=5e-4,
     )
-    assert stage.get("optimize").settings({}) == OptimizeSettings(
-        prune=PruneSpec(sparsity=0.5),
-        low_rank=LowRankSpec(flops=0.5),
-        channels=ChannelSpec(flops=0.5),
+    # the section's defaults are the techniques' own: pruning and structural phases 3 epochs
+    long = (("prune", 3), ("low_rank", 3), ("channel_prune", 3))
+    assert settings_for(C.OptimizeConfig(), "cluster") == OptimizeSettings(
+        technique="cluster",
+        prune=PruneSpec(),
+        cluster=ClusterSpec(),
+        low_rank=LowRankSpec(),
+        channels=ChannelSpec(),
+        phase_epochs=long,
     )
+    # the command line sets the same fields
+    args = build_parser().parse_args(
+        [
+            "--from",
+            "r",
+            "--technique",
+            "prune",
+            "--sparsity",
+            "0.6",
+            "--phase-epochs",
+            "prune=2",
+            "--block-size",
+            "4,1",
+            "--no-tensorboard",
+            "--lr",
+            "1e-3",
+        ]
+    )
+    o = resolve_config(args, C.RunConfig()).optimize
+    got = settings_for(o, "prune")
+    assert got == OptimizeSettings(
+        technique="prune",
+        prune=PruneSpec(sparsity=0.6, block_size=(4, 1)),
+        learning_rate=1e-3,
+        phase_epochs=(("prune", 2), ("low_rank", 3), ("channel_prune", 3)),
+        tensorboard=False,
+    )
+    with pytest.raises(ConfigError, match="stage 'optimize' runs one technique"):
+        stage.get("optimize").settings(C.from_dict({"optimize": {"technique": "prune,qat"}}))
 
 
 def test_export_options_make_the_settings_the_runner_takes():
@@ -113,6 +149,7 @@ def test_export_options_make_the_settings_the_runner_takes():
 
 
 def test_the_pipeline_hands_each_stage_its_config_inputs_and_options():
+    from tfopt import config as C
     from tfopt.pipeline import apply_overrides, load_pipeline, plan
     from tfopt.pipeline.config import find_pipeline
 
@@ -125,12 +162,16 @@ def test_the_pipeline_hands_each_stage_its_config_inputs_and_options():
     assert stages["student"].config.model.name == cfg.student.model
     assert stages["teacher"].config.model.name == cfg.teacher.model
     pruned = stages["student-channel_prune"]
-    assert pruned.kind == "optimize" and pruned.inputs == ("student",)
-    assert (
-        pruned.options["technique"] == "channel_prune"
-        and pruned.options["flops"] == cfg.compress.flops
+    assert pruned.kind == "optimize" and pruned.inputs == ("student",) and pruned.options == {}
+    o = pruned.config.optimize
+    assert (o.technique, o.channels_flops, o.sparsity) == (
+        "channel_prune",
+        cfg.compress.flops,
+        cfg.compress.sparsity,
     )
-    assert "flops" not in stages["student-pqat"].options  # pqat reads no multiply-add target
+    assert pruned.config.model == stages["student"].config.model
+    pqat = stages["student-pqat"].config.optimize  # pqat reads no multiply-add target
+    assert pqat.technique == "pqat" and pqat.channels_flops == C.OptimizeConfig().channels_flops
     assert stages["student-pqat-export"].options["modes"] == ["int8"]
     assert stages["teacher-export"].options["runs"] == 7
     for s in stages.values():  # every option is one its stage reads

@@ -24,10 +24,25 @@ def _choices(names) -> str:
 
 
 #: The help groups of the config flags, in the order ``--help`` shows them.
-GROUPS = ("configuration", "distillation", "data", "model", "distribution", "training", "output")
+GROUPS = (
+    "configuration",
+    "distillation",
+    "optimization",
+    "pruning",
+    "clustering",
+    "low-rank factorization",
+    "channel pruning",
+    "data",
+    "model",
+    "distribution",
+    "fine-tuning",
+    "training",
+    "output",
+)
 #: A section's help group, unless its field's :class:`~tfopt.config.Flag` names another.
 SECTION_GROUPS = {
     "distill": "distillation",
+    "optimize": "optimization",
     "data": "data",
     "model": "model",
     "runtime": "distribution",
@@ -67,9 +82,12 @@ def _option_kwargs(section: str, f: dataclasses.Field, flag: config_lib.Flag, va
     flag not given leaves the config's value, whichever file or ``--set`` gave it)."""
     typ = config_lib._field_types(_section_type(section))[f.name]
     kwargs: dict = {"dest": _dest(flag.name), "help": flag.help}
-    if value not in ("", None) and "default" not in flag.help:
+    negated = typ is bool and flag.name.startswith("--no-")
+    if value not in ("", None) and "default" not in flag.help and not negated:
         shown = "off" if value is False else "on" if value is True else value
         kwargs["help"] += f" (default: {shown})"
+    if negated:  # e.g. --no-tensorboard sets optimize.tensorboard to false
+        return kwargs | {"action": "store_const", "const": False, "default": None}
     if typ is bool:
         return kwargs | {"action": "store_true", "default": None}
     kwargs["type"] = typ if typ in (int, float) else str
@@ -84,16 +102,26 @@ def _option_kwargs(section: str, f: dataclasses.Field, flag: config_lib.Flag, va
     return kwargs
 
 
-def add_config_args(parser: argparse.ArgumentParser, sections: tuple[str, ...] = TRAINING) -> None:
+def add_config_args(
+    parser: argparse.ArgumentParser,
+    sections: tuple[str, ...] = TRAINING,
+    *,
+    shared: tuple[str, ...] = (),
+    inherited: str = "",
+) -> None:
     """Adds the flags of the config ``sections``, generated from the fields of
     :class:`~tfopt.config.RunConfig` that carry a :class:`~tfopt.config.Flag`: grouped (the
     stage's own, data, model, distribution, training, output), each help ending with the field's
     default, choice lists shown from the config's own (``--config``, ``--set``,
-    ``--print-config`` come first).
+    ``--print-config`` come first). :func:`config_from_args` reads them back.
 
     Args:
         parser: The command's parser.
         sections: The config sections the command reads (default: the training ones).
+        shared: ``SECTION.KEY`` of single fields of other sections it reads too (a stage that
+            starts from a run reads only some of the run's settings).
+        inherited: Where the ``shared`` fields' defaults come from, e.g. ``the input run's``
+            (default: the config's defaults, shown in each help).
     """
     groups = {title: parser.add_argument_group(title) for title in GROUPS}
     g = groups["configuration"]
@@ -113,20 +141,31 @@ def add_config_args(parser: argparse.ArgumentParser, sections: tuple[str, ...] =
         "--print-config", action="store_true", help="print the resolved config as JSON and exit"
     )
     defaults = config_lib.RunConfig()
-    for section, f, flag in config_flags(sections):
+    keys = {}
+    chosen = [
+        (s, f, fl) for s, f, fl in config_flags() if s in sections or f"{s}.{f.name}" in shared
+    ]
+    for section, f, flag in chosen:
         value = getattr(getattr(defaults, section), f.name)
+        kwargs = _option_kwargs(section, f, flag, "" if section not in sections else value)
+        if section not in sections and inherited and "default" not in flag.help:
+            kwargs["help"] += f" (default: {inherited})"
         groups[flag.group or SECTION_GROUPS[section]].add_argument(
-            flag.name, *flag.aliases, **_option_kwargs(section, f, flag, value)
+            flag.name, *flag.aliases, **kwargs
         )
-    groups["model"].add_argument(
-        "--model-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a keyword argument of keras.applications:NAME or a factory, e.g. alpha=0.35, "
-        "weights=None (default), weights=imagenet (downloads), weights=PATH (repeatable)",
-    )
-    add_shard_variables(groups["distribution"])
+        keys[kwargs["dest"]] = (section, f.name)
+    parser.set_defaults(config_keys=keys)
+    if "model" in sections:
+        groups["model"].add_argument(
+            "--model-arg",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a keyword argument of keras.applications:NAME or a factory, e.g. alpha=0.35, "
+            "weights=None (default), weights=imagenet (downloads), weights=PATH (repeatable)",
+        )
+    if "runtime" in sections or any(k.startswith("runtime.") for k in shared):
+        add_shard_variables(groups["distribution"])
     g = groups["output"]
     g.add_argument(
         "--overwrite",
@@ -141,22 +180,26 @@ def group(parser: argparse.ArgumentParser, title: str):
     return next(g for g in parser._action_groups if g.title == title)
 
 
-def flag_keys() -> dict[str, tuple[str, str]]:
-    """Option dest -> ``(section, key)`` of every config flag."""
-    return {_dest(flag.name): (section, f.name) for section, f, flag in config_flags()}
+def flag_keys(sections: tuple[str, ...] = TRAINING) -> dict[str, tuple[str, str]]:
+    """Option dest -> ``(section, key)`` of every config flag of ``sections`` (stages' sections
+    may reuse a name: ``--epochs`` is ``train.epochs`` and ``optimize.epochs``)."""
+    return {_dest(flag.name): (section, f.name) for section, f, flag in config_flags(sections)}
 
 
-def config_from_args(args: argparse.Namespace) -> config_lib.RunConfig:
-    """Resolves the config: defaults < --config file < --set overrides < dedicated flags.
+def config_from_args(
+    args: argparse.Namespace, base: config_lib.RunConfig | None = None
+) -> config_lib.RunConfig:
+    """Resolves the config: ``base`` (default: the defaults) < --config file < --set overrides
+    < dedicated flags (those :func:`add_config_args` added).
 
     Raises:
         ConfigError: a bad value, or a ``package.module:function`` model the ``--config`` file
             names (code read from a file) without ``--trust-model``.
     """
-    from_file = config_lib.load(args.config) if args.config else None
-    cfg = config_lib.apply_overrides(from_file or config_lib.RunConfig(), args.set)
+    from_file = config_lib.load(args.config, base) if args.config else None
+    cfg = config_lib.apply_overrides(from_file or base or config_lib.RunConfig(), args.set)
     raw: dict[str, dict] = {}
-    for flag, (section, key) in flag_keys().items():
+    for flag, (section, key) in getattr(args, "config_keys", flag_keys()).items():
         value = getattr(args, flag, None)
         if isinstance(value, list):  # a repeatable option: its values comma-joined
             value = ",".join(value)

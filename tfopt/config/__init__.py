@@ -18,7 +18,12 @@ from tfopt.config.fields import *  # noqa: F403
 from tfopt.config.sections import *  # noqa: F403
 from tfopt.config.sections import HEADS, DataConfig, ModelConfig, RuntimeConfig, TrainConfig  # noqa: F401
 from tfopt.config.stages import *  # noqa: F403
-from tfopt.config.stages import COMBINE_MODES, DISTILL_TECHNIQUES, DistillConfig  # noqa: F401
+from tfopt.config.stages import (  # noqa: F401
+    COMBINE_MODES,
+    DISTILL_TECHNIQUES,
+    DistillConfig,
+    OptimizeConfig,
+)
 from tfopt.config.values import *  # noqa: F403
 from tfopt.config.values import _field_types, choices_of, coerce  # noqa: F401
 from tfopt.core.errors import ConfigError
@@ -33,6 +38,7 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    optimize: OptimizeConfig = field(default_factory=OptimizeConfig)
 
     def to_dict(self, stage: str | None = None) -> dict:
         """Returns the config as nested plain dicts (JSON-serializable).
@@ -52,6 +58,8 @@ TRAINING_SECTIONS = ("data", "model", "runtime", "train")
 STAGE_SECTIONS = {
     "train": TRAINING_SECTIONS,
     "distill": (*TRAINING_SECTIONS, "distill"),
+    # optimize resolves its section into the run.json "optimize" record (the settings each
+    # technique ran with), which its fingerprint covers
     "optimize": TRAINING_SECTIONS,
 }
 

@@ -18,6 +18,8 @@ def _validate(cfg: Any) -> Any:
     _check_strategy_fit(cfg)
     _check_ranges(cfg)
     _check_distill(cfg.distill)
+    cfg.optimize.block()  # the fields read from text parse
+    cfg.optimize.phase_epochs_of()
     return cfg
 
 

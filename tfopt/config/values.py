@@ -13,6 +13,7 @@ from tfopt.config.fields import (
     BGR_PREFIX,
     CACHE_MODES,
     COLLECTIVES,
+    FLAG,
     INPUT_SCALES,
     NORMALIZE_PRESETS,
     PARTITIONERS,
@@ -20,7 +21,7 @@ from tfopt.config.fields import (
     SERVICE_MODES,
 )
 from tfopt.config.sections import HEADS, DataConfig
-from tfopt.config.stages import COMBINE_MODES, DISTILL_TECHNIQUES
+from tfopt.config.stages import COMBINE_MODES, DISTILL_TECHNIQUES, OptimizeConfig
 from tfopt.core.errors import ConfigError
 from tfopt.core.specs import PRECISIONS, STRATEGIES
 
@@ -39,6 +40,15 @@ _CHOICES = {
     ("data", "input_scale"): INPUT_SCALES,
     ("distill", "combine"): COMBINE_MODES,
     ("distill", "technique"): DISTILL_TECHNIQUES,
+}
+
+
+# A stage field whose option lists its choices (argparse enforces them) is checked against them
+# in files and --set too.
+_CHOICES |= {
+    ("optimize", f.name): f.metadata[FLAG].choices
+    for f in dataclasses.fields(OptimizeConfig)
+    if FLAG in f.metadata and f.metadata[FLAG].choices
 }
 
 

@@ -12,10 +12,10 @@ and ``run``::
     record = export.run(cfg, ["runs/mnist"], "runs/mnist-export", options={"modes": ["int8"]})
 
 ``run(cfg, inputs, out_dir, *, options, overwrite)`` takes the run configuration (data, model,
-runtime, train, distill), the paths it reads, each a run directory or a model file resolved one
+runtime, train and each stage's own section: distill, optimize), the paths it reads, each a run directory or a model file resolved one
 way by :func:`tfopt.runs.load_input`, the run directory it commits, and ``options``: the plain data
-of the stage's own settings that the config tree does not hold yet (optimize's technique and
-its targets, export's modes and timing), the same data a pipeline fingerprints. It returns the
+of the stage's own settings that the config tree does not hold yet (export's modes and timing),
+the same data a pipeline fingerprints. It returns the
 committed :class:`~tfopt.runs.RunRecord` on the chief, None on other tasks.
 
 The pipeline runs every stage through :func:`get`; it imports no stage (an import-linter

@@ -241,7 +241,7 @@ def run(
             }
             rd = RunDir(
                 path,
-                fingerprint("optimize", result_config(cfg), options),
+                fingerprint("optimize", result_config(cfg, "optimize"), options),
                 {"optimize": options},
                 overwrite=overwrite,
                 chief=job.chief,

@@ -55,15 +55,18 @@ class StudentSpec:
 
 @dataclass(frozen=True)
 class CompressSpec:
-    """How the student is compressed (``tfopt.optimize``): one output per technique."""
+    """How the student is compressed (``tfopt.optimize``): one output per technique.
+
+    These override the ``optimize`` section of the config tree (:class:`tfopt.config.OptimizeConfig`)
+    for each technique; a pipeline prunes less (0.5) and fine-tunes one epoch per phase.
+    """
 
     techniques: tuple[str, ...] = ("pqat",)
     sparsity: float = 0.5
-    flops: float = (
-        0.5  # low_rank, channel_prune: the result's multiply-adds as a share of the student's
-    )
+    # low_rank, channel_prune: the result's multiply-adds as a share of the student's
+    flops: float = config_lib.OptimizeConfig.channels_flops
     epochs: int = 1  # fine-tuning epochs per phase
-    learning_rate: float = 5e-4
+    learning_rate: float = config_lib.OptimizeConfig.learning_rate
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,13 @@ def stage_run_config(cfg: PipelineConfig, spec, output_dir: str) -> RunConfig:
     )
 
 
-def _result_part(run_cfg: RunConfig) -> dict:
-    # What the stage's own run fingerprints (tfopt.runs.result_config): a setting that changes
-    # where or how a run writes (backups, output, progress) keeps a finished stage.
-    return result_config(run_cfg)
+def _result_part(run_cfg: RunConfig, kind: str) -> dict:
+    # What the stage's own run fingerprints (tfopt.runs.result_config): the sections it reads,
+    # but not a setting that changes where or how a run writes (backups, output, progress).
+    out = result_config(run_cfg, kind)
+    if kind == "optimize":  # resolved into the run's settings, not its recorded config
+        out["optimize"] = dataclasses.asdict(run_cfg.optimize)
+    return out
 
 
 def plan(cfg: PipelineConfig) -> list[Stage]:
@@ -83,7 +86,7 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
     stages: dict[str, Stage] = {}
 
     def add(name: str, kind: str, inputs: tuple[str, ...], run_cfg: RunConfig, **options) -> None:
-        settings = {"run": _result_part(run_cfg), **options} if kind != "export" else options
+        settings = {"run": _result_part(run_cfg, kind), **options} if kind != "export" else options
         digest = fingerprint(kind, settings, [stages[i].fingerprint for i in inputs])
         stages[name] = Stage(name, kind, inputs, settings, digest, run_cfg, options)
 
@@ -97,16 +100,20 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
     add("student", "distill", ("teacher",), distilled)
     for technique in c.techniques:
         structural = set(STRUCTURAL) & set(TECHNIQUES[technique].phases)
-        add(
-            f"student-{technique}",
-            "optimize",
-            ("student",),
-            student,
+        targets = {"low_rank_flops": c.flops, "channels_flops": c.flops} if structural else {}
+        section = dataclasses.replace(
+            config_lib.OptimizeConfig(),
             technique=technique,
             sparsity=c.sparsity,
             epochs=c.epochs,
             learning_rate=c.learning_rate,
-            **({"flops": c.flops} if structural else {}),
+            **targets,
+        )
+        add(
+            f"student-{technique}",
+            "optimize",
+            ("student",),
+            dataclasses.replace(student, optimize=section),
         )
     for source in ["teacher", "student", *[f"student-{x}" for x in c.techniques]]:
         qat = source.startswith("student-") and source[len("student-") :] in QAT_TECHNIQUES
