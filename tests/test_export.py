@@ -406,7 +406,7 @@ def _cli(*args, timeout=300):
             "'/nonexistent/run' does not exist; give the -o directory of a training run or a model file",
         ),
         (["--from", ".", "--modes", "float32,int4"], "unknown mode 'int4'; choose one of"),
-        (["--from", ".", "--io", "int16"], "unknown io 'int16'; choose one of float, int8, uint8"),
+        (["--from", ".", "--io", "int16"], "--io: invalid choice: 'int16' (choose from 'float'"),
         (
             ["--from", ".", "--modes", "float16", "--float-layers", "conv0"],
             "--float-layers is not used by --modes float16 (it belongs to int8); add int8 to --modes",
@@ -420,8 +420,8 @@ def _cli(*args, timeout=300):
             ["--benchmark", "x.tflite", "--threads", "1,zero"],
             "thread count 'zero' is not an integer",
         ),
-        (["--from", ".", "--calibration-steps", "0"], "--calibration-steps 0 must be >= 1"),
-        (["--from", ".", "--auto-candidates", "1"], "--auto-candidates 1 must be >= 2"),
+        (["--from", ".", "--calibration-steps", "0"], "export.calibration_steps=0 must be >= 1"),
+        (["--from", ".", "--auto-candidates", "1"], "export.auto_candidates=1 must be >= 2"),
         (
             ["--from", ".", "--modes", "int8_automatic"],
             "unknown mode 'int8_automatic'; choose one of float32, dynamic, "

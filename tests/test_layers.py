@@ -100,11 +100,8 @@ FILE_LINES, FUNCTION_LINES = 500, 80
 OVER = {
     "tfopt/compress/channel_prune.py": 578,
     "tfopt/core/_compat.py": 591,
-    "tfopt/export/cli.py": 562,
     "tfopt/export/converter.py": 564,
     "tfopt/compress/low_rank.py:factorize": 88,
-    "tfopt/export/cli.py:build_parser": 208,
-    "tfopt/export/cli.py:_work": 123,
     "tfopt/export/runner.py:run": 84,
     "tfopt/optimize/runner.py:_write": 98,
     "tfopt/train/stage.py:run": 108,

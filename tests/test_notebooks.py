@@ -382,7 +382,7 @@ def _parameters(name: str) -> dict:
 def test_the_defaults_the_notebooks_quote_are_the_librarys():
     """A full-size parameter that stands for a library default must equal it (smoke values differ)."""
     from tfopt import config as C
-    from tfopt.config.stages import LONG_PHASES
+    from tfopt.config.optimize import LONG_PHASES
     from tfopt.distill.cli import RECIPE
     from tfopt.export.fidelity import Thresholds
     from tfopt.export.runner import ExportSettings

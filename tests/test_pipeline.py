@@ -71,15 +71,16 @@ def test_overrides_and_their_errors():
     assert two.compress.techniques == ("pqat", "prune_2of4") and two.export.threads == (1, 2)
     names = [s.name for s in plan(two)]
     assert "student-prune_2of4-export" in names
-    modes = {s.name: s.settings["modes"] for s in plan(two) if s.kind == "export"}
-    assert modes["student-pqat-export"] == ["int8"]  # a QAT model converts to int8 only
-    assert modes["student-prune_2of4-export"] == list(cfg.export.modes)
+    modes = {s.name: s.settings["export"]["modes"] for s in plan(two) if s.kind == "export"}
+    assert modes["student-pqat-export"] == "int8"  # a QAT model converts to int8 only
+    assert modes["student-prune_2of4-export"] == ",".join(cfg.export.modes)
     low = apply_overrides(cfg, ["compress.techniques=low_rank,low_rank_qat", "compress.flops=0.4"])
     stages = {s.name: s for s in plan(low)}
     assert stages["student-low_rank"].settings["run"]["optimize"]["low_rank_flops"] == 0.4
     assert [
-        stages[f"student-{t}-export"].settings["modes"] for t in ("low_rank", "low_rank_qat")
-    ] == [list(cfg.export.modes), ["int8"]]  # a QAT result converts to int8 only
+        stages[f"student-{t}-export"].settings["export"]["modes"]
+        for t in ("low_rank", "low_rank_qat")
+    ] == [",".join(cfg.export.modes), "int8"]  # a QAT result converts to int8 only
     both = ["compress.techniques=pqat,low_rank"]
     before = {s.name: s.fingerprint for s in plan(apply_overrides(cfg, both))}
     after = {
@@ -108,7 +109,7 @@ def test_overrides_and_their_errors():
         (["teacher.epochs=two"], r"teacher.epochs='two' is not an int"),
         (["nonsense"], r"override 'nonsense' is not of the form section.key=value"),
         (["stages.x=1"], r"unknown pipeline section 'stages'; valid sections:"),
-        (["export.calibration_steps=0"], r"export.calibration_steps=0 >= 1"),
+        (["export.calibration_steps=0"], r"export.calibration_steps=0 must be >= 1"),
         (
             ["launch.isolate=true"],
             r"launch.isolate='true' is not valid; choose one of auto, on, off",

@@ -25,7 +25,6 @@ def test_finding_every_stage_starts_no_tensorflow():
         "from tfopt.core import stage\n"
         "for n in stage.names():\n"
         "    stage.get(n).check({})\n"
-        "stage.get('export').check({'modes': ['float32', 'int8'], 'threads': [1]})\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras'))\n"
         "assert not bad, bad[:5]\n"
     )
@@ -66,9 +65,7 @@ def test_a_registered_stage_is_found_and_replaces_a_built_in_one_until_unregiste
         ("train", {"epochs": 1}, "option 'epochs' is not read by stage 'train'"),
         ("distill", {"alpha": 0.5}, "option 'alpha' is not read by stage 'distill'"),
         ("optimize", {"sparsity": 0.5}, "option 'sparsity' is not read by stage 'optimize'"),
-        ("export", {"modes": ["int4"]}, "int4"),
-        ("export", {"threads": [0]}, "0"),
-        ("export", {"runs": 0}, "export.runs=0 >= 1"),
+        ("export", {"modes": ["int8"]}, "option 'modes' is not read by stage 'export'"),
     ],
 )
 def test_a_bad_option_is_refused_in_one_line(name, options, fragment):
@@ -138,14 +135,25 @@ def test_the_optimize_section_makes_the_settings_the_runner_takes():
         stage.get("optimize").settings(C.from_dict({"optimize": {"technique": "prune,qat"}}))
 
 
-def test_export_options_make_the_settings_the_runner_takes():
+def test_the_export_section_makes_the_settings_the_runner_takes():
+    from tfopt import config as C
+    from tfopt.export.choices import MODES
     from tfopt.export.settings import BenchSettings, ExportSettings
 
-    options = {"modes": ["int8", "float32", "int8"], "threads": [1], "runs": 5, "warmup": 1}
-    assert stage.get("export").settings(options) == ExportSettings(
+    cfg = C.from_dict({"export": {"modes": "int8,float32,int8", "threads": "1", "runs": 5}})
+    cfg = C.from_dict({"export": {"warmup": 1}}, cfg)
+    assert stage.get("export").settings(cfg) == ExportSettings(
         modes=("int8", "float32"), bench=BenchSettings(threads=(1,), runs=5, warmup=1)
     )
-    assert stage.get("export").settings({}) == ExportSettings()
+    assert stage.get("export").settings(C.RunConfig()) == ExportSettings()  # one set of defaults
+    assert C.MODE_NAMES == tuple(MODES.names())  # the config's list is the registry's
+    for raw, fragment in (
+        ({"modes": "float32,int4"}, "unknown mode 'int4'"),
+        ({"threads": "0"}, "thread count 0 must be >= 1"),
+        ({"runs": 0}, "export.runs=0 must be >= 1"),
+    ):
+        with pytest.raises(ConfigError, match=fragment):
+            C.from_dict({"export": raw})
 
 
 def test_the_pipeline_hands_each_stage_its_config_inputs_and_options():
@@ -172,8 +180,8 @@ def test_the_pipeline_hands_each_stage_its_config_inputs_and_options():
     assert pruned.config.model == stages["student"].config.model
     pqat = stages["student-pqat"].config.optimize  # pqat reads no multiply-add target
     assert pqat.technique == "pqat" and pqat.channels_flops == C.OptimizeConfig().channels_flops
-    assert stages["student-pqat-export"].options["modes"] == ["int8"]
-    assert stages["teacher-export"].options["runs"] == 7
+    assert stages["student-pqat-export"].config.export.modes == "int8"
+    assert stages["teacher-export"].config.export.runs == 7
     for s in stages.values():  # every option is one its stage reads
         stage.get(s.kind).check(s.options)
 

@@ -175,7 +175,11 @@ def _with_value(parser, flag: str) -> list[str]:
         return [flag]
     if action.choices:
         return [flag, str(next(iter(action.choices)))]
-    return [flag, {int: "16", float: "0.5"}.get(action.type, "4,1")]
+    valid = {"HxW": "8x8", "MEAN/STD": "0.5/0.5"}.get(action.metavar)  # text parsed by the config
+    if (action.metavar or "").startswith("{"):  # the config's choices, shown
+        valid = action.metavar.strip("{}").split(",")[0]
+    valid = valid or {"--runtime": "latest"}.get(flag, "4,1")
+    return [flag, {int: "16", float: "0.5"}.get(action.type, valid)]
 
 
 def _check(module, parser, argv: list[str]) -> str | None:

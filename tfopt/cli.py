@@ -32,6 +32,10 @@ GROUPS = (
     "clustering",
     "low-rank factorization",
     "channel pruning",
+    "conversion (--from)",
+    "fidelity gate (--from)",
+    "evaluation",
+    "latency",
     "data",
     "model",
     "distribution",
@@ -43,6 +47,7 @@ GROUPS = (
 SECTION_GROUPS = {
     "distill": "distillation",
     "optimize": "optimization",
+    "export": "conversion (--from)",
     "data": "data",
     "model": "model",
     "runtime": "distribution",

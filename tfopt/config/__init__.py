@@ -14,16 +14,15 @@ from typing import Any
 
 # Every name of the config's modules is a name of tfopt.config (its one public import path).
 from tfopt.config.checks import _validate, reads, teacher_weights  # noqa: F401
+from tfopt.config.distill import *  # noqa: F403
+from tfopt.config.distill import COMBINE_MODES, DISTILL_TECHNIQUES, DistillConfig  # noqa: F401
+from tfopt.config.export import *  # noqa: F403
+from tfopt.config.export import ExportConfig
 from tfopt.config.fields import *  # noqa: F403
+from tfopt.config.optimize import *  # noqa: F403
+from tfopt.config.optimize import OptimizeConfig
 from tfopt.config.sections import *  # noqa: F403
 from tfopt.config.sections import HEADS, DataConfig, ModelConfig, RuntimeConfig, TrainConfig  # noqa: F401
-from tfopt.config.stages import *  # noqa: F403
-from tfopt.config.stages import (  # noqa: F401
-    COMBINE_MODES,
-    DISTILL_TECHNIQUES,
-    DistillConfig,
-    OptimizeConfig,
-)
 from tfopt.config.values import *  # noqa: F403
 from tfopt.config.values import _field_types, choices_of, coerce  # noqa: F401
 from tfopt.core.errors import ConfigError
@@ -39,6 +38,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     optimize: OptimizeConfig = field(default_factory=OptimizeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def to_dict(self, stage: str | None = None) -> dict:
         """Returns the config as nested plain dicts (JSON-serializable).

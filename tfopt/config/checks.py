@@ -6,8 +6,9 @@ import dataclasses
 import math
 from typing import Any
 
+from tfopt.config.distill import DistillConfig, parse_features
+from tfopt.config.export import parse_modes, parse_runtimes, parse_threads
 from tfopt.config.fields import AUTOTUNE, FLAG, LAUNCHED_SERVICE
-from tfopt.config.stages import DistillConfig, parse_features
 from tfopt.config.values import _CHOICES, _validate_augment, parse_image_size
 from tfopt.core.errors import ConfigError
 from tfopt.core.specs import parse_model
@@ -20,7 +21,36 @@ def _validate(cfg: Any) -> Any:
     _check_distill(cfg.distill)
     cfg.optimize.block()  # the fields read from text parse
     cfg.optimize.phase_epochs_of()
+    _check_export(cfg.export)
     return cfg
+
+
+#: The export counts and their least values.
+EXPORT_LEAST = {
+    "calibration_steps": 1,
+    "runs": 1,
+    "warmup": 0,
+    "rounds": 1,
+    "eval_limit": 0,
+    "max_float_layers": 1,
+    "search_limit": 0,
+    "auto_candidates": 2,
+}
+
+
+def _check_export(e: Any) -> None:
+    """The export's modes, thread counts and runtimes, its counts and its fidelity gate in range."""
+    parse_modes(e.modes)
+    parse_threads(e.threads)
+    parse_runtimes(e.runtimes)
+    for key, low in EXPORT_LEAST.items():
+        if getattr(e, key) < low:
+            raise ConfigError(f"export.{key}={getattr(e, key)} must be >= {low}")
+    if not 0.0 <= e.min_agreement <= 1.0 or not e.max_accuracy_drop >= 0:
+        raise ConfigError(
+            f"export.min_agreement={e.min_agreement} must be in [0, 1] and "
+            f"export.max_accuracy_drop={e.max_accuracy_drop} >= 0 (accuracy points)"
+        )
 
 
 def reads(section: Any, key: str) -> bool:

@@ -45,8 +45,12 @@ class DataConfig:
         0  # crop_flip: side of the random square window (0 = the image's own height x width)
     )
     crop_padding: int = 0  # crop_flip: zero pixels added on each side before the window is taken
-    normalize: str = (
-        ""  # "" (off) | imagenet | MEAN/STD per channel in [0, 1] units, e.g. 0.5,0.5,0.5/0.25
+    normalize: str = flag(
+        "",
+        "--normalize",
+        "the model's input scaling of [0, 1] pixels: imagenet, MEAN/STD per channel (e.g. 0.5/0.5 "
+        "for [-1, 1]) or bgr:MEAN/STD (see docs/your_model.md); default: none",
+        metavar="MEAN/STD",
     )
     input_scale: str = flag(
         "auto",

@@ -7,6 +7,8 @@ import math
 import typing
 from typing import Any
 
+from tfopt.config.distill import COMBINE_MODES, DISTILL_TECHNIQUES
+from tfopt.config.export import ExportConfig
 from tfopt.config.fields import (
     ALLREDUCE_DTYPES,
     AUGMENTS,
@@ -20,8 +22,8 @@ from tfopt.config.fields import (
     RAW_NORMALIZE,
     SERVICE_MODES,
 )
+from tfopt.config.optimize import OptimizeConfig
 from tfopt.config.sections import HEADS, DataConfig
-from tfopt.config.stages import COMBINE_MODES, DISTILL_TECHNIQUES, OptimizeConfig
 from tfopt.core.errors import ConfigError
 from tfopt.core.specs import PRECISIONS, STRATEGIES
 
@@ -46,8 +48,9 @@ _CHOICES = {
 # A stage field whose option lists its choices (argparse enforces them) is checked against them
 # in files and --set too.
 _CHOICES |= {
-    ("optimize", f.name): f.metadata[FLAG].choices
-    for f in dataclasses.fields(OptimizeConfig)
+    (section, f.name): f.metadata[FLAG].choices
+    for section, cls in (("optimize", OptimizeConfig), ("export", ExportConfig))
+    for f in dataclasses.fields(cls)
     if FLAG in f.metadata and f.metadata[FLAG].choices
 }
 

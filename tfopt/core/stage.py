@@ -7,16 +7,16 @@ and ``run``::
 
     from tfopt.core import stage
 
-    export = stage.get("export")
-    export.check({"modes": ["float32", "int8"]})  # before TensorFlow starts
-    record = export.run(cfg, ["runs/mnist"], "runs/mnist-export", options={"modes": ["int8"]})
+    cfg = tfopt.config.from_dict({"export": {"modes": "float32,int8"}})  # checked here
+    record = stage.get("export").run(cfg, ["runs/mnist"], "runs/mnist-export")
 
 ``run(cfg, inputs, out_dir, *, options, overwrite)`` takes the run configuration (data, model,
-runtime, train and each stage's own section: distill, optimize), the paths it reads, each a run directory or a model file resolved one
-way by :func:`tfopt.runs.load_input`, the run directory it commits, and ``options``: the plain data
-of the stage's own settings that the config tree does not hold yet (export's modes and timing),
-the same data a pipeline fingerprints. It returns the
-committed :class:`~tfopt.runs.RunRecord` on the chief, None on other tasks.
+runtime, train and each stage's own section: distill, optimize, export), the paths it reads,
+each a run directory or a model file resolved one way by :func:`tfopt.runs.load_input`, the run
+directory it commits, and ``options``: plain data for settings outside the config tree (the
+built-in stages take none; a stage of a user's may), checked by ``check`` before TensorFlow
+starts. It returns the committed :class:`~tfopt.runs.RunRecord` on the chief, None on other
+tasks.
 
 The pipeline runs every stage through :func:`get`; it imports no stage (an import-linter
 contract in setup.cfg says so). The built-in stages are found by name on first use, so that

@@ -7,10 +7,22 @@ converter setting in :func:`tfopt.export.tflite.make_converter`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tfopt.core.errors import ConfigError
+from tfopt.config.export import (  # noqa: F401 - the export's choices live in its config section
+    DEFAULT_MODES,
+    IO_TYPES,
+    KERNELS,
+    MODE_NAMES,
+    OUTPUTS,
+    QUANTIZERS,
+    RUNTIMES,
+    SPARSITY_CHOICES,
+    check_choice,
+    parse_modes,
+    parse_runtimes,
+    parse_threads,
+)
 from tfopt.core.specs import Registry
 
 
@@ -102,83 +114,5 @@ MODES: Registry[PtqMode] = Registry(
         ),
     ),
 )
-# What --modes means when not given. The dynamic-range entry is dynamic_auto: int8 arithmetic only
-# where it is measured not slower than float (plain dynamic is asked by name).
-DEFAULT_MODES = ("float32", "dynamic_auto", "float16", "int8", "int8_auto", "int16x8")
-IO_TYPES = ("float", "int8", "uint8")
-#: Who quantizes the modes both can make (--quantizer): the TFLite converter, or LiteRT Quantizer
-#: (ai-edge-quantizer) from the float32 .tflite. The ai-edge-quantizer modes are LiteRT Quantizer's
-#: only.
-QUANTIZERS = ("converter", "litert")
+#: The modes both quantizers make (``--quantizer`` chooses which).
 BOTH_QUANTIZERS = ("dynamic", "float16", "int8", "int16x8")
-#: What an exported classifier gives out (``--outputs``; tfopt.export.outputs).
-OUTPUTS = ("probabilities", "logits")
-SPARSITY_CHOICES = ("auto", "on", "off")
-KERNELS = ("xnnpack", "builtin", "both")
-# LiteRT runtime settings a latency can be timed with (--runtime): the Interpreter with its default
-# XNNPACK delegate (and --kernels), the Interpreter's experimental_default_delegate_latest_features,
-# and ai-edge-litert's CompiledModel on the CPU (its XNNPACK with default CpuOptions).
-RUNTIMES = ("interpreter", "latest", "compiled")
-
-
-def check_choice(what: str, value: str, choices: Sequence[str], flag: str) -> str:
-    """Returns ``value`` or raises ConfigError naming the valid choices and the flag."""
-    if value not in choices:
-        raise ConfigError(f"unknown {what} {value!r}; choose one of {', '.join(choices)} ({flag})")
-    return value
-
-
-def parse_modes(text: str | Sequence[str]) -> list[str]:
-    """Parses ``"float32,int8"`` (or a list) into known modes, keeping order, dropping repeats.
-
-    Raises:
-        ConfigError: an unknown mode, or no mode at all.
-    """
-    items = text.split(",") if isinstance(text, str) else list(text)
-    modes: list[str] = []
-    for item in (i.strip() for i in items):
-        if item and item not in modes:
-            modes.append(check_choice("mode", item, MODES.names(), "--modes"))
-    if not modes:
-        raise ConfigError(f"no mode given; choose from {', '.join(MODES)} (--modes float32,int8)")
-    return modes
-
-
-def parse_runtimes(text: str | Sequence[str]) -> list[str]:
-    """Parses ``"interpreter,compiled"`` into known runtime settings (order kept, repeats dropped).
-
-    Raises:
-        ConfigError: an unknown runtime, or none.
-    """
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out: list[str] = []
-    for item in (i.strip() for i in items):
-        if item and item not in out:
-            out.append(check_choice("runtime", item, RUNTIMES, "--runtime"))
-    if not out:
-        raise ConfigError(f"no runtime given; choose from {', '.join(RUNTIMES)} (--runtime)")
-    return out
-
-
-def parse_threads(text: str | Sequence[int]) -> list[int]:
-    """Parses ``"1,2"`` into distinct thread counts (each >= 1).
-
-    Raises:
-        ConfigError: not a comma-separated list of positive integers.
-    """
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out: list[int] = []
-    for item in items:
-        try:
-            n = int(str(item).strip())
-        except ValueError:
-            raise ConfigError(
-                f"thread count {item!r} is not an integer; give e.g. --threads 1,2"
-            ) from None
-        if n < 1:
-            raise ConfigError(f"thread count {n} must be >= 1; give e.g. --threads 1,2")
-        if n not in out:
-            out.append(n)
-    if not out:
-        raise ConfigError("no thread count given; use e.g. --threads 1,2")
-    return out

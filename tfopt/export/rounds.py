@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tfopt.config.export import ROUNDS  # noqa: F401 - the default lives in the config
 from tfopt.core.timing import percentiles, samples
 from tfopt.export import benchmark as bench
-
-ROUNDS = 5
 
 
 def graph_key(content: bytes) -> str:

@@ -17,7 +17,9 @@ from tfopt.export.choices import (
     DEFAULT_MODES,
     KERNELS,
     check_choice,
+    parse_modes,
     parse_runtimes,
+    parse_threads,
 )
 
 
@@ -91,3 +93,60 @@ def settings_dict(settings: ExportSettings) -> dict:
     d["float_layers"] = list(settings.float_layers)
     d["bench"]["threads"] = list(settings.bench.threads)
     return d
+
+
+def bench_from(e) -> BenchSettings:
+    """The :class:`BenchSettings` of an ``export`` config section (:class:`tfopt.config.ExportConfig`).
+
+    Raises:
+        ConfigError: a thread count or runtime that does not parse.
+    """
+    return BenchSettings(
+        threads=tuple(parse_threads(e.threads)),
+        runs=e.runs,
+        warmup=e.warmup,
+        rounds=e.rounds,
+        device=e.device,
+        benchmark_binary=e.benchmark_binary,
+        kernels=e.kernels,
+        runtimes=tuple(parse_runtimes(e.runtimes)),
+        litert_benchmark=e.litert_benchmark,
+        keras=e.keras_latency,
+    )
+
+
+def settings_from(e, trust_model: bool = False) -> ExportSettings:
+    """The :class:`ExportSettings` of an ``export`` config section.
+
+    Args:
+        e: The section (:class:`tfopt.config.ExportConfig`).
+        trust_model: Load models that can run code (``model.trust``).
+
+    Raises:
+        ConfigError: a mode, thread count or runtime that does not parse.
+    """
+    return ExportSettings(
+        modes=tuple(parse_modes(e.modes)),
+        options=tflite.ConvertOptions(
+            io=e.io,
+            allow_select_tf_ops=e.allow_select_tf_ops,
+            sparsity=e.sparsity,
+            strip_strings=e.strip_strings,
+            recipe=e.recipe,
+            quantizer=e.quantizer,
+        ),
+        calibration_steps=e.calibration_steps,
+        outputs=e.outputs,
+        thresholds=fidelity.Thresholds(
+            min_agreement=e.min_agreement, max_accuracy_drop_pt=e.max_accuracy_drop
+        ),
+        selective=e.selective,
+        max_float_layers=e.max_float_layers,
+        float_layers=tuple(n.strip() for n in e.float_layers.split(",") if n.strip()),
+        eval_limit=e.eval_limit,
+        search_limit=e.search_limit,
+        bench=bench_from(e),
+        plot=e.plot,
+        trust_model=trust_model,
+        auto_candidates=e.auto_candidates,
+    )

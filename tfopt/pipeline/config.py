@@ -71,14 +71,27 @@ class CompressSpec:
 
 @dataclass(frozen=True)
 class ExportSpec:
-    """What every model is exported to and how it is measured (``tfopt.export``)."""
+    """What every model is exported to and how it is measured (``tfopt.export``): overrides of
+    the ``export`` section of the config tree (:class:`tfopt.config.ExportConfig`). A pipeline
+    leaves int8_auto out of its modes (its search multiplies the export's time)."""
 
     modes: tuple[str, ...] = ("float32", "dynamic_auto", "float16", "int8", "int16x8")
-    eval_limit: int = 0  # test examples scored per model (0 = the whole split)
-    runs: int = 200  # timed invocations per latency figure
-    warmup: int = 20
+    eval_limit: int = config_lib.ExportConfig.eval_limit  # test examples scored (0 = all)
+    runs: int = config_lib.ExportConfig.runs  # timed invocations per latency figure
+    warmup: int = config_lib.ExportConfig.warmup
     threads: tuple[int, ...] = (1, 2)
-    calibration_steps: int = 25  # training batches int8 and int16x8 calibrate on
+    calibration_steps: int = config_lib.ExportConfig.calibration_steps
+
+    def overrides(self, qat: bool = False) -> dict:
+        """The ``export`` config keys this spec sets (a QAT model converts to int8 only)."""
+        return {
+            "modes": "int8" if qat else ",".join(self.modes),
+            "eval_limit": self.eval_limit,
+            "runs": self.runs,
+            "warmup": self.warmup,
+            "threads": ",".join(map(str, self.threads)),
+            "calibration_steps": self.calibration_steps,
+        }
 
 
 @dataclass(frozen=True)
@@ -136,7 +149,6 @@ class PipelineConfig:
             ConfigError: a bad value (the message names it and the fix).
         """
         from tfopt.compress.techniques import TECHNIQUES
-        from tfopt.core.stage import get
         from tfopt.models.sources import check as check_model
 
         if not self.name or os.sep in self.name:
@@ -175,7 +187,7 @@ class PipelineConfig:
                 f"compress.flops={self.compress.flops} must be in (0, 1], e.g. 0.5 for half the "
                 "student's multiply-adds"
             )
-        get("export").check(dataclasses.asdict(self.export))
+        config_lib.from_dict({"export": self.export.overrides()})
         if self.probe.steps < 0:
             raise ConfigError(f"probe.steps={self.probe.steps} must be >= 0 (0 skips the probe)")
         if self.launch.workers < 1 or self.launch.ps < 1 or self.launch.max_restarts < 0:

@@ -86,7 +86,12 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
     stages: dict[str, Stage] = {}
 
     def add(name: str, kind: str, inputs: tuple[str, ...], run_cfg: RunConfig, **options) -> None:
-        settings = {"run": _result_part(run_cfg, kind), **options} if kind != "export" else options
+        # an export reads its input run's data, so only its own section
+        settings = (
+            {"export": dataclasses.asdict(run_cfg.export)}
+            if kind == "export"
+            else {"run": _result_part(run_cfg, kind), **options}
+        )
         digest = fingerprint(kind, settings, [stages[i].fingerprint for i in inputs])
         stages[name] = Stage(name, kind, inputs, settings, digest, run_cfg, options)
 
@@ -117,18 +122,8 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
         )
     for source in ["teacher", "student", *[f"student-{x}" for x in c.techniques]]:
         qat = source.startswith("student-") and source[len("student-") :] in QAT_TECHNIQUES
-        add(
-            f"{source}-export",
-            "export",
-            (source,),
-            cfg.base,
-            modes=["int8"] if qat else list(e.modes),
-            eval_limit=e.eval_limit,
-            runs=e.runs,
-            warmup=e.warmup,
-            threads=list(e.threads),
-            calibration_steps=e.calibration_steps,
-        )
+        export_cfg = config_lib.from_dict({"export": e.overrides(qat)}, cfg.base)
+        add(f"{source}-export", "export", (source,), export_cfg)
     return list(stages.values())
 
 
