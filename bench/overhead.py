@@ -211,7 +211,7 @@ def harness(argv: list[str]) -> int:
     args = ap.parse_args(argv[:cut])
 
     # Both sides take their settings from the same `python -m tfopt.train` flags, parsed by tfopt.
-    from tfopt import cli
+    from tfopt.config import cli
 
     parser = cli.ArgumentParser(prog="python -m tfopt.train")
     cli.add_config_args(parser)

@@ -327,7 +327,7 @@ def harness_train(argv: list[str]) -> int:
         name = f"local-{os.getpid()}"
 
     # the flags of `python -m tfopt.train`, parsed by tfopt's own code
-    from tfopt import cli
+    from tfopt.config import cli
 
     parser = cli.ArgumentParser(prog="python -m tfopt.train")
     cli.add_config_args(parser)

@@ -377,7 +377,7 @@ def test_freeze_epochs_over_every_epoch_of_a_model_from_scratch_warns(tmp_path, 
 def test_the_machines_refusals_are_one_line_with_the_fix(code, fix, capsys):
     import errno
 
-    from tfopt import cli
+    from tfopt.config import cli
 
     def body():
         raise OSError(
@@ -392,7 +392,7 @@ def test_the_machines_refusals_are_one_line_with_the_fix(code, fix, capsys):
 def test_an_os_error_of_ours_keeps_its_traceback():
     import errno
 
-    from tfopt import cli
+    from tfopt.config import cli
 
     def body():
         raise OSError(errno.EBADF, "Bad file descriptor")
@@ -484,7 +484,7 @@ def test_a_hand_edited_run_record_is_one_line(tmp_path):
 def test_tensorflows_full_disk_error_is_one_line_and_its_other_errors_keep_their_traceback(capsys):
     from tfopt.core._keras import tf
 
-    from tfopt import cli
+    from tfopt.config import cli
 
     def full():
         raise tf.errors.ResourceExhaustedError(

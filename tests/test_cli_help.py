@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from tfopt import cli
+from tfopt.config import cli
 
 PARSERS = {
     "train": ("tfopt.train.cli", None),

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tfopt import cli
 from tfopt import config as config_lib
+from tfopt.config import cli
 from tfopt.core import flagcheck
 from tfopt.core.errors import ConfigError
 from tfopt.distill import cli as distill_cli

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from tfopt import cli
+from tfopt.config import cli
 from tfopt.core import log
 
 

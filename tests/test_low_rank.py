@@ -270,7 +270,7 @@ def test_graph_edits_refuse_a_subclassed_model_and_a_taken_name():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        (dict(rank_by="svd"), "rank_by='svd' is not valid; choose one of energy, flops"),
+        (dict(rank_by="svd"), "rank_by='svd' is not valid; choose one of flops, energy"),
         (dict(flops=0), "energy=0.9 and flops=0 must be in (0, 1]"),
         (dict(energy=1.5), "energy=1.5 and flops=0.5 must be in (0, 1]"),
     ],

@@ -463,7 +463,7 @@ def test_a_launch_a_dedicated_test_runs_is_parsed_and_that_test_runs_the_same_la
     import ast
     import importlib
 
-    from tfopt import cli
+    from tfopt.config import cli
     from tfopt.launch.cli import build_parser as launch_parser
 
     covered = [c for c in section_commands(pipelines=False) if _covered(c)]

@@ -12,8 +12,8 @@ import time
 import pytest
 from isolation import ISOLATED
 
-from tfopt import cli, config
-from tfopt.config import RuntimeConfig
+from tfopt import config
+from tfopt.config import RuntimeConfig, cli
 from tfopt.core.errors import ConfigError
 from tfopt.runtime import sharding
 

@@ -409,7 +409,8 @@ CONFIG_OFF = [  # (flag and value, settings that turn it on, settings that leave
 
 @pytest.mark.parametrize("flag, on, off", CONFIG_OFF, ids=lambda v: " ".join(v))
 def test_train_and_distill_refuse_a_distribution_flag_their_config_does_not_read(flag, on, off):
-    from tfopt import cli, config
+    from tfopt import config
+    from tfopt.config import cli
     from tfopt.train import cli as train_cli
 
     for module, head in (
@@ -449,7 +450,8 @@ def test_train_main_prints_the_refusal_on_one_line_and_exits_2(capsys):
 
 def test_optimize_refuses_a_distribution_flag_its_resolved_strategy_does_not_read():
     # optimize reads its strategy from the input run, so the check runs on the resolved config
-    from tfopt import cli, config
+    from tfopt import config
+    from tfopt.config import cli
 
     cfg = optimize_cli.resolve_config(
         optimize_cli.build_parser().parse_args(

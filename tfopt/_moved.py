@@ -26,7 +26,13 @@ MOVED = {
         "techniques",
     )
 }
-MOVED.update({"tfopt.hosts": "tfopt.launch.hosts", "tfopt.kube": "tfopt.launch.kube"})
+MOVED.update(
+    {
+        "tfopt.hosts": "tfopt.launch.hosts",
+        "tfopt.kube": "tfopt.launch.kube",
+        "tfopt.cli": "tfopt.config.cli",
+    }
+)
 MOVED.update(
     {
         f"tfopt.{name}": f"tfopt.core.{name}"

@@ -29,9 +29,8 @@ import numpy as np
 from tfopt.compress.common import OptimizeError, Selection
 from tfopt.compress.flops import model_macs
 from tfopt.compress.surgery import Graph, fresh
-
-RANK_BY = ("energy", "flops")
-CONV = ("pointwise", "spatial")
+from tfopt.config.optimize import LOW_RANK_BY as RANK_BY
+from tfopt.config.optimize import LOW_RANK_CONV as CONV
 
 
 @dataclass(frozen=True)
@@ -259,72 +258,61 @@ def factorize(model: keras.Model, ranks: dict[str, int], conv: str = "pointwise"
         root = np.sqrt(s[:rank])
         first = (u[:, :rank] * root).astype(kernel.dtype)
         second = (root[:, None] * vt[:rank]).astype(kernel.dtype)
-        if isinstance(layer, keras.layers.Conv2D):
-            cfg = layer.get_config()
-            common = {"padding": cfg["padding"], "data_format": cfg["data_format"], "groups": 1}
-            if spatial:
-                (kh, kw), (sh, sw), (dh, dw) = (
-                    cfg["kernel_size"],
-                    cfg["strides"],
-                    cfg["dilation_rate"],
-                )
-                cin = kernel.shape[2]
-                graph.insert_before(
-                    name,
-                    f"{name}_lr",
-                    "Conv2D",
-                    {
-                        **common,
-                        "filters": rank,
-                        "kernel_size": (kh, 1),
-                        "strides": (sh, 1),
-                        "dilation_rate": (dh, 1),
-                        "activation": "linear",
-                        "use_bias": False,
-                    },
-                    [first.reshape(kh, 1, cin, rank)],
-                )
-                graph.set_layer(
-                    name,
-                    [second.reshape(rank, kw, -1).transpose(1, 0, 2)[None], *rest],
-                    kernel_size=(1, kw),
-                    strides=(1, sw),
-                    dilation_rate=(1, dw),
-                )
-                continue
-            graph.insert_before(
-                name,
-                f"{name}_lr",
-                "Conv2D",
-                {
-                    **common,
-                    "filters": rank,
-                    "kernel_size": cfg["kernel_size"],
-                    "strides": cfg["strides"],
-                    "dilation_rate": cfg["dilation_rate"],
-                    "activation": "linear",
-                    "use_bias": False,
-                },
-                [first.reshape(*kernel.shape[:-1], rank)],
-            )
-            graph.set_layer(
-                name,
-                [second.reshape(1, 1, rank, -1), *rest],
-                kernel_size=(1, 1),
-                strides=(1, 1),
-                padding="valid",
-                dilation_rate=(1, 1),
-            )
-        else:
-            graph.insert_before(
-                name,
-                f"{name}_lr",
-                "Dense",
-                {"units": rank, "activation": "linear", "use_bias": False},
-                [first],
-            )
+        if not isinstance(layer, keras.layers.Conv2D):
+            dense = {"units": rank, "activation": "linear", "use_bias": False}
+            graph.insert_before(name, f"{name}_lr", "Dense", dense, [first])
             graph.set_layer(name, [second, *rest])
+        elif spatial:
+            _split_spatial(graph, name, layer.get_config(), rank, kernel, first, second, rest)
+        else:
+            _split_pointwise(graph, name, layer.get_config(), rank, kernel, first, second, rest)
     return graph.build()
+
+
+def _conv_first(cfg: dict, rank: int, **shape) -> dict:
+    """The config of the first Conv2D of a pair: ``rank`` filters, linear, no bias."""
+    common = {"padding": cfg["padding"], "data_format": cfg["data_format"], "groups": 1}
+    return {**common, "filters": rank, "activation": "linear", "use_bias": False, **shape}
+
+
+def _split_pointwise(graph, name, cfg, rank, kernel, first, second, rest) -> None:
+    """A k x k Conv2D as k x k to ``rank`` channels, then 1 x 1."""
+    shape = {k: cfg[k] for k in ("kernel_size", "strides", "dilation_rate")}
+    graph.insert_before(
+        name,
+        f"{name}_lr",
+        "Conv2D",
+        _conv_first(cfg, rank, **shape),
+        [first.reshape(*kernel.shape[:-1], rank)],
+    )
+    graph.set_layer(
+        name,
+        [second.reshape(1, 1, rank, -1), *rest],
+        kernel_size=(1, 1),
+        strides=(1, 1),
+        padding="valid",
+        dilation_rate=(1, 1),
+    )
+
+
+def _split_spatial(graph, name, cfg, rank, kernel, first, second, rest) -> None:
+    """A k x k Conv2D as k x 1 to ``rank`` channels, then 1 x k."""
+    (kh, kw), (sh, sw), (dh, dw) = cfg["kernel_size"], cfg["strides"], cfg["dilation_rate"]
+    shape = {"kernel_size": (kh, 1), "strides": (sh, 1), "dilation_rate": (dh, 1)}
+    graph.insert_before(
+        name,
+        f"{name}_lr",
+        "Conv2D",
+        _conv_first(cfg, rank, **shape),
+        [first.reshape(kh, 1, kernel.shape[2], rank)],
+    )
+    graph.set_layer(
+        name,
+        [second.reshape(rank, kw, -1).transpose(1, 0, 2)[None], *rest],
+        kernel_size=(1, kw),
+        strides=(1, sw),
+        dilation_rate=(1, dw),
+    )
 
 
 @dataclass

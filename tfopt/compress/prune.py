@@ -31,11 +31,11 @@ from tfopt.compress.common import (
     kernel_variables,
     m_by_n_violations,
 )
+from tfopt.config.optimize import PRUNE_POLICIES as POLICIES
+from tfopt.config.optimize import SCHEDULES
 from tfopt.core._compat import prunable_weight_names, prune_registry_supports
 
 _sparsity = tfmot.sparsity.keras
-SCHEDULES = ("constant", "polynomial")
-POLICIES = ("none", "xnnpack")
 
 
 def auto_frequency(total_steps: int) -> int:

@@ -40,7 +40,7 @@ FLAG = "tfopt.flag"
 class Flag:
     """How a config field appears on every training-like command line.
 
-    :func:`tfopt.cli.add_config_args` makes the options from these: one per field that has a
+    :func:`tfopt.config.cli.add_config_args` makes the options from these: one per field that has a
     Flag, in the help group of its section (or ``group``), its help ending with the default
     ``RunConfig()`` gives the field, its choices shown from the config's own choice lists.
 

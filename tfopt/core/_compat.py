@@ -1,5 +1,7 @@
 """Every use of a private TensorFlow / tf_keras / tfmot / LiteRT API, and every workaround for an
-upstream defect, in one place.
+upstream defect, in one place: this module (tf_keras, tfmot, TensorFlow) and
+:mod:`tfopt.core._compat_fit` (tf_keras' fit loop) and :mod:`tfopt.core._compat_lite` (LiteRT and
+the TFLite converter), whose names it re-exports.
 
 Each entry says what upstream lacks or gets wrong, the version it was checked against
 (``TARGETS``) and the upstream issue where one is known. ``tests/test_compat.py`` holds one test
@@ -44,13 +46,27 @@ from contextlib import contextmanager
 
 from tfopt.core._keras import keras
 
-# TensorFlow 2.21: tf.lite.TFLiteConverter.convert() raises ConverterError (unsupported ops, failed
-# legalization), which tf.lite does not export; catching it by class needs the private module.
-from tensorflow.lite.python.convert_phase import ConverterError
-
 # TensorFlow 2.21 / tf_keras 2.21: freezing a concrete function's variables into constants (for
 # the FLOPs profiler) has no public API; tf.compat.v1.graph_util only freezes v1 GraphDefs.
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+# The fit-loop and LiteRT / TFLite-converter entries live in modules of their own, re-exported here.
+from tfopt.core._compat_fit import (
+    accept_remote_logs,
+    build_step_state,
+    fit_resumes_at,
+    random_generators,
+)
+from tfopt.core._compat_lite import (  # noqa: F401 - signature_invoker is used through here too
+    ConverterError,
+    interpreter_ops_details,
+    modify_model_io_type,
+    read_tflite_model,
+    saved_model_converter,
+    signature_invoker,
+    tflite_schema,
+    write_tflite_model,
+)
 
 #: The versions every entry was checked against: the oldest and the newest of setup.cfg's range
 #: (CI runs the suite on the newest and its fast tier on the oldest).
@@ -95,102 +111,6 @@ __all__ = [
 
 
 # -- private APIs -------------------------------------------------------------------------------
-
-
-class _StartAt:
-    """What tf_keras' ``fit`` asks ``Model._training_state`` for: the (epoch, step) to start at."""
-
-    def __init__(self, epoch: int, step: int):
-        self.epoch, self.step = epoch, step
-
-    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
-        return self.epoch, self.step
-
-
-def accept_remote_logs(callback) -> None:
-    """Lets ``callback``'s batch hooks run under ParameterServerStrategy.
-
-    tf_keras 2.21 refuses batch-level callbacks under ParameterServerStrategy unless they declare
-    ``_supports_tf_logs`` (their batch logs are then unfetched ``RemoteValue``s, which the callback
-    must not read). Set it after ``Callback.__init__``, which resets it.
-    """
-    callback._supports_tf_logs = True
-
-
-def random_generators(model) -> list:
-    """The ``tf.random.Generator`` of every random layer of ``model`` (dropout...), created now.
-
-    tf_keras 2.21: with ``keras.backend.experimental.enable_tf_random_generator()`` a random layer
-    draws from a ``tf.random.Generator`` whose state is a variable, but the layer's generator is
-    made on first use and is not part of the model's checkpoint (layers without weights are not
-    tracked), so a backup would not hold it. Call inside the strategy's scope. Empty under the
-    legacy (stateful-op) random generator, whose state cannot be saved at all.
-    """
-    out = []
-    for layer in model.submodules:
-        rng = getattr(layer, "_random_generator", None)
-        if rng is None or not hasattr(rng, "_maybe_init"):
-            continue
-        rng._maybe_init()
-        if getattr(rng, "_generator", None) is not None:
-            out.append(rng._generator)
-    return out
-
-
-def build_step_state(model, predictions=None) -> None:
-    """Creates, before the first step, the variables tf_keras would create inside it.
-
-    tf_keras 2.21 creates the optimizer's slot variables and the compiled loss and metric objects
-    on the first call of ``train_function`` / ``test_function``. A ``tf.function`` whose first
-    call creates variables is traced twice (once creating them, once without), so every ``fit``
-    and ``evaluate`` traced its step twice: about a second per compiled model on 2 cores. Created
-    here first (slots start at zero either way), the step is traced once. The compiled loss and
-    metric containers have no public ``build``.
-
-    Args:
-        model: A compiled tf_keras model (its optimizer, if any, is built on its trainable variables).
-        predictions: What the metrics are updated with: a ``KerasTensor`` or ``tf.TensorSpec``
-            (default: the model's single output; a model without one, e.g. the Distiller, passes
-            its student's). Nothing but the optimizer is built when there is no single output.
-            Nothing at all is built for a model whose layers are not built yet (a subclassed
-            model before its first call): its variables appear in the first step, as in Keras.
-    """
-    import tensorflow as tf
-
-    layers = list(model._flatten_layers(include_self=False))
-    if not model.built and not (layers and all(layer.built for layer in layers)):
-        return
-    with model.distribute_strategy.scope():
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and hasattr(optimizer, "build"):
-            optimizer.build(model.trainable_variables)
-        outputs = getattr(model, "outputs", None)
-        if predictions is None and outputs and len(outputs) == 1:
-            predictions = outputs[0]
-        if predictions is None:
-            return
-        y_pred = tf.zeros((1, *predictions.shape[1:]), predictions.dtype)
-        y_true = tf.zeros((1,), tf.int64)  # tfopt's labels: a batch of class ids
-        if getattr(model, "loss", None) is not None and model.compiled_loss is not None:
-            model.compiled_loss.build(y_pred)
-        if model.compiled_metrics is not None:
-            model.compiled_metrics.build(y_pred, y_true)
-
-
-@contextmanager
-def fit_resumes_at(model, epoch: int, step: int) -> Iterator[None]:
-    """Makes ``model.fit`` inside the block start at ``step`` of ``epoch`` instead of epoch 0.
-
-    tf_keras 2.21: ``fit`` has only ``initial_epoch``; a mid-epoch start exists solely for its
-    own ``BackupAndRestore``, through ``Model._training_state`` (consulted after the callbacks'
-    ``on_train_begin``). The input must already begin at that step.
-    """
-    previous = model._training_state
-    model._training_state = _StartAt(epoch, step)
-    try:
-        yield
-    finally:
-        model._training_state = previous
 
 
 def _prune_wrappers() -> tuple:
@@ -328,39 +248,6 @@ def model_node_indices(model, layer) -> list[int]:
     return list(indices) if own is None else [i for i in indices if f"{layer.name}_ib-{i}" in own]
 
 
-def interpreter_ops_details(interpreter) -> list[dict]:
-    """The execution plan of a LiteRT / TFLite interpreter: one dict per node (``op_name``, ``index``,
-    ``inputs``, ``outputs``), delegate nodes included.
-
-    ai-edge-litert 2.3 (and tf.lite in TF 2.21) exposes it only as the private
-    ``Interpreter._get_ops_details``; it is the only way to see which kernels XNNPACK took.
-    """
-    return interpreter._get_ops_details()
-
-
-def signature_invoker(runner):
-    """A function that invokes one signature of a multi-signature .tflite and nothing else.
-
-    ``SignatureRunner.__call__`` resizes, allocates, copies the inputs in and the outputs out on
-    every call; timing one subgraph needs its bare ``Invoke``. ai-edge-litert 2.3 keeps it in the
-    private ``_interpreter_wrapper`` and ``_subgraph_index``. Call the runner once with inputs first.
-    """
-    wrapper, index = runner._interpreter_wrapper, runner._subgraph_index
-    return lambda: wrapper.Invoke(index)
-
-
-def modify_model_io_type(content: bytes, dtype) -> bytes:
-    """The quantized flatbuffer ``content`` with inputs and outputs of ``dtype`` (tf.int8, tf.uint8).
-
-    The converter applies this post-processing step itself, but TensorFlow 2.21 exposes it only as
-    ``tensorflow.lite.python.util.modify_model_io_type``; the quantization debugger returns
-    float-I/O models, so selective int8 needs it to give them integer I/O.
-    """
-    from tensorflow.lite.python import util as lite_util
-
-    return bytes(lite_util.modify_model_io_type(content, dtype, dtype))
-
-
 def parameter_server_workers(strategy) -> int:
     """The worker count of a ``ParameterServerStrategy``.
 
@@ -402,57 +289,6 @@ def keras_saved_model_metadata(path: str) -> list[tuple[str, str]]:
     with open(os.path.join(path, "keras_metadata.pb"), "rb") as f:
         proto.ParseFromString(f.read())
     return [(node.node_path, node.metadata) for node in proto.nodes]
-
-
-def read_tflite_model(content: bytes):
-    """A .tflite flatbuffer as an editable object (``schema_py_generated.ModelT``).
-
-    ai-edge-litert 2.3 ships the reader in ``ai_edge_litert.tools.flatbuffer_utils``, which is not
-    part of its documented API (nor is TensorFlow's copy, ``tensorflow.lite.tools``); neither
-    tf.lite nor LiteRT has a public way to edit a model (e.g. to strip its tensor names).
-    """
-    from ai_edge_litert.tools import flatbuffer_utils
-
-    return flatbuffer_utils.read_model_from_bytearray(bytearray(content))
-
-
-def tflite_schema():
-    """The flatbuffer schema's generated Python module (``BuiltinOperator`` codes, ``BufferT``...).
-
-    ai-edge-litert 2.3 ships it as ``ai_edge_litert.schema_py_generated``, undocumented, the
-    module :func:`read_tflite_model`'s objects come from.
-    """
-    from ai_edge_litert import schema_py_generated
-
-    return schema_py_generated
-
-
-def write_tflite_model(model) -> bytes:
-    """The flatbuffer of an object from :func:`read_tflite_model` (same private module)."""
-    from ai_edge_litert.tools import flatbuffer_utils
-
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
-
-
-def saved_model_converter(path: str):
-    """``TFLiteConverter.from_keras_model(model)`` for a Keras model already written to ``path``.
-
-    TensorFlow 2.21: ``from_keras_model`` writes the model with ``tf.saved_model.save`` to a
-    temporary directory on every call and converts that SavedModel; converting one model to
-    several modes writes it each time. This converts a SavedModel the caller wrote once that
-    way, with the converter class and arguments ``from_saved_model`` uses (its up-front load only
-    checks the signature keys that ``tf.saved_model.save`` always writes) and the conversion
-    metadata ``from_keras_model`` records (model type KERAS_MODEL): the same flatbuffer, byte
-    for byte.
-    """
-    from tensorflow.lite.python import conversion_metadata_schema_py_generated as metadata
-    from tensorflow.lite.python.lite import TFLiteConverterBase, TFLiteSavedModelConverterV2
-
-    TFLiteConverterBase._set_original_model_type(metadata.ModelType.KERAS_MODEL)
-    return TFLiteSavedModelConverterV2(path, {"serve"}, ["serving_default"])
-
-
-# -- workarounds for upstream defects ---------------------------------------------------------
 
 
 def fix_for_keras_format(model: keras.Model) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import copy
 import json
 
-from tfopt import cli
 from tfopt import config as config_lib
+from tfopt.config import cli
 from tfopt.core import flagcheck
 from tfopt.core.errors import ConfigError
 from tfopt.distill.options import fixed_weights

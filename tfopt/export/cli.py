@@ -17,8 +17,8 @@ import json
 import os
 import sys
 
-from tfopt import cli
 from tfopt import config as config_lib
+from tfopt.config import cli
 from tfopt.config import export as export_config
 from tfopt.core import flagcheck, native_stderr
 from tfopt.core.errors import ConfigError, ModelError

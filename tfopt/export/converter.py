@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
-import logging
 import os
 import re
 import shutil
@@ -33,11 +31,7 @@ from tfopt.core import native_stderr
 # TF 2.21: the MLIR converter's error class is not in tf.lite's public API; nor is editing a flatbuffer
 # or converting a Keras model without writing it to a SavedModel each time.
 from tfopt.core._compat import (
-    ConverterError,
-    modify_model_io_type,
-    read_tflite_model,
     saved_model_converter,
-    write_tflite_model,
 )  # noqa: E402
 from tfopt.core.errors import ConfigError, ModelError
 from tfopt.data.pipeline import make_dataset
@@ -49,22 +43,21 @@ from tfopt.export.choices import (
     SPARSITY_CHOICES,
     check_choice,
 )
+from tfopt.export.explain import (  # noqa: F401 - part of the converter's surface
+    CONVERTER_ERRORS as _CONVERTER_ERRORS,
+)
+from tfopt.export.explain import NOT_CONVERTER_ERRORS as _NOT_CONVERTER_ERRORS
+from tfopt.export.explain import explain_error, flex_ops  # noqa: F401
+from tfopt.export.flatbuffer import (  # noqa: F401 - part of the converter's surface
+    IO_DTYPES,
+    ConversionError,
+    finish,
+    modify_io,
+    strip_strings,
+)
 
 # Below this fraction of zero weights the sparse encoding costs more than it saves.
 SPARSITY_THRESHOLD = 0.5
-_IO_DTYPES = {"float": tf.float32, "int8": tf.int8, "uint8": tf.uint8}
-# What TFLiteConverter.convert raises for a model or a setting it cannot handle (TF 2.21 sources,
-# tensorflow/lite/python): ConverterError (unsupported ops, failed legalization), ValueError
-# (unsupported settings; calibration data of the wrong dtype), RuntimeError (the calibration
-# interpreter, e.g. data of the wrong shape) and tf.errors.OpError (tracing/freezing the model).
-# Anything else (ZeroDivisionError, MemoryError, a TypeError) is a bug and keeps its traceback.
-_CONVERTER_ERRORS = (ConverterError, ValueError, RuntimeError, tf.errors.OpError)
-# RuntimeError subclasses that mean a bug, not a model the converter refuses.
-_NOT_CONVERTER_ERRORS = (NotImplementedError, RecursionError)
-
-
-class ConversionError(ModelError):
-    """The TFLite converter cannot turn the model into the requested .tflite."""
 
 
 @dataclass(frozen=True)
@@ -326,88 +319,17 @@ def make_converter(
         # op set would demand a representative dataset from it.)
         ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     if options.io != "float" and options.io in spec.io_types:
-        converter.inference_input_type = _IO_DTYPES[options.io]
-        converter.inference_output_type = _IO_DTYPES[options.io]
+        converter.inference_input_type = IO_DTYPES[options.io]
+        converter.inference_output_type = IO_DTYPES[options.io]
     converter.target_spec.supported_ops = ops + select
     return converter
-
-
-def flex_ops(model: keras.Model) -> dict[str, list[str]]:
-    """Converts with Select TF ops allowed; returns the Flex ops the TFLite analyzer lists, with their layers.
-
-    Returns:
-        ``{op: [Keras layer names]}``; the layer comes from the op's output tensor name
-        (``model/<layer>/<Op>``).
-    """
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    converter.target_spec.supported_ops = [
-        tf.lite.OpsSet.TFLITE_BUILTINS,
-        tf.lite.OpsSet.SELECT_TF_OPS,
-    ]
-    with native_stderr.quiet():
-        content = converter.convert()
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        tf.lite.experimental.Analyzer.analyze(model_content=content)
-    text = buf.getvalue()
-    names = dict(re.findall(r"T#(\d+)\(([^)]*)\)", text))
-    found: dict[str, list[str]] = {}
-    for op, outputs in re.findall(r"Op#\d+ Flex(\w+)\([^)]*\) -> \[([^\]]*)\]", text):
-        layers = found.setdefault(op, [])
-        for t in re.findall(r"T#(\d+)", outputs):
-            parts = names.get(t, "").split("/")
-            if len(parts) >= 3 and parts[1] not in layers:
-                layers.append(parts[1])
-    return found
-
-
-def explain_error(error: Exception, model: keras.Model, mode: str, options: ConvertOptions) -> str:
-    """Turns a converter failure into one line naming the unsupported op(s) and their layers."""
-    text = str(error)
-    ops = set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex op", text))
-    for line in re.findall(r"TF Select ops: ([^\n]+)", text):
-        ops.update(o.strip() for o in line.split(",") if o.strip())
-    layers: dict[str, list[str]] = {}
-    if not options.allow_select_tf_ops:
-        try:  # the analyzer names the ops that need TF kernels, and (via tensor names) their layers
-            layers = flex_ops(model)
-        except (
-            _CONVERTER_ERRORS
-        ) as e:  # the analyzer path failed too; fall back to the converter's words
-            if isinstance(e, _NOT_CONVERTER_ERRORS):
-                raise
-            layers = {}
-        ops.update(layers)
-    if ops:
-        where = [
-            f"{op} (layer {', '.join(map(repr, layers[op]))})" if layers.get(op) else op
-            for op in sorted(ops)
-        ]
-        return (
-            f"cannot convert to {mode!r} with TFLite builtin ops: {', '.join(where)} has no builtin TFLite "
-            "kernel; replace that layer, or pass --allow-select-tf-ops (the .tflite then needs the "
-            "TF Select/Flex delegate at run time)"
-        )
-    unsupported = re.findall(r"'(tf\.\w+|tfl\.\w+)' op ([^\n]+)", text)
-    if unsupported:
-        op, why = unsupported[0]
-        return f"cannot convert to {mode!r}: op {op} {why.strip()}; change that layer or pick another mode"
-    lines = [ln.strip() for ln in text.splitlines() if "error:" in ln]
-    detail = (
-        lines[0].split("error:", 1)[1].strip()
-        if lines
-        else text.strip().splitlines()[0]
-        if text.strip()
-        else type(error).__name__
-    )
-    return f"cannot convert to {mode!r}: {detail[:300]}"
 
 
 def run_converter(converter, model, mode: str, options: ConvertOptions) -> bytes:
     """Runs ``converter``; a model or setting it refuses becomes a one-line ConversionError.
 
     The converter's native output is hidden (its exception repeats it) unless the process dies
-    in the call. Exceptions other than the converter's own (see ``_CONVERTER_ERRORS``) are bugs
+    in the call. Exceptions other than the converter's own (see :data:`tfopt.export.explain.CONVERTER_ERRORS`) are bugs
     and propagate with their traceback.
     """
     try:
@@ -488,28 +410,6 @@ def by_converter(
     )
 
 
-def finish(content: bytes, options: ConvertOptions) -> bytes:
-    """The last step of every exported flatbuffer: strips its strings when ``options`` ask for it."""
-    return strip_strings(content) if options.strip_strings else content
-
-
-def strip_strings(content: bytes) -> bytes:
-    """Removes the strings the runtime does not need: tensor names, subgraph names, the description.
-
-    The same fields TFLite's own ``flatbuffer_utils.strip_strings`` clears, except the signature
-    defs: they are kept (a few bytes), because LiteRT's CompiledModel API and the interpreter's
-    signature runner address inputs and outputs by their signature names. Op codes, custom op
-    names and metadata stay. The model computes exactly what it computed before.
-    """
-    model = read_tflite_model(content)
-    model.description = None
-    for subgraph in model.subgraphs or []:
-        subgraph.name = None
-        for tensor in subgraph.tensors or []:
-            tensor.name = None
-    return write_tflite_model(model)
-
-
 def _sparse_problem(
     sparse: bytes, dense: bytes, model: keras.Model, calibration: Sequence[np.ndarray] | None
 ) -> str | None:
@@ -539,26 +439,3 @@ def _sparse_problem(
     if not np.allclose(got, want, rtol=1e-3, atol=1e-3):
         return f"gives different outputs than the dense model (max diff {float(np.max(np.abs(got - want))):.3g})"
     return None
-
-
-def modify_io(content: bytes, io_type: str) -> bytes:
-    """Sets the I/O type of a quantized flatbuffer (e.g. after selective quantization).
-
-    Uses the converter's own post-processing step (:func:`tfopt.core._compat.modify_model_io_type`)
-    because the quantization debugger only returns float-I/O models.
-    """
-    if io_type == "float":
-        return content
-    absl = logging.getLogger("absl")
-    level = absl.level
-    # It warns when the first op stays float and the input keeps float: the caller reads the type back.
-    absl.setLevel(logging.ERROR)
-    try:
-        return modify_model_io_type(content, _IO_DTYPES[io_type])
-    except (ValueError, RuntimeError) as e:
-        raise ConversionError(
-            f"cannot give the model {io_type} inputs/outputs ({str(e).splitlines()[0]}); "
-            "use --io float"
-        ) from None
-    finally:
-        absl.setLevel(level)

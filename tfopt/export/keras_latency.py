@@ -343,7 +343,7 @@ def _check(threads: int, runs: int, warmup: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m tfopt.export.keras_latency``: prints one JSON line; returns the exit code."""
-    from tfopt import cli
+    from tfopt.config import cli
 
     p = cli.ArgumentParser(
         prog="python -m tfopt.export.keras_latency",

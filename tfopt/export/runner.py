@@ -118,25 +118,7 @@ def run(
     scratch = tempfile.mkdtemp(prefix="tfopt-export-")
     try:
         rd.check()
-        if saved_by_keras3(run.model_path):
-            say(f"{run.model_path} was saved by Keras 3: exporting it as a SavedModel with Keras 3")
-            model = keras3.as_tf_keras(
-                keras3.to_saved_model(
-                    run.model_path,
-                    os.path.join(scratch, "keras3"),
-                    trust_model=settings.trust_model,
-                ),
-                os.path.basename(run.model_path),
-            )
-            # tf_keras cannot load the file to time it, and the debugger's layers are one opaque call.
-            settings = dataclasses.replace(
-                settings,
-                bench=dataclasses.replace(settings.bench, keras=False),
-                selective=False,
-                float_layers=(),
-            )
-        else:
-            model = load_source_model(run.model_path, settings.trust_model)
+        model, settings = _load(run, settings, scratch, say)
         qat = tflite.is_qat_model(model)
         tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
         b = settings.bench
@@ -161,6 +143,26 @@ def run(
     finally:
         rd.release()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _load(run, settings: ExportSettings, scratch: str, say):
+    """The model to export, and the settings it can be exported with: a Keras 3 file goes
+    through a SavedModel (under ``scratch``), which tf_keras can neither time nor debug."""
+    if not saved_by_keras3(run.model_path):
+        return load_source_model(run.model_path, settings.trust_model), settings
+    say(f"{run.model_path} was saved by Keras 3: exporting it as a SavedModel with Keras 3")
+    saved = keras3.to_saved_model(
+        run.model_path, os.path.join(scratch, "keras3"), trust_model=settings.trust_model
+    )
+    model = keras3.as_tf_keras(saved, os.path.basename(run.model_path))
+    # tf_keras cannot load the file to time it, and the debugger's layers are one opaque call.
+    settings = dataclasses.replace(
+        settings,
+        bench=dataclasses.replace(settings.bench, keras=False),
+        selective=False,
+        float_layers=(),
+    )
+    return model, settings
 
 
 def _export(

@@ -15,9 +15,9 @@ import json
 import os
 import sys
 
-from tfopt import cli
 from tfopt import config as config_lib
 from tfopt.compress.techniques import TECHNIQUES
+from tfopt.config import cli
 from tfopt.core import flagcheck
 from tfopt.core.errors import ConfigError
 from tfopt.runs import is_model_file

@@ -379,6 +379,27 @@ def _checks(float_model, chain, infos) -> dict:
     return checks
 
 
+def _weight_stats(ctx: Context, base, float_model, rows: list, infos: list) -> dict:
+    """The result's sparsity (of the layers pruning touched), clusters per clustered layer and
+    gzip-compressed weight size against the input's."""
+    pruned = [n for i in infos if i["phase"] == "prune" for n in i["layers"]]
+    clustered = [n for i in infos if i["phase"] == "cluster" for n in i["layers"]]
+    if "base_gzip" not in ctx.cache:
+        ctx.cache["base_gzip"] = weights_gzip_bytes(base)
+    gz, gz_base = weights_gzip_bytes(float_model), ctx.cache["base_gzip"]
+    return {
+        "sparsity": total_sparsity([r for r in rows if r.layer in pruned] if pruned else rows),
+        "model_sparsity": total_sparsity(rows),
+        "clusters": {r.layer: r.unique for r in rows if r.layer in clustered},
+        "clusters_per_channel_max": {
+            r.layer: r.unique_per_channel_max for r in rows if r.layer in clustered
+        },
+        "weights_gzip_bytes": gz,
+        "source_weights_gzip_bytes": gz_base,
+        "gzip_ratio": round(gz_base / gz, 3) if gz else None,
+    }
+
+
 def _write(
     ctx: Context,
     source,
@@ -404,11 +425,6 @@ def _write(
     chain = settings.chain()
     specs = dict(chain)
     rows = weight_table(float_model, m_by_n=specs["prune"].m_by_n if "prune" in specs else None)
-    pruned = [n for i in infos if i["phase"] == "prune" for n in i["layers"]]
-    clustered = [n for i in infos if i["phase"] == "cluster" for n in i["layers"]]
-    if "base_gzip" not in ctx.cache:
-        ctx.cache["base_gzip"] = weights_gzip_bytes(base)
-    gz, gz_base = weights_gzip_bytes(float_model), ctx.cache["base_gzip"]
     precision = job.cfg.runtime.precision
     section = {
         "source": {
@@ -425,28 +441,13 @@ def _write(
         "learning_rate": settings.learning_rate,
         **{kind: spec.to_dict() for kind, spec in chain},
         "precision_notes": techniques.mixed_notes(settings.technique, precision),
-        "sparsity": total_sparsity([r for r in rows if r.layer in pruned] if pruned else rows),
-        "model_sparsity": total_sparsity(rows),
-        "clusters": {r.layer: r.unique for r in rows if r.layer in clustered},
-        "clusters_per_channel_max": {
-            r.layer: r.unique_per_channel_max for r in rows if r.layer in clustered
-        },
-        "weights_gzip_bytes": gz,
-        "source_weights_gzip_bytes": gz_base,
-        "gzip_ratio": round(gz_base / gz, 3) if gz else None,
+        **_weight_stats(ctx, base, float_model, rows, infos),
         "checks": _checks(float_model, chain, infos),
         # QAT results are saved as default-scheme QAT models (see quantize.savable_copy).
         "quantized_model": is_qat,
         "accuracy_delta": round(float(metrics["accuracy"]) - float(baseline["accuracy"]), 5),
     }
-    rd.open()  # already open after a fit; kept for a chain without one
-    artifacts = save_model(final, rd.work) if settings.saved_model else _save_keras(final, rd.work)
-    if ctx.log_dir and os.path.isdir(ctx.log_dir):
-        shutil.copytree(ctx.log_dir, os.path.join(rd.work, "tensorboard"))
-    write_json(os.path.join(rd.work, "layers.json"), [r.__dict__ for r in rows])
-    write_text(os.path.join(rd.work, "layers.txt"), format_table(rows) + "\n")
-    artifacts = {k: os.path.relpath(v, rd.work) for k, v in artifacts.items()}
-    artifacts.update(layers="layers.json", layers_text="layers.txt")
+    artifacts = _save(ctx, final, rows, rd, settings.saved_model)
     epochs = sum(i["epochs"] for i in infos if not i.get("reused"))
     record = run_record(
         "optimize",
@@ -477,6 +478,19 @@ def _write(
     )
     rd.commit(record)
     return record
+
+
+def _save(ctx: Context, final, rows: list, rd: RunDir, saved_model: bool) -> dict:
+    """Writes the model, its TensorBoard logs and its per-layer table into the run's work
+    directory; returns the artifacts, relative to it."""
+    rd.open()  # already open after a fit; kept for a chain without one
+    artifacts = save_model(final, rd.work) if saved_model else _save_keras(final, rd.work)
+    if ctx.log_dir and os.path.isdir(ctx.log_dir):
+        shutil.copytree(ctx.log_dir, os.path.join(rd.work, "tensorboard"))
+    write_json(os.path.join(rd.work, "layers.json"), [r.__dict__ for r in rows])
+    write_text(os.path.join(rd.work, "layers.txt"), format_table(rows) + "\n")
+    artifacts = {k: os.path.relpath(v, rd.work) for k, v in artifacts.items()}
+    return {**artifacts, "layers": "layers.json", "layers_text": "layers.txt"}
 
 
 def _save_keras(model, out_dir: str) -> dict:

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from tfopt import cli
+from tfopt.config import cli
 
 PROG = "tfopt pipeline"
 

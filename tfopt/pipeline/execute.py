@@ -53,7 +53,7 @@ def read_state(run_dir: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m tfopt.pipeline.execute RUN STAGE``: one task of a launched training stage."""
-    from tfopt.cli import run_main
+    from tfopt.config.cli import run_main
 
     run_dir, name = (argv if argv is not None else sys.argv[1:])[:2]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from tfopt import cli
+from tfopt.config import cli
 
 PROG = "tfopt report"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tfopt import cli
+from tfopt.config import cli
 from tfopt.core import flagcheck
 
 PROG = "tfopt train"

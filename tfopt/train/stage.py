@@ -64,14 +64,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
             built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
             model = built.model
         inputs.adopt(job, model, cfg.model.name)
-        if job.chief and cfg.model.freeze_epochs >= cfg.train.epochs and not pretrained(cfg):
-            log.warning(
-                f"--freeze-epochs {cfg.model.freeze_epochs} covers every epoch of "
-                f"{cfg.model.name!r}, which starts from random weights: only its last layer "
-                "trains, on random features; give it pretrained weights (--model-arg "
-                "weights=imagenet or weights=PATH.h5) or fewer --freeze-epochs",
-                extra={"prog": PROG},
-            )
+        _warn_if_all_frozen(job, cfg)
         copy = plain_copy(
             model
         )  # before any freezing: what is validated and saved trains as a whole
@@ -105,37 +98,46 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
         sharding.set_full_weights(copy, sharding.full_weights(model))
         digest = weights_digest(copy)
-        record = None
-        if job.chief:
-            job.say(
-                f"evaluating on the test split ({job.info.splits['test'].num_records} examples)"
-            )
-            metrics = copy.evaluate(job.dataset("test"), return_dict=True, verbose=0)
-            warnings = job.judge(copy, metrics["accuracy"])
-            job.say("saving the model (.keras and SavedModel)")
-            artifacts = save_model(copy, job.write_dir)
-            record = job.record(
-                model={
-                    "name": cfg.model.name,
-                    "params": int(copy.count_params()),
-                    **built.description,
-                },
-                train={
-                    **job.train_section(steps, spe, lr),
-                    "freeze_epochs": cfg.model.freeze_epochs,
-                },
-                metrics={f"test_{k}": float(v) for k, v in metrics.items()},
-                weights_sha256=digest,
-                artifacts=job.relative(artifacts),
-                warnings=warnings,
-            )
-            out = job.commit(record)
-            job.say(
-                f"test accuracy {metrics['accuracy']:.1%}; wrote {out} (model.keras, saved_model/, "
-                f"run.json); next: python -m tfopt.export --from {out}"
-            )
+        record = _commit(job, cfg, copy, built, digest, (steps, spe, lr)) if job.chief else None
         job.done(PROG, record, digest)
         return record
+
+
+def _warn_if_all_frozen(job: Job, cfg: RunConfig) -> None:
+    """Warns (on the chief) when the head-only phase covers every epoch of a randomly initialized
+    model: only its last layer would train, on random features."""
+    if job.chief and cfg.model.freeze_epochs >= cfg.train.epochs and not pretrained(cfg):
+        log.warning(
+            f"--freeze-epochs {cfg.model.freeze_epochs} covers every epoch of "
+            f"{cfg.model.name!r}, which starts from random weights: only its last layer "
+            "trains, on random features; give it pretrained weights (--model-arg "
+            "weights=imagenet or weights=PATH.h5) or fewer --freeze-epochs",
+            extra={"prog": PROG},
+        )
+
+
+def _commit(job: Job, cfg: RunConfig, copy, built, digest: str, schedule: tuple) -> RunRecord:
+    """The chief's end of a run: scores the trained ``copy`` on the test split, saves it and
+    commits its record (``schedule``: steps per epoch, steps per execution, learning rate)."""
+    job.say(f"evaluating on the test split ({job.info.splits['test'].num_records} examples)")
+    metrics = copy.evaluate(job.dataset("test"), return_dict=True, verbose=0)
+    warnings = job.judge(copy, metrics["accuracy"])
+    job.say("saving the model (.keras and SavedModel)")
+    artifacts = save_model(copy, job.write_dir)
+    record = job.record(
+        model={"name": cfg.model.name, "params": int(copy.count_params()), **built.description},
+        train={**job.train_section(*schedule), "freeze_epochs": cfg.model.freeze_epochs},
+        metrics={f"test_{k}": float(v) for k, v in metrics.items()},
+        weights_sha256=digest,
+        artifacts=job.relative(artifacts),
+        warnings=warnings,
+    )
+    out = job.commit(record)
+    job.say(
+        f"test accuracy {metrics['accuracy']:.1%}; wrote {out} (model.keras, saved_model/, "
+        f"run.json); next: python -m tfopt.export --from {out}"
+    )
+    return record
 
 
 def pretrained(cfg: RunConfig) -> bool:
