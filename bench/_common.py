@@ -17,12 +17,15 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tfopt.core import log
-from tfopt.core.tables import markdown_table  # noqa: F401  (the benchmarks' tables: one implementation)
+from tfopt.core import (
+    QUIET,
+    configure_logging,
+    markdown_table,  # noqa: F401  (the benchmarks' tables: one implementation)
+)
 
 # The benchmarks are programs: tfopt's lines (precision auto's choice, a resume) show as the
 # commands print them.
-log.configure("bench", log.QUIET)
+configure_logging("bench", QUIET)
 
 
 def median(values: Iterable[float]) -> float:
@@ -65,14 +68,14 @@ def environment(tf=None) -> dict[str, Any]:
 
 
 def _cpu_model() -> str:
-    from tfopt.core.cpu import cpu_info
+    from tfopt.core import cpu_info
 
     return cpu_info()["model"]
 
 
 def write_json_atomic(path: str, payload: Any) -> None:
     """Writes ``payload`` as JSON to ``path`` atomically, readable under the user's umask (tfopt.core.fileio)."""
-    from tfopt.core.fileio import write_json
+    from tfopt.core import write_json
 
     write_json(path, payload)
 
@@ -220,7 +223,7 @@ class QuietGate:
 def lscpu_info() -> dict[str, Any]:
     """What ``lscpu`` says about this machine's CPU (model, topology, caches, flags), JSON-ready
     (:func:`tfopt.core.cpu.cpu_info`: /proc/cpuinfo where lscpu is missing)."""
-    from tfopt.core.cpu import cpu_info
+    from tfopt.core import cpu_info
 
     return cpu_info()
 
@@ -348,7 +351,7 @@ def interleaved_latency(
     Returns:
         ``{name: {key: [p50 ms of each round]}}``.
     """
-    from tfopt.export import benchmark as bench
+    from tfopt.export import latency as tflite_latency
 
     names = list(models)
     per = {name: {key: [] for key, _ in settings} for name in names}
@@ -359,7 +362,7 @@ def interleaved_latency(
             def unit():
                 with CpuSample() as s:
                     out = {
-                        n: bench.latency(models[n], threads=threads, warmup=warmup, runs=runs)[
+                        n: tflite_latency(models[n], threads=threads, warmup=warmup, runs=runs)[
                             "p50_ms"
                         ]
                         for n in order
@@ -376,10 +379,10 @@ def interleaved_latency(
 def roofline_at(content: bytes, per_model: dict, settings, peaks: dict) -> dict:
     """One model's roofline at its interleaved medians (:func:`tfopt.export.roofline.measure`):
     the bound and measured / bound per setting, per kernel class at the first."""
-    from tfopt.export import roofline
+    from tfopt.export import measure_roofline
 
     latency = {k: {"p50_ms": median(per_model[k]), "threads": t} for k, t in settings}
-    return roofline.measure(content, latency, peaks=peaks)
+    return measure_roofline(content, latency, peaks=peaks)
 
 
 def speedups(per: dict, name: str, base: str, settings) -> dict:

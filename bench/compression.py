@@ -171,7 +171,7 @@ def _base_run(args) -> str:
 
 def _tflite(model, mode: str, calibration=None) -> dict:
     """``tfopt.export``'s conversion (sparse encoding where smaller), with its gzip -9 size."""
-    from tfopt.export.tflite import convert
+    from tfopt.export import convert
 
     done = convert(model, mode, calibration=calibration)
     return _sizes(done.content, sparse=done.sparse)
@@ -208,7 +208,7 @@ def largest_buffer_entropy(content: bytes) -> float:
 
 
 def _accuracy(content: bytes, x, y) -> float:
-    from tfopt.export.evaluate import TFLiteModel, evaluate
+    from tfopt.export import TFLiteModel, evaluate
 
     return evaluate(TFLiteModel(content, num_threads=2), x, y, batch_size=500).accuracy
 
@@ -226,11 +226,10 @@ def _optimize_job(run_dir: str, seed: int, smoke: bool):
     chain and mask-update frequency), keeps the model in memory and reads no test data; a phase
     chain already run in the job (e.g. the pruning that pcqat starts with) is reused.
     """
-    from tfopt.models.io import load_model
-    from tfopt.optimize.phases import Context, run_chain
-    from tfopt.optimize.runner import fine_tunes_of, resolved
+    from tfopt.models import load_model
+    from tfopt.optimize import Context, fine_tunes_of, resolved, run_chain
     from tfopt.runs import load_run
-    from tfopt.runtime.job import Job
+    from tfopt.runtime import Job
 
     run = load_run(run_dir)
     train = {"seed": seed, "verbose": 0, "tensorboard": False}
@@ -359,9 +358,8 @@ def _repeat(
 
 def run(args) -> dict:
     """Runs the whole benchmark; returns the result dict (``bench/_common.result``)."""
-    from tfopt.export.evaluate import load_split
-    from tfopt.export.tflite import calibration_batches
-    from tfopt.models.io import load_model
+    from tfopt.export import calibration_batches, load_split
+    from tfopt.models import load_model
     from tfopt.runs import load_run
 
     started, cpu = time.perf_counter(), time.process_time()

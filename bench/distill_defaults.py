@@ -76,10 +76,9 @@ class Runner:
         self.trials: list[dict] = []
 
     def run(self, stage: str, config: dict, seed: int) -> dict:
-        from tfopt.core._keras import keras
-
-        from tfopt.distill.cli import main as distill_main
-        from tfopt.train.cli import main as train_main
+        from tfopt import keras
+        from tfopt.distill import main as distill_main
+        from tfopt.train import main as train_main
 
         self.n += 1
         out = os.path.join(self.root, f"{stage}-{self.n}")
@@ -264,7 +263,7 @@ def main(argv=None) -> int:
             previous = json.load(f)
     teacher = args.teacher or previous.get("teacher", {}).get("run")
     if not teacher:
-        from tfopt.train.cli import main as train_main
+        from tfopt.train import main as train_main
 
         teacher = os.path.join(root, "teacher")
         assert (

@@ -45,17 +45,20 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tfopt.core._keras import keras, tf  # noqa: E402
-
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from bench._common import figure, markdown_table, result, usable_cores, write_json_atomic  # noqa: E402
 from bench.peers import keras_distillation as peer  # noqa: E402
+from tfopt import keras, tf  # noqa: E402
 from tfopt.config import DataConfig  # noqa: E402
-from tfopt.data import pipeline, sources  # noqa: E402
-from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs  # noqa: E402
-from tfopt.models.registry import build_model  # noqa: E402
+from tfopt.data import make_dataset, prepare, shift_augment  # noqa: E402
+from tfopt.models import (  # noqa: E402
+    Distiller,
+    accuracy_weights,
+    build_model,  # noqa: E402
+    teacher_log_probs,
+)
 
 SCCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 ANCHOR = "Hinton et al. 2015, MNIST: distillation closed ~0.91 of the gap"
@@ -105,7 +108,7 @@ SMOKE = dict(
 
 
 def _arrays(cfg: DataConfig, info, split: str):
-    xs, ys = zip(*pipeline.make_dataset(cfg, split, training=False, info=info))
+    xs, ys = zip(*make_dataset(cfg, split, training=False, info=info))
     return np.concatenate(xs), np.concatenate(ys)
 
 
@@ -117,7 +120,7 @@ def _stream(x, y, seed: int, batch_size: int, augment: str):
         .repeat()
         .batch(batch_size)
     )
-    ds = ds.apply(pipeline.shift_augment(seed)) if augment == "shift" else ds
+    ds = ds.apply(shift_augment(seed)) if augment == "shift" else ds
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
@@ -211,7 +214,7 @@ def run(p: Params) -> dict:
         global_batch_size=1000,
         num_shards=4 if p.limit else DataConfig.num_shards,
     )
-    info = sources.prepare(cfg)
+    info = prepare(cfg)
     (xtr, ytr), (xva, yva), (xte, yte) = (
         _arrays(cfg, info, s) for s in ("train", "validation", "test")
     )

@@ -58,11 +58,14 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.core.cpu import peak_summary, peaks  # noqa: E402
-from tfopt.export import tflite  # noqa: E402
-from tfopt.export.evaluate import load_split  # noqa: E402
-from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
-from tfopt.export.runner import run as export_run  # noqa: E402
+from tfopt.core import peak_summary, peaks  # noqa: E402
+from tfopt.export import (  # noqa: E402
+    BenchSettings,
+    ConvertOptions,  # noqa: E402
+    ExportSettings,
+    load_split,  # noqa: E402
+)
+from tfopt.export import run as export_run  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
 SETTINGS = (("xnnpack/1t", 1), ("xnnpack/2t", 2))
@@ -159,7 +162,7 @@ def parse_args(argv=None):
 
 def ensure_folder(workdir: str, p: Params) -> str:
     """Fashion-MNIST written as PNG class folders (once per limit)."""
-    from tfopt.data.to_folder import write_folder
+    from tfopt.data import write_folder
 
     out = os.path.join(workdir, f"fashion-png-l{p.limit}")
     if not os.path.isdir(out):
@@ -201,7 +204,7 @@ def export_family(run_dir: str, workdir: str, name: str, p: Params) -> dict:
     """The export stage on one trained run: every mode, stripped; returns its rows."""
     settings = ExportSettings(
         modes=MODES + QUANTIZER_MODES,
-        options=tflite.ConvertOptions(strip_strings=True),
+        options=ConvertOptions(strip_strings=True),
         calibration_steps=p.calibration_steps,
         eval_limit=p.eval_limit,
         search_limit=p.search_limit,
@@ -226,7 +229,7 @@ def export_family(run_dir: str, workdir: str, name: str, p: Params) -> dict:
 
 def peer_family(run, p: Params) -> dict:
     """The guide's recipes on the same trained Keras model, scored on the same test images."""
-    from tfopt.models.io import load_model
+    from tfopt.models import load_model
 
     model = load_model(run.model_path)
     x_train, _ = load_split(run.config.data, "train", guide.REPRESENTATIVE_SAMPLES)

@@ -55,8 +55,6 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tfopt.core._keras import keras, tf  # noqa: E402
-
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -71,9 +69,13 @@ from bench._common import (  # noqa: E402
     write_json_atomic,
 )
 from bench.peers import tf_data_guide as guide  # noqa: E402
+from tfopt import keras, tf  # noqa: E402
 from tfopt.config import DataConfig, default_data_dir, parse_normalize  # noqa: E402
-from tfopt.data.augment import crop_flip_augment, xla_available  # noqa: E402
-from tfopt.data.pipeline import build  # noqa: E402
+from tfopt.data import (  # noqa: E402
+    build,  # noqa: E402
+    crop_flip_augment,
+    xla_available,
+)
 
 DATASET_VERSION = 1  # bump when the synthetic image generator or record layout changes
 NUM_CLASSES = 10

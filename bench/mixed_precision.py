@@ -197,7 +197,7 @@ def peer_run(
     """One throughput run of the guide's recipe."""
     from peers import mixed_precision_guide as guide
 
-    from tfopt.models.registry import build_model
+    from tfopt.models import build_model
 
     started = time.perf_counter()
     out = guide.train(
@@ -223,9 +223,8 @@ def peer_run(
 def accuracy_run(plan: AccuracyPlan, policy: str, seed: int, workdir: str) -> dict:
     """One accuracy run of tfopt: the validation accuracy of every epoch, the test accuracy read once
     at the end (by the run), and the sha256 of the weights training started from and ended with."""
-    from tfopt.core._keras import keras
-
-    from tfopt.runtime.job import weights_digest
+    from tfopt import keras
+    from tfopt.runtime import weights_digest
 
     class InitialWeights(keras.callbacks.Callback):
         """The digest of the weights ``fit`` starts from (the same seed must give the same, any policy)."""
@@ -467,10 +466,9 @@ def report(res: dict) -> str:
 
 def throughput(p: Params, gate: QuietGate, workdir: str) -> dict:
     """Every throughput repeat: ``{model: {"repeats": [...]}}``."""
-    from tfopt.core._keras import keras
-
     from peers import mixed_precision_guide as guide
 
+    from tfopt import keras
     from tfopt.config import DataConfig
 
     arrays = {
@@ -523,7 +521,7 @@ def accuracy(p: Params, workdir: str) -> dict:
 
     Not gated on foreign load: load changes how long a run takes, not what it computes.
     """
-    from tfopt.core._keras import keras
+    from tfopt import keras
 
     out = {plan.name: {"seeds": []} for plan in p.accuracy}
     for i in range(max((plan.seeds for plan in p.accuracy), default=0)):

@@ -136,7 +136,7 @@ def _clock(keras, stop: bool, trace: bool = False):
             self.facts: dict = {}
 
         def on_train_begin(self, logs=None):
-            from tfopt.runtime.job import weights_digest
+            from tfopt.runtime import weights_digest
 
             spe = getattr(self.model, "_steps_per_execution", None)  # tf_keras: a variable
             self.facts = {
@@ -220,9 +220,8 @@ def harness(argv: list[str]) -> int:
 
     started = time.perf_counter()
     if args.side == "tfopt":
-        from tfopt.core._keras import keras
-
-        from tfopt.train.stage import run
+        from tfopt import keras
+        from tfopt.train import run
 
         clock = _clock(keras, stop=True, trace=args.trace)
         try:
@@ -230,9 +229,8 @@ def harness(argv: list[str]) -> int:
         except _Done:
             pass
     else:
-        from tfopt.core._keras import keras
-
         from bench.peers import bare_fit
+        from tfopt import keras
 
         strategy = bare_fit.make_strategy(
             cfg.runtime.strategy, cfg.runtime.cpu_replicas
@@ -601,7 +599,7 @@ def main(argv=None) -> int:
     p, gate, args = parse_args(argv)
     from tqdm import tqdm
 
-    from tfopt._version import __version__ as tfopt_version
+    from tfopt import __version__ as tfopt_version
 
     t_start = time.perf_counter()
     out = args.out or os.path.join(REPO, "bench", "results", "overhead.json")

@@ -56,9 +56,12 @@ from bench._common import (  # noqa: E402
     speedups,
 )
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.export import tflite  # noqa: E402
-from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
-from tfopt.export.runner import run as export_run  # noqa: E402
+from tfopt.export import (  # noqa: E402
+    BenchSettings,
+    ConvertOptions,  # noqa: E402
+    ExportSettings,
+)
+from tfopt.export import run as export_run  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
 SETTINGS = (("xnnpack/1t", 1), ("xnnpack/2t", 2))
@@ -137,7 +140,7 @@ def export_arm(run_dir: str, workdir: str, name: str, arm: str, p: Params) -> di
     """The export stage on one run with one quantizer: its rows, each with its file's bytes."""
     settings = ExportSettings(
         modes=ARMS[arm],
-        options=tflite.ConvertOptions(strip_strings=True, quantizer=arm),
+        options=ConvertOptions(strip_strings=True, quantizer=arm),
         calibration_steps=p.calibration_steps,
         eval_limit=p.eval_limit,
         selective=False,
@@ -180,7 +183,7 @@ def verdict(litert: dict, converter: dict, litert_rounds: list, converter_rounds
     difference; else more faithful to the Keras model (top-1 agreement) beyond its standard error;
     else faster beyond the rounds' spread (every round of one faster than every round of the
     other, :func:`tfopt.export.rounds.measurable`); else smaller by more than 1%."""
-    from tfopt.export.rounds import measurable
+    from tfopt.export import measurable
 
     n = litert["eval"]["examples"]
     for key in ("accuracy", "agreement"):

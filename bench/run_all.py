@@ -208,7 +208,7 @@ def write_page(path: str, text: str) -> bool:
         with open(path, encoding="utf-8") as f:
             if f.read() == text:
                 return False
-    from tfopt.core.fileio import write_text
+    from tfopt.core import write_text
 
     write_text(path, text)
     return True
@@ -228,7 +228,7 @@ def update_readme(path: str, text: str) -> bool:
     new = readme[: start + len(START)] + "\n" + text + "\n" + readme[end:]
     if new == readme:
         return False
-    from tfopt.core.fileio import write_text
+    from tfopt.core import write_text
 
     write_text(path, new)
     return True

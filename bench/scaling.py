@@ -334,9 +334,8 @@ def harness_train(argv: list[str]) -> int:
     targs = parser.parse_args(train_argv)
     cfg = cli.config_from_args(targs)
 
-    from tfopt.core._keras import keras, tf
-
-    from tfopt.train.stage import run
+    from tfopt import keras, tf
+    from tfopt.train import run
 
     class StepClock(keras.callbacks.Callback):
         """Timestamps step boundaries; opens the window at the first boundary >= warm-up, ends the
@@ -542,11 +541,9 @@ def harness_allreduce(argv: list[str]) -> int:
     nbytes = args.bandwidth_mb * MB
     bw_before = loopback_bandwidth(args.report_dir, index, nbytes, args.copies, "before")
 
-    from tfopt.core._keras import tf
-
+    from tfopt import tf
     from tfopt.config import RunConfig, RuntimeConfig
-    from tfopt.runtime.job import connect
-    from tfopt.runtime.tf_config import parse_tf_config
+    from tfopt.runtime import connect, parse_tf_config
 
     cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
     strategy = connect(
@@ -1738,7 +1735,7 @@ def _previous(out: str, phases: list[str]) -> dict | None:
 def _isolation(mode: str) -> bool:
     if mode == "off":
         return False
-    from tfopt.core.errors import ConfigError
+    from tfopt.core import ConfigError
     from tfopt.launch import isolation_prefix
 
     try:
@@ -1754,7 +1751,7 @@ def main(argv=None) -> int:
     p, phases, cores, gate, out, args = parse_args(argv)
     from tqdm import tqdm
 
-    from tfopt._version import __version__ as tfopt_version
+    from tfopt import __version__ as tfopt_version
 
     t_start = time.perf_counter()
     isolate = _isolation(args.isolate)

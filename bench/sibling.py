@@ -63,12 +63,18 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.core import fileio  # noqa: E402
-from tfopt.core.cpu import peak_summary, peaks  # noqa: E402
-from tfopt.export import tflite  # noqa: E402
-from tfopt.export.evaluate import load_split  # noqa: E402
-from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
-from tfopt.export.runner import run as export_run  # noqa: E402
+from tfopt.core import (  # noqa: E402
+    peak_summary,
+    peaks,
+    write_json,  # noqa: E402
+)
+from tfopt.export import (  # noqa: E402
+    BenchSettings,
+    ConvertOptions,  # noqa: E402
+    ExportSettings,
+    load_split,  # noqa: E402
+)
+from tfopt.export import run as export_run  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
 SETTINGS = (("xnnpack/1t", 1),)
@@ -148,14 +154,12 @@ def _cfg(run_dir: str, out_dir: str, epochs: int, p: Params):
 def match_spec(dense: str, sibling: str, match: str, p: Params):
     """The channel_prune spec that matches the dense model's pruned copy to ``sibling``'s cost:
     its float .tflite p50 at 1 thread (``latency``) or its multiply-adds (``macs``)."""
-    from tfopt.compress import latency
-    from tfopt.compress.channel_prune import ChannelSpec
-    from tfopt.compress.flops import model_macs
-    from tfopt.models.io import load_model
+    from tfopt.compress import ChannelSpec, model_macs, model_us
+    from tfopt.models import load_model
 
     model = load_model(load_run(sibling).model_path)
     if match == "latency":
-        return ChannelSpec(latency_us=latency.model_us(model, threads=1), round_to=p.round_to)
+        return ChannelSpec(latency_us=model_us(model, threads=1), round_to=p.round_to)
     share = sum(model_macs(model).values()) / sum(
         model_macs(load_model(load_run(dense).model_path)).values()
     )
@@ -169,9 +173,9 @@ def pruned_arm(dense: str, workdir: str, tag: str, spec, p: Params) -> tuple[str
     (every group at its minimum is still slower) is recorded with channel_prune's reason, and the
     arm is pruned to the nearest reachable target instead: the closest channel pruning gets.
     """
-    from tfopt.core.errors import TargetOutOfReach
+    from tfopt.core import TargetOutOfReach
     from tfopt.distill import run as distill
-    from tfopt.optimize.runner import run as optimize
+    from tfopt.optimize import run as optimize
 
     tag = f"{tag}-e{p.finetune_epochs}{'-smoke' if p.smoke else ''}"
     pruned, out = os.path.join(workdir, f"pruned-{tag}"), os.path.join(workdir, f"distilled-{tag}")
@@ -191,7 +195,7 @@ def pruned_arm(dense: str, workdir: str, tag: str, spec, p: Params) -> tuple[str
         except TargetOutOfReach as e:
             key = "latency_us" if spec.latency_us else "flops"
             aim = aim | {"unreachable": str(e), f"sibling_{key}": aim[key], key: e.nearest}
-            fileio.write_json(reach, aim)
+            write_json(reach, aim)
             spec = dataclasses.replace(spec, **{key: e.nearest})
             optimize(dense, cfg, [_prune_settings(spec, p)], [pruned], keep_going=False)
     if p.finetune_epochs > 1 and not os.path.exists(os.path.join(out, "run.json")):
@@ -203,7 +207,7 @@ def pruned_arm(dense: str, workdir: str, tag: str, spec, p: Params) -> tuple[str
 
 
 def _prune_settings(spec, p: Params):
-    from tfopt.optimize.runner import OptimizeSettings
+    from tfopt.optimize import OptimizeSettings
 
     return OptimizeSettings(
         technique="channel_prune",
@@ -222,11 +226,11 @@ def sibling_arm(workdir: str, alpha: float, p: Params) -> str:
 
 def export_arm(run_dir: str, p: Params) -> dict:
     """float32 and int8 by the library (stripped), scored on the test split; the guide's int8."""
-    from tfopt.models.io import load_model
+    from tfopt.models import load_model
 
     settings = ExportSettings(
         modes=("float32", "int8"),
-        options=tflite.ConvertOptions(strip_strings=True),
+        options=ConvertOptions(strip_strings=True),
         calibration_steps=p.b9.calibration_steps,
         eval_limit=p.eval_limit,
         selective=False,
@@ -270,7 +274,7 @@ def verdict(gap_pt: float, gap_se: float, pruned_rounds, sibling_rounds) -> str:
     standard error of the difference) and not slower (beyond the rounds' spread), or as accurate
     and faster; ``tie`` when neither differs; ``trade-off`` when one is more accurate and the
     other faster."""
-    from tfopt.export.rounds import measurable
+    from tfopt.export import measurable
 
     acc = 0 if abs(gap_pt) <= gap_se else (1 if gap_pt > 0 else -1)
     spd = 0

@@ -80,9 +80,8 @@ def summarize(rows: list[dict]) -> dict:
 
 def run(epochs: int, steps_per_epoch: int, backup_every: int, work: str) -> list[dict]:
     """Trains in this process; returns one sample per epoch end."""
-    from tfopt.core._keras import keras
-
     from tfopt import config as C
+    from tfopt import keras
     from tfopt.train import run as train
 
     out = os.path.join(work, "soak")

@@ -60,11 +60,14 @@ from bench._common import (  # noqa: E402
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from bench.peers import tfmot_xnnpack_guide as peers  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.core.cpu import peak_summary, peaks  # noqa: E402
-from tfopt.export import tflite  # noqa: E402
-from tfopt.export.evaluate import load_split  # noqa: E402
-from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
-from tfopt.export.runner import run as export_run  # noqa: E402
+from tfopt.core import peak_summary, peaks  # noqa: E402
+from tfopt.export import (  # noqa: E402
+    BenchSettings,
+    ConvertOptions,  # noqa: E402
+    ExportSettings,
+    load_split,  # noqa: E402
+)
+from tfopt.export import run as export_run  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
 SETTINGS = (("xnnpack/1t", 1), ("xnnpack/2t", 2))
@@ -198,10 +201,9 @@ def ensure_base(family: str, workdir: str, b9_workdir: str, p: Params) -> str:
 
 def fine_tune_arms(base: str, workdir: str, family: str, p: Params) -> dict:
     """The dense control (tfopt.train) and the two structured arms (tfopt.optimize): run directories."""
-    from tfopt.compress.channel_prune import ChannelSpec
-    from tfopt.compress.low_rank import LowRankSpec
-    from tfopt.optimize.runner import OptimizeSettings
-    from tfopt.optimize.runner import run as optimize
+    from tfopt.compress import ChannelSpec, LowRankSpec
+    from tfopt.optimize import OptimizeSettings
+    from tfopt.optimize import run as optimize
     from tfopt.train import run as train
 
     run = load_run(base)
@@ -221,8 +223,8 @@ def fine_tune_arms(base: str, workdir: str, family: str, p: Params) -> dict:
             cfg,
         )
         train(control)
-    from tfopt.compress.latency import model_us
-    from tfopt.models.io import load_model
+    from tfopt.compress import model_us
+    from tfopt.models import load_model
 
     dense_us = model_us(
         load_model(run.model_path)
@@ -282,7 +284,7 @@ def export_arm(run_dir: str, p: Params) -> dict:
     """The library's export stage (float32, int8; stripped): rows with their .tflite bytes."""
     settings = ExportSettings(
         modes=("float32", "int8"),
-        options=tflite.ConvertOptions(strip_strings=True),
+        options=ConvertOptions(strip_strings=True),
         calibration_steps=p.calibration_steps,
         eval_limit=p.eval_limit,
         selective=False,
@@ -302,14 +304,14 @@ def export_arm(run_dir: str, p: Params) -> dict:
 
 
 def _params_and_macs(model) -> dict:
-    from tfopt.compress.flops import model_macs
+    from tfopt.compress import model_macs
 
     return {"params": int(model.count_params()), "macs": int(sum(model_macs(model).values()))}
 
 
 def peer_arms(base: str, cp_params: int, x, y, x_test, y_test, p: Params) -> dict:
     """Both tfmot peers from the same trained model: their models converted and scored."""
-    from tfopt.models.io import load_model
+    from tfopt.models import load_model
 
     model = load_model(load_run(base).model_path)
     kernels = sum(w.size for layer in model.layers for w in layer.get_weights() if w.ndim >= 2)
@@ -362,7 +364,7 @@ def main(argv=None) -> int:
             bar.update(1)
             bar.set_postfix_str(f"{family}: export and score")
             fam = {"base": base, "arms": {}}
-            from tfopt.models.io import load_model
+            from tfopt.models import load_model
 
             for name, run_dir in dirs.items():
                 if isinstance(run_dir, dict):  # refused

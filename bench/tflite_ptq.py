@@ -42,8 +42,6 @@ from dataclasses import dataclass
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tfopt.core._keras import keras  # noqa: E402
-
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -60,12 +58,21 @@ from bench._common import (  # noqa: E402
 )
 from bench.peers import ptq_tutorial, qat_example  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
-from tfopt.export import benchmark as bench  # noqa: E402
-from tfopt.export import tflite  # noqa: E402
-from tfopt.export.choices import DEFAULT_MODES
-from tfopt.export.evaluate import TFLiteModel, evaluate, keras_outputs, load_split  # noqa: E402
-from tfopt.export.runner import BenchSettings, ExportSettings  # noqa: E402
-from tfopt.export.runner import run as export_run  # noqa: E402
+from tfopt import keras  # noqa: E402
+from tfopt.export import (  # noqa: E402  # noqa: E402  # noqa: E402
+    DEFAULT_MODES,
+    BenchSettings,
+    ConvertOptions,
+    ExportSettings,
+    TFLiteModel,
+    calibration_batches,
+    convert,
+    evaluate,
+    keras_cost,  # noqa: E402
+    keras_outputs,
+    load_split,
+)
+from tfopt.export import run as export_run  # noqa: E402
 from tfopt.runs import load_run  # noqa: E402
 
 MODELS = ("cnn", "mobilenet_tiny")
@@ -200,7 +207,7 @@ def export_family(run_dir: str, workdir: str, name: str, p: Params) -> dict:
     """The export stage on one trained run: every mode, stripped; returns its rows and the plain sizes."""
     settings = ExportSettings(
         modes=DEFAULT_MODES,
-        options=tflite.ConvertOptions(strip_strings=True),
+        options=ConvertOptions(strip_strings=True),
         calibration_steps=p.calibration_steps,
         eval_limit=p.eval_limit,
         search_limit=p.search_limit,
@@ -226,17 +233,14 @@ def export_family(run_dir: str, workdir: str, name: str, p: Params) -> dict:
 
 def plain_sizes(model, run) -> dict:
     """float32 and int8 file bytes without --strip-strings (what stripping saved)."""
-    calibration = tflite.calibration_batches(run.config.data, 2)
-    return {
-        m: len(tflite.convert(model, m, calibration=calibration).content)
-        for m in ("float32", "int8")
-    }
+    calibration = calibration_batches(run.config.data, 2)
+    return {m: len(convert(model, m, calibration=calibration).content) for m in ("float32", "int8")}
 
 
 def qat_vs_control(run, model, p: Params, seed: int, x, y) -> dict:
     """QAT (tfopt.compress.quantize.wrap) and the float control, each fine-tuned the same epoch(s)."""
-    from tfopt.compress import quantize
-    from tfopt.data.pipeline import make_dataset
+    from tfopt.compress import QatSpec, quantize_model
+    from tfopt.data import make_dataset
 
     data = dataclasses.replace(run.config.data, seed=seed)
     steps = (
@@ -263,9 +267,9 @@ def qat_vs_control(run, model, p: Params, seed: int, x, y) -> dict:
     control.set_weights(model.get_weights())
     control_s = fine_tune(control)
     keras.utils.set_random_seed(seed)
-    qat = quantize.wrap(model, quantize.QatSpec())
+    qat = quantize_model(model, QatSpec())
     qat_s = fine_tune(qat)
-    content = tflite.convert(qat, "int8", options=tflite.ConvertOptions(strip_strings=True)).content
+    content = convert(qat, "int8", options=ConvertOptions(strip_strings=True)).content
     control_acc = float(np.mean(keras_outputs(control, x).argmax(-1) == y))
     ev = evaluate(TFLiteModel(content), x, y, keras_outputs(qat, x)).to_dict()
     return {
@@ -341,7 +345,7 @@ def main(argv=None) -> int:
         for name in p.models:
             bar.set_postfix_str(f"{name}: training (once)")
             run = load_run(ensure_run(workdir, p, name))
-            from tfopt.models.io import load_model
+            from tfopt.models import load_model
 
             model = load_model(run.model_path)
             bar.update(1)
@@ -349,7 +353,7 @@ def main(argv=None) -> int:
             fam = export_family(run.path, workdir, name, p)
             fam.update(
                 run=run.path,
-                model={"name": name, **bench.keras_cost(model)},
+                model={"name": name, **keras_cost(model)},
                 plain_sizes=plain_sizes(model, run),
             )
             bar.update(1)

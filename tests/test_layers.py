@@ -136,3 +136,19 @@ def test_the_top_level_is_the_public_api_runs_and_packages():
     # __init__ is the public API; runs.py the run records every stage shares; _moved the old
     # paths kept for one release; __main__ and _version what Python and packaging need.
     assert top <= {"__init__.py", "__main__.py", "_version.py", "_moved.py", "runs.py"}, top
+
+
+def test_the_benchmarks_import_only_the_public_api():
+    import glob
+
+    from public_api import non_public_imports
+
+    found = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "bench", "*.py"))):
+        with open(path, encoding="utf-8") as f:
+            names = non_public_imports(f.read())
+        if names:
+            found[os.path.relpath(path, ROOT)] = names
+    assert not found, (
+        f"benchmarks import tfopt below its public API (add the name to a package's __all__): {found}"
+    )

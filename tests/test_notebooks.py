@@ -18,6 +18,7 @@ import time
 import nbformat
 import pytest
 from isolation import ISOLATED
+from public_api import non_public_imports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO, "notebooks")
@@ -320,44 +321,17 @@ def _code(name: str, tag: str | None = None) -> list[str]:
     ]
 
 
-def non_public_imports(source: str) -> list[str]:
-    """The imports in ``source`` of tfopt that are not its public API: a module below a
-    package's top level (``tfopt.export.runner``), or a name missing from the ``__all__`` of the
-    module it is taken from (``tfopt`` or one of its packages)."""
-    import ast
-    import importlib
-
-    def public(module: str) -> set[str]:
-        return set(getattr(importlib.import_module(module), "__all__", ()))
-
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                parts = a.name.split(".")
-                if parts[0] == "tfopt" and len(parts) > 1 and parts[1] not in public("tfopt"):
-                    if len(parts) > 2 or not hasattr(importlib.import_module(a.name), "__all__"):
-                        out.append(a.name)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tfopt":
-            if node.module.count(".") > 1:
-                out.append(node.module)
-                continue
-            names = public(node.module)
-            out += [f"{node.module}.{a.name}" for a in node.names if a.name not in names]
-    return out
-
-
 def test_the_notebooks_import_only_the_public_api():
     found = {name: [p for src in _code(name) for p in non_public_imports(src)] for name in EXPECTED}
     assert found == {name: [] for name in EXPECTED}
     assert non_public_imports(
-        "from tfopt.core._keras import tf\nimport tfopt.export.runner\nfrom tfopt.runs import load_run\n"
+        "from tfopt.core._keras import tf\nimport tfopt.export.runner\nfrom tfopt.runs import fingerprint\n"
         "from tfopt.export import ExportSettings, convert_x\nfrom tfopt import tf, config, _moved\n"
         "import tfopt.train\nfrom tfopt.export.runner import run"
     ) == [
         "tfopt.core._keras",
         "tfopt.export.runner",
-        "tfopt.runs.load_run",
+        "tfopt.runs.fingerprint",
         "tfopt.export.convert_x",
         "tfopt._moved",
         "tfopt.export.runner",

@@ -26,6 +26,15 @@ from tfopt.core.errors import ConfigError
 from tfopt.core.fileio import tree_digest
 from tfopt.core.specs import STAGES
 
+__all__ = [
+    "PARTIAL_SUFFIX",
+    "Run",
+    "RunRecord",
+    "is_model_file",
+    "load_input",
+    "load_run",
+    "update_latest",
+]
 SCHEMA_VERSION = 2
 RUNS_ROOT = "runs"
 LATEST = "latest"

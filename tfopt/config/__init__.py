@@ -3,6 +3,7 @@
 Configuration is plain data validated here, at the edge; inner code trusts it.
 """
 
+# ruff: noqa: F405 - the public names come from the modules star-imported below
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +27,34 @@ from tfopt.config.sections import HEADS, DataConfig, ModelConfig, RuntimeConfig,
 from tfopt.config.values import *  # noqa: F403
 from tfopt.config.values import _field_types, choices_of, coerce  # noqa: F401
 from tfopt.core.errors import ConfigError
+
+#: The public names: the tree and its sections, reading and overriding it, the values parsed from
+#: text, and the command lines made from it (``cli``).
+__all__ = [
+    "RunConfig",
+    "DataConfig",
+    "ModelConfig",
+    "RuntimeConfig",
+    "TrainConfig",
+    "DistillConfig",
+    "OptimizeConfig",
+    "ExportConfig",
+    "STAGE_SECTIONS",
+    "TRAINING_SECTIONS",
+    "Flag",
+    "flag",
+    "from_dict",
+    "load",
+    "apply_overrides",
+    "choices_of",
+    "default_data_dir",
+    "parse_image_size",
+    "parse_normalize",
+    "parse_features",
+    "parse_modes",
+    "parse_threads",
+    "cli",
+]
 
 
 @dataclass(frozen=True)

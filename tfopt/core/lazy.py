@@ -13,7 +13,8 @@ def exports(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callable
 
     Args:
         package: The package's ``__name__``.
-        homes: Each public name -> the module it lives in.
+        homes: Each public name -> the module it lives in, or ``module:attribute`` when it is
+            published under another name.
 
     Returns:
         The sorted names, and the module-level ``__getattr__`` that imports a name's home on first use.
@@ -22,6 +23,7 @@ def exports(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callable
     def __getattr__(name: str):
         if name not in homes:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(homes[name]), name)
+        module, _, attribute = homes[name].partition(":")
+        return getattr(importlib.import_module(module), attribute or name)
 
     return sorted(homes), __getattr__

@@ -8,6 +8,8 @@ import importlib
 
 _HOMES = {
     "build": "pipeline",
+    "crop_flip_augment": "augment",
+    "xla_available": "augment",
     "dataset_fn": "distributed",
     "distribute": "distributed",
     "make_dataset": "pipeline",

@@ -6,14 +6,8 @@ tfopt.distill`` its command line (:mod:`tfopt.distill.cli`). Imported lazily so 
 line rejects a bad flag before TensorFlow is imported.
 """
 
+from tfopt.core.lazy import exports
 from tfopt.distill.options import DistillOptions, parse_feature
 
-__all__ = ["DistillOptions", "parse_feature", "run"]
-
-
-def __getattr__(name):
-    if name == "run":
-        from tfopt.distill.stage import run
-
-        return run
-    raise AttributeError(f"module 'tfopt.distill' has no attribute {name!r}")
+_names, __getattr__ = exports(__name__, {"run": "tfopt.distill.stage", "main": "tfopt.distill.cli"})
+__all__ = ["DistillOptions", "parse_feature", *_names]

@@ -4,7 +4,7 @@ Names are re-exported lazily (PEP 562) so that ``python -m tfopt.export`` can re
 before TensorFlow is imported.
 """
 
-import importlib
+from tfopt.core.lazy import exports
 
 _EXPORTS = {
     "tfopt.export.auto": ("AutoResult", "search"),
@@ -15,7 +15,15 @@ _EXPORTS = {
         "latency",
         "litert_benchmark",
     ),
-    "tfopt.export.choices": ("IO_TYPES", "KERNELS", "MODES", "parse_modes", "parse_threads"),
+    "tfopt.export.choices": (
+        "DEFAULT_MODES",
+        "IO_TYPES",
+        "KERNELS",
+        "MODES",
+        "parse_modes",
+        "parse_threads",
+    ),
+    "tfopt.export.rounds": ("measurable",),
     "tfopt.export.evaluate": (
         "EvalResult",
         "TFLiteModel",
@@ -51,11 +59,6 @@ _EXPORTS = {
         "weight_sparsity",
     ),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'tfopt.export' has no attribute {name!r}")
+_HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
+_HOMES["measure_roofline"] = "tfopt.export.roofline:measure"
+__all__, __getattr__ = exports(__name__, _HOMES)

@@ -5,6 +5,8 @@ from tfopt.core.lazy import exports
 
 _EXPORTS = {
     "Distiller": "tfopt.models.distiller",
+    "accuracy_weights": "tfopt.models.distiller",
+    "teacher_log_probs": "tfopt.models.distiller",
     "build_model": "tfopt.models.registry",
     "load_model": "tfopt.models.io",
     "save_model": "tfopt.models.io",

@@ -5,6 +5,8 @@ from tfopt.core.lazy import exports
 
 _EXPORTS = {
     "Job": "tfopt.runtime.job",
+    "connect": "tfopt.runtime.job",
+    "weights_digest": "tfopt.runtime.job",
     "STRATEGIES": "tfopt.core.specs",
     "make_strategy": "tfopt.runtime.strategy",
     "parse_tf_config": "tfopt.runtime.tf_config",

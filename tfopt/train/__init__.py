@@ -5,12 +5,6 @@ tfopt.train`` is its command line (:mod:`tfopt.train.cli`). ``run`` is imported 
 the command line rejects a bad flag before TensorFlow is imported.
 """
 
-__all__ = ["run"]
+from tfopt.core.lazy import exports
 
-
-def __getattr__(name):
-    if name == "run":
-        from tfopt.train.stage import run
-
-        return run
-    raise AttributeError(f"module 'tfopt.train' has no attribute {name!r}")
+__all__, __getattr__ = exports(__name__, {"run": "tfopt.train.stage", "main": "tfopt.train.cli"})
