@@ -208,9 +208,9 @@ def largest_buffer_entropy(content: bytes) -> float:
 
 
 def _accuracy(content: bytes, x, y) -> float:
-    from tfopt.export import TFLiteModel, evaluate
+    from tfopt.export import TFLiteModel, evaluate_tflite
 
-    return evaluate(TFLiteModel(content, num_threads=2), x, y, batch_size=500).accuracy
+    return evaluate_tflite(TFLiteModel(content, num_threads=2), x, y, batch_size=500).accuracy
 
 
 def _row(converted: dict, float_gzip: int, **scores) -> dict:

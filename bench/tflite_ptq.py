@@ -59,7 +59,7 @@ from bench._common import (  # noqa: E402
 from bench.peers import ptq_tutorial, qat_example  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
 from tfopt import keras  # noqa: E402
-from tfopt.export import (  # noqa: E402  # noqa: E402  # noqa: E402
+from tfopt.export import (  # noqa: E402
     DEFAULT_MODES,
     BenchSettings,
     ConvertOptions,
@@ -67,8 +67,8 @@ from tfopt.export import (  # noqa: E402  # noqa: E402  # noqa: E402
     TFLiteModel,
     calibration_batches,
     convert,
-    evaluate,
-    keras_cost,  # noqa: E402
+    evaluate_tflite,
+    keras_cost,
     keras_outputs,
     load_split,
 )
@@ -271,7 +271,7 @@ def qat_vs_control(run, model, p: Params, seed: int, x, y) -> dict:
     qat_s = fine_tune(qat)
     content = convert(qat, "int8", options=ConvertOptions(strip_strings=True)).content
     control_acc = float(np.mean(keras_outputs(control, x).argmax(-1) == y))
-    ev = evaluate(TFLiteModel(content), x, y, keras_outputs(qat, x)).to_dict()
+    ev = evaluate_tflite(TFLiteModel(content), x, y, keras_outputs(qat, x)).to_dict()
     return {
         "seed": seed,
         "control_keras_accuracy": control_acc,

@@ -152,3 +152,20 @@ def test_the_benchmarks_import_only_the_public_api():
     assert not found, (
         f"benchmarks import tfopt below its public API (add the name to a package's __all__): {found}"
     )
+
+
+def test_no_public_name_is_shadowed_by_a_module_of_the_same_name():
+    # ``from tfopt.export import evaluate`` would give the module once anything imported it.
+    import importlib
+    import pkgutil
+
+    clashes = {}
+    for info in pkgutil.walk_packages([os.path.join(ROOT, "tfopt")], "tfopt."):
+        if not info.ispkg:
+            continue
+        package = importlib.import_module(info.name)
+        subs = {m.name for m in pkgutil.iter_modules(package.__path__)}
+        names = set(getattr(package, "__all__", ())) & subs - {"cli"}  # tfopt.config.cli: a module
+        if names:
+            clashes[info.name] = sorted(names)
+    assert not clashes, clashes

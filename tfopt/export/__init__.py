@@ -27,7 +27,6 @@ _EXPORTS = {
     "tfopt.export.evaluate": (
         "EvalResult",
         "TFLiteModel",
-        "evaluate",
         "keras_outputs",
         "load_split",
         "read_tflite",
@@ -60,5 +59,7 @@ _EXPORTS = {
     ),
 }
 _HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
+# Published under another name: ``evaluate`` is also the module's name, which wins once imported.
 _HOMES["measure_roofline"] = "tfopt.export.roofline:measure"
+_HOMES["evaluate_tflite"] = "tfopt.export.evaluate:evaluate"
 __all__, __getattr__ = exports(__name__, _HOMES)
