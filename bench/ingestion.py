@@ -42,15 +42,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import itertools
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 
 if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,317 +56,38 @@ from tqdm import tqdm  # noqa: E402
 from bench._common import (  # noqa: E402
     CpuSample,
     QuietGate,
-    figure,
-    markdown_table,
     median,
     result,
-    usable_cores,
     write_json_atomic,
+)
+
+# The benchmark's parts, by job (each under 600 lines).
+from bench._ingestion_data import (  # noqa: E402
+    ensure_dataset,
+    epochs_of,
+    guide_kwargs,
+    make_parse,
+    run_epoch,
+    tfopt_config,
+    tfopt_dataset,
+)
+from bench._ingestion_params import (  # noqa: E402
+    COMMAND,
+    NUM_CLASSES,
+    SMOKE,
+    Params,
+)
+from bench._ingestion_report import (  # noqa: E402
+    figures,
+    report,
 )
 from bench.peers import tf_data_guide as guide  # noqa: E402
 from tfopt import keras, tf  # noqa: E402
-from tfopt.config import DataConfig, default_data_dir, parse_normalize  # noqa: E402
+from tfopt.config import default_data_dir  # noqa: E402
 from tfopt.data import (  # noqa: E402
-    build,  # noqa: E402
     crop_flip_augment,
     xla_available,
 )
-
-DATASET_VERSION = 1  # bump when the synthetic image generator or record layout changes
-NUM_CLASSES = 10
-NORMALIZE = "imagenet"  # data.normalize of the tfopt side; the peers get the same mean/std
-COMMAND = "PYTHONPATH=. python bench/ingestion.py"
-
-TARGETS = {
-    "epoch1_ratio": (">=", 1.8),
-    "cached_ratio": (">=", 4.0),
-    "input_bound_pct": ("<=", 2.0),
-    "autotune_gap_pct": ("<=", 3.0),
-}
-ANCHORS = {
-    "epoch1_ratio": "tf.data paper: parallelism ~0.77x per core (~1.5x on 2 cores)",
-    "cached_ratio": "tf.data paper: caching a further ~2x",
-    "input_bound_pct": None,
-    "autotune_gap_pct": "tf.data paper: AUTOTUNE within 1-4% of expert tuning",
-}
-
-
-@dataclass(frozen=True)
-class Params:
-    """Everything that shapes the measurement (recorded in the JSON)."""
-
-    images: int = 2048
-    shards: int = 16
-    min_side: int = 128
-    max_side: int = 256
-    resize: int = 128  # decode -> resize to resize x resize (deterministic, before the cache)
-    crop: int = 112  # random crop + flip + normalize (after the cache)
-    batch_size: int = 64
-    repeats: int = 3
-    trials: int = 3  # per repeat, each side is measured this many times, interleaved; best kept
-    cached_epochs: int = 3  # epochs timed after epoch 1, per trial (their median is used)
-    model_width: int = 32  # filters of the first conv of the step-time CNN
-    seed: int = 1234
-    grid_calls: tuple = (1, 2, 4)
-    grid_cycle: tuple = (1, 2, 4)
-    grid_prefetch: tuple = (1, 2)
-    smoke: bool = False
-
-
-SMOKE = dict(
-    images=64,
-    min_side=40,
-    max_side=64,
-    resize=40,
-    crop=32,
-    batch_size=16,
-    repeats=1,
-    trials=1,
-    cached_epochs=1,
-    model_width=4,
-    grid_calls=(1, 2),
-    grid_cycle=(2,),
-    grid_prefetch=(1,),
-    smoke=True,
-)
-
-
-# --------------------------------------------------------------------------------------------
-# Synthetic JPEG shards
-# --------------------------------------------------------------------------------------------
-
-
-def _synth_image(rng: np.random.Generator, h: int, w: int, label: int) -> np.ndarray:
-    """An image-like uint8 HxWx3 array: smooth gradients + waves, a few class-coloured
-    shapes (one with fine texture), and sensor-like noise."""
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    yy /= h
-    xx /= w
-    img = np.empty((h, w, 3), np.float32)
-    for c in range(3):
-        a, b, phase = rng.uniform(-1.0, 1.0, 3)
-        freq = rng.uniform(0.5, 3.0)
-        img[..., c] = (
-            128
-            + 60 * (a * xx + b * yy)
-            + 40 * np.sin(2 * np.pi * freq * (a * xx + b * yy) + 3 * phase)
-        )
-    angle = 2 * np.pi * label / NUM_CLASSES
-    hue = 128 + 100 * np.cos(angle + np.array([0.0, 2.1, 4.2]))
-    for k in range(int(rng.integers(2, 6))):
-        cy, cx = rng.uniform(0.15, 0.85, 2)
-        ry, rx = rng.uniform(0.06, 0.3, 2)
-        if rng.random() < 0.5:
-            mask = ((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 < 1
-        else:
-            mask = (np.abs(yy - cy) < ry) & (np.abs(xx - cx) < rx)
-        shade = 0.7 * hue + 0.3 * img[mask]
-        if k == 0:  # fine texture, so the JPEG has high-frequency content to code
-            fy, fx = rng.uniform(8, 30, 2)
-            shade += (25 * np.sin(2 * np.pi * (fy * yy[mask] + fx * xx[mask])))[:, None]
-        img[mask] = shade
-    img += rng.normal(0.0, 6.0, img.shape)
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
-def _dataset_key(p: Params) -> str:
-    spec = dict(
-        v=DATASET_VERSION, n=p.images, shards=p.shards, lo=p.min_side, hi=p.max_side, seed=p.seed
-    )
-    digest = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    return f"b1-jpeg-n{p.images}-s{p.shards}-{p.min_side}to{p.max_side}-{digest}"
-
-
-def _count_records(path: str) -> int:
-    return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1).numpy())
-
-
-def _check_manifest(root: str) -> list[str] | None:
-    """Returns the shard paths if ``root`` holds a complete, intact dataset, else None."""
-    try:
-        with open(os.path.join(root, "manifest.json"), encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError):
-        return None
-    files = []
-    for shard in manifest.get("shards", []):
-        path = os.path.join(root, shard["file"])
-        if not os.path.isfile(path) or os.path.getsize(path) != shard["bytes"]:
-            return None
-        try:
-            if (
-                _count_records(path) != shard["records"]
-            ):  # a truncated TFRecord loses records silently
-                return None
-        except tf.errors.OpError:
-            return None
-        files.append(path)
-    return files or None
-
-
-def ensure_dataset(workdir: str, p: Params, log=print) -> tuple[list[str], dict]:
-    """Returns the shard paths (making them once) and a summary of the dataset."""
-    root = os.path.join(workdir, _dataset_key(p))
-    files = _check_manifest(root)
-    if files is None:
-        if os.path.exists(root):
-            log(f"[B1] {root} is incomplete or damaged (manifest check failed); regenerating it")
-            shutil.rmtree(root)
-        os.makedirs(workdir, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".tmp-b1-", dir=workdir)
-        t0 = time.perf_counter()
-        rng = np.random.default_rng(p.seed)
-        writers = [
-            tf.io.TFRecordWriter(os.path.join(tmp, f"shard-{i:02d}-of-{p.shards:02d}.tfrecord"))
-            for i in range(p.shards)
-        ]
-        counts = [0] * p.shards
-        try:
-            for i in tqdm(
-                range(p.images),
-                desc="B1 make JPEG shards",
-                unit="img",
-                leave=False,
-                disable=True if p.smoke else None,
-            ):
-                h, w = (int(v) for v in rng.integers(p.min_side, p.max_side + 1, 2))
-                label = int(rng.integers(0, NUM_CLASSES))
-                jpeg = tf.io.encode_jpeg(
-                    _synth_image(rng, h, w, label), quality=int(rng.integers(80, 96))
-                ).numpy()
-                ex = tf.train.Example(
-                    features=tf.train.Features(
-                        feature={
-                            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
-                            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                            "height": tf.train.Feature(int64_list=tf.train.Int64List(value=[h])),
-                            "width": tf.train.Feature(int64_list=tf.train.Int64List(value=[w])),
-                        }
-                    )
-                )
-                writers[i % p.shards].write(ex.SerializeToString())
-                counts[i % p.shards] += 1
-        finally:
-            for wr in writers:
-                wr.close()
-        shards = []
-        for i in range(p.shards):
-            name = f"shard-{i:02d}-of-{p.shards:02d}.tfrecord"
-            shards.append(
-                {
-                    "file": name,
-                    "records": counts[i],
-                    "bytes": os.path.getsize(os.path.join(tmp, name)),
-                }
-            )
-        manifest = {
-            "version": DATASET_VERSION,
-            "images": p.images,
-            "sides": [p.min_side, p.max_side],
-            "seed": p.seed,
-            "shards": shards,
-        }
-        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
-        try:
-            os.replace(tmp, root)  # atomic publish; a concurrent maker may have won the race
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        files = _check_manifest(root)
-        if files is None:
-            raise RuntimeError(
-                f"[B1] the dataset written to {root} does not pass its manifest check"
-            )
-        log(
-            f"[B1] made {p.images} JPEGs in {p.shards} shards under {root} ({time.perf_counter() - t0:.1f} s)"
-        )
-    total = sum(os.path.getsize(f) for f in files)
-    return files, {
-        "path": root,
-        "shards": len(files),
-        "images": p.images,
-        "bytes": total,
-        "mean_jpeg_bytes": round(total / p.images),
-        "sides_px": [p.min_side, p.max_side],
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# The three pipelines over the same files and the same parse function
-# --------------------------------------------------------------------------------------------
-
-
-def make_parse(p: Params):
-    """serialized Example -> (uint8 [R, R, 3] decoded + resized, int32 label): deterministic, so the
-    cached pipelines cache its output (uint8: a quarter of float32's memory)."""
-    r = p.resize
-    spec = {
-        "image": tf.io.FixedLenFeature([], tf.string),
-        "label": tf.io.FixedLenFeature([], tf.int64),
-    }
-
-    def parse(serialized):
-        ex = tf.io.parse_single_example(serialized, spec)
-        img = tf.io.decode_jpeg(ex["image"], channels=3)
-        img = tf.image.resize(img, [r, r], method="bilinear")
-        img = tf.cast(tf.clip_by_value(tf.round(img), 0.0, 255.0), tf.uint8)
-        return img, tf.cast(ex["label"], tf.int32)
-
-    return parse
-
-
-def tfopt_config(p: Params, **knobs) -> DataConfig:
-    """The tfopt DataConfig: crop_flip + imagenet normalization, every knob AUTOTUNE unless given,
-    memory cache unless given."""
-    base = DataConfig(
-        dataset="b1-jpeg",
-        seed=p.seed,
-        cache="memory",
-        global_batch_size=p.batch_size,
-        augment="crop_flip",
-        crop_size=p.crop,
-        normalize=NORMALIZE,
-    )
-    return dataclasses.replace(base, **knobs)
-
-
-def tfopt_dataset(files, parse, p: Params, cfg: DataConfig) -> tf.data.Dataset:
-    """tfopt's training stream: endless passes, each a fresh order of the split."""
-    return build(files, parse, cfg, training=True, batch_size=p.batch_size, num_records=p.images)
-
-
-def guide_kwargs(p: Params) -> dict:
-    mean, std = parse_normalize(NORMALIZE)
-    return dict(crop=p.crop, mean=mean, std=std, batch_size=p.batch_size)
-
-
-def epochs_of(ds, steps: int):
-    """Returns ``epoch()``: a generator of the next ``steps`` batches of one iterator of ``ds``,
-    created lazily inside the first timed epoch (so its start-up is timed, as for the peers)."""
-    state = {}
-
-    def epoch():
-        if "it" not in state:
-            state["it"] = iter(ds)
-        for _ in range(steps):
-            yield next(state["it"])
-
-    return epoch
-
-
-def run_epoch(batches) -> tuple[float, float]:
-    """Iterates one epoch, consuming nothing; returns (images/s, foreign load during it)."""
-    n = 0
-    with CpuSample() as s:
-        for batch in batches:
-            n += int(batch[0].shape[0])
-    return n / s.wall, s.foreign
-
-
-def _spread(values) -> list[float]:
-    vals = [v for v in values if v == v]
-    return [min(vals), max(vals)] if vals else []
-
 
 # --------------------------------------------------------------------------------------------
 # Phases: each repeat is one "unit" measured side by side and re-run if another process
@@ -664,166 +380,6 @@ def phase_autotune(files, parse, p: Params, gate: QuietGate, bar) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------------------------
-
-
-def figures(res: dict) -> list[dict]:
-    """The published figures, each from its per-repeat values (bench/_common.figure)."""
-    th, ib, at = res["throughput"], res["input_bound"], res["autotune"]
-    tr, ir = th["repeats"], ib["repeats"]
-
-    def vals(rows, key):
-        return [x[key] for x in rows]
-
-    return [
-        figure(
-            "epoch 1 (cold) input throughput, tfopt / naive",
-            vals(tr, "epoch1_ratio"),
-            "x",
-            target=TARGETS["epoch1_ratio"],
-            anchor=ANCHORS["epoch1_ratio"],
-            peer=f"tf.data guide pipeline: {th['guide_epoch1_ips']:,.0f} img/s "
-            f"(tfopt / guide {th['epoch1_ratio_vs_guide']:.2f}x)",
-            detail=f"naive {th['naive_epoch1_ips']:,.0f} img/s, tfopt {th['tfopt_epoch1_ips']:,.0f} img/s",
-        ),
-        figure(
-            "cached epochs input throughput, tfopt / naive",
-            vals(tr, "cached_ratio"),
-            "x",
-            target=TARGETS["cached_ratio"],
-            anchor=ANCHORS["cached_ratio"],
-            peer=f"tf.data guide pipeline: {th['guide_cached_ips']:,.0f} img/s "
-            f"(tfopt / guide {th['cached_ratio_vs_guide']:.2f}x)",
-            detail=f"naive {th['naive_epoch2_ips']:,.0f} img/s, tfopt {th['tfopt_cached_ips']:,.0f} img/s",
-        ),
-        figure(
-            "input-bound fraction of a train step (cached epochs)",
-            vals(ir, "tfopt_input_bound_pct"),
-            "%",
-            target=TARGETS["input_bound_pct"],
-            anchor=ANCHORS["input_bound_pct"],
-            digits=1,
-            peer=f"tf.data guide pipeline: {ib['guide_input_bound_pct']:.1f}%",
-            detail=f"{ib['tfopt_step_ms']:.1f} ms/step real vs {ib['ideal_step_ms']:.1f} ms ideal",
-        ),
-        figure(
-            "AUTOTUNE gap vs best hand config (cache off)",
-            vals(at["confirm"], "gap_pct"),
-            "%",
-            target=TARGETS["autotune_gap_pct"],
-            anchor=ANCHORS["autotune_gap_pct"],
-            digits=1,
-            peer="the guide sets every knob to AUTOTUNE too",
-            detail=f"AUTOTUNE {at['autotune_ips']:,.0f} vs {at['best_hand']} {at['best_hand_ips']:,.0f} img/s",
-        ),
-        figure(
-            "(info) epoch 1, tfopt / tf.data guide pipeline",
-            vals(tr, "epoch1_ratio_vs_guide"),
-            "x",
-            detail=f"guide {th['guide_epoch1_ips']:,.0f} img/s",
-        ),
-        figure(
-            "(info) cached epochs, tfopt / tf.data guide pipeline",
-            vals(tr, "cached_ratio_vs_guide"),
-            "x",
-            detail=f"guide {th['guide_cached_ips']:,.0f} img/s",
-        ),
-        figure(
-            "(info) input-bound fraction, tf.data guide pipeline (cached epochs)",
-            vals(ir, "guide_input_bound_pct"),
-            "%",
-            digits=1,
-            detail=f"{ib['guide_step_ms']:.1f} ms/step vs {ib['ideal_step_ms']:.1f} ms ideal",
-        ),
-        figure(
-            "(info) epoch 1, tfopt / naive with tf.data's automatic rewrites off",
-            vals(tr, "epoch1_ratio_vs_options_off"),
-            "x",
-            detail=f"naive, options off {th['naive_options_off_epoch1_ips']:,.0f} img/s",
-        ),
-        figure(
-            "(info) input-bound fraction, tfopt epoch 1 (cold cache)",
-            vals(ib["epoch1"]["repeats"], "input_bound_pct"),
-            "%",
-            digits=1,
-            detail=f"{ib['epoch1']['real_epoch1_step_ms']:.1f} ms/step vs "
-            f"{ib['epoch1']['ideal_step_ms']:.1f} ms ideal",
-        ),
-    ]
-
-
-def report(res: dict, p: Params) -> str:
-    """The markdown table of the figures, then notes on how they were measured."""
-    ib, at, q = res["input_bound"], res["autotune"], res["quiet_gate"]
-    rows = []
-    for f in res["figures"]:
-        unit = f["unit"]
-        fmt = lambda v: f"{v:.{f['digits']}f}{unit}"  # noqa: E731
-        spread = f"{fmt(f['spread'][0])} to {fmt(f['spread'][1])}" if f["repeats"] > 1 else "-"
-        rows.append(
-            [
-                f["name"],
-                fmt(f["value"]) if f["value"] is not None else "-",
-                spread,
-                f["target"] or "-",
-                f["status"],
-                f["peer"] or "-",
-                f["detail"] or "",
-            ]
-        )
-    table = markdown_table(
-        [
-            "B1 ingestion",
-            f"median of {p.repeats}",
-            "range",
-            "target",
-            "status",
-            "peer, same run",
-            "detail",
-        ],
-        rows,
-    )
-    n_hand = len(at["sweep_best_ips"]) - 1
-    k = p.trials
-    notes = [
-        f"{res['dataset']['images']} JPEGs ({res['dataset']['mean_jpeg_bytes']} B mean, "
-        f"{p.min_side}-{p.max_side} px) in {res['dataset']['shards']} TFRecord shards; decode + resize "
-        f"{p.resize} + random crop {p.crop} + flip + normalize; batch {p.batch_size}; "
-        f"{usable_cores()} usable cores; TF {res['environment'].get('tensorflow')}.",
-        f"Each figure: median over {p.repeats} repeats; in a repeat each side runs {k} interleaved trials and "
-        f"its best is kept (other tenants only ever slow a run down). Cached = median of the {p.cached_epochs} "
-        "epochs after epoch 1; epoch 1 = empty tf.data cache (OS page cache warm for all); naive has no "
-        "cache, its epoch 2 is the baseline for cached epochs.",
-        "tfopt: tfopt.data.build with data.augment=crop_flip (library code: per-batch gather + flip + "
-        "normalize, "
-        + ("XLA-compiled" if res["augment_xla"] else "plain TF ops (XLA unavailable)")
-        + ", after the cache and a full-split shuffle); naive and guide: bench/peers/tf_data_guide.py "
-        "(tf.image.random_crop / random_flip_left_right per example; the guide does not shuffle). "
-        f"tfopt's one-time tracing + XLA compilation of the augmentation ({res['augment_first_batch_seconds']:.2f} s, "
-        "once per process) happens before anything is timed.",
-        f"Step model: {ib['model_desc']} ({ib['model_params']:,} params); trials are 1-epoch fits "
-        f"({ib['steps_per_epoch']} steps) on the cached pipelines.",
-        f"AUTOTUNE gap: the best of {n_hand} hand configs (best of {p.repeats} sweep epochs each; sweep gap "
-        f"{at['sweep_gap_pct']:.1f}%) re-measured against AUTOTUNE in {p.repeats} repeats x {k} interleaved "
-        "trials; positive = AUTOTUNE slower. Augment parallelism is AUTOTUNE in every config.",
-        f"Physical limit: {res['environment']['usable_cores']} cores cap compute parallelism at "
-        f"{res['environment']['usable_cores']}x; more only from overlapping waits, vectorizing and caching.",
-        (
-            f"Shared machine: units re-run when other processes used > {100 * q['threshold']:.0f}% of the cores "
-            if q["enabled"]
-            else "Shared machine: re-running disturbed units was off "
-        )
-        + f"({q['reruns']} re-runs, {q['extra_seconds']:.0f} s spent waiting and re-running, "
-        f"{q['kept_disturbed_units']} of {q['units']} units kept disturbed); foreign load in kept samples: "
-        f"median {100 * q['kept_foreign_load_median']:.0f}%, max {100 * q['kept_foreign_load_max']:.0f}%.",
-    ]
-    if p.smoke:
-        notes.insert(0, "SMOKE MODE: tiny data, one repeat, one trial; these figures mean nothing.")
-    return table + "\n\n" + "\n".join("- " + n for n in notes)
-
-
-# --------------------------------------------------------------------------------------------
 
 
 def parse_args(argv=None):
@@ -973,7 +529,3 @@ def main(argv=None) -> int:
     print(text)
     print(f"\n[B1] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

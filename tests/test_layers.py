@@ -169,3 +169,14 @@ def test_no_public_name_is_shadowed_by_a_module_of_the_same_name():
         if names:
             clashes[info.name] = sorted(names)
     assert not clashes, clashes
+
+
+def test_no_benchmark_file_is_over_600_lines():
+    import glob
+
+    long = {
+        os.path.relpath(p, ROOT): n
+        for p in glob.glob(os.path.join(ROOT, "bench", "*.py"))
+        if (n := sum(1 for _ in open(p, encoding="utf-8"))) > 600
+    }
+    assert not long, f"split these benchmark files by job (see bench/_scaling_*.py): {long}"
