@@ -529,3 +529,7 @@ def main(argv=None) -> int:
     print(text)
     print(f"\n[B1] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -348,3 +348,7 @@ def main(argv=None) -> int:
             timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar
         )
     return publish(summarize(p, families, peers, per), gate, t_start, report, out, "B5")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
