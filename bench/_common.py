@@ -1,12 +1,19 @@
-"""Small helpers shared by the benchmark scripts under bench/.
+"""The harness every benchmark script under bench/ runs on.
 
 Benchmarks print a markdown table and write JSON; they are not timed tests. Every figure
 they publish is a ratio measured side by side in one run, summarized by the median of
-several repeats.
+several repeats. A script holds only its protocol: :func:`script_parser` gives it the
+arguments every benchmark takes (``--out``, ``--smoke``, ``--no-gate``, ``--workdir``), and
+:func:`publish` writes and prints what it measured. Each script starts with the same two lines,
+which put the repository root on ``sys.path`` when it runs as ``python bench/<name>.py``::
+
+    if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import math
 import os
@@ -22,6 +29,8 @@ from tfopt.core import (
     configure_logging,
     markdown_table,  # noqa: F401  (the benchmarks' tables: one implementation)
 )
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 # The benchmarks are programs: tfopt's lines (precision auto's choice, a resume) show as the
 # commands print them.
@@ -399,16 +408,88 @@ def speedups(per: dict, name: str, base: str, settings) -> dict:
     return out
 
 
-def publish(res: dict, gate, started: float, report, out: str, bench_id: str) -> int:
-    """Completes a benchmark's result (quiet gate, wall time, its markdown table), writes ``out``
-    atomically and prints the table; returns 0 (the script's exit code)."""
-    res["quiet_gate"] = gate.summary()
-    res["wall_seconds"] = round(time.perf_counter() - started, 1)
-    res["table_markdown"] = report(res)
+def script_parser(
+    doc: str,
+    name: str,
+    smoke: str | None,
+    *,
+    gate: bool = False,
+    workdir: str | None | bool = False,
+    workdir_help: str = "",
+) -> argparse.ArgumentParser:
+    """The argument parser a benchmark script starts from; the script adds its own options.
+
+    Args:
+        doc: The script's docstring; its first paragraph is the description.
+        name: The result's name: ``--out`` defaults to ``bench/results/<name>.json``.
+        smoke: Help of ``--smoke``: what the small run the tests start does (None: the script
+            has no smoke run).
+        gate: Adds ``--no-gate`` (measure whatever the load, instead of waiting for a quiet
+            machine).
+        workdir: Adds ``--workdir`` with this default, unless False.
+        workdir_help: Help of ``--workdir``.
+
+    Returns:
+        The parser, for the script to extend and call.
+    """
+    ap = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--out",
+        default=os.path.join(RESULTS, f"{name}.json"),
+        help=f"JSON output (default bench/results/{name}.json)",
+    )
+    if smoke is not None:
+        ap.add_argument("--smoke", action="store_true", help=smoke)
+    if gate:
+        ap.add_argument(
+            "--no-gate", action="store_true", help="no quiet-gate (measure whatever the load)"
+        )
+    if workdir is not False:
+        ap.add_argument("--workdir", default=workdir, help=workdir_help or None)
+    return ap
+
+
+def publish(
+    res: dict,
+    out: str,
+    bench_id: str,
+    *,
+    table=None,
+    gate=None,
+    started: float | None = None,
+    code: int = 0,
+) -> int:
+    """Completes a benchmark's result, writes it to ``out`` atomically and prints its table.
+
+    Args:
+        res: The result (:func:`result`, or the script's own dict).
+        out: Where the JSON goes.
+        bench_id: ``"B1"`` ...: the tag of the last line printed.
+        table: The result's markdown table, or a function making it from the completed result
+            (stored as ``table_markdown`` and printed).
+        gate: The run's :class:`QuietGate`: its summary is stored as ``quiet_gate``.
+        started: ``time.perf_counter()`` at the start: the wall time is stored.
+        code: The script's exit code, returned.
+
+    Returns:
+        ``code``.
+    """
+    if gate is not None:
+        res["quiet_gate"] = gate.summary()
+    if started is not None:
+        res["wall_seconds"] = round(time.perf_counter() - started, 1)
+    if callable(table):
+        table = table(res)
+    if table is not None:
+        res["table_markdown"] = table
+        print(table)
     write_json_atomic(out, res)
-    print(res["table_markdown"])
-    print(f"\n[{bench_id}] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
-    return 0
+    seconds = res.get("wall_seconds")
+    wall = f"{seconds:.0f} s wall; " if isinstance(seconds, (int, float)) else ""
+    print(f"\n[{bench_id}] {wall}JSON written to {out}")
+    return code
 
 
 def figures_table(figures: list[dict]) -> str:

@@ -44,7 +44,6 @@ Every model's row also has the Shannon entropy, in bits per byte, of its largest
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gzip
 import os
@@ -56,7 +55,15 @@ from dataclasses import asdict, dataclass
 if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import figure, markdown_table, median, result, write_json_atomic  # noqa: E402
+from bench._common import (  # noqa: E402
+    figure,
+    markdown_table,
+    median,
+    publish,
+    result,
+    script_parser,
+    write_json_atomic,
+)
 from tfopt import config as C  # noqa: E402
 
 COMMAND = "PYTHONPATH=. python bench/compression.py"
@@ -545,23 +552,18 @@ def _tables(res: dict) -> str:
 
 def main(argv=None) -> int:
     """Runs the benchmark, prints its tables and writes the JSON result."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = script_parser(
+        __doc__,
+        "compression",
+        "tiny data and fine-tunings, 1 repeat (for tests)",
+        workdir=None,
+        workdir_help="where the base run goes (default: $TMPDIR/tfopt-bench-compression)",
+    )
     ap.add_argument(
         "--repeats", type=int, default=3, help="fine-tuning repeats, one seed each (default 3)"
     )
     ap.add_argument(
         "--from", dest="source", help="start from this run instead of training the base CNN"
-    )
-    ap.add_argument(
-        "--workdir",
-        default=None,
-        help="where the base run goes (default: $TMPDIR/tfopt-bench-compression)",
-    )
-    ap.add_argument(
-        "--out", default=None, help="JSON output (default bench/results/compression.json)"
-    )
-    ap.add_argument(
-        "--smoke", action="store_true", help="tiny data and fine-tunings, 1 repeat (for tests)"
     )
     args = ap.parse_args(argv)
     if args.smoke:
@@ -571,16 +573,11 @@ def main(argv=None) -> int:
     args.workdir = args.workdir or os.path.join(
         tempfile.gettempdir(), "tfopt-bench-compression" + ("-smoke" if args.smoke else "")
     )
-    out = args.out or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "results", "compression.json"
-    )
     res = run(args)
-    print(_tables(res))
     print(
-        f"\nB4: {args.repeats} repeat(s), medians; {res['seconds']:.0f} s wall, {res['cpu_seconds']:.0f} s CPU"
+        f"B4: {args.repeats} repeat(s), medians; {res['seconds']:.0f} s wall, {res['cpu_seconds']:.0f} s CPU\n"
     )
-    write_json_atomic(out, res)
-    return 0
+    return publish(res, args.out, "B4", table=_tables(res))
 
 
 if __name__ == "__main__":

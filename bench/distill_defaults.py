@@ -36,7 +36,6 @@ and at any one recipe the teacher's soft targets moved validation accuracy by at
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -44,10 +43,10 @@ import sys
 import tempfile
 import time
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import figure, result, write_json_atomic  # noqa: E402
+from bench._common import figure, publish, result, script_parser  # noqa: E402
 
 SELECTION_SEEDS = (1, 2)
 CHECK_SEEDS = (42, 43, 44)
@@ -236,14 +235,8 @@ def _figures(check: dict) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__, "distill_defaults", None)
     parser.add_argument("--teacher", help="the main job's run (default: train it here, seeded)")
-    parser.add_argument(
-        "--out",
-        default=os.path.join(
-            os.path.dirname(os.path.abspath(__file__)), "results", "distill_defaults.json"
-        ),
-    )
     parser.add_argument(
         "--work", default="", help="where the runs go (default: a temporary directory)"
     )
@@ -311,13 +304,11 @@ def main(argv=None) -> int:
         check=check,
         seconds=round(time.perf_counter() - started, 1),
     )
-    write_json_atomic(args.out, payload)
-    for f in payload["figures"]:
-        print(
-            f"{f['name']}: {f['value']:+.2f} pt [{f['spread'][0]:+.2f}, {f['spread'][1]:+.2f}] {f['status']}"
-        )
-    print(f"wrote {args.out}")
-    return 0
+    table = "\n".join(
+        f"{f['name']}: {f['value']:+.2f} pt [{f['spread'][0]:+.2f}, {f['spread'][1]:+.2f}] {f['status']}"
+        for f in payload["figures"]
+    )
+    return publish(payload, args.out, "B6", table=table)
 
 
 if __name__ == "__main__":

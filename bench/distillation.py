@@ -35,20 +35,19 @@ Protocol (one run, side by side, on real MNIST; BENCHMARKS.md row B6, PITFALLS "
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
 import time
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from bench._common import figure, markdown_table, result, usable_cores, write_json_atomic  # noqa: E402
+from bench._common import figure, markdown_table, publish, result, script_parser, usable_cores  # noqa: E402
 from bench.peers import keras_distillation as peer  # noqa: E402
 from tfopt import keras, tf  # noqa: E402
 from tfopt.config import DataConfig  # noqa: E402
@@ -422,7 +421,7 @@ def report(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__, "distillation", "tiny data and budgets: checks the script runs")
     defaults = Params()
     for f in dataclasses.fields(Params):
         if f.name == "smoke":
@@ -432,15 +431,6 @@ def main(argv=None) -> int:
             type=type(getattr(defaults, f.name)),
             default=getattr(defaults, f.name),
         )
-    parser.add_argument(
-        "--smoke", action="store_true", help="tiny data and budgets: checks the script runs"
-    )
-    parser.add_argument(
-        "--out",
-        default=os.path.join(
-            os.path.dirname(os.path.abspath(__file__)), "results", "distillation.json"
-        ),
-    )
     args = parser.parse_args(argv)
     tf.get_logger().setLevel(
         "ERROR"
@@ -459,10 +449,7 @@ def main(argv=None) -> int:
     res = run(p)
     command = "PYTHONPATH=. python bench/distillation.py" + (" --smoke" if p.smoke else "")
     payload = result("B6", "distillation", command, figures(res), **res)
-    print(report(payload))
-    write_json_atomic(args.out, payload)
-    print(f"wrote {args.out}")
-    return 0
+    return publish(payload, args.out, "B6", table=report(payload))
 
 
 if __name__ == "__main__":

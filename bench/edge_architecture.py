@@ -30,7 +30,6 @@ Writes ``bench/results/edge_architecture.json`` (figures via ``bench/_common.fig
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -38,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
@@ -54,6 +53,7 @@ from bench._common import (  # noqa: E402
     publish,
     result,
     roofline_at,
+    script_parser,
     speedups,
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
@@ -112,26 +112,17 @@ class Params:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(
+        __doc__,
+        "edge_architecture",
+        "a small slice at 32x32, few runs: checks the script runs",
+        gate=True,
+        workdir=os.path.join(config_lib.default_data_dir(), "bench-b9"),
+    )
     ap.add_argument("--alphas", default="1.0,0.35", help="MobileNetV2 widths (default 1.0,0.35)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument(
-        "--no-gate", action="store_true", help="no quiet-gate (measure whatever the load)"
-    )
-    ap.add_argument("--workdir", default=os.path.join(config_lib.default_data_dir(), "bench-b9"))
-    ap.add_argument(
-        "--out",
-        default=os.path.join(
-            os.path.dirname(os.path.abspath(__file__)), "results", "edge_architecture.json"
-        ),
-    )
-    ap.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a small slice at 32x32, few runs: checks the script runs",
-    )
     a = ap.parse_args(argv)
     try:
         alphas = tuple(float(x) for x in a.alphas.split(",") if x.strip())
@@ -284,7 +275,7 @@ def main(argv=None) -> int:
         )
         bar.set_postfix_str("rooflines (every op timed alone)")
         summary = summarize(p, families, peers, per, peaks())
-    return publish(summary, gate, t_start, report, out, "B9")
+    return publish(summary, out, "B9", table=report, gate=gate, started=t_start)
 
 
 def summarize(p: Params, families: dict, peers: dict, per: dict, peaks: dict) -> dict:

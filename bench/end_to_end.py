@@ -12,15 +12,20 @@ test split. The pipeline, its selection rule and every training setting are the 
 nothing is tuned here. Writes ``bench/results/end_to_end.json`` with the CPU's lscpu flags.
 """
 
-from __future__ import annotations
-
-import argparse
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment_light, figure, lscpu_info, markdown_table, write_json_atomic  # noqa: E402
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import (  # noqa: E402
+    environment_light,
+    figure,
+    lscpu_info,
+    markdown_table,
+    publish,
+    script_parser,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(REPO, "pipelines", "mnist_edge.py")
@@ -52,19 +57,16 @@ def figures(b8: dict) -> list[dict]:
 
 
 def _args(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = script_parser(
+        __doc__,
+        "end_to_end",
+        "the pipeline's smoke variant (checks the script runs)",
+        workdir="runs/bench-end_to_end",
+        workdir_help="where the pipeline runs (default %(default)s)",
+    )
     p.add_argument(
         "--run", help="a finished mnist_edge pipeline run to read (default: run the pipeline)"
     )
-    p.add_argument(
-        "--workdir",
-        default="runs/bench-end_to_end",
-        help="where the pipeline runs (default %(default)s)",
-    )
-    p.add_argument(
-        "--smoke", action="store_true", help="the pipeline's smoke variant (checks the script runs)"
-    )
-    p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "end_to_end.json"))
     return p.parse_args(argv)
 
 
@@ -120,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": round(time.perf_counter() - started, 1),
         "params": {"smoke": args.smoke},
     }
-    write_json_atomic(args.out, result)
-    print(f"wrote {args.out}")
-    return 0
+    return publish(result, args.out, "B8")
 
 
 if __name__ == "__main__":

@@ -40,14 +40,13 @@ Prints a markdown table and writes the result JSON (bench/_common.result, atomic
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import os
 import sys
 import time
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
@@ -57,8 +56,9 @@ from bench._common import (  # noqa: E402
     CpuSample,
     QuietGate,
     median,
+    publish,
     result,
-    write_json_atomic,
+    script_parser,
 )
 
 # The benchmark's parts, by job (each under 600 lines).
@@ -383,19 +383,15 @@ def phase_autotune(files, parse, p: Params, gate: QuietGate, bar) -> dict:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 3)")
-    ap.add_argument(
-        "--out", default=None, help="JSON output (default bench/results/ingestion.json)"
-    )
-    ap.add_argument(
-        "--workdir",
-        default=None,
-        help="where the JPEG shards are made and reused (default $TFOPT_DATA_DIR or "
+    ap = script_parser(
+        __doc__,
+        "ingestion",
+        "tiny data, 1 repeat: runs in seconds (for tests)",
+        workdir=None,
+        workdir_help="where the JPEG shards are made and reused (default $TFOPT_DATA_DIR or "
         "~/.cache/tfopt, subdir bench)",
     )
+    ap.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 3)")
     ap.add_argument("--images", type=int, default=None, help="number of images (default 2048)")
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--cached-epochs", type=int, default=None)
@@ -420,9 +416,6 @@ def parse_args(argv=None):
         help="seconds the whole run may spend waiting for other processes to quiet down "
         "and re-running disturbed units (default 90)",
     )
-    ap.add_argument(
-        "--smoke", action="store_true", help="tiny data, 1 repeat: runs in seconds (for tests)"
-    )
     args = ap.parse_args(argv)
     over = dict(SMOKE) if args.smoke else {}
     for name in ("repeats", "trials", "images", "batch_size", "cached_epochs", "model_width"):
@@ -439,10 +432,8 @@ def parse_args(argv=None):
         retries=0 if args.smoke else 1,
         enabled=not args.smoke and args.quiet_threshold < 1,
     )
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = args.out or os.path.join(repo, "bench", "results", "ingestion.json")
     workdir = args.workdir or os.path.join(default_data_dir(), "bench")
-    return p, gate, out, workdir
+    return p, gate, args.out, workdir
 
 
 def check_sides_agree(files, parse, p: Params) -> None:
@@ -524,11 +515,7 @@ def main(argv=None) -> int:
         }
         for k, f in zip(keys, figs)
     }
-    payload["table_markdown"] = text = report(payload, p)
-    write_json_atomic(out, payload)
-    print(text)
-    print(f"\n[B1] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
-    return 0
+    return publish(payload, out, "B1", table=report(payload, p))
 
 
 if __name__ == "__main__":

@@ -36,9 +36,6 @@ beside auto (they are not in the throughput). Writes ``bench/results/mixed_preci
 every run's raw numbers and the CPU's flags.
 """
 
-from __future__ import annotations
-
-import argparse
 import dataclasses
 import datetime
 import json
@@ -49,28 +46,29 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import (
     CpuSample,
     QuietGate,
     lscpu_info,
+    publish,
     result,  # noqa: E402
-    write_json_atomic,
+    script_parser,
 )
 
 # The benchmark's parts, by job (each under 600 lines).
-from _mixed_precision_params import (  # noqa: E402
+from bench._mixed_precision_params import (  # noqa: E402
     ACCURACY,
     ACCURACY_POLICIES,
     CONV_HEAVY,
     PEER_POLICIES,
-    REPO,
     TFOPT_POLICIES,
     AccuracyPlan,
     Params,
     Plan,
 )
-from _mixed_precision_report import (  # noqa: E402
+from bench._mixed_precision_report import (  # noqa: E402
     cpu_bf16,
     delta_pt,
     figures,
@@ -286,7 +284,7 @@ def accuracy(p: Params, workdir: str) -> dict:
     return out
 
 
-def run(p: Params, out: str, gate: QuietGate, workdir: str) -> dict:
+def run(p: Params, gate: QuietGate, workdir: str) -> dict:
     """Runs both measurements, writes the JSON, returns it."""
     started = time.perf_counter()
     cpu = lscpu_info()
@@ -308,11 +306,10 @@ def run(p: Params, out: str, gate: QuietGate, workdir: str) -> dict:
         "throughput": round(throughput_seconds, 1),
         "accuracy": round(time.perf_counter() - started - throughput_seconds, 1),
     }
-    write_json_atomic(out, res)
     return res
 
 
-def refigure(path: str, out: str) -> dict:
+def refigure(path: str) -> dict:
     """Recomputes the figures and verdicts of a finished result from its raw runs (no training)."""
     with open(path, encoding="utf-8") as f:
         res = json.load(f)
@@ -328,16 +325,12 @@ def refigure(path: str, out: str) -> dict:
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": f"PYTHONPATH=. python bench/mixed_precision.py --figures-from {path}",
     }
-    write_json_atomic(out, res)
     return res
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs B2, prints its table and writes the JSON result."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--smoke", action="store_true", help="tiny data, one repeat (checks the script runs)"
-    )
+    ap = script_parser(__doc__, "mixed_precision", "tiny data, one repeat (checks the script runs)")
     ap.add_argument("--repeats", type=int, help="throughput repeats (default 3)")
     ap.add_argument(
         "--seeds",
@@ -361,7 +354,6 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated registered models (default cnn,{CONV_HEAVY}); the accuracy "
         f"runs only for those with a recipe chosen on validation ({', '.join(ACCURACY)})",
     )
-    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "mixed_precision.json"))
     ap.add_argument(
         "--figures-from",
         metavar="JSON",
@@ -370,9 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.figures_from:
-        print(report(refigure(args.figures_from, args.out)))
-        print(f"wrote {args.out}")
-        return 0
+        return publish(refigure(args.figures_from), args.out, "B2", table=report)
     p = Params.smoke_params() if args.smoke else Params()
     plans = {plan.name: plan for plan in p.models}
     recipes = {plan.name: plan for plan in p.accuracy}
@@ -405,12 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     gate = QuietGate(max_wait=0.0 if p.smoke else 90.0, enabled=not p.smoke)
     workdir = tempfile.mkdtemp(prefix="b2-")
     try:
-        res = run(p, args.out, gate, workdir)
+        res = run(p, gate, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(report(res))
-    print(f"wrote {args.out}")
-    return 0
+    return publish(res, args.out, "B2", table=report)
 
 
 if __name__ == "__main__":

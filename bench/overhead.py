@@ -55,15 +55,16 @@ import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
-    sys.path.insert(0, REPO)
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Nothing imported at module level starts TensorFlow: `mirrored` must split the CPU first.
 from bench._common import (  # noqa: E402
     CpuSample,
     QuietGate,
+    publish,
     result,
-    write_json_atomic,
+    script_parser,
 )
 
 # The benchmark's parts, by job (each under 600 lines).
@@ -364,8 +365,12 @@ def measure(p: Params, runner: Runner, gate: QuietGate, bar) -> list[dict]:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ap = script_parser(
+        __doc__,
+        "overhead",
+        "tiny data, one repeat, float32 only (for tests)",
+        workdir=None,
+        workdir_help="scratch directory for the runs (default: a temp dir)",
     )
     ap.add_argument("--repeats", type=int, default=None, help="repeats per cell (default 3)")
     ap.add_argument(
@@ -383,10 +388,6 @@ def parse_args(argv=None):
     ap.add_argument(
         "--precisions", default=None, help=f"comma-separated subset of {','.join(PRECISIONS)}"
     )
-    ap.add_argument("--out", default=None, help="JSON output (default bench/results/overhead.json)")
-    ap.add_argument(
-        "--workdir", default=None, help="scratch directory for the runs (default: a temp dir)"
-    )
     ap.add_argument("--timeout", type=float, default=None, help="seconds any one process may take")
     ap.add_argument(
         "--quiet-threshold",
@@ -400,9 +401,6 @@ def parse_args(argv=None):
         type=float,
         default=120.0,
         help="seconds the whole run may spend waiting for quiet and re-running (default 120)",
-    )
-    ap.add_argument(
-        "--smoke", action="store_true", help="tiny data, one repeat, float32 only (for tests)"
     )
     args = ap.parse_args(argv)
     over: dict = dict(SMOKE) if args.smoke else {}
@@ -442,7 +440,7 @@ def main(argv=None) -> int:
     from tfopt import __version__ as tfopt_version
 
     t_start = time.perf_counter()
-    out = args.out or os.path.join(REPO, "bench", "results", "overhead.json")
+    out = args.out
     if args.workdir:  # a new directory is made, like the default one
         os.makedirs(args.workdir, exist_ok=True)
     root = tempfile.mkdtemp(prefix="b7-", dir=args.workdir)
@@ -467,12 +465,7 @@ def main(argv=None) -> int:
         wall_seconds=round(time.perf_counter() - t_start, 1),
     )
     res["environment"]["tfopt"] = tfopt_version
-    text = report_text(res, p)
-    res["table_markdown"] = text
-    write_json_atomic(out, res)
-    print(text)
-    print(f"\n[B7] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
-    return 0
+    return publish(res, out, "B7", table=report_text(res, p))
 
 
 def _harness_main(argv: list[str]) -> int:

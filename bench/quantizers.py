@@ -29,7 +29,6 @@ Writes ``bench/results/quantizers.json`` (figures via ``bench/_common.figure``).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -37,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tqdm import tqdm  # noqa: E402
@@ -53,6 +52,7 @@ from bench._common import (  # noqa: E402
     median,
     publish,
     result,
+    script_parser,
     speedups,
 )
 from tfopt import config as config_lib  # noqa: E402
@@ -91,21 +91,16 @@ class Params:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(
+        __doc__,
+        "quantizers",
+        "cnn on an MNIST slice, few runs",
+        gate=True,
+        workdir=config_lib.default_data_dir(),
+    )
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated (default all)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runs", type=int, default=100)
-    ap.add_argument(
-        "--no-gate", action="store_true", help="no quiet-gate (measure whatever the load)"
-    )
-    ap.add_argument("--workdir", default=config_lib.default_data_dir())
-    ap.add_argument(
-        "--out",
-        default=os.path.join(
-            os.path.dirname(os.path.abspath(__file__)), "results", "quantizers.json"
-        ),
-    )
-    ap.add_argument("--smoke", action="store_true", help="cnn on an MNIST slice, few runs")
     a = ap.parse_args(argv)
     families = tuple(f.strip() for f in a.families.split(",") if f.strip())
     unknown = [f for f in families if f not in FAMILIES]
@@ -175,7 +170,9 @@ def main(argv=None) -> int:
         per = interleaved_latency(
             timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar
         )
-    return publish(summarize(p, arms, runs, per), gate, started, report, out, "B9q")
+    return publish(
+        summarize(p, arms, runs, per), out, "B9q", table=report, gate=gate, started=started
+    )
 
 
 def verdict(litert: dict, converter: dict, litert_rounds: list, converter_rounds: list) -> str:

@@ -13,8 +13,6 @@ summary between the ``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers;
 changes.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
@@ -24,8 +22,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from causes import cause  # noqa: E402
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.causes import cause  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -64,7 +64,6 @@ budget (``--quiet-threshold``, ``--max-wait``). Prints a markdown table and writ
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -75,15 +74,16 @@ import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
-    sys.path.insert(0, REPO)
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Nothing imported at module level starts TensorFlow: a harness must pin its core first.
 from bench._common import (  # noqa: E402
     QuietGate,
     environment_light,
     lscpu_info,
-    write_json_atomic,
+    publish,
+    script_parser,
 )
 
 # The benchmark's parts, by job (each under 600 lines); the tests read side_throughput and
@@ -117,11 +117,14 @@ from bench._scaling_sides import (  # noqa: E402
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ap = script_parser(
+        __doc__,
+        "scaling",
+        "tiny, 1 repeat: about a minute, mostly TensorFlow start-ups (for tests)",
+        workdir=None,
+        workdir_help="scratch directory for run directories (default: a temp dir)",
     )
     ap.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default 3)")
-    ap.add_argument("--out", default=None, help="JSON output (default bench/results/scaling.json)")
     ap.add_argument(
         "--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}"
     )
@@ -159,11 +162,6 @@ def parse_args(argv=None):
         help="run the TensorFlow servers in a private network namespace (tfopt.launch --isolate); "
         "auto: when this user can",
     )
-    ap.add_argument(
-        "--workdir",
-        default=None,
-        help="scratch directory for run directories (default: a temp dir)",
-    )
     ap.add_argument("--timeout", type=float, default=None, help="seconds any one process may take")
     ap.add_argument(
         "--quiet-threshold",
@@ -177,11 +175,6 @@ def parse_args(argv=None):
         type=float,
         default=120.0,
         help="seconds the whole run may spend waiting for quiet and re-running (default 120)",
-    )
-    ap.add_argument(
-        "--smoke",
-        action="store_true",
-        help="tiny, 1 repeat: about a minute, mostly TensorFlow start-ups (for tests)",
     )
     args = ap.parse_args(argv)
     over = dict(SMOKE) if args.smoke else {}
@@ -220,7 +213,7 @@ def parse_args(argv=None):
         retries=0 if args.smoke else 1,
         enabled=not args.smoke and args.quiet_threshold < 1,
     )
-    out = args.out or os.path.join(REPO, "bench", "results", "scaling.json")
+    out = args.out
     return p, phases, cores, gate, out, args
 
 
@@ -303,7 +296,6 @@ def main(argv=None) -> int:
             or previous["environment"].get("processor"),
             "lscpu_flags": previous.get("lscpu", {}).get("flags", []),
         }
-    res["quiet_gate"] = gate.summary()
     res["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     measured = {
         "efficiency": res["scaling"]["efficiency"] if res["scaling"] else None,
@@ -314,12 +306,8 @@ def main(argv=None) -> int:
         for k, (op, v) in TARGETS.items()
     }
     res["figures"] = figures(res)
-    text = report(res, p)
-    res["table_markdown"] = text
-    write_json_atomic(out, res)
-    print(text)
-    print(f"\n[B3] {res['wall_seconds']:.0f} s wall; JSON written to {out}")
-    return 0
+    res["quiet_gate"] = gate.summary()
+    return publish(res, out, "B3", table=report(res, p))
 
 
 def _harness_main(role: str, argv: list[str]) -> int:

@@ -34,7 +34,6 @@ the pruned int8 one, depthwise at the fp32 rate as XNNPACK runs it); <= 1 pt bel
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -43,7 +42,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
@@ -60,6 +59,7 @@ from bench._common import (  # noqa: E402
     publish,
     result,
     roofline_at,
+    script_parser,
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
 from tfopt import config as config_lib  # noqa: E402
@@ -106,22 +106,21 @@ class Params:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(
+        __doc__,
+        "sibling",
+        "a small slice at 32x32, few runs",
+        gate=True,
+        workdir=os.path.join(config_lib.default_data_dir(), "bench-b11"),
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--finetune-epochs", type=int, default=4)
-    ap.add_argument("--no-gate", action="store_true", help="no quiet-gate")
-    ap.add_argument("--workdir", default=os.path.join(config_lib.default_data_dir(), "bench-b11"))
     ap.add_argument(
         "--b9-workdir",
         default=os.path.join(config_lib.default_data_dir(), "bench-b9"),
         help="where B9 keeps the folder and the dense MobileNetV2 1.0 it trains (reused)",
     )
-    ap.add_argument(
-        "--out",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "sibling.json"),
-    )
-    ap.add_argument("--smoke", action="store_true", help="a small slice at 32x32, few runs")
     a = ap.parse_args(argv)
     p = Params(repeats=a.repeats, runs=a.runs, finetune_epochs=a.finetune_epochs)
     if a.smoke:
@@ -330,7 +329,7 @@ def main(argv=None) -> int:
         bar.set_postfix_str("rooflines (every op timed alone)")
         summary = summarize(p, arms, per, peaks())
         bar.update(1)
-    return publish(summary, gate, t_start, report, out, "B11")
+    return publish(summary, out, "B11", table=report, gate=gate, started=t_start)
 
 
 def summarize(p: Params, arms: dict, per: dict, peaks: dict) -> dict:

@@ -21,17 +21,15 @@ Figures (the first epoch is warm-up: tracing, caches filling):
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import _common  # noqa: E402
-
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "soak.json")
 
 
 def sample(backup_dir: str) -> dict:
@@ -129,11 +127,10 @@ def run(epochs: int, steps_per_epoch: int, backup_every: int, work: str) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/soak.py", description=__doc__.split("\n\n")[0])
+    p = _common.script_parser(__doc__, "soak", None)
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--steps-per-epoch", type=int, default=100)
     p.add_argument("--backup-every", type=int, default=40, help="steps between mid-epoch backups")
-    p.add_argument("--out", default=OUT)
     args = p.parse_args(argv)
     if args.epochs < 3:
         p.error(
@@ -191,12 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         statistics=stats,
         epochs=rows,
     )
-    res["wall_seconds"] = round(time.perf_counter() - started, 1)
-    res["table_markdown"] = _common.figures_table(figures)
-    _common.write_json_atomic(args.out, res)
-    print(res["table_markdown"])
-    print(f"\n[S1] {steps} steps in {res['wall_seconds']:.0f} s; JSON written to {args.out}")
-    return 0 if all(f["status"] == "pass" for f in figures) else 1
+    ok = all(f["status"] == "pass" for f in figures)
+    table = _common.figures_table(figures)
+    return _common.publish(res, args.out, "S1", table=table, started=started, code=0 if ok else 1)
 
 
 if __name__ == "__main__":

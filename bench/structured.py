@@ -32,14 +32,13 @@ control's float .tflite, round by round.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
 import time
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
@@ -55,6 +54,7 @@ from bench._common import (  # noqa: E402
     publish,
     result,
     roofline_at,
+    script_parser,
     speedups,
 )
 from bench.peers import litert_ptq_guide as guide  # noqa: E402
@@ -113,7 +113,13 @@ class Params:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(
+        __doc__,
+        "structured",
+        "cnn on a small slice, few runs: checks the script runs",
+        gate=True,
+        workdir=os.path.join(config_lib.default_data_dir(), "bench-b10"),
+    )
     ap.add_argument("--families", default="cnn,mobilenetv2_1", help="cnn and/or mobilenetv2_1")
     ap.add_argument(
         "--epochs", type=int, default=3, help="fine-tuning epochs of every arm (default 3)"
@@ -121,24 +127,9 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument(
-        "--no-gate", action="store_true", help="no quiet-gate (measure whatever the load)"
-    )
-    ap.add_argument("--workdir", default=os.path.join(config_lib.default_data_dir(), "bench-b10"))
-    ap.add_argument(
         "--b9-workdir",
         default=os.path.join(config_lib.default_data_dir(), "bench-b9"),
         help="where B9 keeps its image folder and trained MobileNetV2 (made there if missing)",
-    )
-    ap.add_argument(
-        "--out",
-        default=os.path.join(
-            os.path.dirname(os.path.abspath(__file__)), "results", "structured.json"
-        ),
-    )
-    ap.add_argument(
-        "--smoke",
-        action="store_true",
-        help="cnn on a small slice, few runs: checks the script runs",
     )
     a = ap.parse_args(argv)
     families = tuple(f for f in a.families.split(",") if f.strip())
@@ -397,7 +388,7 @@ def main(argv=None) -> int:
         )
         bar.set_postfix_str("rooflines (every op timed alone)")
         summary = summarize(p, families, per, peaks())
-    return publish(summary, gate, t_start, report, out, "B10")
+    return publish(summary, out, "B10", table=report, gate=gate, started=t_start)
 
 
 def summarize(p: Params, families: dict, per: dict, peaks: dict) -> dict:

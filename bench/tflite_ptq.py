@@ -32,13 +32,12 @@ too). Writes ``bench/results/tflite_ptq.json`` (figures via ``bench/_common.figu
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
 import time
 
-if __package__ in (None, ""):  # run as a script: make `bench._common` and `tfopt` importable
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
@@ -48,6 +47,7 @@ from bench._common import (  # noqa: E402
     QuietGate,
     interleaved_latency,
     publish,
+    script_parser,
 )
 
 # The benchmark's parts, by job (each under 600 lines).
@@ -81,7 +81,13 @@ from tfopt.runs import load_run  # noqa: E402
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = script_parser(
+        __doc__,
+        "tflite_ptq",
+        "MNIST slice, 1 epoch, few runs: checks the script runs",
+        gate=True,
+        workdir=os.path.join(config_lib.default_data_dir(), "bench-b5"),
+    )
     ap.add_argument(
         "--models", default=",".join(MODELS), help="comma-separated (default cnn,mobilenet_tiny)"
     )
@@ -91,21 +97,6 @@ def parse_args(argv=None):
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--qat-seeds", type=int, default=3, help="QAT / control seeds (0: no QAT)")
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument(
-        "--no-gate", action="store_true", help="no quiet-gate (measure whatever the load)"
-    )
-    ap.add_argument("--workdir", default=os.path.join(config_lib.default_data_dir(), "bench-b5"))
-    ap.add_argument(
-        "--out",
-        default=os.path.join(
-            os.path.dirname(os.path.abspath(__file__)), "results", "tflite_ptq.json"
-        ),
-    )
-    ap.add_argument(
-        "--smoke",
-        action="store_true",
-        help="MNIST slice, 1 epoch, few runs: checks the script runs",
-    )
     a = ap.parse_args(argv)
     models = tuple(m.strip() for m in a.models.split(",") if m.strip())
     unknown = [m for m in models if m not in MODELS]
@@ -347,7 +338,9 @@ def main(argv=None) -> int:
         per = interleaved_latency(
             timed, SETTINGS, repeats=p.repeats, runs=p.runs, warmup=p.warmup, gate=gate, bar=bar
         )
-    return publish(summarize(p, families, peers, per), gate, t_start, report, out, "B5")
+    return publish(
+        summarize(p, families, peers, per), out, "B5", table=report, gate=gate, started=t_start
+    )
 
 
 if __name__ == "__main__":

@@ -65,10 +65,8 @@ def check_figures(res: dict) -> None:
     import os
     import sys
 
-    sys.path.insert(
-        0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-    )
-    from _common import figure
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench._common import figure
 
     for f in res["figures"]:
         again = figure(

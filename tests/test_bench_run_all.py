@@ -7,10 +7,10 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "bench"))
+sys.path.insert(0, REPO)
 
-import run_all  # noqa: E402
-from _common import figure  # noqa: E402
+from bench import run_all  # noqa: E402
+from bench._common import figure  # noqa: E402
 
 
 def test_figure_takes_the_median_and_judges_it():

@@ -243,8 +243,7 @@ def test_the_committed_scaling_result_holds_together():
 
 def test_a_link_row_counts_bytes_only_on_simulated_hosts():
     """On the loopback a worker may read the host's own eth0 counters: they are not the link's."""
-    sys.path.insert(0, os.path.join(REPO, "bench"))
-    from scaling import link_row
+    from bench.scaling import link_row
 
     def side(tx):
         proc = {

@@ -180,3 +180,35 @@ def test_no_benchmark_file_is_over_600_lines():
         if (n := sum(1 for _ in open(p, encoding="utf-8"))) > 600
     }
     assert not long, f"split these benchmark files by job (see bench/_scaling_*.py): {long}"
+
+
+BOOTSTRAP = """if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))"""
+
+
+def test_every_benchmark_script_runs_on_the_harness():
+    # One bootstrap, one parser (bench/_common.script_parser) and one tail (publish) for every
+    # script that measures: the script holds only its protocol.
+    import glob
+    import re
+
+    odd = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "bench", "[a-z]*.py"))):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if 'if __name__ == "__main__":' not in text:
+            continue  # a module the scripts share (causes.py)
+        name = os.path.basename(path)
+        problems = []
+        if text.count("sys.path.insert") != 1 or BOOTSTRAP not in text:
+            problems.append("not the one bootstrap")
+        if name != "run_all.py":  # run_all renders the docs from the results it reads
+            if "script_parser(" not in text:
+                problems.append("its own --out/--smoke parser")
+            if "publish(" not in text or re.search(
+                r"write_json_atomic\(\s*(args\.|a\.)?out\b", text
+            ):
+                problems.append("its own report tail")
+        if problems:
+            odd[name] = problems
+    assert not odd, f"use bench/_common.py's script_parser and publish: {odd}"
