@@ -690,29 +690,36 @@ def test_accept_remote_logs_is_what_lets_batch_hooks_run_under_parameter_servers
 
 @pytest.mark.slow
 def test_a_keras_model_saved_once_converts_byte_for_byte_as_from_keras_model_does(tmp_path):
+    # Written once without the layer traces (save_for_converter), as tfopt converts every model.
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6, 6, 1))
-    outputs = keras.layers.Dense(3)(
-        keras.layers.Flatten()(keras.layers.Conv2D(2, 3, activation="relu")(inputs))
-    )
-    model = keras.Model(inputs, outputs)
-    tf.saved_model.save(
-        model, str(tmp_path), options=tf.saved_model.SaveOptions(save_debug_info=True)
-    )
+    x = keras.layers.Conv2D(2, 3, activation="relu")(inputs)
+    x = keras.layers.BatchNormalization()(keras.layers.DepthwiseConv2D(3, padding="same")(x))
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(x)))
     data = [np.random.default_rng(i).random((2, 6, 6, 1), dtype=np.float32) for i in range(2)]
-    for optimize in (False, True):
-        ours, public = (
-            _compat.saved_model_converter(str(tmp_path)),
-            tf.lite.TFLiteConverter.from_keras_model(model),
-        )
-        for c in (ours, public):
-            if optimize:
-                c.optimizations = [tf.lite.Optimize.DEFAULT]
-                c.representative_dataset = lambda: ([x] for x in data)
-        assert ours.convert() == public.convert(), (
-            f"{TF} converts a Keras model differently from its SavedModel: fix or remove "
-            "tfopt.core._compat.saved_model_converter (and tfopt.export.tflite.saved_models)"
-        )
+    for name, m in (("float", model), ("qat", _quantize_model(model))):
+        path = str(tmp_path / name)
+        _compat.save_for_converter(m, path)
+        for optimize in (False, True) if name == "float" else (True,):
+            ours, public = (
+                _compat.saved_model_converter(path),
+                tf.lite.TFLiteConverter.from_keras_model(m),
+            )
+            for c in (ours, public):
+                if optimize:
+                    c.optimizations = [tf.lite.Optimize.DEFAULT]
+                    c.representative_dataset = lambda: ([x] for x in data)
+            assert ours.convert() == public.convert(), (
+                f"{TF} converts a {name} Keras model differently from its SavedModel: fix or "
+                "remove tfopt.core._compat.save_for_converter and saved_model_converter (and "
+                "tfopt.export.converter.saved_models)"
+            )
+
+
+def _quantize_model(model):
+    import tensorflow_model_optimization as tfmot
+
+    return tfmot.quantization.keras.quantize_model(model)
 
 
 def test_keras_saved_model_metadata_decodes_every_node_of_a_tf_keras_savedmodel(tmp_path):

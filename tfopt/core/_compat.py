@@ -23,6 +23,7 @@ Private APIs (no public API does the job):
     interpreter_ops_details                LiteRT Interpreter._get_ops_details
     read_tflite_model, write_tflite_model  LiteRT tools.flatbuffer_utils (.tflite <-> editable object)
     saved_model_converter                  tensorflow.lite.python.lite (a Keras model's converter, saved once)
+    save_for_converter                     tf_keras keras_option_scope (a SavedModel without layer traces)
     fit_resumes_at                         tf_keras Model._training_state (fit's mid-epoch start)
     build_step_state                       tf_keras compiled_loss / compiled_metrics ``build`` (trace once)
     random_generators                      tf_keras Layer._random_generator (dropout's RNG state)
@@ -62,6 +63,7 @@ from tfopt.core._compat_lite import (  # noqa: F401 - signature_invoker is used 
     interpreter_ops_details,
     modify_model_io_type,
     read_tflite_model,
+    save_for_converter,
     saved_model_converter,
     signature_invoker,
     tflite_schema,
@@ -99,6 +101,7 @@ __all__ = [
     "write_tflite_model",
     "tflite_schema",
     "saved_model_converter",
+    "save_for_converter",
     "fix_for_keras_format",
     "StepCountingClusteringSummaries",  # noqa: F822 (made on first use by __getattr__)
     "tfmot_layer_dtype",

@@ -73,6 +73,30 @@ def write_tflite_model(model) -> bytes:
     return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
 
 
+def save_for_converter(model, path: str) -> None:
+    """Writes the tf_keras ``model`` to ``path`` as ``from_keras_model`` does before converting it,
+    less the per-layer functions no converter reads.
+
+    TensorFlow 2.21's ``from_keras_model`` calls ``tf.saved_model.save(model, dir,
+    options=SaveOptions(save_debug_info=True))``, and tf_keras then traces every layer's call for
+    its own reloading (its ``save_traces``): for MobileNetV2 (alpha 0.35, 32x32) 7.3 of the save's
+    seconds, and loading them back triples the conversion. The converter reads only the
+    ``serving_default`` signature, Keras's trace of the whole model's call
+    (``saving_utils.trace_model_call``). This writes that signature alone, under tf_keras's private
+    ``keras_option_scope(save_traces=False)``: 1.6 s, and the same flatbuffer, byte for byte.
+    """
+    from tf_keras.src.saving.legacy import saving_utils
+    from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
+
+    with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
+        tf.saved_model.save(
+            model,
+            path,
+            signatures=saving_utils.trace_model_call(model),
+            options=tf.saved_model.SaveOptions(save_debug_info=True),
+        )
+
+
 def saved_model_converter(path: str):
     """``TFLiteConverter.from_keras_model(model)`` for a Keras model already written to ``path``.
 

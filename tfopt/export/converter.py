@@ -30,9 +30,7 @@ from tfopt.core import native_stderr
 
 # TF 2.21: the MLIR converter's error class is not in tf.lite's public API; nor is editing a flatbuffer
 # or converting a Keras model without writing it to a SavedModel each time.
-from tfopt.core._compat import (
-    saved_model_converter,
-)  # noqa: E402
+from tfopt.core._compat import save_for_converter, saved_model_converter  # noqa: E402
 from tfopt.core.errors import ConfigError, ModelError
 from tfopt.data.pipeline import make_dataset
 from tfopt.data.sources import DatasetInfo
@@ -237,9 +235,10 @@ def saved_models() -> Iterator[None]:
 
     ``TFLiteConverter.from_keras_model`` writes the model to a temporary SavedModel and reads it
     back on every call: for a small model most of a conversion's time. Inside this context
-    :func:`make_converter` does that once per model and converts from that SavedModel, which is
-    the very path ``from_keras_model`` takes: the flatbuffers are the same, byte for byte. Nested uses share
-    the outer cache; the directories are removed on exit.
+    :func:`make_converter` does that once per model, without the per-layer traces no converter
+    reads (``save_for_converter``), and converts from that SavedModel, the path
+    ``from_keras_model`` takes: the flatbuffers are the same, byte for byte. Nested uses share
+    the outer cache; the directories are removed on exit. ``tflite.convert`` runs in one.
     """
     global _saved
     if _saved is not None:
@@ -259,10 +258,8 @@ def _converter_for(model: keras.Model) -> tf.lite.TFLiteConverter:
     hit = _saved.get(id(model))  # the entry holds the model: its id cannot be reused while cached
     if hit is None:
         path = os.path.join(_saved["dir"], str(len(_saved)))
-        try:  # as from_keras_model saves it
-            tf.saved_model.save(
-                model, path, options=tf.saved_model.SaveOptions(save_debug_info=True)
-            )
+        try:  # as from_keras_model saves it, less the layer traces no converter reads
+            save_for_converter(model, path)
         except Exception:  # noqa: BLE001 - from_keras_model then falls back to freezing the model: so do we
             path = None
         hit = _saved[id(model)] = (model, path)

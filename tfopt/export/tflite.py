@@ -83,11 +83,12 @@ def convert(
             f"mode {mode!r} is chosen by measuring candidate models, not by one conversion: use "
             "tfopt.export.auto.search, or python -m tfopt.export --modes int8_auto"
         )
-    if MODES.get(mode).quantizer:
-        return _by_recipe(model, mode, calibration, options)
-    if options.quantizer == "litert" and mode in BOTH_QUANTIZERS and not is_qat_model(model):
-        return _by_recipe(model, mode, calibration, options)
-    return by_converter(model, mode, calibration=calibration, options=options)
+    with saved_models():  # the model written once for its conversions (a caller's cache, if any)
+        if MODES.get(mode).quantizer or (
+            options.quantizer == "litert" and mode in BOTH_QUANTIZERS and not is_qat_model(model)
+        ):
+            return _by_recipe(model, mode, calibration, options)
+        return by_converter(model, mode, calibration=calibration, options=options)
 
 
 def _by_recipe(
