@@ -65,6 +65,7 @@ SMALL = {
 DOCS = (
     "README.md",
     "docs/training.md",
+    "docs/privacy.md",
     "docs/data.md",
     "docs/fault_tolerance.md",
     "docs/scaling.md",

@@ -22,6 +22,7 @@ from tfopt.config.export import ExportConfig
 from tfopt.config.fields import *  # noqa: F403
 from tfopt.config.optimize import *  # noqa: F403
 from tfopt.config.optimize import OptimizeConfig
+from tfopt.config.privacy import PrivacyConfig
 from tfopt.config.sections import *  # noqa: F403
 from tfopt.config.sections import HEADS, DataConfig, ModelConfig, RuntimeConfig, TrainConfig  # noqa: F401
 from tfopt.config.values import *  # noqa: F403
@@ -39,6 +40,7 @@ __all__ = [
     "DistillConfig",
     "OptimizeConfig",
     "ExportConfig",
+    "PrivacyConfig",
     "STAGE_SECTIONS",
     "TRAINING_SECTIONS",
     "Flag",
@@ -68,6 +70,7 @@ class RunConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)
     optimize: OptimizeConfig = field(default_factory=OptimizeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def to_dict(self, stage: str | None = None) -> dict:
         """Returns the config as nested plain dicts (JSON-serializable).
@@ -85,7 +88,7 @@ class RunConfig:
 TRAINING_SECTIONS = ("data", "model", "runtime", "train")
 #: The sections each stage reads: its run record and its resume fingerprint hold only these.
 STAGE_SECTIONS = {
-    "train": TRAINING_SECTIONS,
+    "train": (*TRAINING_SECTIONS, "privacy"),
     "distill": (*TRAINING_SECTIONS, "distill"),
     # optimize resolves its section into the run.json "optimize" record (the settings each
     # technique ran with), which its fingerprint covers

@@ -9,6 +9,7 @@ from typing import Any
 from tfopt.config.distill import DistillConfig, parse_features
 from tfopt.config.export import parse_modes, parse_runtimes, parse_threads
 from tfopt.config.fields import AUTOTUNE, FLAG, LAUNCHED_SERVICE
+from tfopt.config.privacy import check_privacy
 from tfopt.config.values import _CHOICES, _validate_augment, parse_image_size
 from tfopt.core.errors import ConfigError
 from tfopt.core.specs import parse_model
@@ -22,6 +23,7 @@ def _validate(cfg: Any) -> Any:
     cfg.optimize.block()  # the fields read from text parse
     cfg.optimize.phase_epochs_of()
     _check_export(cfg.export)
+    check_privacy(cfg.privacy)
     return cfg
 
 

@@ -41,6 +41,7 @@ GROUPS = (
     "distribution",
     "fine-tuning",
     "training",
+    "privacy",
     "output",
 )
 #: A section's help group, unless its field's :class:`~tfopt.config.Flag` names another.
@@ -52,6 +53,7 @@ SECTION_GROUPS = {
     "model": "model",
     "runtime": "distribution",
     "train": "training",
+    "privacy": "privacy",
 }
 TRAINING = config_lib.TRAINING_SECTIONS
 

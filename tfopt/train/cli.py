@@ -14,7 +14,7 @@ DESCRIPTION = "Train a model under any tf.distribute strategy and write a run di
 def build_parser() -> cli.ArgumentParser:
     """The argument parser of ``tfopt train``."""
     parser = cli.ArgumentParser(prog=PROG, description=DESCRIPTION)
-    cli.add_config_args(parser)
+    cli.add_config_args(parser, (*cli.TRAINING, "privacy"))
     return parser
 
 

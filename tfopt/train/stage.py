@@ -18,6 +18,7 @@ from tfopt.core._keras import keras
 from tfopt.config import RunConfig
 from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
+from tfopt.privacy.dpsgd import EpsilonLog, make_private
 from tfopt.runs import RunRecord
 from tfopt.runtime import sharding
 from tfopt.runtime.callbacks import PlainValidation
@@ -60,6 +61,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
+        private = _privacy_plan(job, cfg, steps)
         with job.strategy.scope():
             built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
             model = built.model
@@ -80,6 +82,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                     metrics=["accuracy"],
                     steps_per_execution=spe,
                 )
+            extra = [*callbacks, *_private_step(model, private, steps, done, cfg.train.seed)]
             if head_only and job.chief:
                 log.info(
                     f"epochs {done + 1}-{done + epochs}: {len(frozen)} base layers frozen, only "
@@ -88,7 +91,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                 )
             job.fit(
                 model,
-                job.callbacks(validation, callbacks, first_epoch=done),
+                job.callbacks(validation, extra, first_epoch=done),
                 epochs=epochs,
                 steps_per_epoch=steps,
             )
@@ -98,9 +101,43 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
         sharding.set_full_weights(copy, sharding.full_weights(model))
         digest = weights_digest(copy)
-        record = _commit(job, cfg, copy, built, digest, (steps, spe, lr)) if job.chief else None
+        schedule = (steps, spe, lr, private.section(done * steps) if private else None)
+        record = _commit(job, cfg, copy, built, digest, schedule) if job.chief else None
         job.done(PROG, record, digest)
         return record
+
+
+def _privacy_plan(job: Job, cfg: RunConfig, steps: int):
+    """The DP-SGD plan of the run (None without ``--dp-l2-clip``), said on the chief."""
+    if not cfg.privacy.enabled:
+        return None
+    from tfopt.privacy import make_plan
+
+    private = make_plan(
+        cfg.privacy,
+        examples=job.info.splits["train"].num_records,
+        batch=cfg.data.global_batch_size,
+        steps_per_epoch=steps,
+        epochs=cfg.train.epochs,
+        strategy=cfg.runtime.strategy,
+    )
+    spent = private.spent(private.steps)
+    job.say(
+        f"DP-SGD: clip {private.l2_clip:g}, noise multiplier {private.noise_multiplier:g}, "
+        f"sampling rate {private.q:.3g}, {private.steps} steps: epsilon {spent['rdp']:.3g} (RDP"
+        + (f"; PLD {spent['pld']:.3g}" if spent["pld"] is not None else "")
+        + f") at delta {private.delta:g}"
+    )
+    return private
+
+
+def _private_step(model, private, steps: int, done: int, seed: int) -> list:
+    """Makes the compiled model's step DP-SGD's when the run is private; returns the callbacks
+    that log the epsilon spent (none otherwise)."""
+    if not private:
+        return []
+    make_private(model, private.l2_clip, private.noise_multiplier, private.batch, seed)
+    return [EpsilonLog(private, steps, first_epoch=done)]
 
 
 def _warn_if_all_frozen(job: Job, cfg: RunConfig) -> None:
@@ -118,7 +155,8 @@ def _warn_if_all_frozen(job: Job, cfg: RunConfig) -> None:
 
 def _commit(job: Job, cfg: RunConfig, copy, built, digest: str, schedule: tuple) -> RunRecord:
     """The chief's end of a run: scores the trained ``copy`` on the test split, saves it and
-    commits its record (``schedule``: steps per epoch, steps per execution, learning rate)."""
+    commits its record (``schedule``: steps per epoch, steps per execution, learning rate, and
+    the DP-SGD record or None)."""
     job.say(f"evaluating on the test split ({job.info.splits['test'].num_records} examples)")
     metrics = copy.evaluate(job.dataset("test"), return_dict=True, verbose=0)
     warnings = job.judge(copy, metrics["accuracy"])
@@ -126,7 +164,11 @@ def _commit(job: Job, cfg: RunConfig, copy, built, digest: str, schedule: tuple)
     artifacts = save_model(copy, job.write_dir)
     record = job.record(
         model={"name": cfg.model.name, "params": int(copy.count_params()), **built.description},
-        train={**job.train_section(*schedule), "freeze_epochs": cfg.model.freeze_epochs},
+        train={
+            **job.train_section(*schedule[:3]),
+            "freeze_epochs": cfg.model.freeze_epochs,
+            **({"privacy": schedule[3]} if schedule[3] else {}),
+        },
         metrics={f"test_{k}": float(v) for k, v in metrics.items()},
         weights_sha256=digest,
         artifacts=job.relative(artifacts),
