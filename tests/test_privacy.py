@@ -140,6 +140,7 @@ def test_a_private_run_records_and_shows_what_it_spent(tmp_path):
         (want["rdp"], want["pld"])
     )
     assert "Poisson" in section["sampling"] and run.to_dict()["train"]["privacy"] == section
+    assert "vectorized_map" in section["per_example_gradients"]
     epsilons = [row["epsilon"] for row in json.load(open(tmp_path / "one" / "metrics.json"))]
     assert epsilons == pytest.approx([_direct(1.1, 0.125, s, 1e-3)["rdp"] for s in (8, 16)])
 

@@ -24,8 +24,6 @@ from tfopt.core._keras import keras, tf
 
 from tfopt.core.errors import ModelError
 
-#: How the record describes the per-example gradients.
-METHOD = "vectorized: each example's gradient mapped over the batch (tf.vectorized_map)"
 #: Layers whose output for one example depends on the others of its batch.
 _BATCH_COUPLED = (keras.layers.BatchNormalization,)
 

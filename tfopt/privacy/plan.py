@@ -9,6 +9,10 @@ from tfopt.config.privacy import PrivacyConfig
 from tfopt.core.errors import ConfigError
 from tfopt.privacy import accountant
 
+#: How the record describes the per-example gradients (tfopt.privacy.dpsgd), every layer alike.
+PER_EXAMPLE = (
+    "vectorized, every layer: each example's gradient mapped over the batch (tf.vectorized_map)"
+)
 #: Strategies whose steps are the steps the accountant counts (one synchronous batch each).
 SYNCHRONOUS = ("one_device", "mirrored", "multi_worker_mirrored")
 
@@ -62,6 +66,7 @@ class Plan:
             "epsilon_pld": eps["pld"],
             "budget": self.budget or None,
             "sampling": accountant.SAMPLING,
+            "per_example_gradients": PER_EXAMPLE,
         }
 
 
