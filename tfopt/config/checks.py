@@ -53,6 +53,10 @@ def _check_export(e: Any) -> None:
             f"export.min_agreement={e.min_agreement} must be in [0, 1] and "
             f"export.max_accuracy_drop={e.max_accuracy_drop} >= 0 (accuracy points)"
         )
+    if not e.trainable_lr > 0:
+        raise ConfigError(
+            f"export.trainable_lr={e.trainable_lr} must be > 0, e.g. 0.01 (--trainable-lr)"
+        )
 
 
 def reads(section: Any, key: str) -> bool:

@@ -34,6 +34,7 @@ GROUPS = (
     "channel pruning",
     "conversion (--from)",
     "fidelity gate (--from)",
+    "on-device training (--from)",
     "evaluation",
     "latency",
     "data",

@@ -221,6 +221,22 @@ class ExportConfig:
         read_by=(FROM,),
     )
     plot: bool = flag(True, "--no-plot", "skip export.png", group="output", read_by=(FROM,))
+    trainable: bool = flag(
+        False,
+        "--trainable",
+        "also write model_trainable.tflite, trainable in LiteRT: infer, train (one SGD step of "
+        "the last Dense layer, the rest frozen), save and restore signatures",
+        group="on-device training (--from)",
+        read_by=(FROM,),
+    )
+    trainable_lr: float = flag(
+        0.01,
+        "--trainable-lr",
+        "--trainable: the learning rate of the train signature's SGD step",
+        group="on-device training (--from)",
+        read_by=(FROM,),
+        metavar="LR",
+    )
 
 
 def check_choice(what: str, value: str, choices: Sequence[str], flag: str) -> str:

@@ -133,7 +133,13 @@ def check_flags(args, given: set[str], cfg: config_lib.RunConfig | None = None) 
     )
     if action != _FROM:
         return
-    modes = choices.parse_modes((cfg or cli.config_from_args(args)).export.modes)
+    cfg = cfg or cli.config_from_args(args)
+    if "--trainable-lr" in given and not cfg.export.trainable:
+        raise ConfigError(
+            "--trainable-lr is read by --trainable (the trainable file's SGD step); add "
+            "--trainable, or drop --trainable-lr"
+        )
+    modes = choices.parse_modes(cfg.export.modes)
     flagcheck.refuse_unused(
         {flag: users for flag, users in FLAG_USERS.items() if set(users) <= set(_MODES)},
         modes,
@@ -239,6 +245,12 @@ def _export(args, cfg: config_lib.RunConfig) -> int:
     for row in export["modes"]:
         if row.get("file"):
             print(f"{PROG}: wrote {os.path.join(out, row['file'])}")
+    if export.get("trainable"):
+        t = export["trainable"]
+        print(
+            f"{PROG}: wrote {os.path.join(out, t['file'])} (signatures "
+            f"{', '.join(sorted(t['signatures']))}; {t['head']} trains on the device)"
+        )
     print(f"{PROG}: wrote {os.path.join(out, 'run.json')} (the record) and export.md (the table)")
     if export.get("ship"):
         print(ship.line(export["ship"], out))

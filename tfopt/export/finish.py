@@ -11,6 +11,7 @@ from tfopt.core.fileio import write_bytes
 from tfopt.export import (
     metadata,
     outputs,
+    trainable,
 )
 from tfopt.export.evaluate import (
     TFLiteModel,
@@ -71,6 +72,43 @@ def write_metadata(
             write_bytes(path, described)
             row["metadata_bytes"] = len(described) - len(content)
             row["outputs"] = outs
+
+
+def write_trainable(model, got, settings, out_dir: str, name: str, version: str) -> dict:
+    """Writes ``model_trainable.tflite`` (:mod:`tfopt.export.trainable`) with the same metadata
+    as the other files (its ``infer`` signature is the subgraph the metadata describes).
+
+    Args:
+        model: The tf_keras model as loaded.
+        got: The export's :class:`~tfopt.export.make.Inputs` (contract, test split).
+        settings: The export's settings (``trainable_lr``, ``outputs``).
+        out_dir: The export directory.
+        name: The model's name, version: the export's fingerprint.
+
+    Returns:
+        The record's ``trainable`` section (signatures, head, parameters, checks, bytes).
+    """
+    content, section = trainable.make(
+        model,
+        got.contract,
+        got.x_test[:64],
+        got.y_test[:64],
+        settings.trainable_lr,
+        settings.outputs,
+    )
+    described = metadata.write(
+        content,
+        got.contract,
+        outputs=settings.outputs,
+        name=f"{name} (trainable)",
+        version=version[:12],
+        description=f"Image classifier over {len(got.contract.get('class_names') or [])} "
+        f"classes, exported by tfopt with on-device training signatures (infer, train, save, "
+        f"restore); {section['head']} trains.",
+        files=metadata.files_of(got.contract),
+    )
+    write_bytes(os.path.join(out_dir, trainable.FILE), described)
+    return {**section, "bytes": len(described)}
 
 
 QUANTIZED_BY = {

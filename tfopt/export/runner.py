@@ -37,6 +37,7 @@ from tfopt.export import (
     ship,
     summary,
     tflite,
+    trainable,
 )
 from tfopt.export.choices import (
     parse_modes,
@@ -48,7 +49,7 @@ from tfopt.export.evaluate import (
     load_split,
     read_tflite,
 )
-from tfopt.export.finish import write_metadata
+from tfopt.export.finish import write_metadata, write_trainable
 from tfopt.export.make import (
     make_files,
     read_inputs,
@@ -121,6 +122,8 @@ def run(
         model, settings = _load(run, settings, scratch, say)
         qat = tflite.is_qat_model(model)
         tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
+        if settings.trainable:
+            trainable.split(model)  # the same: a model without a Dense head is refused now
         b = settings.bench
         # A phone that is missing, unauthorized or full is said before minutes of converting.
         phone = device.Device.connect(b.device, b.benchmark_binary) if b.device else None
@@ -177,7 +180,7 @@ def _export(
     phone: device.Device | None = None,
 ) -> RunRecord:
     got = read_inputs(run, model, qat, modes, settings, say)
-    model, contract = got.model, got.contract
+    loaded, model, contract = model, got.model, got.contract
     rd.open()
     out_dir = rd.work
     write_json(os.path.join(out_dir, "input.json"), contract)
@@ -188,6 +191,12 @@ def _export(
     write_metadata(
         rows, out_dir, contract, got.plan, settings.outputs, run.config.model.name, rd.fingerprint
     )
+    on_device = None
+    if settings.trainable:
+        say(f"writing {trainable.FILE}: {', '.join(trainable.SIGNATURES)} signatures")
+        on_device = write_trainable(
+            loaded, got, settings, out_dir, run.config.model.name, rd.fingerprint
+        )
     if keras:
         keras.ready()  # nothing else may run while this process times
     time_all(rows, out_dir, settings.bench, say, phone)
@@ -221,11 +230,37 @@ def _export(
     notes.extend(f"{r['mode']}: {r['fastest_runtime']}" for r in rows if r.get("fastest_runtime"))
     keras_figures = _keras_figures(model, run.model_path, got.cost, settings, keras, say)
     return _record(
-        run, got, qat, rows, settings, rd, notes, keras_figures, shipped, worth, slower, phone
+        run,
+        got,
+        qat,
+        rows,
+        settings,
+        rd,
+        notes,
+        keras_figures,
+        shipped,
+        worth,
+        slower,
+        phone,
+        on_device,
     )
 
 
-def _record(run, got, qat, rows, settings, rd, notes, keras_figures, shipped, worth, slower, phone):
+def _record(
+    run,
+    got,
+    qat,
+    rows,
+    settings,
+    rd,
+    notes,
+    keras_figures,
+    shipped,
+    worth,
+    slower,
+    phone,
+    on_device,
+):
     """Writes export.md and export.png, then commits the run with its record."""
     out_dir, contract = rd.work, got.contract
     table = summary.export_table(rows)
@@ -243,15 +278,7 @@ def _record(run, got, qat, rows, settings, rd, notes, keras_figures, shipped, wo
         plot = summary.plot(
             rows, os.path.join(out_dir, "export.png"), f"{run.config.model.name}: {run.source}"
         )
-    artifacts = {r["mode"]: r["file"] for r in rows if r.get("file")}
-    artifacts.update({f"{r['mode']}_recipe": r["recipe"] for r in rows if r.get("recipe")})
-    artifacts.update(
-        table="export.md",
-        input="input.json",
-        **({"plot": os.path.basename(plot)} if plot else {}),
-        **({"labels": "labels.txt"} if contract["class_names"] else {}),
-        **({"ship": ship.FILE} if shipped else {}),
-    )
+    artifacts = _artifacts(rows, contract, plot, shipped, on_device)
     record = run_record(
         "export",
         run.config,
@@ -289,10 +316,26 @@ def _record(run, got, qat, rows, settings, rd, notes, keras_figures, shipped, wo
             "gate_failures": gate_failures(rows),
             "ship": shipped,
             "outputs": settings.outputs,
+            "trainable": on_device,
         },
     )
     rd.commit(record)
     return record
+
+
+def _artifacts(rows, contract, plot, shipped, on_device) -> dict:
+    """The record's ``artifacts``: every file the export wrote, by what it is."""
+    artifacts = {r["mode"]: r["file"] for r in rows if r.get("file")}
+    artifacts.update({f"{r['mode']}_recipe": r["recipe"] for r in rows if r.get("recipe")})
+    artifacts.update(
+        table="export.md",
+        input="input.json",
+        **({"plot": os.path.basename(plot)} if plot else {}),
+        **({"labels": "labels.txt"} if contract["class_names"] else {}),
+        **({"ship": ship.FILE} if shipped else {}),
+        **({"trainable": on_device["file"]} if on_device else {}),
+    )
+    return artifacts
 
 
 def gate_failures(rows: list[dict]) -> dict[str, str]:

@@ -82,6 +82,8 @@ class ExportSettings:
     plot: bool = True
     trust_model: bool = False
     outputs: str = "probabilities"  # what the exported files give out: probabilities | logits
+    trainable: bool = False  # also write model_trainable.tflite (tfopt.export.trainable)
+    trainable_lr: float = 0.01  # the SGD learning rate of its train signature
 
     def __post_init__(self):
         outputs.check(self.outputs)
@@ -149,4 +151,6 @@ def settings_from(e, trust_model: bool = False) -> ExportSettings:
         plot=e.plot,
         trust_model=trust_model,
         auto_candidates=e.auto_candidates,
+        trainable=e.trainable,
+        trainable_lr=e.trainable_lr,
     )
