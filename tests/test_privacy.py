@@ -140,7 +140,9 @@ def test_a_private_run_records_and_shows_what_it_spent(tmp_path):
         (want["rdp"], want["pld"])
     )
     assert "Poisson" in section["sampling"] and run.to_dict()["train"]["privacy"] == section
-    assert "vectorized_map" in section["per_example_gradients"]
+    layers = section["per_example_gradients"]["layers"]
+    assert sorted(layers) == ["conv0", "conv1", "fc", "logits"], layers
+    assert all(how.startswith("ghost: ") for how in layers.values()), layers
     epsilons = [row["epsilon"] for row in json.load(open(tmp_path / "one" / "metrics.json"))]
     assert epsilons == pytest.approx([_direct(1.1, 0.125, s, 1e-3)["rdp"] for s in (8, 16)])
 

@@ -4,10 +4,11 @@ Abadi et al. (2016): per step, every example's gradient is clipped to L2 norm ``
 gradients are summed, Gaussian noise of standard deviation ``noise_multiplier * C`` is added to
 the sum, and the noisy sum over the batch size is what the optimizer applies.
 
-Per-example gradients come vectorized: one example's forward and backward pass, mapped over the
-batch with ``tf.vectorized_map`` (pfor), one graph for the whole batch. (``GradientTape.jacobian``
-of the per-example losses computes the same gradients but falls back to a loop for convolution
-filters: 26x slower on ``dp_cnn``.) Under a synchronous strategy each replica clips and sums its own examples and the
+Per-example norms and the clipped sum come from a formula for Dense, Conv2D and Embedding layers
+(:mod:`tfopt.privacy.ghost`); the other layers' per-example gradients come vectorized: one
+example's forward and backward pass, mapped over the batch with ``tf.vectorized_map`` (pfor),
+one graph for the whole batch. (``GradientTape.jacobian`` of the per-example losses computes the
+same gradients but falls back to a loop for convolution filters: 26x slower on ``dp_cnn``.) Under a synchronous strategy each replica clips and sums its own examples and the
 optimizer's all-reduce adds the replicas' sums; the noise is added once, by replica 0, so the
 global sum carries exactly one draw of it, whatever the number of replicas. The noise is drawn
 from a stateless generator keyed by the step, so a run resumed from a backup draws the same
@@ -23,6 +24,7 @@ from __future__ import annotations
 from tfopt.core._keras import keras, tf
 
 from tfopt.core.errors import ModelError
+from tfopt.privacy import ghost
 
 #: Layers whose output for one example depends on the others of its batch.
 _BATCH_COUPLED = (keras.layers.BatchNormalization,)
@@ -34,7 +36,7 @@ def check_model(model: keras.Model) -> None:
     Raises:
         ModelError: one line naming the layer and the fix.
     """
-    for layer in _layers(model):
+    for layer in ghost.leaves(model):
         if isinstance(layer, _BATCH_COUPLED) and layer.trainable:
             raise ModelError(
                 f"model {model.name!r} has {type(layer).__name__} layer {layer.name!r}: its batch "
@@ -44,21 +46,15 @@ def check_model(model: keras.Model) -> None:
             )
 
 
-def _layers(model):
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
-            yield from _layers(layer)
-        else:
-            yield layer
-
-
 def make_private(
     model: keras.Model,
     l2_clip: float,
     noise_multiplier: float,
     global_batch_size: int,
     seed: int = 0,
-) -> None:
+    *,
+    ghost_norms: bool = True,
+) -> dict[str, str]:
     """Makes ``model``'s train step DP-SGD's (call it after ``compile``, before ``fit``).
 
     Args:
@@ -68,23 +64,28 @@ def make_private(
         global_batch_size: What the noisy sum is divided by: the batch of one step over all
             replicas.
         seed: Keys the noise, with the step number.
+        ghost_norms: Per-example norms from a formula where a layer has one
+            (:mod:`tfopt.privacy.ghost`); False: every layer's gradients vectorized.
+
+    Returns:
+        Each trainable layer's name -> how its per-example norms are computed.
 
     Raises:
         ModelError: the model has a layer that mixes the examples of a batch.
     """
     check_model(model)
+    part = ghost.split(model, formulas=ghost_norms)
 
     def train_step(data):
-        return _private_step(model, data, l2_clip, noise_multiplier, global_batch_size, seed)
+        return _private_step(model, part, data, l2_clip, noise_multiplier, global_batch_size, seed)
 
     model.train_step = train_step
+    return dict(part.methods)
 
 
-def _private_step(model, data, l2_clip, noise_multiplier, global_batch_size, seed):
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    variables = model.trainable_variables
+def _per_example(model, variables, x, y, scaled):
+    """Each example's gradients of ``variables`` (vectorized) and its logits."""
     optimizer = model.optimizer
-    scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
 
     def one(example):
         xi, yi = example
@@ -100,14 +101,30 @@ def _private_step(model, data, l2_clip, noise_multiplier, global_batch_size, see
     per_example, logits = tf.vectorized_map(one, (x, y))
     if scaled:
         per_example = optimizer.get_unscaled_gradients(per_example)
-    grads = clipped_noisy_mean(
-        per_example,
-        l2_clip,
-        noise_multiplier,
-        global_batch_size,
-        noise_seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(optimizer.iterations, tf.int64)]),
-        add_noise=_first_replica(),
-    )
+    return per_example, logits
+
+
+def _private_step(model, part, data, l2_clip, noise_multiplier, global_batch_size, seed):
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    variables = model.trainable_variables
+    optimizer = model.optimizer
+    scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+    noise_seed = tf.stack([tf.cast(seed, tf.int64), tf.cast(optimizer.iterations, tf.int64)])
+    if part.ghost:
+        sums, logits = _ghost_sums(model, part, x, y, l2_clip, scaled)
+        grads = noisy_mean(
+            sums, l2_clip, noise_multiplier, global_batch_size, noise_seed, _first_replica()
+        )
+    else:
+        per_example, logits = _per_example(model, variables, x, y, scaled)
+        grads = clipped_noisy_mean(
+            per_example,
+            l2_clip,
+            noise_multiplier,
+            global_batch_size,
+            noise_seed=noise_seed,
+            add_noise=_first_replica(),
+        )
     regularization = model.losses
     if regularization:  # data-independent: its gradient costs no privacy
         with tf.GradientTape() as tape:
@@ -117,6 +134,48 @@ def _private_step(model, data, l2_clip, noise_multiplier, global_batch_size, see
     optimizer.apply_gradients(zip(grads, variables))
     model.compute_loss(x, y, logits, sample_weight)
     return model.compute_metrics(x, y, logits, sample_weight)
+
+
+def _ghost_sums(model, part, x, y, l2_clip, scaled):
+    """The sum of the clipped per-example gradients and the batch's logits: one backward pass
+    to the recorded layers' outputs gives their norms and their clipped sums
+    (:mod:`tfopt.privacy.ghost`); the other layers' come vectorized."""
+    optimizer = model.optimizer
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        with ghost.recording(part.ghost) as records:
+            logits = model(x, training=True)
+        losses = keras.losses.sparse_categorical_crossentropy(
+            y, tf.cast(logits, tf.float32), from_logits=True
+        )
+        total = tf.reduce_sum(losses)
+        objective = optimizer.get_scaled_loss(total) if scaled else total
+    zs = [r.z for r in records]
+    by_z = tape.gradient(objective, zs, unconnected_gradients="zero")
+    if scaled:
+        by_z = optimizer.get_unscaled_gradients(by_z)
+    operands = ghost.operands(records, by_z)
+    squares = ghost.squared_norms(operands)
+    others = part.vectorized_variables
+    if others:
+        per_example, _ = _per_example(model, others, x, y, scaled)
+        n = tf.shape(x)[0]
+        squares += tf.add_n(
+            [
+                tf.reduce_sum(tf.reshape(tf.square(tf.cast(g, tf.float32)), [n, -1]), axis=1)
+                for g in per_example
+            ]
+        )
+    factor = tf.minimum(1.0, l2_clip / tf.maximum(tf.sqrt(squares), 1e-12))
+    sums = ghost.weighted_sums(operands, factor)
+    if others:
+        sums.update(
+            {
+                v.ref(): tf.tensordot(factor, tf.cast(g, tf.float32), axes=1)
+                for v, g in zip(others, per_example)
+            }
+        )
+    return [sums[v.ref()] for v in variables], logits
 
 
 def _first_replica():
@@ -153,10 +212,17 @@ def clipped_noisy_mean(
         [tf.reduce_sum(tf.reshape(tf.square(g), [n, -1]), axis=1) for g in per_example]
     )
     factor = tf.minimum(1.0, l2_clip / tf.maximum(tf.sqrt(squares), 1e-12))
+    sums = [tf.tensordot(factor, g, axes=1) for g in per_example]
+    return noisy_mean(sums, l2_clip, noise_multiplier, global_batch_size, noise_seed, add_noise)
+
+
+def noisy_mean(sums, l2_clip, noise_multiplier, global_batch_size, noise_seed, add_noise=True):
+    """Sums of clipped gradients with Gaussian noise of std ``noise_multiplier * l2_clip`` added
+    (when ``add_noise``; each variable's draw keyed by ``noise_seed`` and its index), over the
+    global batch size."""
     on = tf.cast(add_noise, tf.float32)
     out = []
-    for i, g in enumerate(per_example):
-        total = tf.tensordot(factor, g, axes=1)
+    for i, total in enumerate(sums):
         seed = tf.random.experimental.stateless_fold_in(noise_seed, i)
         noise = tf.random.stateless_normal(tf.shape(total), seed=seed)
         out.append((total + on * noise_multiplier * l2_clip * noise) / global_batch_size)

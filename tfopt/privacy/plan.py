@@ -9,10 +9,12 @@ from tfopt.config.privacy import PrivacyConfig
 from tfopt.core.errors import ConfigError
 from tfopt.privacy import accountant
 
-#: How the record describes the per-example gradients (tfopt.privacy.dpsgd), every layer alike.
-PER_EXAMPLE = (
-    "vectorized, every layer: each example's gradient mapped over the batch (tf.vectorized_map)"
-)
+#: How the record describes the two ways of per-example norms (tfopt.privacy.ghost, .dpsgd).
+PER_EXAMPLE = {
+    "ghost": "each example's gradient norm from the layer's input and output gradient (one "
+    "backward pass), then one backward pass of the clip-weighted loss",
+    "vectorized": "each example's gradient mapped over the batch (tf.vectorized_map)",
+}
 #: Strategies whose steps are the steps the accountant counts (one synchronous batch each).
 SYNCHRONOUS = ("one_device", "mirrored", "multi_worker_mirrored")
 
@@ -48,8 +50,9 @@ class Plan:
         """``{"rdp": epsilon, "pld": epsilon}`` after ``steps`` steps."""
         return accountant.epsilon(self.noise_multiplier, self.q, steps, self.delta)
 
-    def section(self, steps: int) -> dict:
-        """The ``train.privacy`` record of a run that took ``steps`` steps."""
+    def section(self, steps: int, layers: dict | None = None) -> dict:
+        """The ``train.privacy`` record of a run that took ``steps`` steps (``layers``: each
+        trainable layer -> how its per-example norms were computed)."""
         eps = self.spent(steps)
         return {
             "mechanism": "DP-SGD (per-example clipping, Gaussian noise)",
@@ -66,7 +69,7 @@ class Plan:
             "epsilon_pld": eps["pld"],
             "budget": self.budget or None,
             "sampling": accountant.SAMPLING,
-            "per_example_gradients": PER_EXAMPLE,
+            "per_example_gradients": {"methods": PER_EXAMPLE, "layers": layers or {}},
         }
 
 

@@ -71,7 +71,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
             model
         )  # before any freezing: what is validated and saved trains as a whole
         validation = PlainValidation(copy, job.dataset("validation"), job.chief)
-        done = 0
+        done, norms = 0, {}
         for epochs, head_only in phases(cfg):
             with job.strategy.scope():
                 frozen = freeze_base(model) if head_only else []
@@ -82,7 +82,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                     metrics=["accuracy"],
                     steps_per_execution=spe,
                 )
-            extra = [*callbacks, *_private_step(model, private, steps, done, cfg.train.seed)]
+            extra = [*callbacks, *_private_step(model, private, steps, done, cfg.train.seed, norms)]
             if head_only and job.chief:
                 log.info(
                     f"epochs {done + 1}-{done + epochs}: {len(frozen)} base layers frozen, only "
@@ -101,7 +101,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
         sharding.set_full_weights(copy, sharding.full_weights(model))
         digest = weights_digest(copy)
-        schedule = (steps, spe, lr, private.section(done * steps) if private else None)
+        schedule = (steps, spe, lr, private.section(done * steps, norms) if private else None)
         record = _commit(job, cfg, copy, built, digest, schedule) if job.chief else None
         job.done(PROG, record, digest)
         return record
@@ -131,12 +131,15 @@ def _privacy_plan(job: Job, cfg: RunConfig, steps: int):
     return private
 
 
-def _private_step(model, private, steps: int, done: int, seed: int) -> list:
-    """Makes the compiled model's step DP-SGD's when the run is private; returns the callbacks
-    that log the epsilon spent (none otherwise)."""
+def _private_step(model, private, steps: int, done: int, seed: int, norms: dict) -> list:
+    """Makes the compiled model's step DP-SGD's when the run is private (``norms`` gets how
+    each layer's per-example norms are computed); returns the callbacks that log the epsilon
+    spent (none otherwise)."""
     if not private:
         return []
-    make_private(model, private.l2_clip, private.noise_multiplier, private.batch, seed)
+    norms.update(
+        make_private(model, private.l2_clip, private.noise_multiplier, private.batch, seed)
+    )
     return [EpsilonLog(private, steps, first_epoch=done)]
 
 

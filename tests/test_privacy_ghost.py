@@ -1,0 +1,112 @@
+"""Ghost norms (tfopt.privacy.ghost): each layer's per-example gradient norms from its formula
+against the norms of gradients taken one example at a time, and the DP-SGD step through them
+against the vectorized step."""
+
+from tfopt.core._keras import keras, tf
+
+import numpy as np
+import pytest
+
+from tfopt.models.registry import build_model
+from tfopt.privacy import ghost, make_private
+
+
+def _one_at_a_time(model, layer, x, w):
+    """Each example's squared gradient norm over ``layer``'s weights, one tape per example."""
+    out = []
+    for i in range(len(x)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x[i : i + 1], training=True) * w)
+        grads = tape.gradient(loss, layer.trainable_weights)
+        out.append(sum(float(tf.reduce_sum(tf.square(g))) for g in grads))
+    return np.array(out)
+
+
+CASES = {
+    "dense": (lambda: keras.layers.Dense(5, activation="tanh"), (7,), "float"),
+    "dense_no_bias": (lambda: keras.layers.Dense(5, use_bias=False), (7,), "float"),
+    # [B, T, D] inputs: T^2 (P + C) < T P C takes the Gram form, the other the einsum
+    "dense_sequence_gram": (lambda: keras.layers.Dense(40, activation="relu"), (3, 30), "float"),
+    "dense_sequence_einsum": (lambda: keras.layers.Dense(2), (12, 3), "float"),
+    "conv_same_strided": (
+        lambda: keras.layers.Conv2D(4, 3, strides=2, padding="same", activation="tanh"),
+        (9, 9, 2),
+        "float",
+    ),
+    "conv_valid_dilated": (
+        lambda: keras.layers.Conv2D(3, 2, dilation_rate=2, padding="valid"),
+        (8, 7, 3),
+        "float",
+    ),
+    "conv_gram": (lambda: keras.layers.Conv2D(64, 3, padding="same"), (3, 3, 8), "float"),
+    "embedding_repeated_ids": (lambda: keras.layers.Embedding(6, 4), (9,), "ids"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_formula_gives_the_norms_of_one_example_at_a_time_gradients(case):
+    make, shape, kind = CASES[case]
+    rng = np.random.default_rng(0)
+    layer = make()
+    inputs = keras.Input(shape, dtype="int32" if kind == "ids" else "float32")
+    model = keras.Model(inputs, layer(inputs))
+    if kind == "ids":  # few ids over many positions: rows repeat within an example
+        x = rng.integers(0, 6, size=(5, *shape)).astype(np.int32)
+    else:
+        x = rng.normal(size=(5, *shape)).astype(np.float32)
+    w = tf.constant(rng.normal(size=model.output_shape[1:]), tf.float32)
+    want = _one_at_a_time(model, layer, x, w)
+    part = ghost.split(model)
+    assert part.ghost == (layer,) and part.methods[layer.name].startswith("ghost")
+    with tf.GradientTape() as tape:
+        with ghost.recording(part.ghost) as records:
+            out = model(x, training=True)
+        loss = tf.reduce_sum(out * w)
+    operands = ghost.operands(records, tape.gradient(loss, [r.z for r in records]))
+    got = ghost.squared_norms(operands).numpy()
+    np.testing.assert_allclose(got, want, rtol=2e-4)
+    np.testing.assert_allclose(model(x).numpy(), out.numpy(), rtol=1e-6)  # call restored
+
+
+def _dp_cnn_with(extra: bool):
+    keras.utils.set_random_seed(3)
+    model = build_model("dp_cnn", (28, 28, 1), 10)
+    if not extra:
+        return model
+    # a layer with trainable weights and no formula: its norms come the vectorized way
+    x = keras.layers.LayerNormalization(name="norm")(model.get_layer("fc").output)
+    return keras.Model(model.inputs, keras.layers.Dense(10, name="head")(x))
+
+
+@pytest.mark.parametrize("extra", [False, True], ids=["dp_cnn", "dp_cnn+layernorm"])
+def test_the_ghost_step_is_the_vectorized_step(extra):
+    rng = np.random.default_rng(4)
+    x = rng.random((16, 28, 28, 1), dtype=np.float32)
+    y = rng.integers(0, 10, 16)
+    after = {}
+    for formulas in (True, False):
+        model = _dp_cnn_with(extra)
+        start = model.get_weights()
+        model.compile(
+            keras.optimizers.SGD(1.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+        methods = make_private(model, 0.1, 0.5, 16, seed=2, ghost_norms=formulas)
+        model.train_on_batch(x, y)
+        after[formulas] = ([w - w0 for w, w0 in zip(model.get_weights(), start)], methods)
+    (ghosted, methods), (vectorized, plain) = after[True], after[False]
+    for u, v in zip(ghosted, vectorized):
+        np.testing.assert_allclose(u, v, rtol=1e-3, atol=1e-6)
+    assert set(plain.values()) == {"vectorized: " + t for t in ("Conv2D", "Dense")} | (
+        {"vectorized: LayerNormalization"} if extra else set()
+    )
+    assert methods["conv0"] == "ghost: input patches x output gradients"
+    assert methods["fc"] == "ghost: activations x output gradients"
+    assert methods.get("norm") == ("vectorized: LayerNormalization" if extra else None)
+
+
+def test_a_layer_called_twice_is_not_ghosted():
+    shared = keras.layers.Dense(4, name="shared")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, shared(shared(inputs)))
+    part = ghost.split(model)
+    assert part.ghost == () and part.methods == {"shared": "vectorized: Dense"}
