@@ -110,3 +110,37 @@ def test_a_layer_called_twice_is_not_ghosted():
     model = keras.Model(inputs, shared(shared(inputs)))
     part = ghost.split(model)
     assert part.ghost == () and part.methods == {"shared": "vectorized: Dense"}
+
+
+def _step_under_policy(policy, formulas, clip):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((8, 8, 2))
+        x = keras.layers.Conv2D(4, 3, activation="tanh", name="conv")(inputs)
+        x = keras.layers.Flatten()(x)
+        logits = keras.layers.Dense(3, dtype="float32", name="logits")(x)
+        model = keras.Model(inputs, logits)
+        model.compile(
+            keras.optimizers.SGD(1.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+        scaled = isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)
+        start = [w.copy() for w in model.get_weights()]
+        make_private(model, clip, 0.0, 6, ghost_norms=formulas)
+        rng = np.random.default_rng(6)
+        model.train_on_batch(rng.normal(size=(6, 8, 8, 2)).astype(np.float32), np.arange(6) % 3)
+        return [w - w0 for w, w0 in zip(model.get_weights(), start)], scaled
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("clip", [0.5, 100.0], ids=["clipped", "unclipped"])
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_under_mixed_precision_the_ghost_step_is_the_float32_step(policy, clip):
+    # mixed_float16 scales the loss (LossScaleOptimizer): the output gradients are unscaled
+    # before the norms; float16 and bfloat16 arithmetic bound the agreement.
+    reference, _ = _step_under_policy("float32", True, clip)
+    mixed, scaled = _step_under_policy(policy, True, clip)
+    assert scaled == (policy == "mixed_float16")
+    for u, v in zip(mixed, reference):
+        np.testing.assert_allclose(u, v, rtol=0.05, atol=2e-3 if "b" in policy else 5e-4)
