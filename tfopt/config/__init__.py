@@ -89,7 +89,7 @@ TRAINING_SECTIONS = ("data", "model", "runtime", "train")
 #: The sections each stage reads: its run record and its resume fingerprint hold only these.
 STAGE_SECTIONS = {
     "train": (*TRAINING_SECTIONS, "privacy"),
-    "distill": (*TRAINING_SECTIONS, "distill"),
+    "distill": (*TRAINING_SECTIONS, "distill", "privacy"),
     # optimize resolves its section into the run.json "optimize" record (the settings each
     # technique ran with), which its fingerprint covers
     "optimize": TRAINING_SECTIONS,

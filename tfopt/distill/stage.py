@@ -26,6 +26,7 @@ from tfopt.distill.options import DistillOptions, fixed_weights, settings_record
 from tfopt.models import inputs, sources
 from tfopt.models.distiller import Distiller, accuracy_weights, teacher_log_probs
 from tfopt.models.io import save_model
+from tfopt.privacy.job import plan_for, private_step
 from tfopt.runs import Run, RunRecord, load_input, refuse_input_as_output
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
@@ -156,6 +157,7 @@ def run(
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
+        private = plan_for(job, cfg, steps)
         built, models = _load(job, cfg, t)
         val_ds, test_ds = job.dataset("validation"), job.dataset("test")
         _weigh(job, d, t, models, weights_given, val_ds)
@@ -169,7 +171,9 @@ def run(
             weights_fn=lambda: student_lib.plain_weights(compression.model),
         )
         # tfmot's callbacks (UpdatePruningStep) re-mask the weights before validation reads them.
-        callbacks = job.callbacks(validation, compression.callbacks)
+        norms: dict = {}
+        extra = private_step(distiller, private, steps, 0, cfg.train.seed, norms)
+        callbacks = job.callbacks(validation, [*compression.callbacks, *extra])
         t.digests = distiller.teacher_digests()
         job.fit(
             distiller, callbacks, epochs=cfg.train.epochs, steps_per_epoch=steps
@@ -185,7 +189,8 @@ def run(
                 section["compression"] = dict(
                     compression.info, measured=student_lib.measured(plain, compression.info)
                 )
-            record = _commit(job, cfg, plain, built, t, section, digest, (steps, spe, lr))
+            spent = private.section(cfg.train.epochs * steps, norms) if private else None
+            record = _commit(job, cfg, plain, built, t, section, digest, (steps, spe, lr, spent))
         job.done(PROG, record, digest)
         return record
 
@@ -206,6 +211,12 @@ def _resolve(cfg: RunConfig, teachers, out_dir: str | None):
         raise ConfigError(
             f"model.freeze_epochs={cfg.model.freeze_epochs} applies to tfopt.train (fine-tuning a "
             "pretrained network); a distilled student trains every layer: drop --freeze-epochs"
+        )
+    if cfg.privacy.enabled and d.technique != "none":
+        raise ConfigError(
+            f"DP-SGD (--dp-l2-clip) distils into the plain student; --technique {d.technique} "
+            "wraps it in layers whose per-example gradients are not clipped: use --technique "
+            "none, then compress the private student with tfopt optimize"
         )
     weights_given = fixed_weights(d, teachers)
     t = _Teachers(tuple(teachers), [load_input(p, cfg) for p in teachers])
@@ -278,7 +289,7 @@ def _distiller(job: Job, cfg: RunConfig, student, models, t: _Teachers, steps, s
 
 def _commit(job: Job, cfg: RunConfig, plain, built, t: _Teachers, section, digest, schedule):
     """The chief saves the student and commits the run; returns its record."""
-    steps, spe, lr = schedule
+    steps, spe, lr, private = schedule
     artifacts = save_model(plain, job.write_dir)
     teacher_params = max(int(m.count_params()) for m in t.plain)
     metrics = section.pop("metrics")
@@ -290,7 +301,10 @@ def _commit(job: Job, cfg: RunConfig, plain, built, t: _Teachers, section, diges
             **built.description,
             "teacher_to_student_params": round(teacher_params / max(1, plain.count_params()), 2),
         },
-        train=job.train_section(steps, spe, lr),
+        train={
+            **job.train_section(steps, spe, lr),
+            **({"privacy": private} if private else {}),
+        },
         metrics=metrics,
         weights_sha256=digest,
         artifacts=job.relative(artifacts),

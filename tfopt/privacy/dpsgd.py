@@ -25,6 +25,7 @@ from tfopt.core._keras import keras, tf
 
 from tfopt.core.errors import ModelError
 from tfopt.privacy import ghost
+from tfopt.privacy.objective import objective_of
 
 #: Layers whose output for one example depends on the others of its batch.
 _BATCH_COUPLED = (keras.layers.BatchNormalization,)
@@ -75,48 +76,49 @@ def make_private(
     """
     check_model(model)
     part = ghost.split(model, formulas=ghost_norms)
+    goal = objective_of(model)
 
     def train_step(data):
-        return _private_step(model, part, data, l2_clip, noise_multiplier, global_batch_size, seed)
+        return _private_step(
+            model, goal, part, data, l2_clip, noise_multiplier, global_batch_size, seed
+        )
 
     model.train_step = train_step
     return dict(part.methods)
 
 
-def _per_example(model, variables, x, y, scaled):
-    """Each example's gradients of ``variables`` (vectorized) and its logits."""
+def _per_example(model, goal, variables, x, y, scaled):
+    """Each example's gradients of ``variables`` (vectorized), its logits and its extras."""
     optimizer = model.optimizer
 
     def one(example):
         xi, yi = example
         with tf.GradientTape() as tape:
-            logits = model(xi[None], training=True)
-            loss = keras.losses.sparse_categorical_crossentropy(
-                yi[None], tf.cast(logits, tf.float32), from_logits=True
-            )[0]
+            loss, logits, extras = goal.losses(xi[None], yi[None])
+            loss = loss[0]
             objective = optimizer.get_scaled_loss(loss) if scaled else loss
         grads = tape.gradient(objective, variables, unconnected_gradients="zero")
-        return grads, logits[0]
+        return grads, logits[0], {k: v[0] for k, v in extras.items()}
 
-    per_example, logits = tf.vectorized_map(one, (x, y))
+    per_example, logits, extras = tf.vectorized_map(one, (x, y))
     if scaled:
         per_example = optimizer.get_unscaled_gradients(per_example)
-    return per_example, logits
+    return per_example, logits, extras
 
 
-def _private_step(model, part, data, l2_clip, noise_multiplier, global_batch_size, seed):
+def _private_step(model, goal, part, data, l2_clip, noise_multiplier, global_batch_size, seed):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     variables = model.trainable_variables
     optimizer = model.optimizer
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
     noise_seed = tf.stack([tf.cast(seed, tf.int64), tf.cast(optimizer.iterations, tf.int64)])
     if part.ghost:
-        sums, logits = _ghost_sums(model, part, x, y, l2_clip, scaled)
+        sums, logits, extras = _ghost_sums(model, goal, part, x, y, l2_clip, scaled)
         grads = noisy_mean(
             sums, l2_clip, noise_multiplier, global_batch_size, noise_seed, _first_replica()
         )
     else:
-        per_example, logits = _per_example(model, variables, x, y, scaled)
+        per_example, logits, extras = _per_example(model, goal, variables, x, y, scaled)
         grads = clipped_noisy_mean(
             per_example,
             l2_clip,
@@ -125,29 +127,25 @@ def _private_step(model, part, data, l2_clip, noise_multiplier, global_batch_siz
             noise_seed=noise_seed,
             add_noise=_first_replica(),
         )
-    regularization = model.losses
+    regularization = goal.penalties()
     if regularization:  # data-independent: its gradient costs no privacy
         with tf.GradientTape() as tape:
             penalty = tf.add_n(regularization)
         extra = tape.gradient(penalty, variables, unconnected_gradients="zero")
         grads = [g + e for g, e in zip(grads, extra)]
     optimizer.apply_gradients(zip(grads, variables))
-    model.compute_loss(x, y, logits, sample_weight)
-    return model.compute_metrics(x, y, logits, sample_weight)
+    return goal.report(x, y, logits, sample_weight, extras)
 
 
-def _ghost_sums(model, part, x, y, l2_clip, scaled):
-    """The sum of the clipped per-example gradients and the batch's logits: one backward pass
-    to the recorded layers' outputs gives their norms and their clipped sums
+def _ghost_sums(model, goal, part, x, y, l2_clip, scaled):
+    """The sum of the clipped per-example gradients, the batch's logits and extras: one
+    backward pass to the recorded layers' outputs gives their norms and their clipped sums
     (:mod:`tfopt.privacy.ghost`); the other layers' come vectorized."""
     optimizer = model.optimizer
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
         with ghost.recording(part.ghost) as records:
-            logits = model(x, training=True)
-        losses = keras.losses.sparse_categorical_crossentropy(
-            y, tf.cast(logits, tf.float32), from_logits=True
-        )
+            losses, logits, extras = goal.losses(x, y)
         total = tf.reduce_sum(losses)
         objective = optimizer.get_scaled_loss(total) if scaled else total
     zs = [r.z for r in records]
@@ -158,7 +156,7 @@ def _ghost_sums(model, part, x, y, l2_clip, scaled):
     squares = ghost.squared_norms(operands)
     others = part.vectorized_variables
     if others:
-        per_example, _ = _per_example(model, others, x, y, scaled)
+        per_example, _, _ = _per_example(model, goal, others, x, y, scaled)
         n = tf.shape(x)[0]
         squares += tf.add_n(
             [
@@ -175,7 +173,7 @@ def _ghost_sums(model, part, x, y, l2_clip, scaled):
                 for v, g in zip(others, per_example)
             }
         )
-    return [sums[v.ref()] for v in variables], logits
+    return [sums[v.ref()] for v in variables], logits, extras
 
 
 def _first_replica():

@@ -48,10 +48,11 @@ class Split:
 def split(model: keras.Model, formulas: bool = True) -> Split:
     """Sorts the model's layers with trainable weights by how their per-example norms come
     (``formulas=False``: every layer the vectorized way)."""
-    ghost, vectorized, methods = [], [], {}
+    ghost, vectorized, methods, seen = [], [], {}, set()
     for layer in leaves(model):
-        if not layer.trainable_weights:
+        if not layer.trainable_weights or id(layer) in seen:
             continue
+        seen.add(id(layer))
         how = _formula(layer) if formulas else ""
         if how:
             ghost.append(layer)

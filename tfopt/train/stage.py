@@ -18,7 +18,7 @@ from tfopt.core._keras import keras
 from tfopt.config import RunConfig
 from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
-from tfopt.privacy.dpsgd import EpsilonLog, make_private
+from tfopt.privacy.job import plan_for, private_step
 from tfopt.runs import RunRecord
 from tfopt.runtime import sharding
 from tfopt.runtime.callbacks import PlainValidation
@@ -61,7 +61,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         steps = job.steps_per_epoch()
         spe = job.steps_per_execution(steps)
         lr = job.learning_rate()
-        private = _privacy_plan(job, cfg, steps)
+        private = plan_for(job, cfg, steps)
         with job.strategy.scope():
             built = sources.build(cfg.model, job.info.image_shape, job.info.num_classes)
             model = built.model
@@ -82,7 +82,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                     metrics=["accuracy"],
                     steps_per_execution=spe,
                 )
-            extra = [*callbacks, *_private_step(model, private, steps, done, cfg.train.seed, norms)]
+            extra = [*callbacks, *private_step(model, private, steps, done, cfg.train.seed, norms)]
             if head_only and job.chief:
                 log.info(
                     f"epochs {done + 1}-{done + epochs}: {len(frozen)} base layers frozen, only "
@@ -105,42 +105,6 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         record = _commit(job, cfg, copy, built, digest, schedule) if job.chief else None
         job.done(PROG, record, digest)
         return record
-
-
-def _privacy_plan(job: Job, cfg: RunConfig, steps: int):
-    """The DP-SGD plan of the run (None without ``--dp-l2-clip``), said on the chief."""
-    if not cfg.privacy.enabled:
-        return None
-    from tfopt.privacy import make_plan
-
-    private = make_plan(
-        cfg.privacy,
-        examples=job.info.splits["train"].num_records,
-        batch=cfg.data.global_batch_size,
-        steps_per_epoch=steps,
-        epochs=cfg.train.epochs,
-        strategy=cfg.runtime.strategy,
-    )
-    spent = private.spent(private.steps)
-    job.say(
-        f"DP-SGD: clip {private.l2_clip:g}, noise multiplier {private.noise_multiplier:g}, "
-        f"sampling rate {private.q:.3g}, {private.steps} steps: epsilon {spent['rdp']:.3g} (RDP"
-        + (f"; PLD {spent['pld']:.3g}" if spent["pld"] is not None else "")
-        + f") at delta {private.delta:g}"
-    )
-    return private
-
-
-def _private_step(model, private, steps: int, done: int, seed: int, norms: dict) -> list:
-    """Makes the compiled model's step DP-SGD's when the run is private (``norms`` gets how
-    each layer's per-example norms are computed); returns the callbacks that log the epsilon
-    spent (none otherwise)."""
-    if not private:
-        return []
-    norms.update(
-        make_private(model, private.l2_clip, private.noise_multiplier, private.batch, seed)
-    )
-    return [EpsilonLog(private, steps, first_epoch=done)]
 
 
 def _warn_if_all_frozen(job: Job, cfg: RunConfig) -> None:
