@@ -365,12 +365,17 @@ class Distiller(keras.Model):
             if reg:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(reg))
         self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+        return self.report_step(y, s_logits, terms, sample_weight)
+
+    def report_step(self, y, student_logits, terms: dict, sample_weight=None) -> dict:
+        """Updates the loss trackers and metrics with one step's per-example ``terms``
+        (:meth:`loss_terms`) and returns the logs (a DP-SGD step reports through it too)."""
         self.loss_tracker.update_state(terms["total"], sample_weight)
         self.distillation_tracker.update_state(terms["distillation"], sample_weight)
         self.student_tracker.update_state(terms["student"], sample_weight)
         if self.feature_tracker is not None:
             self.feature_tracker.update_state(terms["feature"], sample_weight)
-        self.compiled_metrics.update_state(y, s_logits, sample_weight)
+        self.compiled_metrics.update_state(y, student_logits, sample_weight)
         return {m.name: m.result() for m in self.metrics}
 
     def test_step(self, data):

@@ -58,13 +58,7 @@ def _distiller(model: Distiller) -> Objective:
         return terms["total"], s_logits, terms
 
     def report(x, y, logits, sample_weight, terms):
-        model.loss_tracker.update_state(terms["total"], sample_weight)
-        model.distillation_tracker.update_state(terms["distillation"], sample_weight)
-        model.student_tracker.update_state(terms["student"], sample_weight)
-        if model.feature_tracker is not None:
-            model.feature_tracker.update_state(terms["feature"], sample_weight)
-        model.compiled_metrics.update_state(y, logits, sample_weight)
-        return {m.name: m.result() for m in model.metrics}
+        return model.report_step(y, logits, terms, sample_weight)
 
     def penalties():
         return list(model.student.losses) + [l for p in model.projections for l in p.losses]
