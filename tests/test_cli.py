@@ -8,11 +8,11 @@ def test_console_script_dispatch(capsys):
     assert main([]) == 2
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("train", "distill", "optimize", "export", "pipeline", "report", "launch"):
+    for command in ("train", "distill", "optimize", "export", "federated", "pipeline", "launch"):
         assert f"  {command} " in out, out  # every command with its one-line purpose
     assert main(["deploy"]) == 2
     assert (
-        "unknown command 'deploy'; choose one of train, distill, optimize, export, pipeline, report, launch"
+        "unknown command 'deploy'; choose one of train, distill, optimize, export, federated, pipeline"
         in capsys.readouterr().err
     )
     assert main(["trian"]) == 2

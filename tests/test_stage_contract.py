@@ -12,11 +12,11 @@ from tfopt.core.errors import ConfigError
 
 
 def test_every_built_in_stage_keeps_the_contract_in_pipeline_order():
-    assert stage.names() == ["train", "distill", "optimize", "export"]
+    assert stage.names() == ["train", "distill", "optimize", "export", "federated"]
     for name in stage.names():
         s = stage.get(name)
         assert isinstance(s, stage.Stage) and s.name == name
-        assert s.trains == (name != "export")
+        assert s.trains == (name not in ("export", "federated"))
 
 
 def test_finding_every_stage_starts_no_tensorflow():

@@ -15,6 +15,10 @@ COMMANDS = {
         "prune, quantization-aware train or cluster a trained run (tfmot)",
     ),
     "export": ("tfopt.export.cli", "convert a run to TFLite, evaluate and benchmark every mode"),
+    "federated": (
+        "tfopt.federated.cli",
+        "train over Flower clients that keep their data (FedAvg, FedProx)",
+    ),
     "pipeline": (
         "tfopt.pipeline.cli",
         "run a pipeline end to end: teacher, student, compression, export, report",

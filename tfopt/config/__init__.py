@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Every name of the config's modules is a name of tfopt.config (its one public import path).
-from tfopt.config.checks import _validate, reads, teacher_weights  # noqa: F401
+from tfopt.config.checks import _validate, choosers, reads, teacher_weights  # noqa: F401
 from tfopt.config.distill import *  # noqa: F403
 from tfopt.config.distill import COMBINE_MODES, DISTILL_TECHNIQUES, DistillConfig  # noqa: F401
 from tfopt.config.export import *  # noqa: F403
 from tfopt.config.export import ExportConfig
+from tfopt.config.federated import FederatedConfig
 from tfopt.config.fields import *  # noqa: F403
 from tfopt.config.optimize import *  # noqa: F403
 from tfopt.config.optimize import OptimizeConfig
@@ -41,6 +42,7 @@ __all__ = [
     "OptimizeConfig",
     "ExportConfig",
     "PrivacyConfig",
+    "FederatedConfig",
     "STAGE_SECTIONS",
     "TRAINING_SECTIONS",
     "Flag",
@@ -71,6 +73,7 @@ class RunConfig:
     optimize: OptimizeConfig = field(default_factory=OptimizeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    federated: FederatedConfig = field(default_factory=FederatedConfig)
 
     def to_dict(self, stage: str | None = None) -> dict:
         """Returns the config as nested plain dicts (JSON-serializable).
@@ -93,6 +96,8 @@ STAGE_SECTIONS = {
     # optimize resolves its section into the run.json "optimize" record (the settings each
     # technique ran with), which its fingerprint covers
     "optimize": TRAINING_SECTIONS,
+    # clients train on one device each: no runtime section
+    "federated": ("data", "model", "train", "federated"),
 }
 
 

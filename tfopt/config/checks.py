@@ -8,6 +8,7 @@ from typing import Any
 
 from tfopt.config.distill import DistillConfig, parse_features
 from tfopt.config.export import parse_modes, parse_runtimes, parse_threads
+from tfopt.config.federated import check_federated
 from tfopt.config.fields import AUTOTUNE, FLAG, LAUNCHED_SERVICE
 from tfopt.config.privacy import check_privacy
 from tfopt.config.values import _CHOICES, _validate_augment, parse_image_size
@@ -24,6 +25,7 @@ def _validate(cfg: Any) -> Any:
     cfg.optimize.phase_epochs_of()
     _check_export(cfg.export)
     check_privacy(cfg.privacy)
+    check_federated(cfg.federated)
     return cfg
 
 
@@ -59,14 +61,22 @@ def _check_export(e: Any) -> None:
         )
 
 
+def choosers(cls: type) -> tuple[str, ...]:
+    """The fields of a section class whose values decide which others are read (its
+    ``CHOSEN_BY``: one field's name, or a tuple of them); none when it has no chooser."""
+    chosen_by = getattr(cls, "CHOSEN_BY", ())
+    return (chosen_by,) if isinstance(chosen_by, str) else tuple(chosen_by)
+
+
 def reads(section: Any, key: str) -> bool:
     """Whether ``section`` (a config section's value) reads its field ``key``: the field's
-    :attr:`Flag.read_by` holds the value of the section's ``CHOSEN_BY`` field, or is empty."""
+    :attr:`Flag.read_by` holds the value of one of the section's ``CHOSEN_BY`` fields, or is
+    empty."""
     f = next(f for f in dataclasses.fields(section) if f.name == key)
     flag_ = f.metadata.get(FLAG)
     if flag_ is None or not flag_.read_by:
         return True
-    return getattr(section, type(section).CHOSEN_BY) in flag_.read_by
+    return any(getattr(section, c) in flag_.read_by for c in choosers(type(section)))
 
 
 def _check_distill(d: DistillConfig) -> None:

@@ -35,6 +35,7 @@ GROUPS = (
     "conversion (--from)",
     "fidelity gate (--from)",
     "on-device training (--from)",
+    "federated",
     "evaluation",
     "latency",
     "data",
@@ -55,6 +56,7 @@ SECTION_GROUPS = {
     "runtime": "distribution",
     "train": "training",
     "privacy": "privacy",
+    "federated": "federated",
 }
 TRAINING = config_lib.TRAINING_SECTIONS
 
@@ -243,24 +245,27 @@ def check_read(
     """
     for section in sections:
         values = getattr(cfg, section)
-        chooser = getattr(type(values), "CHOSEN_BY", None)
-        if chooser is None:
-            continue
         flags = {f.name: flag for s, f, flag in config_flags((section,))}
-        chosen = getattr(values, chooser)
-        users = {flag.name: flag.read_by for flag in flags.values() if flag.read_by}
-        own = [name for name, readers in users.items() if chosen in readers]
-        takes = f"{chosen} takes {flagcheck.join(own)}; " if own else ""
-        option = flags[chooser].name
-        flagcheck.refuse_unused(
-            users,
-            (chosen,),
-            given,
-            chosen_as=f"{option} {chosen}",
-            fix=lambda flag, readers: (
-                f"{takes}give {option} {flagcheck.join(readers)}, or drop {flag}"
-            ),
-        )
+        for chooser in config_lib.choosers(type(values)):
+            choices = set(flags[chooser].choices or config_lib.choices_of(section, chooser) or ())
+            chosen = getattr(values, chooser)
+            users = {
+                flag.name: flag.read_by
+                for flag in flags.values()
+                if flag.read_by and set(flag.read_by) <= choices
+            }
+            own = [name for name, readers in users.items() if chosen in readers]
+            takes = f"{chosen} takes {flagcheck.join(own)}; " if own else ""
+            option = flags[chooser].name
+            flagcheck.refuse_unused(
+                users,
+                (chosen,),
+                given,
+                chosen_as=f"{option} {chosen}",
+                fix=lambda flag, readers, option=option, takes=takes: (
+                    f"{takes}give {option} {flagcheck.join(readers)}, or drop {flag}"
+                ),
+            )
 
 
 def check_code_trust(model: config_lib.ModelConfig, where: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from tfopt.config.distill import COMBINE_MODES, DISTILL_TECHNIQUES
 from tfopt.config.export import ExportConfig
+from tfopt.config.federated import FederatedConfig
 from tfopt.config.fields import (
     ALLREDUCE_DTYPES,
     AUGMENTS,
@@ -49,7 +50,11 @@ _CHOICES = {
 # in files and --set too.
 _CHOICES |= {
     (section, f.name): f.metadata[FLAG].choices
-    for section, cls in (("optimize", OptimizeConfig), ("export", ExportConfig))
+    for section, cls in (
+        ("optimize", OptimizeConfig),
+        ("export", ExportConfig),
+        ("federated", FederatedConfig),
+    )
     for f in dataclasses.fields(cls)
     if FLAG in f.metadata and f.metadata[FLAG].choices
 }

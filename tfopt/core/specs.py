@@ -25,6 +25,7 @@ STAGES = (
     "distill",
     "optimize",
     "export",
+    "federated",
 )  # the stages that write a run directory (run.json)
 
 

@@ -37,6 +37,7 @@ BUILTIN = {
     "distill": "tfopt.distill.entry",
     "optimize": "tfopt.optimize.entry",
     "export": "tfopt.export.entry",
+    "federated": "tfopt.federated.entry",
 }
 
 _REGISTERED: dict[str, Stage] = {}

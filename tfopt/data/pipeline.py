@@ -464,3 +464,30 @@ def make_dataset(
         service_job=service_job,
         resize=resize_fn(info),
     )
+
+
+def load_split(
+    data_cfg: DataConfig, split: str = "test", limit: int = 0, info: DatasetInfo | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reads a held-out split into memory as ``(images float32, labels int64)``.
+
+    Args:
+        data_cfg: Which dataset and where it is cached.
+        split: ``test`` (default) or ``validation``.
+        limit: Keep only the first N examples (0 = all).
+        info: The prepared dataset, when already at hand.
+    """
+    cfg = dataclasses.replace(data_cfg, cache="none")
+    xs, ys, n = [], [], 0
+    for x, y in make_dataset(cfg, split, training=False, info=info).as_numpy_iterator():
+        xs.append(x)
+        ys.append(y)
+        n += len(y)
+        if limit and n >= limit:
+            break
+    if not xs:
+        raise DataError(
+            f"the {split!r} split of {data_cfg.dataset!r} is empty; nothing to evaluate on"
+        )
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    return (x[:limit], y[:limit]) if limit else (x, y)

@@ -274,12 +274,18 @@ class FitLoop:
                 backup.release()
             self.train_seconds += time.perf_counter() - started
 
-    def _backup(self, model: keras.Model, slot: int, steps_per_epoch: int) -> Backup:
-        """The backups of fit number ``slot`` (opening the run directory on the first fit)."""
+    def open_work(self) -> str:
+        """Opens the run's work directory, once (the chief says what it writes); returns where
+        this process writes. The first fit does it; a stage that writes before any fit calls it."""
         if self._unopened:
             self.run_dir.open()
             self._unopened = False
             self.say(self._start_line + self._input_words())
+        return self.write_dir
+
+    def _backup(self, model: keras.Model, slot: int, steps_per_epoch: int) -> Backup:
+        """The backups of fit number ``slot`` (opening the run directory on the first fit)."""
+        self.open_work()
         return Backup(
             model,
             os.path.join(self.run_dir.work, "backup", str(slot)),

@@ -1,0 +1,256 @@
+"""Federated training (tfopt.federated): partitions, local training, refusals, and runs through
+real Flower processes (a SuperLink and SuperNodes), killed and resumed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tfopt import config as C
+from tfopt.core.errors import ConfigError
+from tfopt.federated import partition as P
+from tfopt.federated.cli import main
+
+HERE = os.path.dirname(__file__)
+
+
+def _fed(**kw):
+    return C.from_dict({"federated": kw}).federated
+
+
+def _labels(per_class=60, classes=10, seed=0):
+    return np.random.default_rng(seed).permutation(np.repeat(np.arange(classes), per_class))
+
+
+@pytest.mark.parametrize(
+    "how,extra",
+    [("iid", {}), ("shards", {"shards_per_client": 2}), ("dirichlet", {"dirichlet_alpha": 0.3})],
+)
+@pytest.mark.parametrize("clients", [1, 3, 7])
+def test_every_example_goes_to_exactly_one_client(how, extra, clients):
+    labels = _labels()
+    parts = P.partition(labels, _fed(clients=clients, partition=how, **extra), seed=5)
+    assert len(parts) == clients and all(len(p) for p in parts)
+    joined = np.concatenate(parts)
+    assert sorted(joined.tolist()) == list(range(len(labels)))
+    again = P.partition(labels, _fed(clients=clients, partition=how, **extra), seed=5)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_iid_parts_differ_by_at_most_one_and_mix_the_classes():
+    parts = P.iid(601, 4, seed=1)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    table = P.describe(P.partition(_labels(), _fed(clients=4), seed=1), _labels(), 10)
+    assert table["classes_per_client"] == 10
+
+
+def test_shards_give_each_client_its_shards_classes_as_mcmahan_et_al():
+    # 100 clients x 2 shards of 300 over 60,000 label-sorted examples: at most 2 classes each
+    labels = _labels(per_class=6000)
+    parts = P.shards(labels, 100, 2, seed=3)
+    classes = [len(np.unique(labels[p])) for p in parts]
+    assert max(classes) <= 2 and {len(p) for p in parts} == {600}
+    assert np.mean(classes) > 1.5  # shards are dealt at random, not two of a class in a row
+
+
+def test_a_smaller_dirichlet_alpha_gives_each_client_fewer_classes():
+    labels = _labels(per_class=200)
+    seen = {
+        alpha: P.describe(P.dirichlet(labels, 10, alpha, seed=2), labels, 10)["classes_per_client"]
+        for alpha in (0.05, 100.0)
+    }
+    assert seen[0.05] < 5 and seen[100.0] == 10, seen
+
+
+def test_impossible_partitions_are_one_line():
+    with pytest.raises(ConfigError, match="fewer than the 20 shards"):
+        P.partition(_labels(per_class=1), _fed(clients=10, partition="shards"), seed=0)
+    with pytest.raises(ConfigError, match="without an example"):
+        P.dirichlet(_labels(per_class=1, classes=2), 50, 0.01, seed=0)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--proximal-mu", "0.1"], "--proximal-mu is not used by --algorithm fedavg"),
+        (["--dirichlet-alpha", "0.1"], "--dirichlet-alpha is not used by --partition iid"),
+        (["--shards-per-client", "3", "--partition", "dirichlet"], "--partition dirichlet"),
+        (["--fraction", "0"], "federated.fraction=0.0 must be in (0, 1]"),
+        (["--clients", "0"], "federated.clients=0 must be >= 1"),
+        (["--fed-dp-clip", "1"], "needs both --fed-dp-clip C and --fed-dp-noise"),
+        (["--algorithm", "fedsgd"], "invalid choice: 'fedsgd'"),
+        (["--freeze-epochs", "1"], "--freeze-epochs 1 is not read by tfopt federated"),
+    ],
+)
+def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit) if "invalid choice" in needle else _nothing() as stopped:
+        code = main([*argv, "-o", str(tmp_path / "run")])
+    code = stopped.value.code if stopped else code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
+    assert not os.path.exists(tmp_path / "run")
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_proximal_term_pulls_a_step_back_as_computed_by_hand():
+    """Two full-batch SGD steps of a softmax-regression model with FedProx's term, against the
+    same steps in numpy: the second step's gradient gains mu * (w - w_global)."""
+    from tfopt.core._keras import keras
+
+    from tfopt.federated import local
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 16)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    w0 = [rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)]
+    lr, mu = 0.5, 2.0
+    got, metrics = local.fit(model, w0, x, y, epochs=2, batch_size=16, lr=lr, mu=mu, seed=1)
+
+    w, b = (a.astype(np.float64) for a in w0)
+    for _ in range(2):
+        z = x @ w + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        d = (p - np.eye(3)[y]) / len(y)
+        w, b = (
+            w - lr * (x.T @ d + mu * (w - w0[0])),
+            b - lr * (d.sum(0) + mu * (b - w0[1])),
+        )
+    np.testing.assert_allclose(got[0], w, atol=1e-5)
+    np.testing.assert_allclose(got[1], b, atol=1e-5)
+    assert 0 < metrics["loss"] and 0 <= metrics["accuracy"] <= 1
+
+
+# --- real Flower processes -------------------------------------------------------------------
+
+RUN = [
+    "--clients",
+    "3",
+    "--rounds",
+    "2",
+    "--limit",
+    "960",
+    "--local-epochs",
+    "2",
+    "--batch-size",
+    "16",
+    "--set",
+    "model.dropout=0",
+]
+
+
+def _start(out, *extra):
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfopt.federated", *RUN, *extra, "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for(path, test, proc, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended early ({proc.returncode}): {proc.stdout.read()[-3000:]}")
+        try:
+            with open(path) as f:
+                value = json.load(f)
+            if test(value):
+                return value
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{path} never passed the test")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def _reference(run_dir):
+    """The two rounds of FedAvg computed in a process of their own from the run's round-0 model,
+    with the partition and the clients' training code, for comparison with the run's model."""
+    done = subprocess.run(
+        [sys.executable, os.path.join(HERE, "fed_reference.py"), str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_killed_server_resumes_from_its_last_round_and_equals_fedavg_computed_here(tmp_path):
+    out = tmp_path / "fed"
+    work = f"{out}.partial/federated"
+    skewed = ("--partition", "dirichlet", "--dirichlet-alpha", "0.5")
+    first = _start(out, *skewed)
+    _wait_for(f"{work}/history.json", lambda rows: len(rows) >= 1, first)
+    pids = json.load(open(f"{work}/pids.json"))
+    first.kill()  # the chief, outright: its Flower processes die with it
+    first.wait()
+    deadline = time.time() + 20
+    while any(map(_alive, [pids["superlink"], *pids["clients"]])) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(map(_alive, [pids["superlink"], *pids["clients"]])), pids
+
+    second = _start(out, *skewed)
+    log = second.communicate(timeout=600)[0]
+    assert second.returncode == 0, log[-3000:]
+    assert "resuming after round 1" in log and "round 1/2" not in log and "round 2/2" in log, log
+    record = json.load(open(out / "run.json"))
+    fed = record["federated"]
+    assert fed["resumed_from_round"] == 1 and [r["round"] for r in record["history"]] == [1, 2]
+    assert fed["partition"]["how"] == "dirichlet" and len(set(fed["partition"]["examples"])) > 1
+    assert all(r["replies"] == 3 and r["failed"] == 0 for r in record["history"])
+    assert fed["bytes_per_round"] == 6 * fed["payload_bytes"]
+    assert not os.path.exists(f"{out}/federated/partitions")  # the clients' data is not kept
+
+    reference = _reference(out)
+    # bit for bit: the clients train deterministically and the server sums in the clients' order
+    assert reference["max_abs_diff"] == 0.0, reference
+    assert reference["unweighted_diff"] > 1e-3, reference
+    assert abs(reference["val_accuracy"] - record["history"][-1]["val_accuracy"]) < 1e-6
+
+
+@pytest.mark.slow
+def test_a_killed_client_is_left_out_of_its_round_and_the_run_finishes(tmp_path):
+    out = tmp_path / "fed"
+    work = f"{out}.partial/federated"
+    proc = _start(out)
+    lines = []
+    for line in proc.stdout:  # every client online: the run is about to be submitted
+        lines.append(line)
+        if "Flower clients online" in line:
+            break
+    pids = json.load(open(f"{work}/pids.json"))
+    os.killpg(pids["clients"][0], signal.SIGKILL)  # client 0's SuperNode and its ClientApps
+    log = "".join(lines) + proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, log[-3000:]
+    record = json.load(open(out / "run.json"))
+    first, second = record["history"]
+    assert (first["sampled"], first["replies"], first["failed"]) == (3, 2, 1), first
+    assert (second["sampled"], second["replies"], second["failed"]) == (2, 2, 0), second
+    assert record["federated"]["failed_replies"] == 1
+    assert second["val_accuracy"] > record["federated"]["start_val_accuracy"] + 0.2, record
+    assert "2/3 clients replied" in log

@@ -1,0 +1,48 @@
+"""``python -m tfopt.federated``: argument parsing only; the work is :func:`tfopt.federated.stage.run`.
+
+python -m tfopt.federated --clients 3 --rounds 5 --limit 3000
+python -m tfopt.federated --clients 10 --partition shards --algorithm fedprox --proximal-mu 0.01
+"""
+
+from __future__ import annotations
+
+import json
+
+from tfopt.config import cli
+from tfopt.core import flagcheck
+
+PROG = "tfopt federated"
+DESCRIPTION = (
+    "Train a model over Flower clients that each keep a partition of the data (FedAvg, FedProx), "
+    "with a SuperLink and one SuperNode per client started as processes; write a run directory."
+)
+#: The config sections tfopt federated reads (of ``train``: the output, seed and verbosity).
+SECTIONS = ("federated", "data", "model")
+SHARED = ("train.output_dir",)
+
+
+def build_parser() -> cli.ArgumentParser:
+    """The argument parser of ``tfopt federated``, generated from its config sections' fields."""
+    parser = cli.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    cli.add_config_args(parser, SECTIONS, shared=SHARED)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point of ``python -m tfopt.federated``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = flagcheck.explicit(parser, argv)
+
+    def body() -> int:
+        cfg = cli.config_from_args(args)
+        cli.check_read(cfg, given, SECTIONS)
+        if args.print_config:
+            print(json.dumps(cfg.to_dict("federated"), indent=2))
+            return 0
+        from tfopt.federated.stage import run
+
+        run(cfg, overwrite=args.overwrite)
+        return 0
+
+    return cli.run_main(PROG, body, cli.verbosity(args))

@@ -1,0 +1,232 @@
+"""Flower's processes for one run: a SuperLink and one SuperNode per client on the loopback,
+the run submitted with ``flwr run``, and all of them stopped at the end.
+
+Every process is a child of this one that dies with it (:func:`tfopt.core.children.die_with_parent`)
+in a session of its own (stopping one stops the ClientApp processes its SuperNode started), with
+its output in ``logs/``. Flower's state (its ``config.toml``, the app it unpacks) lives in a
+``FLWR_HOME`` of the run's own, so runs side by side do not meet. The SuperLink listens on
+127.0.0.1 only, without TLS: the clients are processes of this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from tfopt.core.children import die_with_parent
+from tfopt.core.errors import TfoptError
+
+log = logging.getLogger(__name__)
+
+#: The Flower app tfopt submits: its ServerApp and ClientApp (tfopt.federated.app).
+PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "tfopt-federated"
+version = "1.0.0"
+description = "tfopt's federated training (the components are tfopt's own)"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "tfopt"
+
+[tool.flwr.app.components]
+serverapp = "tfopt.federated.app:server"
+clientapp = "tfopt.federated.app:client"
+
+[tool.flwr.app.config]
+spec = {spec}
+"""
+#: The connection name ``flwr`` is given for this run's SuperLink.
+CONNECTION = "tfopt"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Flower:
+    """The SuperLink and ``clients`` SuperNodes of one run, under ``home``.
+
+    Args:
+        home: A directory of the run's own: ``FLWR_HOME``, ``app/`` and ``logs/`` go there.
+        clients: SuperNodes to start; node ``i`` gets ``partition-id=i``.
+    """
+
+    def __init__(self, home: str, clients: int):
+        self.home, self.clients = home, clients
+        self.logs = os.path.join(home, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        bin_dir = os.path.dirname(sys.executable)
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": os.path.join(home, "flwr"),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            # Flower starts its helpers by name (flower-superexec, flwr-serverapp, flwr-clientapp)
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.bin = bin_dir
+        self.port, *self.node_ports = _free_ports(clients + 1)
+        self.superlink: subprocess.Popen | None = None
+        self.nodes: list[subprocess.Popen] = []
+
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        out = open(os.path.join(self.logs, f"{name}.log"), "ab")
+        try:
+            return subprocess.Popen(
+                [os.path.join(self.bin, args[0]), *args[1:]],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGKILL),
+            )
+        finally:
+            out.close()
+
+    def start(self) -> None:
+        """Starts the SuperLink and the SuperNodes (``partition-id=i num-partitions=N``)."""
+        os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
+        with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as f:
+            f.write(
+                f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+                f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            )
+        self.superlink = self._start(
+            "superlink",
+            [
+                "flower-superlink",
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--disable-runtime-dependency-installation",
+            ],
+        )
+        for i, port in enumerate(self.node_ports):
+            self.nodes.append(
+                self._start(
+                    f"client-{i}",
+                    [
+                        "flower-supernode",
+                        "--insecure",
+                        "--superlink",
+                        f"127.0.0.1:{self.port}",
+                        "--port",
+                        str(port),
+                        "--node-config",
+                        f"partition-id={i} num-partitions={self.clients}",
+                    ],
+                )
+            )
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        """``pids.json``: the process ids of the SuperLink and of each client's SuperNode (what
+        an operator, or a test, stops one of them by)."""
+        pids = {"superlink": self.superlink.pid, "clients": [p.pid for p in self.nodes]}
+        with open(os.path.join(self.home, "pids.json"), "w") as f:
+            json.dump(pids, f)
+
+    def _flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [os.path.join(self.bin, "flwr"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def wait_online(self, timeout: float = 120) -> float:
+        """Waits until every SuperNode is online at the SuperLink; returns the seconds it took.
+
+        Raises:
+            TfoptError: a process exited, or the nodes are not online in ``timeout`` seconds.
+        """
+        started = time.monotonic()
+        last = ""
+        while time.monotonic() - started < timeout:
+            for name, proc in (("superlink", self.superlink), *zip(self._names(), self.nodes)):
+                if proc is not None and proc.poll() is not None:
+                    raise TfoptError(
+                        f"Flower's {name} exited with code {proc.returncode} while starting: "
+                        f"see {os.path.join(self.logs, name + '.log')}"
+                    )
+            done = self._flwr("supernode", "ls", CONNECTION, "--format", "json")
+            if done.returncode == 0:
+                try:
+                    nodes = json.loads(done.stdout).get("nodes", [])
+                except ValueError:
+                    nodes = []
+                if sum(n.get("status") == "online" for n in nodes) >= self.clients:
+                    return time.monotonic() - started
+            last = (done.stdout + done.stderr).strip()[-300:]
+            time.sleep(0.5)
+        raise TfoptError(
+            f"{self.clients} Flower SuperNodes were not online after {timeout:.0f} s ({last}); "
+            f"see the logs in {self.logs}"
+        )
+
+    def _names(self) -> list[str]:
+        return [f"client-{i}" for i in range(len(self.nodes))]
+
+    def run(self, spec: str, watch: Callable[[], None] = lambda: None) -> int:
+        """Submits tfopt's app for the run described by ``spec`` (a ``spec.json`` path) and
+        waits for it, calling ``watch`` about once a second; returns ``flwr run``'s exit code
+        (which is 0 even when the ServerApp failed: the caller checks its result)."""
+        app = os.path.join(self.home, "app")
+        os.makedirs(app, exist_ok=True)
+        with open(os.path.join(app, "pyproject.toml"), "w") as f:
+            f.write(PYPROJECT.format(spec=json.dumps(os.path.abspath(spec))))
+        out = open(os.path.join(self.logs, "server.log"), "ab")
+        try:
+            proc = subprocess.Popen(
+                [os.path.join(self.bin, "flwr"), "run", app, CONNECTION, "--stream"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent(signal.SIGKILL),
+            )
+        finally:
+            out.close()
+        while proc.poll() is None:
+            watch()
+            time.sleep(1.0)
+        watch()
+        return proc.returncode
+
+    def stop(self) -> None:
+        """Stops every process (SIGTERM, then SIGKILL after 10 s) with what it started."""
+        procs = [p for p in (*self.nodes, self.superlink) if p is not None]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in procs:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, sig)
+                    except ProcessLookupError:
+                        pass
+            deadline = time.monotonic() + 10
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.1)
