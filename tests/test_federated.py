@@ -254,3 +254,35 @@ def test_a_killed_client_is_left_out_of_its_round_and_the_run_finishes(tmp_path)
     assert record["federated"]["failed_replies"] == 1
     assert second["val_accuracy"] > record["federated"]["start_val_accuracy"] + 0.2, record
     assert "2/3 clients replied" in log
+
+
+@pytest.mark.slow
+def test_client_level_dp_clips_each_update_adds_the_noise_and_records_its_epsilon(tmp_path):
+    """One round, updates clipped to C = 1e-3 and noise sigma = 1e-3: the global model moves by
+    the mean of three clipped updates (norm at most C) plus noise of norm about
+    sigma C / 3 sqrt(d); without clipping the clients' updates are about 1000 times larger."""
+    from tfopt.core._keras import keras
+
+    from tfopt.federated import local
+    from tfopt.privacy import accountant
+
+    out = tmp_path / "fed"
+    clip, sigma = 1e-3, 1e-3
+    argv = ["--rounds", "1", "--fed-dp-clip", str(clip), "--fed-dp-noise", str(sigma)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tfopt.federated", *RUN, *argv, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.load(open(out / "run.json"))
+    privacy = record["federated"]["privacy"]
+    assert privacy["epsilon"] == accountant.epsilon(sigma, 1.0, 1, 1e-5)
+    assert (privacy["clip"], privacy["noise_multiplier"]) == (clip, sigma)
+    start, _ = local.load_arrays(out / "federated" / "initial.npz")
+    end = keras.models.load_model(out / "model.keras", compile=False).get_weights()
+    size = sum(a.size for a in start)
+    moved = float(np.sqrt(sum(np.sum((b - a) ** 2) for a, b in zip(start, end))))
+    noise = sigma * clip / 3 * np.sqrt(size)
+    assert moved <= clip + 2 * noise and moved >= 0.2 * clip, (moved, clip, noise)

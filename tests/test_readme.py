@@ -35,6 +35,7 @@ SMALL = {
     "tfopt.train": ["--limit", LIMIT, "--quiet"],
     "tfopt.distill": ["--limit", LIMIT, "--quiet"],
     "tfopt.optimize": ["--limit", LIMIT, "--quiet"],
+    "tfopt.federated": ["--limit", LIMIT, "--quiet"],
     # The pipelines' default strategy (the smoke variant's own is one_device): so the README's
     # second pipeline command, which names it, finds every stage finished, as it says.
     "tfopt.pipeline": ["--variant", "smoke", "--strategy", "mirrored", "--quiet"],
@@ -66,6 +67,7 @@ DOCS = (
     "README.md",
     "docs/training.md",
     "docs/privacy.md",
+    "docs/federated.md",
     "docs/data.md",
     "docs/fault_tolerance.md",
     "docs/scaling.md",

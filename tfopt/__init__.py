@@ -1,9 +1,9 @@
 """tfopt: train TensorFlow models under any tf.distribute strategy and ship them to the edge.
 
 The public API is this module's names and those of its packages' ``__all__`` (``tfopt.train``,
-``tfopt.distill``, ``tfopt.optimize``, ``tfopt.export``, ``tfopt.pipeline``, ``tfopt.report``,
-``tfopt.data``, ``tfopt.models``, ``tfopt.runtime``, ``tfopt.launch``) and the ``tfopt.config``
-tree; the notebooks use nothing else::
+``tfopt.distill``, ``tfopt.optimize``, ``tfopt.export``, ``tfopt.federated``,
+``tfopt.pipeline``, ``tfopt.report``, ``tfopt.data``, ``tfopt.models``, ``tfopt.runtime``,
+``tfopt.launch``) and the ``tfopt.config`` tree; the notebooks use nothing else::
 
     import tfopt
     from tfopt import config as C
@@ -77,7 +77,8 @@ def run_stage(
     options: Mapping[str, Any] | None = None,
     overwrite: bool = False,
 ) -> RunRecord | None:
-    """Runs the stage called ``name`` (``train``, ``distill``, ``optimize``, ``export`` or one
+    """Runs the stage called ``name`` (``train``, ``distill``, ``optimize``, ``export``,
+    ``federated`` or one
     registered with :func:`register_stage`) and commits its run directory.
 
     Args:

@@ -28,6 +28,8 @@ client = ClientApp()
 
 #: The ClientApp's reply key FedAvg weighs the clients' models by.
 EXAMPLES = "num-examples"
+#: The ClientApp's reply key of weight 1 (equal weights, under client-level DP).
+UNIT = "unit-weight"
 #: The ClientApp's reply key naming its partition (the order the server sums the models in).
 PARTITION = "partition-id"
 
@@ -79,7 +81,9 @@ def _strategy(fed, sampled: int):
         # out of the later rounds' samples (fraction of those online) instead of awaited.
         "min_train_nodes": 1,
         "min_available_nodes": 1,
-        "weighted_by_key": EXAMPLES,
+        # DP-FedAvg's sensitivity bound (one client moves the average by at most clip / n)
+        # holds for equal weights only; otherwise FedAvg weighs each client by its examples.
+        "weighted_by_key": UNIT if fed.dp_clip else EXAMPLES,
     }
     counted = (
         _counted(FedProx)(**common, proximal_mu=fed.proximal_mu)
@@ -200,6 +204,7 @@ def train(msg: Message, context: Context) -> Message:
             {
                 EXAMPLES: len(y),
                 PARTITION: part,
+                UNIT: 1,
                 "train_loss": metrics["loss"],
                 "train_accuracy": metrics["accuracy"],
                 "pid": os.getpid(),

@@ -219,8 +219,8 @@ def _privacy(fed, rounds: int) -> dict | None:
         "delta": fed.dp_delta,
         "epsilon": accountant.epsilon(fed.dp_noise, q, rounds, fed.dp_delta),
         "mechanism": "Flower DifferentialPrivacyServerSideFixedClipping: each client's update "
-        "clipped to the L2 norm `clip`, Gaussian noise of std noise_multiplier * clip added to "
-        "their sum",
+        "clipped to the L2 norm `clip`, the updates averaged with equal weights, Gaussian noise "
+        "of std noise_multiplier * clip / (clients sampled) added to the average",
         "sampling": f"{q:g} of the clients each round, sampled without replacement; accounted "
         "as Poisson sampling at that rate (exact at 1: no amplification)",
     }
