@@ -194,7 +194,7 @@ def test_a_qat_model_is_refused_naming_what_to_export_instead():
 
     qat = tfmot.quantization.keras.quantize_model(_classifier(head))
     with pytest.raises(ModelError, match="quantization-aware .* export the run it was fine-tuned"):
-        trainable.split(qat)
+        trainable.refuse_qat(qat)
 
 
 def test_trainable_lr_without_trainable_is_refused_before_tensorflow(tmp_path, capsys):

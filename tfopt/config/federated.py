@@ -13,6 +13,8 @@ from tfopt.core.errors import ConfigError
 ALGORITHMS = ("fedavg", "fedprox")
 #: federated.partition: how the training split is dealt out to the clients.
 PARTITIONS = ("iid", "shards", "dirichlet")
+#: federated.client_runtime: what a client trains with.
+CLIENT_RUNTIMES = ("keras", "litert")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,14 @@ class FederatedConfig:
     )
     client_lr: float = flag(
         0.01, "--client-lr", "the clients' SGD learning rate (constant)", metavar="RATE"
+    )
+    client_runtime: str = flag(
+        "keras",
+        "--client-runtime",
+        "keras (every layer trains) or litert (the model's last Dense layer trains in LiteRT "
+        "through the .tflite training signature, as on a phone; the layers before it stay "
+        "frozen: start from a trained --model)",
+        choices=CLIENT_RUNTIMES,
     )
     algorithm: str = flag(
         "fedavg",
@@ -127,6 +137,12 @@ def check_federated(f: FederatedConfig) -> None:
     if bad:
         key, rule = bad
         raise ConfigError(f"federated.{key}={getattr(f, key)!r} {rule}")
+    if f.client_runtime == "litert" and f.algorithm == "fedprox":
+        raise ConfigError(
+            "--algorithm fedprox adds a proximal term to the clients' loss, and the .tflite "
+            "training signature of --client-runtime litert takes plain SGD steps; use "
+            "--algorithm fedavg, or --client-runtime keras"
+        )
     if bool(f.dp_clip) != bool(f.dp_noise):
         raise ConfigError(
             "client-level DP needs both --fed-dp-clip C and --fed-dp-noise SIGMA "

@@ -123,6 +123,7 @@ def run(
         qat = tflite.is_qat_model(model)
         tflite.check_modes_for(model, modes)  # refuse before spending minutes on the others
         if settings.trainable:
+            trainable.refuse_qat(model)
             trainable.split(model)  # the same: a model without a Dense head is refused now
         b = settings.bench
         # A phone that is missing, unauthorized or full is said before minutes of converting.

@@ -109,14 +109,13 @@ def serve(grid: Grid, context: Context) -> None:
 
     spec = _spec(context)
     cfg, fed = spec["cfg"], spec["cfg"].federated
-    model = local.build(spec)
+    model, put = local.global_model(spec)
     backup, history_path = local.path_of(spec, "backup"), local.path_of(spec, "history")
     if os.path.exists(backup):
         arrays, info = local.load_arrays(backup)
         done = int(info["round"])
     else:
-        arrays, _ = local.load_arrays(local.path_of(spec, "initial"))
-        done = 0
+        arrays, done = local.start_arrays(spec, model), 0
     history = []
     if os.path.exists(history_path):
         with open(history_path, encoding="utf-8") as f:
@@ -131,7 +130,8 @@ def serve(grid: Grid, context: Context) -> None:
 
     def evaluate(server_round: int, record: ArrayRecord) -> MetricRecord:
         weights = record.to_numpy_ndarrays()
-        scores = local.score(model, weights, x_val, y_val)
+        put(weights)
+        scores = local.score(model, x_val, y_val)
         if server_round == 0:
             first.setdefault("initial_val_accuracy", scores["accuracy"])
             return MetricRecord({"val_loss": scores["loss"], "val_accuracy": scores["accuracy"]})
@@ -187,17 +187,19 @@ def train(msg: Message, context: Context) -> Message:
     sent = msg.content["config"]
     (x, y), _ = local.load_arrays(local.path_of(spec, "partitions").format(part))
     round_ = int(sent["round-offset"]) + int(sent["server-round"])
-    weights, metrics = local.fit(
-        local.build(spec),
-        msg.content["arrays"].to_numpy_ndarrays(),
-        x,
-        y,
-        epochs=int(sent["local-epochs"]),
-        batch_size=int(sent["batch-size"]),
-        lr=float(sent["lr"]),
-        mu=float(sent.get("proximal-mu", 0.0)),
-        seed=local.client_seed(spec["cfg"].train.seed, round_, part),
-    )
+    arrays = msg.content["arrays"].to_numpy_ndarrays()
+    common = {
+        "epochs": int(sent["local-epochs"]),
+        "batch_size": int(sent["batch-size"]),
+        "seed": local.client_seed(spec["cfg"].train.seed, round_, part),
+    }
+    if spec["cfg"].federated.client_runtime == "litert":  # the head, in LiteRT, as on a phone
+        path = local.path_of(spec, "trainable")
+        weights, metrics = local.fit_litert(path, arrays, x, y, **common)
+    else:
+        model = local.build(spec)
+        mu = float(sent.get("proximal-mu", 0.0))
+        weights, metrics = local.fit(model, arrays, x, y, lr=float(sent["lr"]), mu=mu, **common)
     reply = {
         "arrays": ArrayRecord(weights),
         "metrics": MetricRecord(
@@ -206,7 +208,6 @@ def train(msg: Message, context: Context) -> Message:
                 PARTITION: part,
                 UNIT: 1,
                 "train_loss": metrics["loss"],
-                "train_accuracy": metrics["accuracy"],
                 "pid": os.getpid(),
             }
         ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 from tfopt.core._keras import keras, tf
 
@@ -119,9 +120,62 @@ def fit(
     return model.get_weights(), {"loss": totals[0] / len(y), "accuracy": totals[1] / len(y)}
 
 
-def score(model: keras.Model, weights: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> dict:
-    """The loss and accuracy of ``model`` with ``weights`` on ``(x, y)``."""
-    model.set_weights(weights)
+def fit_litert(
+    path: str,
+    head: list[np.ndarray],
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    seed: int = 0,
+) -> tuple[list[np.ndarray], dict]:
+    """Trains the head of the on-device file at ``path`` (:mod:`tfopt.models.ondevice`) in
+    LiteRT, as a phone would: ``restore`` the global ``head``, ``epochs`` shuffled passes of the
+    ``train`` signature in batches of ``batch_size`` (SGD at the file's learning rate), then
+    ``save``.
+
+    Returns:
+        The head's ``[kernel, bias]`` and the mean loss of the last pass.
+    """
+    from tfopt.models import ondevice
+
+    with open(path, "rb") as f:
+        run = ondevice.runners(f.read())
+    run["restore"](kernel=head[0].astype(np.float32), bias=head[1].astype(np.float32))
+    rng = np.random.default_rng(seed)
+    x, y = x.astype(np.float32), y.astype(np.int32)
+    loss = 0.0
+    for _ in range(epochs):
+        order, loss = rng.permutation(len(y)), 0.0
+        for start in range(0, len(y), batch_size):
+            idx = order[start : start + batch_size]
+            loss += float(run["train"](image=x[idx], label=y[idx])["loss"]) * len(idx)
+    kept = run["save"]()
+    return [kept["kernel"], kept["bias"]], {"loss": loss / len(y)}
+
+
+def global_model(spec: dict) -> tuple[keras.Model, Callable[[list[np.ndarray]], None]]:
+    """The server's model and how a global model's arrays go into it: every weight, or under
+    ``--client-runtime litert`` the head's kernel and bias over the round-0 model's frozen
+    layers."""
+    model = build(spec)
+    if spec["cfg"].federated.client_runtime != "litert":
+        return model, model.set_weights
+    model.set_weights(load_arrays(path_of(spec, "initial"))[0])
+    return model, model.get_layer(spec["head"]).set_weights
+
+
+def start_arrays(spec: dict, model: keras.Model) -> list[np.ndarray]:
+    """Round 0's global arrays: the round-0 model's weights, or its head's under
+    ``--client-runtime litert`` (``model`` from :func:`global_model`)."""
+    if spec["cfg"].federated.client_runtime == "litert":
+        return model.get_layer(spec["head"]).get_weights()
+    return load_arrays(path_of(spec, "initial"))[0]
+
+
+def score(model: keras.Model, x: np.ndarray, y: np.ndarray) -> dict:
+    """The loss and accuracy of ``model`` on ``(x, y)``."""
     logits = model.predict(x, batch_size=256, verbose=0)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits)
     return {"loss": float(loss), "accuracy": float(np.mean(np.argmax(logits, -1) == y))}

@@ -47,6 +47,7 @@ FILES = {
     "backup": "global.npz",
     "history": "history.json",
     "result": "result.json",
+    "trainable": "model_trainable.tflite",
 }
 #: What stays in the committed run of the federated work directory: the round-0 global model
 #: (a run is reproduced from it) and the Flower processes' logs.
@@ -93,7 +94,11 @@ def run(cfg: RunConfig, *, overwrite: bool = False) -> RunRecord:
         seconds = time.perf_counter() - started
         result = _result(work)
         arrays, _ = local.load_arrays(os.path.join(work, FILES["backup"]))
-        model.set_weights(arrays)
+        with open(spec_path, encoding="utf-8") as f:
+            written = json.load(f)
+        head = written.get("head")
+        (model.get_layer(head) if head else model).set_weights(arrays)
+        result["on_device"] = written.get("trainable")
         with open(os.path.join(work, FILES["history"]), encoding="utf-8") as f:
             history = json.load(f)
         record = _commit(job, model, built, work, table, history, {**result, "seconds": seconds})
@@ -144,6 +149,7 @@ def _prepare(job: Job, model: keras.Model, work: str) -> tuple[str, dict]:
         **describe(parts, y, job.info.num_classes),
     }
     spec = {
+        **_on_device(model, job, work),
         "config": cfg.to_dict(),
         "image_shape": list(job.info.image_shape),
         "num_classes": job.info.num_classes,
@@ -153,6 +159,26 @@ def _prepare(job: Job, model: keras.Model, work: str) -> tuple[str, dict]:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(spec, f)
     return path, table
+
+
+def _on_device(model: keras.Model, job: Job, work: str) -> dict:
+    """Under ``--client-runtime litert``: writes the file the clients train (the model's head
+    trainable at ``--client-lr``, the layers before it frozen) and returns the spec's ``head``
+    (the layer the global arrays are) and ``trainable`` (the split, for the record)."""
+    if job.cfg.federated.client_runtime != "litert":
+        return {}
+    from tfopt.models import ondevice
+
+    part = ondevice.split(model)
+    if not part.head.use_bias:
+        raise ConfigError(
+            f"--client-runtime litert trains the head {part.head.name!r} with its bias, and it "
+            "has none; give a model whose last Dense layer has a bias, or --client-runtime keras"
+        )
+    content = ondevice.convert(part, job.info.image_shape, job.cfg.federated.client_lr, "logits")
+    with open(os.path.join(work, FILES["trainable"]), "wb") as f:
+        f.write(content)
+    return {"head": part.head.name, "trainable": part.section()}
 
 
 class _Progress:
@@ -260,6 +286,7 @@ def _commit(job, model, built, work, table, history, result) -> RunRecord:
         "payload_bytes": payload,
         "bytes_per_round": float(np.mean([r["bytes_down"] + r["bytes_up"] for r in history])),
         "failed_replies": int(sum(r["failed"] for r in history)),
+        **({"on_device": result["on_device"]} if result.get("on_device") else {}),
         "seconds": round(result["seconds"], 3),
         **({"privacy": _privacy(fed, len(history))} if fed.dp_clip else {}),
     }
