@@ -339,3 +339,16 @@ def test_litert_clients_train_the_head_in_the_tflite_signature_as_fedavg_compute
     assert record["history"][-1]["val_accuracy"] > fed["start_val_accuracy"] + 0.2, record[
         "history"
     ]
+
+
+def test_without_flower_the_command_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    from tfopt.federated import flower
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"pip install 'tfopt\[federated\]'"):
+        flower.require_flower()

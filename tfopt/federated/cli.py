@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(json.dumps(cfg.to_dict("federated"), indent=2))
             return 0
+        from tfopt.federated.flower import require_flower
         from tfopt.federated.stage import run
+
+        require_flower()
 
         run(cfg, overwrite=args.overwrite)
         return 0

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from tfopt.core.children import die_with_parent
-from tfopt.core.errors import TfoptError
+from tfopt.core.errors import ConfigError, TfoptError
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,25 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def require_flower() -> str:
+    """The directory of Flower's commands (``flower-superlink``, ``flower-supernode``, ``flwr``).
+
+    Raises:
+        ConfigError: Flower is not installed beside this Python (the line says how to add it).
+    """
+    import importlib.util
+    import shutil
+
+    beside = os.path.dirname(sys.executable)
+    found = shutil.which("flower-superlink", path=beside) or shutil.which("flower-superlink")
+    if importlib.util.find_spec("flwr") is None or found is None:
+        raise ConfigError(
+            "tfopt federated runs on Flower, which is not installed here: pip install "
+            "'tfopt[federated]' (flwr 1.42)"
+        )
+    return os.path.dirname(found)
+
+
 class Flower:
     """The SuperLink and ``clients`` SuperNodes of one run, under ``home``.
 
@@ -74,7 +93,7 @@ class Flower:
         self.home, self.clients = home, clients
         self.logs = os.path.join(home, "logs")
         os.makedirs(self.logs, exist_ok=True)
-        bin_dir = os.path.dirname(sys.executable)
+        bin_dir = require_flower()
         self.env = {
             **os.environ,
             "FLWR_HOME": os.path.join(home, "flwr"),
