@@ -102,8 +102,16 @@ def _every_flag() -> set[str]:
 
 
 # Flags of tfopt's internal child commands (keras_latency, data.serve) and of other programs its
-# messages name (tensorboard --logdir, pip --no-deps).
-FOREIGN = {"--serve", "--port", "--work-dir", "--dispatcher", "--logdir", "--no-deps"}
+# messages name (tensorboard --logdir, pip --no-deps, flower-supernode --node-config).
+FOREIGN = {
+    "--serve",
+    "--port",
+    "--work-dir",
+    "--dispatcher",
+    "--logdir",
+    "--no-deps",
+    "--node-config",
+}
 
 
 def test_every_flag_an_error_message_advises_exists():

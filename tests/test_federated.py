@@ -352,3 +352,105 @@ def test_without_flower_the_command_says_how_to_install_it(monkeypatch):
     )
     with pytest.raises(ConfigError, match=r"pip install 'tfopt\[federated\]'"):
         flower.require_flower()
+
+
+def _render(capsys, *argv):
+    assert main([*argv, "--render", "kubernetes", "--image", "reg/tfopt:1"]) == 0
+    import yaml
+
+    return list(yaml.safe_load_all(capsys.readouterr().out))
+
+
+def test_the_kubernetes_render_is_valid_objects_running_the_same_command(capsys):
+    from kubernetes import client
+
+    objects = _render(
+        capsys, "--clients", "4", "--rounds", "7", "--name", "fl", "--namespace", "ml"
+    )
+    kinds = {o["kind"]: o for o in objects}
+    assert list(kinds) == ["Service", "Deployment", "StatefulSet", "Job", "NetworkPolicy"]
+    api = client.ApiClient()
+    for o in objects:
+        model = api._ApiClient__deserialize(o, f"V1{o['kind']}")
+        assert model.metadata.name.startswith("fl") and model.metadata.namespace == "ml"
+        assert api.sanitize_for_serialization(model) == o  # no field Kubernetes does not know
+    job = kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert job == [
+        "python", "-m", "tfopt.federated", "--clients", "4", "--rounds", "7",
+        "-o", "/runs/fl", "--superlink", "fl-superlink:8000",
+    ]  # fmt: skip
+    assert kinds["StatefulSet"]["spec"]["replicas"] == 4
+    node = kinds["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "--superlink fl-superlink:8000" in node and "num-partitions=4" in node
+    volumes = [o["spec"]["template"]["spec"]["volumes"] for o in objects if "template" in o["spec"]]
+    assert all(
+        v == [{"name": "runs", "persistentVolumeClaim": {"claimName": "tfopt-runs"}}]
+        for v in volumes
+    )
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--image", "x"], "--image apply to --render kubernetes only"),
+        (["--render", "kubernetes"], "--render kubernetes needs --image"),
+        (
+            ["--render", "kubernetes", "--image", "x", "--name", "Bad_Name"],
+            "is not a Kubernetes name",
+        ),
+        (["--render", "kubernetes", "--image", "x", "--superlink", "a:1"], "drop --superlink"),
+    ],
+)
+def test_render_mistakes_are_one_line(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+@pytest.mark.slow
+def test_the_rendered_superlink_supernodes_and_job_run_together_here(tmp_path, capsys):
+    """The commands of the rendered objects, run as processes of this machine: the Service's
+    name and port become a free loopback port, the claim a temporary directory, and each
+    SuperNode, which has a pod of its own in a cluster, gets a port of its own."""
+    from tfopt.federated.flower import _free_ports
+
+    objects = {o["kind"]: o for o in _render(capsys, *RUN, "--name", "fl")}
+
+    def command(kind):
+        return objects[kind]["spec"]["template"]["spec"]["containers"][0]["command"]
+
+    port, *ports = _free_ports(4)
+    here = f"127.0.0.1:{port}"
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FLWR_TELEMETRY_ENABLED": "0"}
+    link = [
+        here.split(":")[0] if w == "0.0.0.0" else str(port) if w == "8000" else w
+        for w in command("Deployment")
+    ]
+    logs = open(tmp_path / "flower.log", "w")
+    quiet = {"stdout": logs, "stderr": subprocess.STDOUT, "start_new_session": True}
+    procs = [subprocess.Popen(link, env={**env, "FLWR_HOME": str(tmp_path / "link")}, **quiet)]
+    try:
+        for i, p in enumerate(ports):
+            node = command("StatefulSet")[2].replace("fl-superlink:8000", here) + f" --port {p}"
+            node_env = {
+                **env,
+                "HOSTNAME": f"fl-clients-{i}",
+                "FLWR_HOME": str(tmp_path / f"node{i}"),
+            }
+            procs.append(subprocess.Popen(["sh", "-c", node], env=node_env, **quiet))
+        job = [sys.executable if w == "python" else w for w in command("Job")]
+        job = [
+            here if w == "fl-superlink:8000" else str(tmp_path / "fl") if w == "/runs/fl" else w
+            for w in job
+        ]
+        done = subprocess.run(job, capture_output=True, text=True, timeout=600)
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        logs.close()
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.load(open(tmp_path / "fl" / "run.json"))
+    assert record["federated"]["engine"] == f"flower deployment at {here}"
+    assert [(r["sampled"], r["replies"]) for r in record["history"]] == [(3, 3), (3, 3)]

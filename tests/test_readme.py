@@ -255,6 +255,10 @@ def _export_small(args: list[str]) -> list[str]:
     return out
 
 
+#: Words of a documented command that the shell reads (a redirect of the output, a pipe).
+SHELL_OPERATORS = (">", ">>", "|", "&&", "2>&1")
+
+
 def shrink(command: str) -> str:
     """``command`` with the small-slice flags added after every ``python -m tfopt.X``."""
     words = shlex.split(command)
@@ -270,7 +274,7 @@ def shrink(command: str) -> str:
             if word == "tfopt.optimize" and "--inspect" in words[i + 1 :]:
                 continue
             out.extend(SMALL[word])
-    return shlex.join(out)
+    return " ".join(w if w in SHELL_OPERATORS else shlex.quote(w) for w in out)
 
 
 def test_readme_commands_are_extracted():

@@ -3,6 +3,7 @@ docs/federated.md)."""
 
 from __future__ import annotations
 
+import re
 import typing
 from dataclasses import dataclass
 
@@ -87,6 +88,14 @@ class FederatedConfig:
         "notices within about 60 s), is left out of the round",
         metavar="SECONDS",
     )
+    superlink: str = flag(
+        "",
+        "--superlink",
+        "a running Flower SuperLink to run on, whose SuperNodes were started with --node-config "
+        "'partition-id=I num-partitions=N' (e.g. what --render kubernetes prints); default: "
+        "tfopt starts a SuperLink and the SuperNodes as processes",
+        metavar="HOST:PORT",
+    )
     dp_clip: float = flag(
         0.0,
         "--fed-dp-clip",
@@ -134,6 +143,10 @@ def check_federated(f: FederatedConfig) -> None:
         bad = ("dp_clip", "must be >= 0") if f.dp_clip < 0 else ("dp_noise", "must be >= 0")
     elif not 0 < f.dp_delta < 1:
         bad = "dp_delta", "must be in (0, 1)"
+    if f.superlink and not re.fullmatch(
+        r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", f.superlink
+    ):
+        bad = "superlink", "must be HOST:PORT, e.g. fed-superlink:8000"
     if bad:
         key, rule = bad
         raise ConfigError(f"federated.{key}={getattr(f, key)!r} {rule}")

@@ -89,8 +89,8 @@ class Flower:
         clients: SuperNodes to start; node ``i`` gets ``partition-id=i``.
     """
 
-    def __init__(self, home: str, clients: int):
-        self.home, self.clients = home, clients
+    def __init__(self, home: str, clients: int, superlink: str = ""):
+        self.home, self.clients, self.external = home, clients, superlink
         self.logs = os.path.join(home, "logs")
         os.makedirs(self.logs, exist_ok=True)
         bin_dir = require_flower()
@@ -123,14 +123,22 @@ class Flower:
         finally:
             out.close()
 
+    @property
+    def address(self) -> str:
+        """The SuperLink's ``HOST:PORT``."""
+        return self.external or f"127.0.0.1:{self.port}"
+
     def start(self) -> None:
-        """Starts the SuperLink and the SuperNodes (``partition-id=i num-partitions=N``)."""
+        """Starts the SuperLink and the SuperNodes (``partition-id=i num-partitions=N``), or
+        with ``superlink`` given only points ``flwr`` at it."""
         os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as f:
             f.write(
                 f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-                f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+                f'address = "{self.address}"\ninsecure = true\n'
             )
+        if self.external:
+            return
         self.superlink = self._start(
             "superlink",
             [
@@ -165,6 +173,7 @@ class Flower:
         """``pids.json``: the process ids of the SuperLink and of each client's SuperNode (what
         an operator, or a test, stops one of them by)."""
         pids = {"superlink": self.superlink.pid, "clients": [p.pid for p in self.nodes]}
+        # (none with an external SuperLink: this process started nothing)
         with open(os.path.join(self.home, "pids.json"), "w") as f:
             json.dump(pids, f)
 
@@ -202,9 +211,10 @@ class Flower:
                     return time.monotonic() - started
             last = (done.stdout + done.stderr).strip()[-300:]
             time.sleep(0.5)
+        where = f"at {self.external}" if self.external else f"(see the logs in {self.logs})"
         raise TfoptError(
-            f"{self.clients} Flower SuperNodes were not online after {timeout:.0f} s ({last}); "
-            f"see the logs in {self.logs}"
+            f"{self.clients} Flower SuperNodes were not online after {timeout:.0f} s {where}: "
+            f"{last or 'no answer'}"
         )
 
     def _names(self) -> list[str]:

@@ -78,13 +78,14 @@ def run(cfg: RunConfig, *, overwrite: bool = False) -> RunRecord:
         inputs.adopt(job, model, cfg.model.name)
         work = os.path.join(job.open_work(), "federated")
         spec_path, table = _prepare(job, model, work)
-        flower = Flower(work, fed.clients)
+        flower = Flower(work, fed.clients, fed.superlink)
         started = time.perf_counter()
         try:
             flower.start()
-            online = flower.wait_online()
+            online = flower.wait_online(600 if fed.superlink else 120)
             job.say(
-                f"{fed.clients} Flower clients online in {online:.1f} s; {fed.rounds} rounds of "
+                f"{fed.clients} Flower clients online at {flower.address} in {online:.1f} s; "
+                f"{fed.rounds} rounds of "
                 f"{fed.algorithm}, {max(int(fed.clients * fed.fraction), 1)} clients each"
             )
             shown = _Progress(job, os.path.join(work, FILES["history"]), fed.rounds)
@@ -270,7 +271,9 @@ def _commit(job, model, built, work, table, history, result) -> RunRecord:
     artifacts["initial_weights"] = os.path.join(work, FILES["initial"])
     payload = result["payload_bytes"]
     section = {
-        "engine": "flower deployment: a SuperLink and one SuperNode per client, real processes",
+        "engine": f"flower deployment at {fed.superlink}"
+        if fed.superlink
+        else "flower deployment: a SuperLink and one SuperNode per client, real processes",
         "flwr": _flwr_version(),
         **{
             k: v
