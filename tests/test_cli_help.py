@@ -52,7 +52,7 @@ def test_train_groups_its_options_and_shows_defaults_and_choices():
     assert "strategy" in groups["distribution"] and "epochs" in groups["training"]
     assert "trust_model" in groups["model"] and "output" in groups["output"]
     help_text = parser.format_help()
-    assert "{one_device,mirrored,multi_worker_mirrored,parameter_server}" in help_text
+    assert "{one_device,mirrored,multi_worker_mirrored,parameter_server,pipeline}" in help_text
     # every config flag says its default: the value RunConfig() gives it
     by_dest = {a.dest: a for a in parser._actions}
     for dest in cli.flag_keys():

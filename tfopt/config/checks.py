@@ -173,10 +173,29 @@ def _check_strategy_fit(cfg: Any) -> None:
             "all-reduce, which only strategies 'mirrored' and 'multi_worker_mirrored' do (strategy "
             f"is {cfg.runtime.strategy!r}); use one of them, or drop --allreduce-dtype"
         )
+    if cfg.runtime.strategy == "pipeline":
+        _check_pipeline(cfg)
     if not 0 <= cfg.model.freeze_epochs <= cfg.train.epochs:
         raise ConfigError(
             f"model.freeze_epochs={cfg.model.freeze_epochs} must be in [0, train.epochs="
             f"{cfg.train.epochs}]; give the number of first epochs that train the head alone"
+        )
+
+
+def _check_pipeline(cfg: Any) -> None:
+    """What strategy ``pipeline`` does not combine with, in one line each."""
+    if cfg.runtime.stages < 1:
+        raise ConfigError(f"runtime.stages={cfg.runtime.stages} must be >= 1, e.g. --stages 2")
+    if cfg.model.freeze_epochs:
+        raise ConfigError(
+            f"model.freeze_epochs={cfg.model.freeze_epochs}: strategy 'pipeline' trains every "
+            "layer of every stage; drop --freeze-epochs, or use another strategy"
+        )
+    if cfg.privacy.enabled:
+        raise ConfigError(
+            "DP-SGD clips per-example gradients, which strategy 'pipeline' (gradients summed "
+            "over micro-batches) does not compute; drop --dp-l2-clip, --dp-noise and --dp-epsilon, or "
+            "use another strategy"
         )
 
 
@@ -191,6 +210,7 @@ def _check_ranges(cfg: Any) -> None:
         ("train", "backup_every"),
         ("train", "nan_retries"),
         ("runtime", "max_shards"),
+        ("runtime", "microbatches"),
     ):
         if getattr(getattr(cfg, section), key) < 0:
             raise ConfigError(

@@ -355,6 +355,7 @@ def check_config_flags(cfg: config_lib.RunConfig, given: Collection[str]) -> Non
         },
         given,
     )
+    check_read(cfg, given, ("runtime",))  # e.g. --stages by --strategy pipeline only
 
 
 def add_verbosity(group, quiet_help: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
 from tfopt.config.fields import AUTOTUNE, default_data_dir, default_data_service, flag
@@ -142,6 +143,8 @@ class ModelConfig:
 class RuntimeConfig:
     """Distribution strategy, devices and numeric precision."""
 
+    CHOSEN_BY: typing.ClassVar[str] = "strategy"  # the pipeline fields are read by `pipeline` only
+
     strategy: str = flag("mirrored", "--strategy", f"one of: {STRATEGIES.help()}")
     cpu_replicas: int = flag(
         2,
@@ -175,6 +178,38 @@ class RuntimeConfig:
         "--deterministic",
         "op determinism and a deterministic input: reruns and resumes give identical weights",
         group="training",
+    )
+    stages: int = flag(
+        2,
+        "--stages",
+        "K, the contiguous stages the model's layers are split into, each on a device of its "
+        "own (the GPUs, else K logical CPU devices)",
+        metavar="K",
+        read_by=("pipeline",),
+    )
+    microbatches: int = flag(
+        0,
+        "--microbatches",
+        "M, the parts each batch is split into (0 = 4K, where GPipe's idle fraction "
+        "(K-1)/(M+K-1) is under 1/5)",
+        metavar="M",
+        read_by=("pipeline",),
+    )
+    remat: bool = flag(
+        False,
+        "--remat",
+        "recompute each stage's activations in the backward pass instead of keeping them",
+        read_by=("pipeline",),
+    )
+    balance: str = flag(
+        "params", "--balance", "what the stages are balanced by", read_by=("pipeline",)
+    )
+    cut_after: str = flag(
+        "",
+        "--cut-after",
+        "cut after these layers (K-1 names, comma-separated); default: where --balance says",
+        metavar="LAYERS",
+        read_by=("pipeline",),
     )
     # parameter_server only: shard large variables over the ps tasks (tfopt.runtime.sharding).
     variable_partitioner: str = "none"  # none | min_size | max_size

@@ -34,6 +34,7 @@ _CHOICES = {
     ("runtime", "collective"): COLLECTIVES,
     ("runtime", "allreduce_dtype"): ALLREDUCE_DTYPES,
     ("runtime", "variable_partitioner"): PARTITIONERS,
+    ("runtime", "balance"): ("params", "flops"),
     ("data", "cache"): CACHE_MODES,
     ("data", "augment"): AUGMENTS,
     ("data", "service_mode"): SERVICE_MODES,

@@ -154,6 +154,12 @@ STRATEGIES: Registry[StrategySpec] = Registry(
             needs_servers=True,
             required_roles=("chief", "worker", "ps"),
         ),
+        StrategySpec(
+            "pipeline",
+            "GPipe: the layers in --stages stages on as many devices, each batch in "
+            "--microbatches parts",
+            f"{_STRATEGY}:pipeline",
+        ),
     ),
 )
 

@@ -11,6 +11,10 @@ _EXPORTS = {
     "make_strategy": "tfopt.runtime.strategy",
     "parse_tf_config": "tfopt.runtime.tf_config",
     "setup_cpu_replicas": "tfopt.runtime.devices",
+    "Pipelined": "tfopt.runtime.gpipe",
+    "partition": "tfopt.runtime.gpipe",
+    "build_stages": "tfopt.runtime.gpipe",
+    "measure_pipeline": "tfopt.runtime.gpipe_measure:measure",
 }
 
 __all__, __getattr__ = exports(__name__, _EXPORTS)

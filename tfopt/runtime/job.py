@@ -32,6 +32,7 @@ from collections.abc import Callable
 from tfopt.core._keras import keras, tf
 
 from tfopt.config import DataConfig, RunConfig
+from tfopt.core.errors import ConfigError
 from tfopt.core.log import PROGRESS
 from tfopt.core.specs import AUTO_PRECISION, PRECISIONS, STRATEGIES
 from tfopt.data import service, sources
@@ -123,6 +124,11 @@ class Job(FitLoop, Recording):
         self.precision = PRECISIONS.get(cfg.runtime.precision)
         self.cluster = parse_tf_config(os.environ.get("TF_CONFIG"))
         validate_for_strategy(self.cluster, cfg.runtime.strategy)
+        if cfg.runtime.strategy == "pipeline" and stage != "train":
+            raise ConfigError(
+                f"strategy 'pipeline' splits a model for tfopt train; tfopt {stage} does not "
+                "split it yet: use --strategy one_device or mirrored"
+            )
         sources.check(cfg.data)
         service.check(cfg)
         self.chief = strategy_lib.is_chief(self.cluster)

@@ -93,6 +93,13 @@ def mirrored(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.dis
     )
 
 
+def pipeline(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
+    # One process, one replica: the stages' placement is the model's (tfopt.runtime.gpipe).
+    if len(_gpus()) < runtime.stages:
+        setup_cpu_replicas(max(runtime.stages, runtime.cpu_replicas))
+    return tf.distribute.get_strategy()
+
+
 def multi_worker(
     runtime: RuntimeConfig, cluster: ClusterInfo | None, **_
 ) -> tf.distribute.Strategy:

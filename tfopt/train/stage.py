@@ -20,7 +20,7 @@ from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
 from tfopt.privacy.job import plan_for, private_step
 from tfopt.runs import RunRecord
-from tfopt.runtime import sharding
+from tfopt.runtime import gpipe, sharding
 from tfopt.runtime.callbacks import PlainValidation
 from tfopt.runtime.job import Job, plain_copy, weights_digest
 
@@ -70,7 +70,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
         copy = plain_copy(
             model
         )  # before any freezing: what is validated and saved trains as a whole
-        validation = PlainValidation(copy, job.dataset("validation"), job.chief)
+        model, validation = _placed(job, cfg, model, copy)
         done, norms = 0, {}
         for epochs, head_only in phases(cfg):
             with job.strategy.scope():
@@ -99,12 +99,52 @@ def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) ->
                 layer.trainable = True
             done += epochs
         # Every worker reads the weights (a collective for sync-on-read variables); the chief writes.
-        sharding.set_full_weights(copy, sharding.full_weights(model))
+        _trained_weights(model, copy)
         digest = weights_digest(copy)
-        schedule = (steps, spe, lr, private.section(done * steps, norms) if private else None)
+        privacy = private.section(done * steps, norms) if private else None
+        split = _measured_split(job, model) if isinstance(model, gpipe.Pipelined) else None
+        schedule = (steps, spe, lr, privacy, split)
         record = _commit(job, cfg, copy, built, digest, schedule) if job.chief else None
         job.done(PROG, record, digest)
         return record
+
+
+def _placed(job: Job, cfg: RunConfig, model, copy) -> tuple:
+    """The model that trains (split into GPipe stages under ``--strategy pipeline``) and the
+    validation that reads its weights into ``copy``."""
+    if cfg.runtime.strategy != "pipeline":
+        return model, PlainValidation(copy, job.dataset("validation"), job.chief)
+    from tfopt.compress.flops import layer_macs
+
+    split = gpipe.split(model, cfg.runtime, layer_macs)
+    weights = lambda: split.unsplit_weights(copy)  # noqa: E731
+    return split, PlainValidation(copy, job.dataset("validation"), job.chief, weights)
+
+
+def _measured_split(job: Job, model: gpipe.Pipelined) -> dict:
+    """The split as ``run.json`` records it, with its stage times, idle fraction and peak memory
+    measured on a validation batch (after the weights were read: the measurement moves
+    BatchNormalization statistics)."""
+    from tfopt.runtime.gpipe_measure import measure
+
+    x, y = next(iter(job.dataset("validation")))
+    measured = measure(model, x, y, model.compiled_loss)
+    mib = [f"{b / 2**20:.1f}" for b in measured["stage_peak_bytes"]]
+    job.say(
+        f"pipeline: {len(model.stages)} stages, {model.microbatches} micro-batches; idle "
+        f"{measured['bubble_measured']:.2f} of the step measured, "
+        f"{measured['bubble_formula']:.2f} by GPipe's formula; peak MiB per stage "
+        f"{', '.join(mib)} (unsplit {measured['unsplit_peak_bytes'] / 2**20:.1f})"
+    )
+    return {**model.describe(), "measured": measured}
+
+
+def _trained_weights(model, copy) -> None:
+    """The trained weights into the plain ``copy`` that is saved."""
+    if isinstance(model, gpipe.Pipelined):
+        gpipe.copy_weights_back(model, copy)
+    else:
+        sharding.set_full_weights(copy, sharding.full_weights(model))
 
 
 def _warn_if_all_frozen(job: Job, cfg: RunConfig) -> None:
@@ -134,6 +174,7 @@ def _commit(job: Job, cfg: RunConfig, copy, built, digest: str, schedule: tuple)
         train={
             **job.train_section(*schedule[:3]),
             "freeze_epochs": cfg.model.freeze_epochs,
+            **({"pipeline": schedule[4]} if schedule[4] else {}),
             **({"privacy": schedule[3]} if schedule[3] else {}),
         },
         metrics={f"test_{k}": float(v) for k, v in metrics.items()},

@@ -1,0 +1,129 @@
+"""What a GPipe split costs, measured on the devices it runs on.
+
+* **Stage time:** each stage's forward and backward passes of the M micro-batches, alone, in one
+  call as in the step (median of a few runs after a warm-up): its busy time ``b_k`` in a step;
+  and the whole pipelined step's forward and backward passes, ``T``.
+* **Idle fraction (the bubble):** ``1 - sum(b_k) / (K * T)``: the share of the K devices'
+  time in a step that no micro-batch's work fills; GPipe's formula
+  ``(K-1)/(M+K-1)`` is what it comes to when every stage takes the same time and the devices
+  compute independently (logical CPU devices share the machine's cores, so on a CPU the figure
+  also holds their contention).
+* **Peak memory:** each stage's peak allocation while it holds the activations of all M
+  micro-batches for their backward pass, with and without rematerialization, beside the unsplit
+  model's on the whole batch (the allocator's peak, ``tf.config.experimental.get_memory_info``;
+  logical CPU devices share one allocator, so the stages are measured one after another).
+
+Measured after training, on the trained stages: the measurement runs forward passes in training
+mode (BatchNormalization statistics move), and nothing is saved after it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tfopt.core._keras import tf
+
+from tfopt.runtime.gpipe import Pipelined, microbatch_sizes
+
+ArrayLike = Any  # a NumPy array or a tensor
+
+
+def _seconds(fn, repeats: int) -> float:
+    fn()  # traces
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tf.nest.map_structure(lambda t: t.numpy(), fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _peak_bytes(device: str, fn) -> int:
+    """The allocator's peak on ``device`` while ``fn`` runs, above what was allocated before."""
+    fn()  # traces (and allocates its constants) first
+    tf.config.experimental.reset_memory_stats(device)
+    before = tf.config.experimental.get_memory_info(device)["current"]
+    tf.nest.map_structure(lambda t: t.numpy(), fn())
+    return int(tf.config.experimental.get_memory_info(device)["peak"] - before)
+
+
+def _stage_step(stage, remat: bool):
+    """Forward and backward of ``stage`` over a list of micro-batch inputs, in one tape."""
+
+    def run(h):
+        return stage(h, training=True)
+
+    call = tf.recompute_grad(run) if remat else run
+
+    @tf.function
+    def step(parts):
+        with tf.GradientTape() as tape:
+            tape.watch(parts)
+            total = tf.add_n([tf.reduce_sum(tf.cast(call(h), tf.float32)) for h in parts])
+        return tape.gradient(total, [*parts, *stage.trainable_variables])
+
+    return step
+
+
+def measure(
+    pipelined: Pipelined, x: ArrayLike, y: ArrayLike, loss: Callable, repeats: int = 5
+) -> dict:
+    """Times and peak memory of ``pipelined``'s stages on the batch ``x``, ``y``.
+
+    Args:
+        pipelined: The split model.
+        x: One batch of inputs (its size is the training batch).
+        y: Its labels.
+        loss: The training loss, ``loss(y, y_pred)``.
+        repeats: Timed runs per figure (the median is kept).
+
+    Returns:
+        ``stage_seconds`` (each stage's busy time: its forward and backward passes of the M
+        micro-batches), ``step_seconds``,
+        ``bubble_measured``, ``bubble_formula``, ``stage_peak_bytes`` and
+        ``stage_peak_bytes_remat`` (M micro-batches held), ``unsplit_peak_bytes``.
+    """
+    k, m = len(pipelined.stages), pipelined.microbatches
+    x = tf.convert_to_tensor(x)
+    sizes = microbatch_sizes(tf.shape(x)[0], m)
+    parts = tf.split(x, sizes, num=m)
+    inputs = []  # each stage's inputs: the previous stage's outputs, micro-batch by micro-batch
+    for stage, device in zip(pipelined.stages, pipelined.devices, strict=True):
+        inputs.append(parts)
+        with tf.device(device):
+            parts = [stage(h, training=False) for h in parts]
+    stage_seconds, peaks, peaks_remat = [], [], []
+    for stage, device, held in zip(pipelined.stages, pipelined.devices, inputs, strict=True):
+        with tf.device(device):
+            plain, recomputed = _stage_step(stage, False), _stage_step(stage, True)
+            stage_seconds.append(_seconds(lambda s=plain, h=held: s(h), repeats))
+            peaks.append(_peak_bytes(device, lambda s=plain, h=held: s(h)))
+            peaks_remat.append(_peak_bytes(device, lambda s=recomputed, h=held: s(h)))
+
+    @tf.function
+    def pipelined_step():
+        with tf.GradientTape() as tape:
+            value = loss(y, pipelined.pipelined_forward(x))
+        return tape.gradient(value, pipelined.trainable_variables)
+
+    @tf.function
+    def unsplit_step():
+        with tf.GradientTape() as tape:
+            value = loss(y, pipelined(x, training=True))
+        return tape.gradient(value, pipelined.trainable_variables)
+
+    step = _seconds(pipelined_step, repeats)
+    return {
+        "batch": int(x.shape[0]),
+        "repeats": repeats,
+        "stage_seconds": stage_seconds,
+        "step_seconds": step,
+        "bubble_measured": 1.0 - sum(stage_seconds) / (k * step),
+        "bubble_formula": (k - 1) / (m + k - 1),
+        "stage_peak_bytes": peaks,
+        "stage_peak_bytes_remat": peaks_remat,
+        "unsplit_peak_bytes": _peak_bytes(pipelined.devices[0], unsplit_step),
+    }
