@@ -300,3 +300,40 @@ def test_the_measurement_reports_each_stages_time_and_peak_memory_below_the_unsp
     gpipe.copy_weights_back(pipelined, model)
     for a, b in zip(model.get_weights(), before, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_cluster_is_refused_in_one_line_saying_why_the_stages_cannot_go_into_its_workers():
+    import json
+
+    from tfopt.core.errors import ClusterError
+    from tfopt.runtime.tf_config import parse_tf_config, validate_for_strategy
+
+    cluster = {"worker": ["localhost:1", "localhost:2"]}
+    info = parse_tf_config(json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(
+        ClusterError, match="mirror every variable onto each replica's one device"
+    ) as e:
+        validate_for_strategy(info, "pipeline")
+    assert "\n" not in str(e.value)
+
+
+def test_under_mixed_bfloat16_the_stages_pass_bfloat16_and_the_gradients_match_the_unsplit_model():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = residual_cnn()
+        x, y = _data(model, n=16)
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))
+        reference = tape.gradient(loss, model.trainable_variables)
+        pipelined = _pipelined(model, 2, 4)
+        assert pipelined.stages[1].inputs[0].dtype == tf.bfloat16
+        with tf.GradientTape() as tape:
+            loss_p = LOSS(y, pipelined.pipelined_forward(tf.constant(x)))
+        grads = tape.gradient(loss_p, pipelined.trainable_variables)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert all(v.dtype == tf.float32 for v in pipelined.trainable_variables)
+    for g, r in zip(grads, reference, strict=True):
+        np.testing.assert_allclose(
+            g.numpy(), r.numpy(), rtol=0.05, atol=0.02 * float(np.abs(r).max())
+        )

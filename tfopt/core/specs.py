@@ -92,6 +92,8 @@ class StrategySpec:
         required_roles: TF_CONFIG roles the strategy cannot run without (when TF_CONFIG is set,
             or always when ``needs_servers``).
         forbidden_roles: TF_CONFIG roles it refuses.
+        one_process: Why a single-process strategy cannot take a cluster, when there is more to
+            say than that it runs in one process.
     """
 
     name: str
@@ -102,6 +104,7 @@ class StrategySpec:
     first_collective: bool = False
     required_roles: tuple[str, ...] = ()
     forbidden_roles: tuple[str, ...] = ()
+    one_process: str = ""
 
     def build(self, runtime, cluster, **kwargs):
         """Builds the strategy (imports TensorFlow)."""
@@ -159,6 +162,9 @@ STRATEGIES: Registry[StrategySpec] = Registry(
             "GPipe: the layers in --stages stages on as many devices, each batch in "
             "--microbatches parts",
             f"{_STRATEGY}:pipeline",
+            one_process="its stages are placed on this process's devices, and TensorFlow's "
+            "multi-worker strategies mirror every variable onto each replica's one device, so "
+            "pipeline stages inside MultiWorkerMirrored workers cannot be expressed",
         ),
     ),
 )

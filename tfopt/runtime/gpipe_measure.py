@@ -5,9 +5,9 @@
   and the whole pipelined step's forward and backward passes, ``T``.
 * **Idle fraction (the bubble):** ``1 - sum(b_k) / (K * T)``: the share of the K devices'
   time in a step that no micro-batch's work fills; GPipe's formula
-  ``(K-1)/(M+K-1)`` is what it comes to when every stage takes the same time and the devices
-  compute independently (logical CPU devices share the machine's cores, so on a CPU the figure
-  also holds their contention).
+  ``(K-1)/(M+K-1)`` is what it comes to when every stage takes the same time on a device of its
+  own. Logical CPU devices share the cores and a stage measured alone uses all of them: there
+  the step takes about the stages' summed time and the figure comes near ``1 - 1/K``.
 * **Peak memory:** each stage's peak allocation while it holds the activations of all M
   micro-batches for their backward pass, with and without rematerialization, beside the unsplit
   model's on the whole batch (the allocator's peak, ``tf.config.experimental.get_memory_info``;

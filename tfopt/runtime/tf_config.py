@@ -376,9 +376,11 @@ def validate_for_strategy(info: ClusterInfo | None, strategy: str) -> None:
     spec = STRATEGIES.get(strategy)
     if not spec.multi_process:
         if info is not None and info.num_training_tasks > 1:
+            because = f" ({spec.one_process})" if spec.one_process else ""
             raise ClusterError(
                 f"TF_CONFIG describes a {info.num_training_tasks}-task cluster ({_describe(info)}) but strategy "
-                f"{strategy!r} runs in one process; use multi_worker_mirrored or parameter_server, or unset TF_CONFIG"
+                f"{strategy!r} runs in one process{because}; use multi_worker_mirrored or "
+                "parameter_server, or unset TF_CONFIG"
             )
         return
     if info is None:
