@@ -88,6 +88,13 @@ CAUSES: dict[str, dict[str, str]] = {
         "step, then 4 epochs (1 pruning, 3 distilled from the dense model) recovered most of it; "
         "the siblings, trained from scratch for 14 epochs, lose 0.9-1.0 pt themselves.",
     },
+    "B14": {
+        "|idle measured": "the stages run on logical CPU devices that share the two cores: a "
+        "stage measured alone already uses both, so the pipelined step takes the stages' summed "
+        "time (0.97-0.99x the unsplit step) and the idle fraction comes to 1 - 1/K (0.49 at K=2, "
+        "0.75 at K=4) whatever M; GPipe's formula holds for a device per stage (GPUs), where the "
+        "stages compute side by side.",
+    },
 }
 
 

@@ -25,9 +25,9 @@ def check_verdicts(targets: dict) -> None:
             assert target["pass"] is OPS[op](measured, bound), (key, target)
 
 
-def run_smoke(script: str, tmp_path) -> tuple:
-    """Runs ``bench/<script> --smoke`` with its work directory and JSON in ``tmp_path``; returns
-    ``(completed process, the JSON it wrote)`` after checking it exited 0."""
+def run_smoke(script: str, tmp_path, workdir: bool = True) -> tuple:
+    """Runs ``bench/<script> --smoke`` with its work directory (unless it has none) and JSON in
+    ``tmp_path``; returns ``(completed process, the JSON it wrote)`` after checking it exited 0."""
     import json
     import os
     import subprocess
@@ -45,8 +45,7 @@ def run_smoke(script: str, tmp_path) -> tuple:
             sys.executable,
             os.path.join(repo, "bench", script),
             "--smoke",
-            "--workdir",
-            str(tmp_path / "work"),
+            *(("--workdir", str(tmp_path / "work")) if workdir else ()),
             "--out",
             str(out),
         ],

@@ -162,6 +162,9 @@ def test_models_that_cannot_be_split_are_refused_in_one_line():
         gpipe.stage_devices(3)
     with pytest.raises(ConfigError, match="--microbatches 0"):
         gpipe.Pipelined([], [], 0)
+    small = _pipelined(sequential_mlp(), 2, 8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="smaller than the 8 micro-batches"):
+        small.pipelined_forward(tf.zeros((5, 20)))
 
 
 TRAIN = ["--model", "model_factory:small_net", "--epochs", "2", "--limit", "1200"]
@@ -250,6 +253,7 @@ def test_tfopt_train_pipeline_equals_one_device_resumes_exactly_and_records_its_
             "--stages is not used by --strategy mirrored",
         ),
         (("--strategy", "pipeline", "--freeze-epochs", "1"), "drop --freeze-epochs"),
+        (("--strategy", "pipeline", "--batch-size", "4"), "give --batch-size 8 or more"),
         (("--strategy", "pipeline", "--dp-noise", "1.0", "--dp-l2-clip", "1"), "drop --dp-l2-clip"),
         (
             ("--strategy", "pipeline", "--balance", "size"),

@@ -14,6 +14,7 @@ _EXPORTS = {
     "LowRankSpec": "tfopt.compress.low_rank",
     "QatSpec": "tfopt.compress.quantize",
     "model_macs": "tfopt.compress.flops",
+    "layer_macs": "tfopt.compress.flops",
     "model_us": "tfopt.compress.latency",
     "quantize_model": "tfopt.compress.quantize:wrap",
 }

@@ -186,6 +186,13 @@ def _check_pipeline(cfg: Any) -> None:
     """What strategy ``pipeline`` does not combine with, in one line each."""
     if cfg.runtime.stages < 1:
         raise ConfigError(f"runtime.stages={cfg.runtime.stages} must be >= 1, e.g. --stages 2")
+    microbatches = cfg.runtime.microbatches or 4 * cfg.runtime.stages
+    if cfg.data.global_batch_size < microbatches:
+        raise ConfigError(
+            f"data.global_batch_size={cfg.data.global_batch_size} is smaller than the "
+            f"{microbatches} micro-batches strategy 'pipeline' splits each batch into; give "
+            f"--batch-size {microbatches} or more, or fewer --microbatches"
+        )
     if cfg.model.freeze_epochs:
         raise ConfigError(
             f"model.freeze_epochs={cfg.model.freeze_epochs}: strategy 'pipeline' trains every "

@@ -14,7 +14,9 @@ _EXPORTS = {
     "Pipelined": "tfopt.runtime.gpipe",
     "partition": "tfopt.runtime.gpipe",
     "build_stages": "tfopt.runtime.gpipe",
+    "stage_devices": "tfopt.runtime.gpipe",
     "measure_pipeline": "tfopt.runtime.gpipe_measure:measure",
+    "median_seconds": "tfopt.runtime.gpipe_measure",
 }
 
 __all__, __getattr__ = exports(__name__, _EXPORTS)

@@ -407,8 +407,19 @@ class Pipelined(keras.Model):
         ]
 
     def pipelined_forward(self, x):
-        """The training forward pass: micro-batch by micro-batch through the stages."""
-        sizes = microbatch_sizes(tf.shape(x)[0], self.microbatches)
+        """The training forward pass: micro-batch by micro-batch through the stages.
+
+        Raises:
+            tf.errors.InvalidArgumentError: a batch of fewer examples than micro-batches (an
+                empty micro-batch; give ``fit`` batches of at least M examples).
+        """
+        n = tf.shape(x)[0]
+        tf.debugging.assert_greater_equal(
+            n,
+            self.microbatches,
+            message=f"a batch smaller than the {self.microbatches} micro-batches it is split into",
+        )
+        sizes = microbatch_sizes(n, self.microbatches)
         parts = tf.split(x, sizes, num=self.microbatches)
         calls = [self._stage_call(stage) for stage in self.stages]
         outputs = []

@@ -11,7 +11,9 @@
 * **Peak memory:** each stage's peak allocation while it holds the activations of all M
   micro-batches for their backward pass, with and without rematerialization, beside the unsplit
   model's on the whole batch (the allocator's peak, ``tf.config.experimental.get_memory_info``;
-  logical CPU devices share one allocator, so the stages are measured one after another).
+  logical CPU devices share one allocator, so the stages are measured one after another; on a
+  CPU, oneDNN's allocator serves allocations under 256 KiB from a pool it does not count, so a
+  small model's small micro-batches can measure 0).
 
 Measured after training, on the trained stages: the measurement runs forward passes in training
 mode (BatchNormalization statistics move), and nothing is saved after it.
@@ -31,7 +33,7 @@ from tfopt.runtime.gpipe import Pipelined, microbatch_sizes
 ArrayLike = Any  # a NumPy array or a tensor
 
 
-def _seconds(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
     fn()  # traces
     times = []
     for _ in range(repeats):
@@ -86,8 +88,8 @@ def measure(
         ``bubble_measured``, ``bubble_formula``, ``stage_peak_bytes`` and
         ``stage_peak_bytes_remat`` (M micro-batches held), ``unsplit_peak_bytes``.
     """
-    k, m = len(pipelined.stages), pipelined.microbatches
     x = tf.convert_to_tensor(x)
+    k, m = len(pipelined.stages), min(pipelined.microbatches, int(x.shape[0]))
     sizes = microbatch_sizes(tf.shape(x)[0], m)
     parts = tf.split(x, sizes, num=m)
     inputs = []  # each stage's inputs: the previous stage's outputs, micro-batch by micro-batch
@@ -99,7 +101,7 @@ def measure(
     for stage, device, held in zip(pipelined.stages, pipelined.devices, inputs, strict=True):
         with tf.device(device):
             plain, recomputed = _stage_step(stage, False), _stage_step(stage, True)
-            stage_seconds.append(_seconds(lambda s=plain, h=held: s(h), repeats))
+            stage_seconds.append(median_seconds(lambda s=plain, h=held: s(h), repeats))
             peaks.append(_peak_bytes(device, lambda s=plain, h=held: s(h)))
             peaks_remat.append(_peak_bytes(device, lambda s=recomputed, h=held: s(h)))
 
@@ -115,7 +117,7 @@ def measure(
             value = loss(y, pipelined(x, training=True))
         return tape.gradient(value, pipelined.trainable_variables)
 
-    step = _seconds(pipelined_step, repeats)
+    step = median_seconds(pipelined_step, repeats)
     return {
         "batch": int(x.shape[0]),
         "repeats": repeats,

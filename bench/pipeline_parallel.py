@@ -1,0 +1,269 @@
+"""Benchmark B14 (pipeline parallelism): a model split GPipe-style into K stages with M micro-batches.
+
+What it does, in one process on this machine's logical CPU devices (protocol: BENCHMARKS.md, row
+B14). One convolutional model (``--blocks`` 3x3 convolutions of ``--width`` channels on 32x32x3
+inputs, then pooling and a dense head; cut points between every block) is split by
+``tfopt.runtime.gpipe`` (balanced by multiply-adds) into K = 2 and 4 stages, each on a logical CPU
+device of its own, with M = K, 4K and 8K micro-batches per batch of ``--batch`` examples. For
+each cell, ``tfopt.runtime.gpipe_measure.measure`` (the library code ``run.json`` records)
+gives each stage's busy time (its forward and backward passes of the M micro-batches, alone),
+the pipelined step's time, the measured idle fraction ``1 - sum(busy) / (K * step)`` and GPipe's
+``(K-1)/(M+K-1)``, and each stage's peak memory holding its M micro-batches' activations, with
+and without rematerialization, beside the unsplit model's. The peer is the unsplit model: its
+forward and backward step on one device, timed in the same repeat (cells and the peer interleaved,
+order rotated). The gradients of every cell are compared with the unsplit model's on the same
+batch.
+
+Figures: per cell, |measured idle - formula| (target <= 0.10 of the step); the peak memory per
+stage (the largest stage) at K=4 over K=2, M=8K (target < 1: it falls as K grows); with
+rematerialization over without (info); the pipelined step over the unsplit step (info); the
+largest gradient difference relative to the gradient's scale (target <= 1e-3, float32's
+summation-order tolerance); and whether a
+model over one device's memory budget trains with K stages (not measurable here: logical CPU
+devices have no memory limit of their own).
+
+    PYTHONPATH=. python bench/pipeline_parallel.py          # ~5 min on 2 cores -> bench/results/pipeline_parallel.json
+    PYTHONPATH=. python bench/pipeline_parallel.py --smoke  # tiny, one repeat (a test)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `tfopt` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import (  # noqa: E402
+    CpuSample,
+    QuietGate,
+    figure,
+    figures_table,
+    markdown_table,
+    median,
+    publish,
+    result,
+    script_parser,
+)
+
+COMMAND = "PYTHONPATH=. python bench/pipeline_parallel.py"
+STAGES = (2, 4)
+FULL = {"blocks": 8, "width": 64, "batch": 64, "repeats": 3}
+SMOKE = {"blocks": 4, "width": 8, "batch": 32, "repeats": 1}
+
+
+def build_model(keras, blocks: int, width: int):
+    """The benchmark's model: ``blocks`` convolutions (a cut point after each), pooling, a head."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((32, 32, 3))
+    x = inputs
+    for i in range(blocks):
+        x = keras.layers.Conv2D(width, 3, padding="same", activation="relu", name=f"conv{i}")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="b14_cnn")
+
+
+def cells(stages=STAGES) -> list[tuple[int, int]]:
+    """(K, M) for every K and M in {K, 4K, 8K}."""
+    return [(k, m) for k in stages for m in (k, 4 * k, 8 * k)]
+
+
+def _gradient_gap(tf, pipelined, model, x, y, loss) -> float:
+    """max |g_split - g_unsplit| / max |g_unsplit| over the variables, on one batch."""
+    with tf.GradientTape() as tape:
+        reference = tape.gradient(loss(y, model(x, training=True)), model.trainable_variables)
+    with tf.GradientTape() as tape:
+        value = loss(y, pipelined.pipelined_forward(tf.constant(x)))
+    grads = tape.gradient(value, pipelined.trainable_variables)
+    return max(
+        float(tf.reduce_max(tf.abs(g - r)) / tf.reduce_max(tf.abs(r)))
+        for g, r in zip(grads, reference, strict=True)
+    )
+
+
+def measure_all(p: dict) -> dict:
+    """Every cell's measurements per repeat, the unsplit peer's step time, the gradient gaps."""
+    from tfopt.runtime import setup_cpu_replicas
+
+    setup_cpu_replicas(max(STAGES))
+    import numpy as np
+
+    from tfopt import keras, tf
+    from tfopt.compress import layer_macs
+    from tfopt.runtime import (
+        Pipelined,
+        build_stages,
+        measure_pipeline,
+        median_seconds,
+        partition,
+        stage_devices,
+    )
+
+    model = build_model(keras, p["blocks"], p["width"])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(0)
+    x = rng.random((p["batch"], 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, p["batch"])
+    split = {}
+    for k, m in cells():
+        part = partition(model, k, by="flops", macs=layer_macs)
+        devices = stage_devices(k)
+        stages = build_stages(model, part, devices)
+        split[(k, m)] = Pipelined(stages, devices, m, partition=part)
+
+    @tf.function
+    def unsplit_step():
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        return tape.gradient(value, model.trainable_variables)
+
+    gate = QuietGate(enabled=not p.get("no_gate"))
+    runs = {f"{k},{m}": [] for k, m in cells()}
+    peer = []
+    names = [*runs, "unsplit"]
+    for r in range(p["repeats"]):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+
+            def unit(name=name):
+                with CpuSample() as s:
+                    if name == "unsplit":
+                        out = median_seconds(unsplit_step, 5)
+                    else:
+                        k, m = map(int, name.split(","))
+                        out = measure_pipeline(split[(k, m)], x, y, loss)
+                return out, [s.foreign]
+
+            (peer if name == "unsplit" else runs[name]).append(gate.run(unit))
+            print(f"repeat {r + 1}/{p['repeats']}: {name} measured", flush=True)
+    gaps = {f"{k},{m}": _gradient_gap(tf, split[(k, m)], model, x, y, loss) for k, m in cells()}
+    partitions = {str(k): split[(k, m)].partition.stages for k, m in cells() if m == k}
+    return {
+        "runs": runs,
+        "unsplit_step_seconds": peer,
+        "gradient_gap": gaps,
+        "partitions": partitions,
+        "macs": int(sum(layer_macs(layer, model) for layer in model.layers)),
+        "params_count": int(model.count_params()),
+        "gate": gate,
+    }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    """a / b; None (measured nothing) when the allocator counted no bytes for b."""
+    return a / b if b else None
+
+
+def figures(m: dict) -> list[dict]:
+    """The published figures (module docstring) from :func:`measure_all`'s measurements."""
+    runs, peer = m["runs"], m["unsplit_step_seconds"]
+    out = []
+    for k, mb in cells():
+        cell = runs[f"{k},{mb}"]
+        out.append(
+            figure(
+                f"K={k} M={mb}: |idle measured - (K-1)/(M+K-1)|, of the step",
+                [abs(c["bubble_measured"] - c["bubble_formula"]) for c in cell],
+                "",
+                target=("<=", 0.10),
+                anchor=f"GPipe: {(k - 1) / (mb + k - 1):.3f} idle",
+                detail=f"idle measured {median(c['bubble_measured'] for c in cell):.3f}",
+            )
+        )
+
+    def largest(k, mb, key="stage_peak_bytes"):
+        return [max(c[key]) for c in runs[f"{k},{mb}"]]
+
+    k2, k4 = largest(2, 16), largest(4, 32)
+    out.append(
+        figure(
+            "peak memory of the largest stage, K=4 over K=2 (M=8K)",
+            [_ratio(a, b) for a, b in zip(k4, k2, strict=True)],
+            "x",
+            target=("<", 1.0),
+            peer=f"unsplit {median(c['unsplit_peak_bytes'] for c in runs['2,16']) / 2**20:.1f} MiB",
+            detail=f"K=2 {median(k2) / 2**20:.1f} MiB, K=4 {median(k4) / 2**20:.1f} MiB",
+        )
+    )
+    for k in STAGES:
+        remat = largest(k, 8 * k, "stage_peak_bytes_remat")
+        plain = largest(k, 8 * k)
+        out.append(
+            figure(
+                f"K={k} M={8 * k}: peak of the largest stage with rematerialization over without",
+                [_ratio(a, b) for a, b in zip(remat, plain, strict=True)],
+                "x",
+            )
+        )
+        step = [c["step_seconds"] for c in runs[f"{k},{4 * k}"]]
+        out.append(
+            figure(
+                f"K={k} M={4 * k}: pipelined step over the unsplit step",
+                [a / b for a, b in zip(step, peer, strict=True)],
+                "x",
+                peer=f"unsplit step {median(peer) * 1000:.1f} ms",
+            )
+        )
+    out.append(
+        figure(
+            "largest gradient difference from the unsplit model's, relative",
+            [max(m["gradient_gap"].values())],
+            "",
+            target=("<=", 1e-3),
+            detail="float32: the micro-batches' gradients are summed in another order",
+            digits=7,
+        )
+    )
+    out.append(
+        figure(
+            "a model over one device's memory budget trains with K stages",
+            [],
+            "",
+            target=(">=", 1.0),
+            detail="logical CPU devices have no memory limit of their own: measured on GPUs only",
+        )
+    )
+    return out
+
+
+def table(res: dict) -> str:
+    """Per cell: stage busy times, step, idle measured vs formula, peaks; then the figures."""
+    rows = []
+    for k, mb in cells():
+        cell = res["runs"][f"{k},{mb}"]
+        rows.append(
+            [
+                f"K={k} M={mb}",
+                ", ".join(
+                    f"{median(c['stage_seconds'][s] for c in cell) * 1000:.1f}" for s in range(k)
+                ),
+                f"{median(c['step_seconds'] for c in cell) * 1000:.1f}",
+                f"{median(c['bubble_measured'] for c in cell):.3f}",
+                f"{cell[0]['bubble_formula']:.3f}",
+                ", ".join(
+                    f"{median(c['stage_peak_bytes'][s] for c in cell) / 2**20:.1f}"
+                    for s in range(k)
+                ),
+            ]
+        )
+    cells_md = markdown_table(
+        ["cell", "stage busy ms", "step ms", "idle measured", "idle formula", "stage peak MiB"],
+        rows,
+    )
+    return f"## B14: pipeline parallelism\n\n{cells_md}\n\n{figures_table(res['figures'])}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measures every cell, prints the B14 table and writes the JSON result."""
+    ap = script_parser(__doc__, "pipeline_parallel", "a tiny model, one repeat", gate=True)
+    args = ap.parse_args(argv)
+    started = time.perf_counter()
+    p = {**(SMOKE if args.smoke else FULL), "smoke": args.smoke, "no_gate": args.no_gate}
+    m = measure_all(p)
+    gate = m.pop("gate")
+    res = result("B14", "pipeline parallelism", COMMAND, figures(m), params=p, **m)
+    return publish(res, args.out, "B14", table=table, gate=gate, started=started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
