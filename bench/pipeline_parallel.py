@@ -5,7 +5,7 @@ B14). One convolutional model (``--blocks`` 3x3 convolutions of ``--width`` chan
 inputs, then pooling and a dense head; cut points between every block) is split by
 ``tfopt.runtime.gpipe`` (balanced by multiply-adds) into K = 2 and 4 stages, each on a logical CPU
 device of its own, with M = K, 4K and 8K micro-batches per batch of ``--batch`` examples. For
-each cell, ``tfopt.runtime.gpipe_measure.measure`` (the library code ``run.json`` records)
+each cell, ``tfopt.runtime.gpipe.measure.measure`` (the library code ``run.json`` records)
 gives each stage's busy time (its forward and backward passes of the M micro-batches, alone),
 the pipelined step's time, the measured idle fraction ``1 - sum(busy) / (K * step)`` and GPipe's
 ``(K-1)/(M+K-1)``, and each stage's peak memory holding its M micro-batches' activations, with

@@ -2,7 +2,7 @@
 end, and the committed result.
 
 Not a performance test: it checks that every cell was measured through the library
-(``tfopt.runtime.gpipe_measure``), that every figure is recomputed here from the raw measurements
+(``tfopt.runtime.gpipe.measure``), that every figure is recomputed here from the raw measurements
 the JSON holds, and that each verdict follows from its number.
 """
 

@@ -56,7 +56,7 @@ def _pipelined(model, stages, microbatches, remat=False, devices=None, **kw):
 
 
 def test_cut_points_are_where_one_tensor_crosses_and_a_branch_is_refused_naming_its_layers():
-    graph = gpipe._Graph(residual_cnn())
+    graph = gpipe.stages._Graph(residual_cnn())
     order = "c1 c2 res pool flat d1 tf.math.multiply tf.nn.relu d2".split()
     assert graph.order == order
     # Not after c2: c1's output and c2's both reach the Add; not after the last layer.
@@ -280,7 +280,7 @@ def test_stages_that_do_not_split_a_model_refuse_the_pipeline_strategy():
 
 
 def test_the_measurement_reports_each_stages_time_and_peak_memory_below_the_unsplit_models():
-    from tfopt.runtime.gpipe_measure import measure
+    from tfopt.runtime.gpipe.measure import measure
 
     keras.utils.set_random_seed(0)
     i = keras.Input((28, 28, 1))

@@ -15,8 +15,8 @@ _EXPORTS = {
     "partition": "tfopt.runtime.gpipe",
     "build_stages": "tfopt.runtime.gpipe",
     "stage_devices": "tfopt.runtime.gpipe",
-    "measure_pipeline": "tfopt.runtime.gpipe_measure:measure",
-    "median_seconds": "tfopt.runtime.gpipe_measure",
+    "measure_pipeline": "tfopt.runtime.gpipe.measure:measure",
+    "median_seconds": "tfopt.runtime.gpipe.measure",
 }
 
 __all__, __getattr__ = exports(__name__, _EXPORTS)

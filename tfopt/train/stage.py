@@ -125,7 +125,7 @@ def _measured_split(job: Job, model: gpipe.Pipelined) -> dict:
     """The split as ``run.json`` records it, with its stage times, idle fraction and peak memory
     measured on a validation batch (after the weights were read: the measurement moves
     BatchNormalization statistics)."""
-    from tfopt.runtime.gpipe_measure import measure
+    from tfopt.runtime.gpipe.measure import measure
 
     x, y = next(iter(job.dataset("validation")))
     measured = measure(model, x, y, model.compiled_loss)

@@ -28,7 +28,7 @@ from typing import Any
 
 from tfopt.core._keras import tf
 
-from tfopt.runtime.gpipe import Pipelined, microbatch_sizes
+from tfopt.runtime.gpipe.model import Pipelined, microbatch_sizes
 
 ArrayLike = Any  # a NumPy array or a tensor
 
