@@ -64,18 +64,22 @@ def build_model(keras, blocks: int, width: int):
     return keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="b14_cnn")
 
 
-def cells(stages=STAGES) -> list[tuple[int, int]]:
-    """(K, M) for every K and M in {K, 4K, 8K}."""
-    return [(k, m) for k in stages for m in (k, 4 * k, 8 * k)]
+def cells(stages=STAGES) -> list[tuple[int, int, str]]:
+    """(K, M, schedule): GPipe for every K and M in {K, 4K, 8K}; 1F1B at M = 8K."""
+    gpipe = [(k, m, "gpipe") for k in stages for m in (k, 4 * k, 8 * k)]
+    return gpipe + [(k, 8 * k, "1f1b") for k in stages]
+
+
+def key(k: int, m: int, schedule: str = "gpipe") -> str:
+    """A cell's name in the result: ``"K,M"`` (GPipe) or ``"K,M,1f1b"``."""
+    return f"{k},{m}" + ("" if schedule == "gpipe" else f",{schedule}")
 
 
 def _gradient_gap(tf, pipelined, model, x, y, loss) -> float:
     """max |g_split - g_unsplit| / max |g_unsplit| over the variables, on one batch."""
     with tf.GradientTape() as tape:
         reference = tape.gradient(loss(y, model(x, training=True)), model.trainable_variables)
-    with tf.GradientTape() as tape:
-        value = loss(y, pipelined.pipelined_forward(tf.constant(x)))
-    grads = tape.gradient(value, pipelined.trainable_variables)
+    grads = pipelined.gradients(tf.constant(x), tf.constant(y))[1]
     return max(
         float(tf.reduce_max(tf.abs(g - r)) / tf.reduce_max(tf.abs(r)))
         for g, r in zip(grads, reference, strict=True)
@@ -106,11 +110,12 @@ def measure_all(p: dict) -> dict:
     x = rng.random((p["batch"], 32, 32, 3), dtype=np.float32)
     y = rng.integers(0, 10, p["batch"])
     split = {}
-    for k, m in cells():
+    for k, m, schedule in cells():
         part = partition(model, k, by="flops", macs=layer_macs)
         devices = stage_devices(k)
         stages = build_stages(model, part, devices)
-        split[(k, m)] = Pipelined(stages, devices, m, partition=part)
+        split[key(k, m, schedule)] = Pipelined(stages, devices, m, False, part, schedule)
+        split[key(k, m, schedule)].compile(keras.optimizers.SGD(0.01), loss)
 
     @tf.function
     def unsplit_step():
@@ -119,7 +124,7 @@ def measure_all(p: dict) -> dict:
         return tape.gradient(value, model.trainable_variables)
 
     gate = QuietGate(enabled=not p.get("no_gate"))
-    runs = {f"{k},{m}": [] for k, m in cells()}
+    runs = {key(*cell): [] for cell in cells()}
     peer = []
     names = [*runs, "unsplit"]
     for r in range(p["repeats"]):
@@ -130,14 +135,13 @@ def measure_all(p: dict) -> dict:
                     if name == "unsplit":
                         out = median_seconds(unsplit_step, 5)
                     else:
-                        k, m = map(int, name.split(","))
-                        out = measure_pipeline(split[(k, m)], x, y, loss)
+                        out = measure_pipeline(split[name], x, y)
                 return out, [s.foreign]
 
             (peer if name == "unsplit" else runs[name]).append(gate.run(unit))
             print(f"repeat {r + 1}/{p['repeats']}: {name} measured", flush=True)
-    gaps = {f"{k},{m}": _gradient_gap(tf, split[(k, m)], model, x, y, loss) for k, m in cells()}
-    partitions = {str(k): split[(k, m)].partition.stages for k, m in cells() if m == k}
+    gaps = {key(*cell): _gradient_gap(tf, split[key(*cell)], model, x, y, loss) for cell in cells()}
+    partitions = {str(k): split[key(k, m)].partition.stages for k, m, _ in cells() if m == k}
     return {
         "runs": runs,
         "unsplit_step_seconds": peer,
@@ -158,8 +162,10 @@ def figures(m: dict) -> list[dict]:
     """The published figures (module docstring) from :func:`measure_all`'s measurements."""
     runs, peer = m["runs"], m["unsplit_step_seconds"]
     out = []
-    for k, mb in cells():
-        cell = runs[f"{k},{mb}"]
+    for k, mb, schedule in cells():
+        if schedule != "gpipe":
+            continue
+        cell = runs[key(k, mb)]
         out.append(
             figure(
                 f"K={k} M={mb}: |idle measured - (K-1)/(M+K-1)|, of the step",
@@ -171,8 +177,8 @@ def figures(m: dict) -> list[dict]:
             )
         )
 
-    def largest(k, mb, key="stage_peak_bytes"):
-        return [max(c[key]) for c in runs[f"{k},{mb}"]]
+    def largest(k, mb, field="stage_peak_bytes"):
+        return [max(c[field]) for c in runs[key(k, mb)]]
 
     k2, k4 = largest(2, 16), largest(4, 32)
     out.append(
@@ -195,13 +201,25 @@ def figures(m: dict) -> list[dict]:
                 "x",
             )
         )
-        step = [c["step_seconds"] for c in runs[f"{k},{4 * k}"]]
+        step = [c["step_seconds"] for c in runs[key(k, 4 * k)]]
         out.append(
             figure(
                 f"K={k} M={4 * k}: pipelined step over the unsplit step",
                 [a / b for a, b in zip(step, peer, strict=True)],
                 "x",
                 peer=f"unsplit step {median(peer) * 1000:.1f} ms",
+            )
+        )
+        gpipe_peak = [c["step_peak_bytes"] for c in runs[key(k, 8 * k)]]
+        one_f = [c["step_peak_bytes"] for c in runs[key(k, 8 * k, "1f1b")]]
+        out.append(
+            figure(
+                f"K={k} M={8 * k}: peak memory of the step, 1F1B over GPipe",
+                [_ratio(a, b) for a, b in zip(one_f, gpipe_peak, strict=True)],
+                "x",
+                target=("<", 1.0),
+                detail=f"GPipe {median(gpipe_peak) / 2**20:.1f} MiB, 1F1B "
+                f"{median(one_f) / 2**20:.1f} MiB",
             )
         )
     out.append(
@@ -229,11 +247,11 @@ def figures(m: dict) -> list[dict]:
 def table(res: dict) -> str:
     """Per cell: stage busy times, step, idle measured vs formula, peaks; then the figures."""
     rows = []
-    for k, mb in cells():
-        cell = res["runs"][f"{k},{mb}"]
+    for k, mb, schedule in cells():
+        cell = res["runs"][key(k, mb, schedule)]
         rows.append(
             [
-                f"K={k} M={mb}",
+                f"K={k} M={mb} {schedule}",
                 ", ".join(
                     f"{median(c['stage_seconds'][s] for c in cell) * 1000:.1f}" for s in range(k)
                 ),
@@ -244,10 +262,19 @@ def table(res: dict) -> str:
                     f"{median(c['stage_peak_bytes'][s] for c in cell) / 2**20:.1f}"
                     for s in range(k)
                 ),
+                f"{median(c['step_peak_bytes'] for c in cell) / 2**20:.1f}",
             ]
         )
     cells_md = markdown_table(
-        ["cell", "stage busy ms", "step ms", "idle measured", "idle formula", "stage peak MiB"],
+        [
+            "cell",
+            "stage busy ms",
+            "step ms",
+            "idle measured",
+            "idle formula",
+            "stage peak MiB",
+            "step peak MiB",
+        ],
         rows,
     )
     return f"## B14: pipeline parallelism\n\n{cells_md}\n\n{figures_table(res['figures'])}"

@@ -11,7 +11,7 @@ import statistics
 import pytest
 from bench_checks import check_figures, committed, run_smoke
 
-CELLS = ["2,2", "2,8", "2,16", "4,4", "4,16", "4,32"]
+CELLS = ["2,2", "2,8", "2,16", "4,4", "4,16", "4,32", "2,16,1f1b", "4,32,1f1b"]
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ def check_result(res: dict) -> None:
     assert [len(s) for s in res["partitions"].values()] == [2, 4]
     by_name = {f["name"]: f for f in res["figures"]}
     for cell in CELLS:
-        k, m = map(int, cell.split(","))
+        k, m = map(int, cell.split(",")[:2])
         runs = res["runs"][cell]
         assert len(runs) == repeats
         for run in runs:
@@ -39,6 +39,12 @@ def check_result(res: dict) -> None:
             assert run["bubble_formula"] == pytest.approx((k - 1) / (m + k - 1))
             busy = sum(run["stage_seconds"])
             assert run["bubble_measured"] == pytest.approx(1 - busy / (k * run["step_seconds"]))
+        if cell.endswith("1f1b"):
+            gpipe = [r["step_peak_bytes"] for r in res["runs"][f"{k},{m}"]]
+            ratio = by_name[f"K={k} M={m}: peak memory of the step, 1F1B over GPipe"]
+            expected = [a / b for a, b in zip([r["step_peak_bytes"] for r in runs], gpipe) if b]
+            assert ratio["values"] == pytest.approx(expected)
+            continue
         gap = by_name[f"K={k} M={m}: |idle measured - (K-1)/(M+K-1)|, of the step"]
         assert gap["values"] == pytest.approx(
             [abs(r["bubble_measured"] - r["bubble_formula"]) for r in runs]

@@ -49,10 +49,11 @@ def _data(model, n=48, classes=10):
     return x, rng.integers(0, model.output_shape[-1], n)
 
 
-def _pipelined(model, stages, microbatches, remat=False, devices=None, **kw):
+def _pipelined(model, stages, microbatches, remat=False, devices=None, schedule="gpipe", **kw):
     part = gpipe.partition(model, stages, **kw)
     devices = devices or [CPUS[k % 2] for k in range(stages)]
-    return gpipe.Pipelined(gpipe.build_stages(model, part, devices), devices, microbatches, remat)
+    built = gpipe.build_stages(model, part, devices)
+    return gpipe.Pipelined(built, devices, microbatches, remat, part, schedule)
 
 
 def test_cut_points_are_where_one_tensor_crosses_and_a_branch_is_refused_naming_its_layers():
@@ -95,18 +96,19 @@ def test_each_stage_lives_on_its_device():
     assert pipelined.stages[1].variables[0].device.endswith("CPU:1")
 
 
+@pytest.mark.parametrize("schedule", gpipe.SCHEDULES)
 @pytest.mark.parametrize("remat", [False, True])
 @pytest.mark.parametrize("make,stages,microbatches", [(residual_cnn, 2, 4), (sequential_mlp, 3, 5)])
-def test_gradients_equal_the_unsplit_models(make, stages, microbatches, remat):
+def test_gradients_equal_the_unsplit_models(make, stages, microbatches, remat, schedule):
     model = make()
     x, y = _data(model, n=22)  # 22 examples in 4 or 5 micro-batches: unequal parts
     with tf.GradientTape() as tape:
         loss = LOSS(y, model(x, training=True))
     reference = tape.gradient(loss, model.trainable_variables)
-    pipelined = _pipelined(model, stages, microbatches, remat)
-    with tf.GradientTape() as tape:
-        loss_p = LOSS(y, pipelined.pipelined_forward(tf.constant(x)))
-    grads = tape.gradient(loss_p, pipelined.trainable_variables)
+    pipelined = _pipelined(model, stages, microbatches, remat, schedule=schedule)
+    pipelined.compile(keras.optimizers.SGD(0.01), LOSS)
+    predictions, grads = pipelined.gradients(tf.constant(x), tf.constant(y))
+    loss_p = LOSS(y, predictions)
     assert float(loss_p) == pytest.approx(float(loss), rel=1e-6)
     assert len(grads) == len(reference)
     for g, r in zip(grads, reference, strict=True):
@@ -115,12 +117,46 @@ def test_gradients_equal_the_unsplit_models(make, stages, microbatches, remat):
         )
 
 
-@pytest.mark.parametrize("remat", [False, True])
-def test_training_steps_give_the_unsplit_models_weights(remat):
+def test_1f1b_runs_each_stages_passes_in_its_order():
+    from tfopt.runtime.gpipe.schedule import one_f_one_b
+
+    order = one_f_one_b(3, 4)
+    assert order[0] == [
+        ("F", 0),
+        ("F", 1),
+        ("F", 2),
+        ("B", 0),
+        ("F", 3),
+        ("B", 1),
+        ("B", 2),
+        ("B", 3),
+    ]
+    assert order[2] == [
+        ("F", 0),
+        ("B", 0),
+        ("F", 1),
+        ("B", 1),
+        ("F", 2),
+        ("B", 2),
+        ("F", 3),
+        ("B", 3),
+    ]
+    for k, passes in enumerate(order):
+        assert sorted(passes) == sorted([("F", m) for m in range(4)] + [("B", m) for m in range(4)])
+        held = max(
+            sum(1 for p in passes[: i + 1] if p[0] == "F")
+            - sum(1 for p in passes[: i + 1] if p[0] == "B")
+            for i in range(len(passes))
+        )
+        assert held == 3 - k  # at most K-k micro-batches in flight, whatever M
+
+
+@pytest.mark.parametrize("schedule,remat", [("gpipe", False), ("gpipe", True), ("1f1b", False)])
+def test_training_steps_give_the_unsplit_models_weights(schedule, remat):
     model = residual_cnn()
     reference = keras.models.clone_model(model)
     reference.set_weights(model.get_weights())
-    pipelined = _pipelined(model, 2, 4, remat)
+    pipelined = _pipelined(model, 2, 4, remat, schedule=schedule)
     for m in (reference, pipelined):
         m.compile(keras.optimizers.SGD(0.01, momentum=0.9), LOSS, metrics=["accuracy"])
     x, y = _data(model, n=64)
@@ -170,6 +206,7 @@ def test_models_that_cannot_be_split_are_refused_in_one_line():
 TRAIN = ["--model", "model_factory:small_net", "--epochs", "2", "--limit", "1200"]
 TRAIN += ["--backup-every", "2", "--deterministic", "--quiet"]
 PIPELINE = ("--strategy", "pipeline", "--stages", "3", "--microbatches", "5", "--remat")
+PIPELINE += ("--schedule", "1f1b")
 
 
 def _train_cmd(out, *argv):
@@ -236,7 +273,7 @@ def test_tfopt_train_pipeline_equals_one_device_resumes_exactly_and_records_its_
     record = json.load(open(tmp_path / "pipeline" / "run.json"))
     split = record["train"]["pipeline"]
     assert [s["device"][-5:] for s in split["stages"]] == ["CPU:0", "CPU:1", "CPU:2"]
-    assert split["microbatches"] == 5 and split["remat"] is True
+    assert split["microbatches"] == 5 and split["remat"] is True and split["schedule"] == "1f1b"
     assert split["bubble_formula"] == pytest.approx(2 / 7)
     # Killed after a backup and started again: the uninterrupted run's weights, bit for bit.
     log = _preempted_then_resumed(tmp_path / "resumed", *PIPELINE)
@@ -291,7 +328,8 @@ def test_the_measurement_reports_each_stages_time_and_peak_memory_below_the_unsp
     pipelined = _pipelined(model, 2, 4)
     before = [w.copy() for w in model.get_weights()]
     x, y = _data(model, n=64)
-    m = measure(pipelined, x, y, LOSS, repeats=2)
+    pipelined.compile(keras.optimizers.SGD(0.01), LOSS)
+    m = measure(pipelined, x, y, repeats=2)
     assert m["batch"] == 64 and len(m["stage_seconds"]) == 2 and m["step_seconds"] > 0
     assert m["bubble_formula"] == pytest.approx(1 / 5)
     assert m["bubble_measured"] == pytest.approx(

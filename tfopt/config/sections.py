@@ -195,6 +195,13 @@ class RuntimeConfig:
         metavar="M",
         read_by=("pipeline",),
     )
+    schedule: str = flag(
+        "gpipe",
+        "--schedule",
+        "gpipe: every forward pass, then every backward pass; 1f1b: each stage alternates one "
+        "forward and one backward pass, holding at most K micro-batches' activations",
+        read_by=("pipeline",),
+    )
     remat: bool = flag(
         False,
         "--remat",

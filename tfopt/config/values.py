@@ -35,6 +35,7 @@ _CHOICES = {
     ("runtime", "allreduce_dtype"): ALLREDUCE_DTYPES,
     ("runtime", "variable_partitioner"): PARTITIONERS,
     ("runtime", "balance"): ("params", "flops"),
+    ("runtime", "schedule"): ("gpipe", "1f1b"),
     ("data", "cache"): CACHE_MODES,
     ("data", "augment"): AUGMENTS,
     ("data", "service_mode"): SERVICE_MODES,

@@ -128,7 +128,7 @@ def _measured_split(job: Job, model: gpipe.Pipelined) -> dict:
     from tfopt.runtime.gpipe.measure import measure
 
     x, y = next(iter(job.dataset("validation")))
-    measured = measure(model, x, y, model.compiled_loss)
+    measured = measure(model, x, y)
     mib = [f"{b / 2**20:.1f}" for b in measured["stage_peak_bytes"]]
     job.say(
         f"pipeline: {len(model.stages)} stages, {model.microbatches} micro-batches; idle "

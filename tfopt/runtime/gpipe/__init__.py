@@ -22,7 +22,13 @@ path is the one tensor alive (not inside a residual block). Sequential and funct
 models with one input and one output are split; a subclassed model has no layer graph to split.
 """
 
-from tfopt.runtime.gpipe.model import Pipelined, copy_weights_back, microbatch_sizes, split
+from tfopt.runtime.gpipe.model import (
+    SCHEDULES,
+    Pipelined,
+    copy_weights_back,
+    split,
+)
+from tfopt.runtime.gpipe.schedule import microbatch_sizes
 from tfopt.runtime.gpipe.stages import (
     BALANCE,
     Partition,
@@ -35,6 +41,7 @@ __all__ = [
     "BALANCE",
     "Partition",
     "Pipelined",
+    "SCHEDULES",
     "build_stages",
     "copy_weights_back",
     "microbatch_sizes",

@@ -8,7 +8,8 @@
   ``(K-1)/(M+K-1)`` is what it comes to when every stage takes the same time on a device of its
   own. Logical CPU devices share the cores and a stage measured alone uses all of them: there
   the step takes about the stages' summed time and the figure comes near ``1 - 1/K``.
-* **Peak memory:** each stage's peak allocation while it holds the activations of all M
+* **Peak memory:** the whole pipelined step's peak under its schedule (``gpipe`` or ``1f1b``);
+  each stage's peak allocation while it holds the activations of all M
   micro-batches for their backward pass, with and without rematerialization, beside the unsplit
   model's on the whole batch (the allocator's peak, ``tf.config.experimental.get_memory_info``;
   logical CPU devices share one allocator, so the stages are measured one after another; on a
@@ -23,12 +24,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 from tfopt.core._keras import tf
 
-from tfopt.runtime.gpipe.model import Pipelined, microbatch_sizes
+from tfopt.runtime.gpipe.model import Pipelined
+from tfopt.runtime.gpipe.schedule import microbatch_sizes
 
 ArrayLike = Any  # a NumPy array or a tensor
 
@@ -70,25 +71,24 @@ def _stage_step(stage, remat: bool):
     return step
 
 
-def measure(
-    pipelined: Pipelined, x: ArrayLike, y: ArrayLike, loss: Callable, repeats: int = 5
-) -> dict:
+def measure(pipelined: Pipelined, x: ArrayLike, y: ArrayLike, repeats: int = 5) -> dict:
     """Times and peak memory of ``pipelined``'s stages on the batch ``x``, ``y``.
 
     Args:
-        pipelined: The split model.
+        pipelined: The split model, compiled (its loss is the training loss).
         x: One batch of inputs (its size is the training batch).
         y: Its labels.
-        loss: The training loss, ``loss(y, y_pred)``.
         repeats: Timed runs per figure (the median is kept).
 
     Returns:
         ``stage_seconds`` (each stage's busy time: its forward and backward passes of the M
         micro-batches), ``step_seconds``,
         ``bubble_measured``, ``bubble_formula``, ``stage_peak_bytes`` and
-        ``stage_peak_bytes_remat`` (M micro-batches held), ``unsplit_peak_bytes``.
+        ``stage_peak_bytes_remat`` (M micro-batches held), ``step_peak_bytes`` (the whole
+        pipelined step under the model's schedule) and
+        ``unsplit_peak_bytes``.
     """
-    x = tf.convert_to_tensor(x)
+    x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
     k, m = len(pipelined.stages), min(pipelined.microbatches, int(x.shape[0]))
     sizes = microbatch_sizes(tf.shape(x)[0], m)
     parts = tf.split(x, sizes, num=m)
@@ -107,14 +107,12 @@ def measure(
 
     @tf.function
     def pipelined_step():
-        with tf.GradientTape() as tape:
-            value = loss(y, pipelined.pipelined_forward(x))
-        return tape.gradient(value, pipelined.trainable_variables)
+        return pipelined.gradients(x, y)[1]
 
     @tf.function
     def unsplit_step():
         with tf.GradientTape() as tape:
-            value = loss(y, pipelined(x, training=True))
+            value = pipelined.compute_loss(x, y, pipelined(x, training=True))
         return tape.gradient(value, pipelined.trainable_variables)
 
     step = median_seconds(pipelined_step, repeats)
@@ -127,5 +125,6 @@ def measure(
         "bubble_formula": (k - 1) / (m + k - 1),
         "stage_peak_bytes": peaks,
         "stage_peak_bytes_remat": peaks_remat,
+        "step_peak_bytes": _peak_bytes(pipelined.devices[0], pipelined_step),
         "unsplit_peak_bytes": _peak_bytes(pipelined.devices[0], unsplit_step),
     }

@@ -7,27 +7,30 @@ from collections.abc import Callable, Sequence
 from tfopt.core._keras import keras, tf
 
 from tfopt.core.errors import ConfigError
+from tfopt.runtime.gpipe.schedule import microbatch_sizes, one_f_one_b_step
 from tfopt.runtime.gpipe.stages import Partition, build_stages, partition, stage_devices
 
-
-def microbatch_sizes(batch, microbatches: int):
-    """The sizes of ``microbatches`` near-equal parts of a batch of ``batch`` examples."""
-    base, extra = batch // microbatches, batch % microbatches
-    return base + tf.cast(tf.range(microbatches) < extra, batch.dtype)
+#: The orders a training step can run its passes in.
+SCHEDULES = ("gpipe", "1f1b")
 
 
 class Pipelined(keras.Model):
-    """The stages as one Keras model whose training step runs the GPipe schedule.
+    """The stages as one Keras model whose training step runs a pipeline schedule.
 
     ``fit``, ``evaluate`` and ``predict`` work as for any model; a training step splits the batch
-    into ``microbatches`` parts, passes each through the stages on their devices, takes the
-    loss over the whole batch and applies the summed gradients once.
+    into ``microbatches`` parts, passes each through the stages on their devices and applies the
+    gradients summed over the micro-batches once: under ``gpipe`` every forward pass comes first
+    and the loss is taken over the whole batch; under ``1f1b``
+    (:mod:`tfopt.runtime.gpipe.schedule`) each stage alternates forward and backward passes and
+    each micro-batch's loss is weighted by its share of the batch.
 
     Args:
         stages: The stage models (:func:`build_stages`), in order.
         devices: Each stage's device.
         microbatches: M, the micro-batches per batch (>= 1).
         remat: Recompute each stage's activations in the backward pass instead of keeping them.
+        partition: Where the model was cut (recorded by :meth:`describe`).
+        schedule: ``gpipe`` or ``1f1b``.
     """
 
     def __init__(
@@ -37,11 +40,17 @@ class Pipelined(keras.Model):
         microbatches: int,
         remat: bool = False,
         partition: Partition | None = None,
+        schedule: str = "gpipe",
         **kwargs,
     ):
         super().__init__(**kwargs)
         if microbatches < 1:
             raise ConfigError(f"--microbatches {microbatches} must be >= 1")
+        if schedule not in SCHEDULES:
+            raise ConfigError(
+                f"--schedule {schedule!r} is not valid; choose one of {', '.join(SCHEDULES)}"
+            )
+        self.schedule = schedule
         self.stages = list(stages)
         self.devices = list(devices)
         self.microbatches = microbatches
@@ -66,6 +75,7 @@ class Pipelined(keras.Model):
             ],
             "balanced_by": part.by,
             "microbatches": m,
+            "schedule": self.schedule,
             "remat": self.remat,
             "bubble_formula": (k - 1) / (m + k - 1),
         }
@@ -125,25 +135,40 @@ class Pipelined(keras.Model):
 
         return tf.recompute_grad(run) if self.remat else run
 
-    def train_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    def gradients(self, x, y, sample_weight=None) -> tuple:
+        """The predictions and the gradients (in ``trainable_variables``' order) of one training
+        step under the model's schedule, not applied; the model must be compiled."""
+        if self.schedule == "1f1b":
+            return one_f_one_b_step(self, x, y, sample_weight)
+        scaling = isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer)
         with tf.GradientTape() as tape:
             y_pred = self.pipelined_forward(x)
             loss = self.compute_loss(x, y, y_pred, sample_weight)
-        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+            if scaling:
+                loss = self.optimizer.get_scaled_loss(loss)
+        grads = tape.gradient(loss, self.trainable_variables)
+        if scaling:
+            grads = self.optimizer.get_unscaled_gradients(grads)
+        return y_pred, grads
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred, grads = self.gradients(x, y, sample_weight)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
         return self.compute_metrics(x, y, y_pred, sample_weight)
 
 
 def split(model: keras.Model, runtime, macs: Callable | None = None) -> Pipelined:
     """``model`` split as ``runtime`` (a :class:`~tfopt.config.RuntimeConfig`) says: ``stages``,
-    ``microbatches`` (0 = 4K), ``balance``, ``cut_after`` (comma-separated) and ``remat``
-    (``macs``: the multiply-add counter ``balance="flops"`` uses)."""
+    ``microbatches`` (0 = 4K), ``balance``, ``cut_after`` (comma-separated), ``remat`` and
+    ``schedule`` (``macs``: the multiply-add counter ``balance="flops"`` uses)."""
     k = runtime.stages
     cut = [name.strip() for name in runtime.cut_after.split(",") if name.strip()]
     part = partition(model, k, by=runtime.balance, cut_after=cut, macs=macs)
     devices = stage_devices(k)
     stages = build_stages(model, part, devices)
-    return Pipelined(stages, devices, runtime.microbatches or 4 * k, runtime.remat, part)
+    m = runtime.microbatches or 4 * k
+    return Pipelined(stages, devices, m, runtime.remat, part, runtime.schedule)
 
 
 def copy_weights_back(pipelined: Pipelined, model: keras.Model) -> None:
