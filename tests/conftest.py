@@ -30,6 +30,7 @@ import pytest  # noqa: E402
 LONGEST_FIRST = (
     "test_notebooks.py",
     "test_readme.py",
+    "test_federated.py",
     "test_your_model.py",
     "test_fault_tolerance.py",
     "test_channel_prune.py",

@@ -167,3 +167,11 @@ def test_every_help_answers_without_starting_tensorflow():
         [sys.executable, "-c", script, *commands], capture_output=True, text=True, check=True
     ).stdout.split()
     assert dict(zip(out[::2], out[1::2])) == {c: "False" for c in commands}
+
+
+def test_the_runtime_options_are_no_other_sections_options():
+    """Every training command takes the runtime section beside its own: an option of both would
+    be read for one and refused or ignored for the other (``--schedule`` was optimize's)."""
+    runtime = {n for s, _, f in cli.config_flags(("runtime",)) for n in (f.name, *f.aliases)}
+    others = {n for s, _, f in cli.config_flags() if s != "runtime" for n in (f.name, *f.aliases)}
+    assert runtime & others == set()

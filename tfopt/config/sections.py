@@ -197,7 +197,7 @@ class RuntimeConfig:
     )
     schedule: str = flag(
         "gpipe",
-        "--schedule",
+        "--pipeline-schedule",
         "gpipe: every forward pass, then every backward pass; 1f1b: each stage alternates one "
         "forward and one backward pass, holding at most K micro-batches' activations",
         read_by=("pipeline",),

@@ -48,7 +48,7 @@ class Pipelined(keras.Model):
             raise ConfigError(f"--microbatches {microbatches} must be >= 1")
         if schedule not in SCHEDULES:
             raise ConfigError(
-                f"--schedule {schedule!r} is not valid; choose one of {', '.join(SCHEDULES)}"
+                f"--pipeline-schedule {schedule!r} is not valid; choose one of {', '.join(SCHEDULES)}"
             )
         self.schedule = schedule
         self.stages = list(stages)
