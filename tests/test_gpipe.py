@@ -1,6 +1,8 @@
 """GPipe pipeline parallelism (tfopt.runtime.gpipe): partitions, placement, and steps equal to the
 unsplit model's."""
 
+import json
+
 from tfopt.core._keras import keras, tf
 
 import numpy as np
@@ -89,6 +91,49 @@ def test_balance_minimizes_the_costliest_stage_against_brute_force():
 
     flops = gpipe.partition(residual_cnn(), 2, by="flops", macs=layer_macs)
     assert flops.stages[0][-1] in ("c1", "res") and flops.by == "flops"
+
+
+def convs_then_wide_dense(seed: int = 0) -> keras.Model:
+    """Two equal convolutions on a 48x48 image (few weights, most of the work) before wide Dense
+    layers (most of the weights, little work): parameters and time disagree about where to cut."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((48, 48, 3)),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv1"),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv3"),
+            keras.layers.GlobalAveragePooling2D(name="pool"),
+            keras.layers.Dense(1024, activation="relu", name="wide1"),
+            keras.layers.Dense(1024, activation="relu", name="wide2"),
+            keras.layers.Dense(10, name="out"),
+        ],
+        name="convs_then_dense",
+    )
+
+
+def test_time_balance_times_each_piece_and_cuts_where_the_work_is_not_where_the_weights_are():
+    from tfopt.compress.flops import layer_macs
+    from tfopt.runtime.gpipe.cost import piece_seconds
+
+    model = convs_then_wide_dense()
+    x, _ = _data(model, n=32)
+    seconds = piece_seconds(model, x, repeats=3)
+    # A Sequential model can be cut after every layer: every layer ends a piece.
+    assert list(seconds) == [layer.name for layer in model.layers]
+    assert all(s > 0 for s in seconds.values())
+    # conv2 and conv3 do ~10x the multiply-adds of everything else, the Dense layers hold ~100x
+    # their weights: time (like multiply-adds, unlike parameters) cuts between the two convolutions
+    # (the other cuts leave a stage ~1.6x costlier here).
+    by_time = gpipe.partition(model, 2, by="time", seconds=seconds)
+    assert by_time.stages[0] == ("conv1", "conv2") and by_time.by == "time"
+    assert by_time.stages == gpipe.partition(model, 2, by="flops", macs=layer_macs).stages
+    assert gpipe.partition(model, 2, by="params").stages[0][-1] == "wide1"
+    assert sum(by_time.costs) == pytest.approx(sum(seconds.values()))
+    # What a resumed run reads back is the same partition.
+    assert gpipe.Partition.from_dict(json.loads(json.dumps(by_time.to_dict()))) == by_time
+    with pytest.raises(TypeError, match="needs seconds="):
+        gpipe.partition(model, 2, by="time")
 
 
 def test_each_stage_lives_on_its_device():
@@ -277,9 +322,11 @@ def test_tfopt_train_pipeline_equals_one_device_resumes_exactly_and_records_its_
     assert [s["device"][-5:] for s in split["stages"]] == ["CPU:0", "CPU:1", "CPU:2"]
     assert split["microbatches"] == 5 and split["remat"] is True and split["schedule"] == "1f1b"
     assert split["bubble_formula"] == pytest.approx(2 / 7)
+    assert split["balanced_by"] == "time" and all(s["cost"] > 0 for s in split["stages"])
     # Killed after a backup and started again: the uninterrupted run's weights, bit for bit.
     log = _preempted_then_resumed(tmp_path / "resumed", *PIPELINE)
     assert int(re.search(r"resuming at step (\d+)", log).group(1)) >= 4
+    assert "cut where the interrupted run cut (balanced by time)" in log, log[-3000:]
     resumed = json.load(open(tmp_path / "resumed" / "run.json"))
     assert resumed["weights_sha256"] == record["weights_sha256"]
 
@@ -296,7 +343,7 @@ def test_tfopt_train_pipeline_equals_one_device_resumes_exactly_and_records_its_
         (("--strategy", "pipeline", "--dp-noise", "1.0", "--dp-l2-clip", "1"), "drop --dp-l2-clip"),
         (
             ("--strategy", "pipeline", "--balance", "size"),
-            "'size' is not valid; choose one of params",
+            "'size' is not valid; choose one of time, params",
         ),
         (("--strategy", "pipeline", "--cut-after", "nope"), "'nope' is not a layer"),
     ],

@@ -209,7 +209,10 @@ class RuntimeConfig:
         read_by=("pipeline",),
     )
     balance: str = flag(
-        "params", "--balance", "what the stages are balanced by", read_by=("pipeline",)
+        "time",
+        "--balance",
+        "what the stages are balanced by: each piece's measured seconds, parameters or multiply-adds",
+        read_by=("pipeline",),
     )
     cut_after: str = flag(
         "",

@@ -34,7 +34,7 @@ _CHOICES = {
     ("runtime", "collective"): COLLECTIVES,
     ("runtime", "allreduce_dtype"): ALLREDUCE_DTYPES,
     ("runtime", "variable_partitioner"): PARTITIONERS,
-    ("runtime", "balance"): ("params", "flops"),
+    ("runtime", "balance"): ("time", "params", "flops"),
     ("runtime", "schedule"): ("gpipe", "1f1b"),
     ("data", "cache"): CACHE_MODES,
     ("data", "augment"): AUGMENTS,

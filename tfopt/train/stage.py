@@ -10,12 +10,15 @@ the run directory with its ``run.json``.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Sequence
 
 from tfopt.core._keras import keras
 
 from tfopt.config import RunConfig
+from tfopt.core.fileio import write_json
 from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
 from tfopt.privacy.job import plan_for, private_step
@@ -27,6 +30,7 @@ from tfopt.runtime.job import Job, plain_copy, weights_digest
 log = logging.getLogger(__name__)
 
 PROG = "tfopt train"
+SPLIT_FILE = "pipeline_split.json"  # beside the backups: where a resumed pipeline run cuts
 
 
 def run(cfg: RunConfig, *, overwrite: bool = False, callbacks: Sequence = ()) -> RunRecord | None:
@@ -116,7 +120,26 @@ def _placed(job: Job, cfg: RunConfig, model, copy) -> tuple:
         return model, PlainValidation(copy, job.dataset("validation"), job.chief)
     from tfopt.compress.flops import layer_macs
 
-    split = gpipe.split(model, cfg.runtime, layer_macs)
+    # A resumed run cuts where the interrupted one did: its backups hold the stages' variables,
+    # and a measured balance can come out differently the second time.
+    saved = os.path.join(job.run_dir.work, "backup", SPLIT_FILE) if job.run_dir else ""
+    part = None
+    if saved and job.resuming and os.path.isfile(saved):
+        with open(saved, encoding="utf-8") as f:
+            part = gpipe.Partition.from_dict(json.load(f))
+        log.info(
+            f"pipeline: cut where the interrupted run cut (balanced by {part.by})",
+            extra={"prog": PROG},
+        )
+    sample = None
+    if part is None and cfg.runtime.balance == "time" and not cfg.runtime.cut_after:
+        sample = next(iter(job.dataset("validation")))[0]
+    split = gpipe.split(model, cfg.runtime, layer_macs, sample, part)
+    if saved and part is None:
+        job.open_work()  # a fresh run's work directory is emptied when it opens
+        os.makedirs(os.path.dirname(saved), exist_ok=True)
+        write_json(saved, split.partition.to_dict())
+    keras.utils.set_random_seed(cfg.train.seed)  # the split built layers: same start either way
     weights = lambda: split.unsplit_weights(copy)  # noqa: E731
     return split, PlainValidation(copy, job.dataset("validation"), job.chief, weights)
 

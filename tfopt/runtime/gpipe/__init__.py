@@ -12,7 +12,7 @@ them (``remat``, ``tf.recompute_grad``): only the activations crossing stage bou
 BatchNormalization normalizes each micro-batch by its own statistics and updates its moving
 averages once per micro-batch, as GPipe does.
 
-    part = partition(model, stages=2, by="params")
+    part = partition(model, stages=2, by="time", seconds=piece_seconds(model, x))
     pipelined = Pipelined(build_stages(model, part, stage_devices(2)), microbatches=8)
     pipelined.compile(optimizer, loss, metrics)   # then fit / evaluate as any Keras model
     copy_weights_back(pipelined, model)           # the trained weights in the user's model

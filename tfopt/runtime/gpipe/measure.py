@@ -22,26 +22,15 @@ mode (BatchNormalization statistics move), and nothing is saved after it.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
 from tfopt.core._keras import tf
 
+from tfopt.runtime.gpipe.cost import median_seconds, stage_step
 from tfopt.runtime.gpipe.model import Pipelined
 from tfopt.runtime.gpipe.schedule import microbatch_sizes
 
 ArrayLike = Any  # a NumPy array or a tensor
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # traces
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy(), fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _peak_bytes(device: str, fn) -> int:
@@ -51,24 +40,6 @@ def _peak_bytes(device: str, fn) -> int:
     before = tf.config.experimental.get_memory_info(device)["current"]
     tf.nest.map_structure(lambda t: t.numpy(), fn())
     return int(tf.config.experimental.get_memory_info(device)["peak"] - before)
-
-
-def _stage_step(stage, remat: bool):
-    """Forward and backward of ``stage`` over a list of micro-batch inputs, in one tape."""
-
-    def run(h):
-        return stage(h, training=True)
-
-    call = tf.recompute_grad(run) if remat else run
-
-    @tf.function
-    def step(parts):
-        with tf.GradientTape() as tape:
-            tape.watch(parts)
-            total = tf.add_n([tf.reduce_sum(tf.cast(call(h), tf.float32)) for h in parts])
-        return tape.gradient(total, [*parts, *stage.trainable_variables])
-
-    return step
 
 
 def measure(pipelined: Pipelined, x: ArrayLike, y: ArrayLike, repeats: int = 5) -> dict:
@@ -100,7 +71,7 @@ def measure(pipelined: Pipelined, x: ArrayLike, y: ArrayLike, repeats: int = 5) 
     stage_seconds, peaks, peaks_remat = [], [], []
     for stage, device, held in zip(pipelined.stages, pipelined.devices, inputs, strict=True):
         with tf.device(device):
-            plain, recomputed = _stage_step(stage, False), _stage_step(stage, True)
+            plain, recomputed = stage_step(stage, False), stage_step(stage, True)
             stage_seconds.append(median_seconds(lambda s=plain, h=held: s(h), repeats))
             peaks.append(_peak_bytes(device, lambda s=plain, h=held: s(h)))
             peaks_remat.append(_peak_bytes(device, lambda s=recomputed, h=held: s(h)))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tfopt.core._keras import keras, tf
 
 from tfopt.core.errors import ConfigError
+from tfopt.runtime.gpipe.cost import piece_seconds
 from tfopt.runtime.gpipe.schedule import microbatch_sizes, one_f_one_b_step
 from tfopt.runtime.gpipe.stages import Partition, build_stages, partition, stage_devices
 
@@ -158,13 +160,31 @@ class Pipelined(keras.Model):
         return self.compute_metrics(x, y, y_pred, sample_weight)
 
 
-def split(model: keras.Model, runtime, macs: Callable | None = None) -> Pipelined:
+def split(
+    model: keras.Model,
+    runtime: Any,
+    macs: Callable | None = None,
+    sample: Any = None,
+    part: Partition | None = None,
+) -> Pipelined:
     """``model`` split as ``runtime`` (a :class:`~tfopt.config.RuntimeConfig`) says: ``stages``,
     ``microbatches`` (0 = 4K), ``balance``, ``cut_after`` (comma-separated), ``remat`` and
-    ``schedule`` (``macs``: the multiply-add counter ``balance="flops"`` uses)."""
+    ``schedule``.
+
+    Args:
+        model: The model to split.
+        runtime: The runtime section.
+        macs: The multiply-add counter ``balance="flops"`` uses.
+        sample: A training batch of inputs, which ``balance="time"`` times the pieces on.
+        part: Where to cut instead (a resumed run's recorded partition).
+    """
     k = runtime.stages
-    cut = [name.strip() for name in runtime.cut_after.split(",") if name.strip()]
-    part = partition(model, k, by=runtime.balance, cut_after=cut, macs=macs)
+    if part is None:
+        cut = [name.strip() for name in runtime.cut_after.split(",") if name.strip()]
+        seconds = None
+        if runtime.balance == "time" and not cut:
+            seconds = piece_seconds(model, sample)
+        part = partition(model, k, by=runtime.balance, cut_after=cut, macs=macs, seconds=seconds)
     devices = stage_devices(k)
     stages = build_stages(model, part, devices)
     m = runtime.microbatches or 4 * k

@@ -11,7 +11,7 @@ from tfopt.core._keras import keras, tf
 from tfopt.core.errors import ConfigError
 
 #: How ``partition`` weighs the layers when it balances the stages.
-BALANCE = ("params", "flops")
+BALANCE = ("time", "params", "flops")
 
 
 @dataclass(frozen=True)
@@ -22,13 +22,28 @@ class Partition:
         stages: The layer names of each stage, in the model's order.
         outputs: The layer whose output leaves each stage (the last: the model's output).
         costs: Each stage's summed cost, in the unit of ``by``.
-        by: ``params``, ``flops`` or ``names`` (cut where the user said).
+        by: ``time`` (seconds measured per piece), ``params``, ``flops`` or ``names`` (cut where
+            the user said).
     """
 
     stages: tuple[tuple[str, ...], ...]
     outputs: tuple[str, ...]
     costs: tuple[float, ...]
     by: str
+
+    def to_dict(self) -> dict:
+        """The partition as JSON (a resumed run cuts where this says)."""
+        return {"stages": self.stages, "outputs": self.outputs, "costs": self.costs, "by": self.by}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Partition:
+        """The partition :meth:`to_dict` wrote."""
+        return cls(
+            tuple(tuple(names) for names in data["stages"]),
+            tuple(data["outputs"]),
+            tuple(float(c) for c in data["costs"]),
+            data["by"],
+        )
 
 
 class _Graph:
@@ -134,17 +149,20 @@ def partition(
     by: str = "params",
     cut_after: Sequence[str] = (),
     macs: Callable | None = None,
+    seconds: dict[str, float] | None = None,
 ) -> Partition:
     """Splits ``model``'s layers into ``stages`` contiguous stages.
 
     Args:
         model: A functional or Sequential tf_keras model with one input and one output.
         stages: K, the number of stages (>= 1).
-        by: ``params`` or ``flops``: the stages' largest summed cost is made as small as the
-            model's cut points allow. Ignored when ``cut_after`` is given.
+        by: ``time``, ``params`` or ``flops``: the stages' largest summed cost is made as small
+            as the model's cut points allow. Ignored when ``cut_after`` is given.
         cut_after: The layers after which to cut (K-1 names), instead of balancing.
         macs: ``macs(layer, model)``, a layer's multiply-adds per example, for ``by="flops"``
             (:func:`tfopt.compress.flops.layer_macs`).
+        seconds: ``{layer name: seconds}`` for ``by="time"``, as
+            :func:`tfopt.runtime.gpipe.cost.piece_seconds` measures them (layers not named cost 0).
 
     Returns:
         The partition.
@@ -170,11 +188,7 @@ def partition(
                 f"model {model.name!r} can be cut in {len(cuts)} places (one tensor crossing), "
                 f"so it has at most {len(cuts) + 1} stages; --stages {stages} asks for more"
             )
-        cost = _params if by == "params" else macs
-        if cost is None:
-            raise TypeError("partition(by='flops') needs macs=, a multiply-add counter")
-        layers = {layer.name: layer for layer in graph.model.layers}
-        costs = [float(cost(layers[n], graph.model)) for n in order]
+        costs = _costs(graph, by, macs, seconds)
         chosen = _balanced(costs, cuts, stages)
     bounds = [-1, *chosen, len(order) - 1]
     names = tuple(tuple(order[a + 1 : b + 1]) for a, b in zip(bounds, bounds[1:], strict=False))
@@ -186,6 +200,19 @@ def partition(
             float(sum(costs[a + 1 : b + 1])) for a, b in zip(bounds, bounds[1:], strict=False)
         )
     return Partition(names, outputs, totals, by)
+
+
+def _costs(graph: _Graph, by: str, macs: Callable | None, seconds: dict | None) -> list[float]:
+    """Each layer's cost in the unit of ``by``, in the graph's order."""
+    if by == "time":
+        if seconds is None:
+            raise TypeError("partition(by='time') needs seconds=, the measured piece times")
+        return [float(seconds.get(n, 0.0)) for n in graph.order]
+    cost = _params if by == "params" else macs
+    if cost is None:
+        raise TypeError("partition(by='flops') needs macs=, a multiply-add counter")
+    layers = {layer.name: layer for layer in graph.model.layers}
+    return [float(cost(layers[n], graph.model)) for n in graph.order]
 
 
 def _named_cuts(graph: _Graph, names: list[str], stages: int) -> list[int]:
