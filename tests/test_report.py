@@ -391,6 +391,34 @@ SELECTIVE = {
 }
 
 
+# train.pipeline and train.privacy as tfopt train and tfopt distill record them.
+SPLIT = {
+    "stages": [
+        {"layers": 3, "first": "c1", "last": "pool", "cost": 0.012, "device": "/device:CPU:0"},
+        {"layers": 4, "first": "flat", "last": "logits", "cost": 0.010, "device": "/device:CPU:1"},
+    ],
+    "balanced_by": "time",
+    "microbatches": 8,
+    "schedule": "1f1b",
+    "remat": True,
+    "bubble_formula": 1 / 9,
+    "measured": {
+        "bubble_measured": 0.4876,
+        "stage_peak_bytes": [3 * 2**20, 5 * 2**20],
+        "unsplit_peak_bytes": 9 * 2**20,
+    },
+}
+PRIVACY = {
+    "epsilon_rdp": 2.9187,
+    "epsilon_pld": 2.7012,
+    "delta": 1e-5,
+    "noise_multiplier": 1.1,
+    "l2_clip": 1.0,
+    "steps": 14040,
+    "sampling": "Poisson",
+}
+
+
 def make_pipeline_dir(root, *, probe=True, pending=(), tflite=None) -> str:
     """A pipeline run directory with hand-written records: teacher -> student -> student-pqat, three exports.
 
@@ -412,7 +440,7 @@ def make_pipeline_dir(root, *, probe=True, pending=(), tflite=None) -> str:
             hist,
             {"test_accuracy": 0.985},
             params=220522,
-            train={"epochs": 2, "examples_per_sec": 1800.0},
+            train={"epochs": 2, "examples_per_sec": 1800.0, "pipeline": SPLIT},
         ),
         "student": _record(
             "distill",
@@ -421,6 +449,7 @@ def make_pipeline_dir(root, *, probe=True, pending=(), tflite=None) -> str:
             {"test_accuracy": 0.98},
             {"settings": {"technique": "none"}},
             params=14506,
+            train={"privacy": PRIVACY},
         ),
         "student-pqat": _record(
             "optimize",
@@ -659,6 +688,18 @@ def test_report_md_json_html_and_hparams_from_a_synthetic_run(tmp_path, tiny_tfl
     assert pqat["bound_us"] == pytest.approx(6.0) and "| 3.33x " in md
     assert "`student-pqat/int8`: time: conv/FC 89% (3.0x its bound; 68 of 200 GMAC/s int8)" in md
     assert "one core's peaks at 3.00 GHz: fp32 50 GMAC/s (vfmadd231ps zmm" in md
+    # The student's DP budget and the teacher's pipeline split, as their records hold them.
+    cells = re.sub(" +", " ", md)  # the tables' columns are padded
+    assert (
+        "### Differential privacy" in md
+        and "| student | 2.92 | 2.70 | 1.0e-05 | 1.100 | 1 " in cells
+    )
+    assert "### Pipeline parallelism" in md
+    assert (
+        "| teacher | 2 | 8 | 1f1b + remat | time | c1..pool \\| flat..logits | 0.49 | 0.11 "
+        in cells
+    )
+    assert "| 3.0 / 5.0 | 9.0 |" in cells
     with open(report["paths"]["html"], encoding="utf-8") as f:
         page = f.read()
     assert page.count('src="data:image/png;base64,') == 2 and '<table id="variants">' in page

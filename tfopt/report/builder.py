@@ -30,6 +30,15 @@ log = logging.getLogger(__name__)
 REPORT_DIR = "report"
 SCHEMA = 1
 IMAGES = {"training": "training_curves.png", "pareto": "pareto.png"}
+PRIVACY_KEYS = (
+    "epsilon_rdp",
+    "epsilon_pld",
+    "delta",
+    "noise_multiplier",
+    "l2_clip",
+    "steps",
+    "sampling",
+)
 
 
 def _stage_rows(run: collect_lib.PipelineRun) -> list[dict]:
@@ -47,6 +56,10 @@ def _stage_rows(run: collect_lib.PipelineRun) -> list[dict]:
                 strategy=(rec.strategy or {}).get("name"),
                 replicas=(rec.strategy or {}).get("num_replicas"),
             )
+            if train.get("privacy"):  # DP-SGD: what the stage spent
+                row["privacy"] = {k: train["privacy"].get(k) for k in PRIVACY_KEYS}
+            if train.get("pipeline"):  # --strategy pipeline: the split and what it measured
+                row["pipeline"] = train["pipeline"]
         rows.append(row)
     return rows
 

@@ -255,7 +255,83 @@ def _training(report: dict) -> list[dict]:
             numeric=[False] * 3 + [True] * 4 + [False],
         )
     )
-    return out
+    return out + _privacy(report) + _split(report)
+
+
+def _privacy(report: dict) -> list[dict]:
+    rows = [
+        [
+            s["name"],
+            f"{p['epsilon_rdp']:.2f}",
+            f"{p['epsilon_pld']:.2f}",
+            f"{p['delta']:.1e}",
+            f"{p['noise_multiplier']:.3f}",
+            f"{p['l2_clip']:g}",
+            whole(p["steps"]),
+        ]
+        for s in report["stages"]
+        if (p := s.get("privacy"))
+    ]
+    if not rows:
+        return []
+    return [
+        {"type": "h3", "text": "Differential privacy"},
+        table(
+            "privacy",
+            [
+                "stage",
+                "epsilon (RDP)",
+                "epsilon (PLD)",
+                "delta",
+                "noise multiplier",
+                "clip",
+                "steps",
+            ],
+            rows,
+            "The budget each private stage spent, as dp-accounting computes it (RDP and PLD) for "
+            "the stage's steps, noise and sampling (run.json: train.privacy).",
+            numeric=[False] + [True] * 6,
+        ),
+    ]
+
+
+def _split(report: dict) -> list[dict]:
+    rows = []
+    for s in report["stages"]:
+        if not (split := s.get("pipeline")):
+            continue
+        measured = split.get("measured") or {}
+        peaks = measured.get("stage_peak_bytes") or []
+        rows.append(
+            [
+                s["name"],
+                whole(len(split["stages"])),
+                whole(split["microbatches"]),
+                split["schedule"] + (" + remat" if split.get("remat") else ""),
+                split["balanced_by"],
+                " | ".join(f"{st['first']}..{st['last']}" for st in split["stages"]),
+                "-" if "bubble_measured" not in measured else f"{measured['bubble_measured']:.2f}",
+                f"{split['bubble_formula']:.2f}",
+                "-" if not peaks else " / ".join(f"{b / 2**20:.1f}" for b in peaks),
+                "-"
+                if "unsplit_peak_bytes" not in measured
+                else f"{measured['unsplit_peak_bytes'] / 2**20:.1f}",
+            ]
+        )
+    if not rows:
+        return []
+    header = ["stage", "K", "M", "schedule", "balanced by", "layers per stage", "idle measured"]
+    header += ["idle (K-1)/(M+K-1)", "peak MiB per stage", "unsplit peak MiB"]
+    return [
+        {"type": "h3", "text": "Pipeline parallelism"},
+        table(
+            "pipeline_split",
+            header,
+            rows,
+            "Each pipelined stage's split and what it measured on a validation batch after training.",
+            numeric=[False] + [True] * 2 + [False] * 3 + [True] * 4,
+        ),
+    ]
 
 
 def blocks(report: dict) -> list[dict]:
