@@ -145,6 +145,17 @@ def test_a_private_run_records_and_shows_what_it_spent(tmp_path):
     assert all(how.startswith("ghost: ") for how in layers.values()), layers
     epsilons = [row["epsilon"] for row in json.load(open(tmp_path / "one" / "metrics.json"))]
     assert epsilons == pytest.approx([_direct(1.1, 0.125, s, 1e-3)["rdp"] for s in (8, 16)])
+    # Pruning it fine-tunes on the same data without DP-SGD: said and recorded, never silent.
+    from tfopt import load_run
+    from tfopt.optimize import OptimizeSettings, PruneSpec, optimize
+
+    settings = OptimizeSettings(
+        technique="prune", prune=PruneSpec(sparsity=0.5), epochs=1, steps_per_epoch=2
+    )
+    cfg = load_run(str(tmp_path / "one")).config
+    pruned = optimize(str(tmp_path / "one"), cfg, settings, out_dir=str(tmp_path / "pruned"))
+    warning = f"was trained with DP-SGD (epsilon {section['epsilon']:.2f} at delta 0.001)"
+    assert [w for w in pruned.warnings if warning in w and "does not cover" in w], pruned.warnings
 
 
 @pytest.mark.slow

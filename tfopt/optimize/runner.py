@@ -2,10 +2,9 @@
 
 One job: validate TF_CONFIG and the settings -> create the strategy (the first TensorFlow work:
 MultiWorkerMirrored needs it) -> load the input run's model outside the strategy -> run each
-technique's phases (see :mod:`tfopt.optimize.phases`) -> the chief evaluates the strategy-free
-result on the held-out test split, computes the per-layer table from the stripped weights and
-commits a new run directory per technique (model.keras + saved_model, layers.json/.txt, run.json
-with the ``optimize`` section, TensorBoard pruning/clustering summaries).
+technique's phases (:mod:`tfopt.optimize.phases`) -> the chief evaluates the strategy-free result
+on the test split, tabulates the stripped weights per layer and commits a run directory per
+technique (model.keras, saved_model, layers.json/.txt, run.json, TensorBoard summaries).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from tfopt.core.fileio import atomic_path, write_json, write_text
 from tfopt.models import inputs, sources
 from tfopt.models.io import save_model
 from tfopt.optimize.phases import Context, FineTune, run_chain
+from tfopt.privacy.job import not_covered
 from tfopt.runs import RunRecord, fingerprint, fresh_dir, load_input, refuse_input_as_output
 from tfopt.runtime import precision as precision_lib
 from tfopt.runtime.job import Job, cluster_id, result_config, run_record, weights_digest
@@ -218,9 +218,8 @@ def run(
     Returns:
         One :class:`Outcome` per technique, in order.
     """
-    source = load_input(
-        from_dir, cfg
-    )  # reads JSON (or hashes a file) only: no TensorFlow op before MultiWorkerMirrored exists
+    # JSON (or a file's hash) only: no TensorFlow op before MultiWorkerMirrored exists
+    source = load_input(from_dir, cfg)
     job = Job(cfg, "optimize", out_dir=False, build_model=sources.build_model)
     cluster = cluster_id(job.cluster)
     dirs = []
@@ -449,6 +448,7 @@ def _write(
     }
     artifacts = _save(ctx, final, rows, rd, settings.saved_model)
     epochs = sum(i["epochs"] for i in infos if not i.get("reused"))
+    notes = job.judge(float_model, float(metrics["accuracy"])) + not_covered(job, source, epochs)
     record = run_record(
         "optimize",
         job.cfg,
@@ -474,7 +474,7 @@ def _write(
         section=section,
         weights_sha256=digest,
         fingerprint=rd.fingerprint,
-        warnings=job.judge(float_model, float(metrics["accuracy"])),
+        warnings=notes,
     )
     rd.commit(record)
     return record

@@ -1,13 +1,18 @@
 """DP-SGD in a stage: the plan said before training, the private step made, the record kept.
 
 ``train`` and ``distill`` call the same three functions, so a private run of either says, spends
-and records the same way (docs/privacy.md).
+and records the same way (docs/privacy.md); ``optimize`` says what its fine-tuning of a private
+run does not cover.
 """
 
 from __future__ import annotations
 
+import logging
+
 from tfopt.privacy.dpsgd import EpsilonLog, make_private
 from tfopt.privacy.plan import Plan, make_plan
+
+log = logging.getLogger(__name__)
 
 
 def plan_for(job, cfg, steps: int) -> Plan | None:
@@ -60,3 +65,28 @@ def private_step(model, private: Plan | None, steps: int, done: int, seed: int, 
         make_private(model, private.l2_clip, private.noise_multiplier, private.batch, seed)
     )
     return [EpsilonLog(private, steps, first_epoch=done)]
+
+
+def not_covered(job, source, epochs: int) -> list[str]:
+    """The warning (said on the chief, and returned for the record) when a DP-SGD run is
+    fine-tuned on data without DP-SGD: the run's budget does not cover that training. A transform
+    without training (post-processing) spends nothing and gets none.
+
+    Args:
+        job: The fine-tuning stage's Job (its data, whether it is the chief).
+        source: The :class:`~tfopt.runs.Run` fine-tuned.
+        epochs: The epochs it was fine-tuned (0: no training).
+    """
+    privacy = (source.record.train or {}).get("privacy")
+    if not privacy or not epochs:
+        return []
+    warning = (
+        f"{source.source!r} was trained with DP-SGD (epsilon {privacy['epsilon']:.2f} at delta "
+        f"{privacy['delta']:g}); this run fine-tuned it {epochs} epoch(s) on "
+        f"{job.cfg.data.dataset} without DP-SGD, which that budget does not cover: the result "
+        "is private only if that data needs no privacy (tfopt export's post-training "
+        "quantization of the private run spends nothing)"
+    )
+    if job.chief:
+        log.warning(warning, extra={"prog": f"tfopt {job.stage}"})
+    return [warning]
