@@ -89,6 +89,10 @@ def test_impossible_partitions_are_one_line():
             ["--client-runtime", "litert", "--algorithm", "fedprox"],
             "the .tflite training signature of --client-runtime litert takes plain SGD steps",
         ),
+        (
+            ["--engine", "simulation", "--superlink", "fed:9092"],
+            "--engine simulation runs Flower's SuperLink here, and --superlink fed:9092",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, argv, needle):
@@ -190,6 +194,31 @@ def _alive(pid):
         return f.read().split()[2] != "Z"
 
 
+def _finished(out, *argv) -> dict:
+    """``tfopt federated *argv -o out`` run to its end; its ``run.json``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tfopt.federated", *argv, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.load(open(out / "run.json"))
+
+
+def _carrying(variable: str) -> list[int]:
+    """The processes whose environment holds ``variable`` (``NAME=value``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"\0{variable}\0".encode() in b"\0" + f.read() + b"\0":
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 def _reference(run_dir):
     """The two rounds of FedAvg computed in a process of their own from the run's round-0 model,
     with the partition and the clients' training code, for comparison with the run's model."""
@@ -221,6 +250,8 @@ def test_a_killed_server_resumes_from_its_last_round_and_equals_fedavg_computed_
     second = _start(out, *skewed)
     log = second.communicate(timeout=600)[0]
     assert second.returncode == 0, log[-3000:]
+    # Nothing of the first attempt lives on (its ServerApp outlived its SuperLink's SIGKILL).
+    assert not _carrying(f"FLWR_HOME={work}/flwr"), log[-2000:]
     assert "resuming after round 1" in log and "round 1/2" not in log and "round 2/2" in log, log
     record = json.load(open(out / "run.json"))
     fed = record["federated"]
@@ -234,6 +265,23 @@ def test_a_killed_server_resumes_from_its_last_round_and_equals_fedavg_computed_
     # bit for bit: the clients train deterministically and the server sums in the clients' order
     assert reference["max_abs_diff"] == 0.0, reference
     assert reference["unweighted_diff"] > 1e-3, reference
+
+
+@pytest.mark.slow
+def test_the_simulation_engine_runs_the_clients_in_the_superlink_and_computes_the_same_fedavg(
+    tmp_path,
+):
+    """Flower's simulation engine: no SuperNode process (only the SuperLink's and the server's
+    logs), each virtual node reads the partition its id names, and the global model is FedAvg
+    computed here, bit for bit."""
+    out = tmp_path / "fed"
+    record = _finished(out, *RUN, "--engine", "simulation")
+    fed = record["federated"]
+    assert fed["engine"] == "simulation" and "Ray actors" in fed["runs_on"]
+    assert sorted(os.listdir(out / "federated" / "logs")) == ["server.log", "superlink.log"]
+    assert [(r["sampled"], r["replies"], r["failed"]) for r in record["history"]] == [(3, 3, 0)] * 2
+    reference = _reference(out)
+    assert reference["max_abs_diff"] == 0.0, reference
 
 
 @pytest.mark.slow
@@ -272,14 +320,7 @@ def test_client_level_dp_clips_each_update_adds_the_noise_and_records_its_epsilo
     out = tmp_path / "fed"
     clip, sigma = 1e-3, 1e-3
     argv = ["--rounds", "1", "--fed-dp-clip", str(clip), "--fed-dp-noise", str(sigma)]
-    done = subprocess.run(
-        [sys.executable, "-m", "tfopt.federated", *RUN, *argv, "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.load(open(out / "run.json"))
+    record = _finished(out, *RUN, *argv)
     privacy = record["federated"]["privacy"]
     assert privacy["epsilon"] == accountant.epsilon(sigma, 1.0, 1, 1e-5)
     assert (privacy["clip"], privacy["noise_multiplier"]) == (clip, sigma)
@@ -316,17 +357,8 @@ def test_litert_clients_train_the_head_in_the_tflite_signature_as_fedavg_compute
         "dirichlet",
         "--dirichlet-alpha",
         "0.5",
-        "-o",
-        str(out),
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "tfopt.federated", *argv],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.load(open(out / "run.json"))
+    record = _finished(out, *argv)
     fed = record["federated"]
     assert fed["client_runtime"] == "litert" and fed["on_device"]["head"] == "logits"
     assert fed["payload_bytes"] == 4 * fed["on_device"]["trainable_params"]  # the head only
@@ -452,5 +484,5 @@ def test_the_rendered_superlink_supernodes_and_job_run_together_here(tmp_path, c
         logs.close()
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.load(open(tmp_path / "fl" / "run.json"))
-    assert record["federated"]["engine"] == f"flower deployment at {here}"
+    assert record["federated"]["runs_on"] == f"flower deployment at {here}"
     assert [(r["sampled"], r["replies"]) for r in record["history"]] == [(3, 3), (3, 3)]

@@ -16,6 +16,8 @@ ALGORITHMS = ("fedavg", "fedprox")
 PARTITIONS = ("iid", "shards", "dirichlet")
 #: federated.client_runtime: what a client trains with.
 CLIENT_RUNTIMES = ("keras", "litert")
+#: federated.engine: how Flower runs the clients.
+ENGINES = ("deployment", "simulation")
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,8 @@ class FederatedConfig:
     clients: int = flag(
         3,
         "--clients",
-        "clients (Flower SuperNodes, started as processes), each holding one partition of the "
-        "training split",
+        "clients (Flower SuperNodes: processes, or virtual ones under --engine simulation), each "
+        "holding one partition of the training split",
         metavar="N",
     )
     rounds: int = flag(5, "--rounds", "federated rounds", metavar="N")
@@ -87,6 +89,14 @@ class FederatedConfig:
         "seconds a round waits for its clients; a client not back by then, or lost (Flower "
         "notices within about 60 s), is left out of the round",
         metavar="SECONDS",
+    )
+    engine: str = flag(
+        "deployment",
+        "--engine",
+        "deployment (a SuperLink and one SuperNode process per client, as on real devices) or "
+        "simulation (Flower's simulation engine, flwr[simulation]: the SuperLink runs every "
+        "client's ClientApp in Ray actors, one CPU each; for many clients on one machine)",
+        choices=ENGINES,
     )
     superlink: str = flag(
         "",
@@ -155,6 +165,11 @@ def check_federated(f: FederatedConfig) -> None:
             "--algorithm fedprox adds a proximal term to the clients' loss, and the .tflite "
             "training signature of --client-runtime litert takes plain SGD steps; use "
             "--algorithm fedavg, or --client-runtime keras"
+        )
+    if f.engine == "simulation" and f.superlink:
+        raise ConfigError(
+            f"--engine simulation runs Flower's SuperLink here, and --superlink {f.superlink} "
+            "names one running elsewhere; drop one of them"
         )
     if bool(f.dp_clip) != bool(f.dp_noise):
         raise ConfigError(

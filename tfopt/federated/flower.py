@@ -81,16 +81,49 @@ def require_flower() -> str:
     return os.path.dirname(found)
 
 
+def _stop_leftovers(home: str) -> None:
+    """Kills what an earlier attempt of this run left behind: its SuperLink and SuperNodes die
+    with the chief, but a ServerApp whose SuperLink was killed can hang on in its shutdown.
+    They are found by the run's own ``FLWR_HOME`` in their environment (the run directory's
+    lock keeps any other process of this run away)."""
+    needle = b"\0" + f"FLWR_HOME={home}".encode() + b"\0"
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                found = needle in b"\0" + f.read() + b"\0"
+        except OSError:  # gone, or not ours
+            continue
+        if found and int(pid) != os.getpid():
+            log.info("stopping process %s, left by an earlier attempt of this run", pid)
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 class Flower:
     """The SuperLink and ``clients`` SuperNodes of one run, under ``home``.
 
     Args:
         home: A directory of the run's own: ``FLWR_HOME``, ``app/`` and ``logs/`` go there.
         clients: SuperNodes to start; node ``i`` gets ``partition-id=i``.
+        superlink: The address of a SuperLink started elsewhere (nothing is started here).
+        simulation: Flower's simulation engine instead: the SuperLink runs the ClientApps of
+            ``clients`` virtual SuperNodes itself (Ray actors, one CPU each, as many at once as
+            there are cores) and no SuperNode process is started.
     """
 
-    def __init__(self, home: str, clients: int, superlink: str = ""):
+    def __init__(self, home: str, clients: int, superlink: str = "", simulation: bool = False):
         self.home, self.clients, self.external = home, clients, superlink
+        self.simulation = simulation
+        if simulation:
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ConfigError(
+                    "--engine simulation runs on Flower's simulation engine (Ray), which is not "
+                    "installed here: pip install 'tfopt[federated]' (flwr[simulation] 1.42)"
+                )
         self.logs = os.path.join(home, "logs")
         os.makedirs(self.logs, exist_ok=True)
         bin_dir = require_flower()
@@ -104,7 +137,7 @@ class Flower:
             "PYTHONUNBUFFERED": "1",
         }
         self.bin = bin_dir
-        self.port, *self.node_ports = _free_ports(clients + 1)
+        self.port, *self.node_ports = _free_ports(1 if simulation else clients + 1)
         self.superlink: subprocess.Popen | None = None
         self.nodes: list[subprocess.Popen] = []
 
@@ -139,6 +172,7 @@ class Flower:
             )
         if self.external:
             return
+        _stop_leftovers(self.env["FLWR_HOME"])
         self.superlink = self._start(
             "superlink",
             [
@@ -149,6 +183,7 @@ class Flower:
                 "--port",
                 str(self.port),
                 "--disable-runtime-dependency-installation",
+                *(["--simulation"] if self.simulation else []),
             ],
         )
         for i, port in enumerate(self.node_ports):
@@ -194,6 +229,8 @@ class Flower:
         """
         started = time.monotonic()
         last = ""
+        if self.simulation:  # virtual nodes: online once the SuperLink answers
+            return self._wait_answering(started, timeout)
         while time.monotonic() - started < timeout:
             for name, proc in (("superlink", self.superlink), *zip(self._names(), self.nodes)):
                 if proc is not None and proc.poll() is not None:
@@ -217,6 +254,24 @@ class Flower:
             f"{last or 'no answer'}"
         )
 
+    def _wait_answering(self, started: float, timeout: float) -> float:
+        last = ""
+        while time.monotonic() - started < timeout:
+            if self.superlink.poll() is not None:
+                raise TfoptError(
+                    f"Flower's superlink exited with code {self.superlink.returncode} while "
+                    f"starting: see {os.path.join(self.logs, 'superlink.log')}"
+                )
+            done = self._flwr("ls", CONNECTION, "--format", "json")
+            if done.returncode == 0:
+                return time.monotonic() - started
+            last = (done.stdout + done.stderr).strip()[-300:]
+            time.sleep(0.5)
+        raise TfoptError(
+            f"Flower's simulation SuperLink did not answer after {timeout:.0f} s (see the logs "
+            f"in {self.logs}): {last or 'no answer'}"
+        )
+
     def _names(self) -> list[str]:
         return [f"client-{i}" for i in range(len(self.nodes))]
 
@@ -231,7 +286,7 @@ class Flower:
         out = open(os.path.join(self.logs, "server.log"), "ab")
         try:
             proc = subprocess.Popen(
-                [os.path.join(self.bin, "flwr"), "run", app, CONNECTION, "--stream"],
+                [os.path.join(self.bin, "flwr"), "run", app, CONNECTION, "--stream", *self._sim()],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -245,6 +300,15 @@ class Flower:
             time.sleep(1.0)
         watch()
         return proc.returncode
+
+    def _sim(self) -> list[str]:
+        """``flwr run``'s simulation settings: the virtual SuperNodes and one CPU per ClientApp."""
+        if not self.simulation:
+            return []
+        return [
+            "--federation-config",
+            f"num-supernodes={self.clients} client-resources-num-cpus=1",
+        ]
 
     def stop(self) -> None:
         """Stops every process (SIGTERM, then SIGKILL after 10 s) with what it started."""

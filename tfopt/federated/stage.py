@@ -78,7 +78,7 @@ def run(cfg: RunConfig, *, overwrite: bool = False) -> RunRecord:
         inputs.adopt(job, model, cfg.model.name)
         work = os.path.join(job.open_work(), "federated")
         spec_path, table = _prepare(job, model, work)
-        flower = Flower(work, fed.clients, fed.superlink)
+        flower = Flower(work, fed.clients, fed.superlink, fed.engine == "simulation")
         started = time.perf_counter()
         try:
             flower.start()
@@ -253,6 +253,15 @@ def _privacy(fed, rounds: int) -> dict | None:
     }
 
 
+def _runs_on(fed) -> str:
+    """Where the clients ran, for the record."""
+    if fed.superlink:
+        return f"flower deployment at {fed.superlink}"
+    if fed.engine == "simulation":
+        return "flower simulation: one SuperLink running the clients' ClientApps in Ray actors"
+    return "flower deployment: a SuperLink and one SuperNode per client, real processes"
+
+
 def _commit(job, model, built, work, table, history, result) -> RunRecord:
     """Scores the final global model on the test split, saves it, tidies the work directory and
     commits the run."""
@@ -271,9 +280,7 @@ def _commit(job, model, built, work, table, history, result) -> RunRecord:
     artifacts["initial_weights"] = os.path.join(work, FILES["initial"])
     payload = result["payload_bytes"]
     section = {
-        "engine": f"flower deployment at {fed.superlink}"
-        if fed.superlink
-        else "flower deployment: a SuperLink and one SuperNode per client, real processes",
+        "runs_on": _runs_on(fed),
         "flwr": _flwr_version(),
         **{
             k: v
