@@ -139,6 +139,11 @@ def _placed(job: Job, cfg: RunConfig, model, copy) -> tuple:
         job.open_work()  # a fresh run's work directory is emptied when it opens
         os.makedirs(os.path.dirname(saved), exist_ok=True)
         write_json(saved, split.partition.to_dict())
+    part = split.partition
+    job.say(
+        f"pipeline: {len(part.stages)} stages balanced by {part.by}: "
+        + " | ".join(n[0] if len(n) == 1 else f"{n[0]}..{n[-1]}" for n in part.stages)
+    )
     keras.utils.set_random_seed(cfg.train.seed)  # the split built layers: same start either way
     weights = lambda: split.unsplit_weights(copy)  # noqa: E731
     return split, PlainValidation(copy, job.dataset("validation"), job.chief, weights)

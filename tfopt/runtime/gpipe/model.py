@@ -175,7 +175,8 @@ def split(
         model: The model to split.
         runtime: The runtime section.
         macs: The multiply-add counter ``balance="flops"`` uses.
-        sample: A training batch of inputs, which ``balance="time"`` times the pieces on.
+        sample: A batch of inputs at the training batch size, which ``balance="time"`` times
+            the pieces on.
         part: Where to cut instead (a resumed run's recorded partition).
     """
     k = runtime.stages
