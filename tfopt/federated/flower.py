@@ -222,15 +222,14 @@ class Flower:
         )
 
     def wait_online(self, timeout: float = 120) -> float:
-        """Waits until every SuperNode is online at the SuperLink; returns the seconds it took.
+        """Waits until every SuperNode is online at the SuperLink (under the simulation engine:
+        until the SuperLink answers, its nodes are virtual); returns the seconds it took.
 
         Raises:
             TfoptError: a process exited, or the nodes are not online in ``timeout`` seconds.
         """
         started = time.monotonic()
         last = ""
-        if self.simulation:  # virtual nodes: online once the SuperLink answers
-            return self._wait_answering(started, timeout)
         while time.monotonic() - started < timeout:
             for name, proc in (("superlink", self.superlink), *zip(self._names(), self.nodes)):
                 if proc is not None and proc.poll() is not None:
@@ -238,39 +237,28 @@ class Flower:
                         f"Flower's {name} exited with code {proc.returncode} while starting: "
                         f"see {os.path.join(self.logs, name + '.log')}"
                     )
-            done = self._flwr("supernode", "ls", CONNECTION, "--format", "json")
-            if done.returncode == 0:
-                try:
-                    nodes = json.loads(done.stdout).get("nodes", [])
-                except ValueError:
-                    nodes = []
-                if sum(n.get("status") == "online" for n in nodes) >= self.clients:
-                    return time.monotonic() - started
-            last = (done.stdout + done.stderr).strip()[-300:]
-            time.sleep(0.5)
-        where = f"at {self.external}" if self.external else f"(see the logs in {self.logs})"
-        raise TfoptError(
-            f"{self.clients} Flower SuperNodes were not online after {timeout:.0f} s {where}: "
-            f"{last or 'no answer'}"
-        )
-
-    def _wait_answering(self, started: float, timeout: float) -> float:
-        last = ""
-        while time.monotonic() - started < timeout:
-            if self.superlink.poll() is not None:
-                raise TfoptError(
-                    f"Flower's superlink exited with code {self.superlink.returncode} while "
-                    f"starting: see {os.path.join(self.logs, 'superlink.log')}"
-                )
-            done = self._flwr("ls", CONNECTION, "--format", "json")
-            if done.returncode == 0:
+            done = self._flwr(
+                *(() if self.simulation else ("supernode",)), "ls", CONNECTION, "--format", "json"
+            )
+            if done.returncode == 0 and (self.simulation or self._online(done.stdout)):
                 return time.monotonic() - started
             last = (done.stdout + done.stderr).strip()[-300:]
             time.sleep(0.5)
-        raise TfoptError(
-            f"Flower's simulation SuperLink did not answer after {timeout:.0f} s (see the logs "
-            f"in {self.logs}): {last or 'no answer'}"
+        where = f"at {self.external}" if self.external else f"(see the logs in {self.logs})"
+        what = (
+            "the simulation SuperLink was not answering"
+            if self.simulation
+            else f"{self.clients} Flower SuperNodes were not online"
         )
+        raise TfoptError(f"{what} after {timeout:.0f} s {where}: {last or 'no answer'}")
+
+    def _online(self, listing: str) -> bool:
+        """Whether ``flwr supernode ls``'s JSON shows every client online."""
+        try:
+            nodes = json.loads(listing).get("nodes", [])
+        except ValueError:
+            return False
+        return sum(n.get("status") == "online" for n in nodes) >= self.clients
 
     def _names(self) -> list[str]:
         return [f"client-{i}" for i in range(len(self.nodes))]
