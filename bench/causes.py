@@ -91,8 +91,8 @@ CAUSES: dict[str, dict[str, str]] = {
     "B14": {
         "|idle measured": "the stages run on logical CPU devices that share the two cores: a "
         "stage measured alone already uses both, so the pipelined step takes the stages' summed "
-        "time (0.99-1.00x the unsplit step) and the idle fraction comes to 1 - 1/K (0.49 at K=2, "
-        "0.75 at K=4) whatever M; GPipe's formula holds for a device per stage (GPUs), where the "
+        "time (0.92-0.98x the unsplit step) and the idle fraction comes near 1 - 1/K (0.46-0.48 "
+        "at K=2, 0.69-0.73 at K=4) whatever M; GPipe's formula holds for a device per stage (GPUs), where the "
         "stages compute side by side.",
     },
 }

@@ -18,9 +18,14 @@ Figures: per cell, |measured idle - formula| (target <= 0.10 of the step); the p
 stage (the largest stage) at K=4 over K=2, M=8K (target < 1: it falls as K grows); with
 rematerialization over without (info); the pipelined step over the unsplit step (info); the
 largest gradient difference relative to the gradient's scale (target <= 1e-3, float32's
-summation-order tolerance); and whether a
-model over one device's memory budget trains with K stages (not measurable here: logical CPU
-devices have no memory limit of their own).
+summation-order tolerance); and a model over one device's memory budget trained with K stages:
+the budget is 0.6x the model's peak on one stage (``tfopt.runtime.gpipe.measure.stage_peaks``:
+its weights and the allocator's peak while it holds the micro-batches' activations), the one
+stage is refused by ``check_budget`` (``--device-memory-mib``), and the fewest stages that fit
+train 3 steps under the same check (figure: their largest stage's peak over the budget, target
+< 1). Logical CPU devices share one allocator and have no limit of their own, so the budget is
+tfopt's check against the measured peaks; on GPUs ``--device-memory-mib`` is also TensorFlow's
+memory limit of each stage's GPU.
 
     PYTHONPATH=. python bench/pipeline_parallel.py          # ~5 min on 2 cores -> bench/results/pipeline_parallel.json
     PYTHONPATH=. python bench/pipeline_parallel.py --smoke  # tiny, one repeat (a test)
@@ -141,6 +146,7 @@ def measure_all(p: dict) -> dict:
             (peer if name == "unsplit" else runs[name]).append(gate.run(unit))
             print(f"repeat {r + 1}/{p['repeats']}: {name} measured", flush=True)
     gaps = {key(*cell): _gradient_gap(tf, split[key(*cell)], model, x, y, loss) for cell in cells()}
+    budget = _over_budget(keras, model, loss, x, y, split)
     partitions = {str(k): split[key(k, m)].partition.stages for k, m, _ in cells() if m == k}
     return {
         "runs": runs,
@@ -149,8 +155,44 @@ def measure_all(p: dict) -> dict:
         "partitions": partitions,
         "macs": int(sum(layer_macs(layer, model) for layer in model.layers)),
         "params_count": int(model.count_params()),
+        "budget": budget,
         "gate": gate,
     }
+
+
+def _over_budget(keras, model, loss, x, y, split) -> dict:
+    """The model on one stage against a device memory budget of 0.6x its peak there: refused by
+    ``check_budget``; then the fewest stages (M = 8K) whose every stage fits, trained 3 steps
+    under the same check."""
+    from tfopt import ConfigError
+    from tfopt.runtime import (
+        Pipelined,
+        build_stages,
+        check_budget,
+        partition,
+        stage_devices,
+        stage_peaks,
+    )
+
+    part = partition(model, 1)
+    whole = Pipelined(build_stages(model, part, stage_devices(1)), stage_devices(1), 8, False, part)
+    one = stage_peaks(whole, x)[0]
+    mib = 0.6 * one / 2**20
+    try:
+        check_budget(whole, x, mib)
+        refused = ""
+    except ConfigError as e:
+        refused = str(e)
+    out = {"budget_mib": mib, "one_stage_peak_bytes": one, "refused": refused}
+    for k in STAGES:
+        pipelined = split[key(k, 8 * k)]
+        peaks = stage_peaks(pipelined, x)
+        out[str(k)] = peaks
+        if max(peaks) <= mib * 2**20 and "trained" not in out:
+            check_budget(pipelined, x, mib)
+            losses = [float(pipelined.train_on_batch(x, y)) for _ in range(3)]
+            out["trained"] = {"stages": k, "losses": losses}
+    return out
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -232,13 +274,26 @@ def figures(m: dict) -> list[dict]:
             digits=7,
         )
     )
+    b = m["budget"]
+    trained = b.get("trained")
+    fits = [max(b[str(trained["stages"])]) / (b["budget_mib"] * 2**20)] if trained else []
     out.append(
         figure(
-            "a model over one device's memory budget trains with K stages",
-            [],
-            "",
-            target=(">=", 1.0),
-            detail="logical CPU devices have no memory limit of their own: measured on GPUs only",
+            "a model over one device's memory budget (0.6x its one-stage peak) trains with K "
+            "stages: the largest stage's peak over the budget",
+            fits if b["refused"] else [],
+            "x",
+            target=("<", 1.0),
+            detail=(
+                f"one stage {b['one_stage_peak_bytes'] / 2**20:.1f} MiB over the budget of "
+                f"{b['budget_mib']:.1f} MiB, refused"
+                + (
+                    f"; K={trained['stages']} trained 3 steps under it, loss "
+                    + " -> ".join(f"{v:.3f}" for v in trained["losses"])
+                    if trained
+                    else "; no K fits"
+                )
+            ),
         )
     )
     return out

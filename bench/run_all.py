@@ -140,7 +140,7 @@ def section(bench: Bench) -> str:
         "| figure | measured | range (repeats) | target | status | peer, same run | anchor |",
         "|---|---|---|---|---|---|---|",
     ]
-    misses = []
+    misses: dict[str, list[str]] = {}
     for f in res["figures"]:
         measured, spread = _measured(f)
         status = f["status"] if f["status"] != "MISS" else "**MISS**"
@@ -152,11 +152,13 @@ def section(bench: Bench) -> str:
             )
             + " |"
         )
-        if f["status"] == "MISS":
-            misses.append(f"- {f['name']}: {cause(bench.id, f['name']) or UNKNOWN}")
+        if f["status"] == "MISS":  # figures with one cause share its line
+            misses.setdefault(cause(bench.id, f["name"]) or UNKNOWN, []).append(f["name"])
     block = f"{head} on {_machine(res)}\n\n" + "\n".join(rows)
     if misses:
-        block += "\n\nWhy the misses:\n\n" + "\n".join(misses)
+        block += "\n\nWhy the misses:\n\n" + "\n".join(
+            f"- {'; '.join(names)}: {text}" for text, names in misses.items()
+        )
     return block
 
 

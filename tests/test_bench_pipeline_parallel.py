@@ -55,9 +55,15 @@ def check_result(res: dict) -> None:
     assert ratio["value"] == pytest.approx(statistics.median(expected))
     exact = by_name["largest gradient difference from the unsplit model's, relative"]
     assert exact["values"] == [max(res["gradient_gap"].values())]
-    assert (
-        by_name["a model over one device's memory budget trains with K stages"]["status"] == "n/a"
-    )
+    budget = res["budget"]
+    over = next(f for f in res["figures"] if f["name"].startswith("a model over one device's"))
+    limit = budget["budget_mib"] * 2**20
+    assert budget["budget_mib"] == pytest.approx(0.6 * budget["one_stage_peak_bytes"] / 2**20)
+    assert "stage 1 of 1" in budget["refused"] and budget["one_stage_peak_bytes"] > limit
+    trained = budget["trained"]
+    fewest = min(k for k in (2, 4) if max(budget[str(k)]) <= limit)
+    assert trained["stages"] == fewest and len(trained["losses"]) == 3
+    assert over["values"] == [max(budget[str(fewest)]) / limit]
     check_figures(res)
 
 

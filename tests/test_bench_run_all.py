@@ -49,7 +49,9 @@ def test_every_committed_result_renders_and_its_verdicts_follow_from_its_numbers
         misses = [f["name"] for f in res["figures"] if f["status"] == "MISS"]
         # Every committed miss has its cause: a line in bench/causes.py, printed under the table.
         assert [m for m in misses if run_all.cause(bench.id, m) is None] == [], bench.id
-        assert block.count("\n- ") == len(misses) and run_all.UNKNOWN not in block, bench.id
+        causes = {run_all.cause(bench.id, m) for m in misses}  # one line per cause
+        assert block.count("\n- ") == len(causes) and run_all.UNKNOWN not in block, bench.id
+        assert all(m in block.split("Why the misses:")[-1] for m in misses), bench.id
         seen += 1
     assert seen >= 1
 

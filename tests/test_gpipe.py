@@ -346,6 +346,11 @@ def test_tfopt_train_pipeline_equals_one_device_resumes_exactly_and_records_its_
             "'size' is not valid; choose one of time, params",
         ),
         (("--strategy", "pipeline", "--cut-after", "nope"), "'nope' is not a layer"),
+        (("--strategy", "pipeline", "--device-memory-mib", "-1"), "must be >= 0"),
+        (
+            ("--strategy", "pipeline", "--stages", "1", "--device-memory-mib", "1"),
+            "stage 1 of 1 (conv2d..probs) needs",
+        ),
     ],
 )
 def test_bad_pipeline_settings_are_one_line(tmp_path, argv, message):
@@ -390,6 +395,44 @@ def test_the_measurement_reports_each_stages_time_and_peak_memory_below_the_unsp
     # Measuring applies no gradient.
     gpipe.copy_weights_back(pipelined, model)
     for a, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_stage_holds_its_micro_batches_activations_and_a_budget_refuses_a_stage_over_it():
+    from tfopt.runtime.gpipe.measure import check_budget, stage_peaks
+
+    keras.utils.set_random_seed(0)
+    i = keras.Input((28, 28, 1))
+    x = keras.layers.BatchNormalization(name="bn")(i)
+    for n, width in enumerate((16, 32, 32, 64)):
+        x = keras.layers.Conv2D(width, 3, padding="same", activation="relu", name=f"c{n}")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    model = keras.Model(i, keras.layers.Dense(10, name="logits")(x))
+    x, _ = _data(model, n=64)
+
+    def held(split, k):  # the stage's convolutions' outputs on the whole batch, computed apart
+        names = split.partition.stages[k]
+        return sum(
+            64 * np.prod(model.get_layer(n).output_shape[1:]) * 4 for n in names if n[0] == "c"
+        )
+
+    cut = {"cut_after": ["c1"]}
+    one, two = _pipelined(model, 1, 4), _pipelined(model, 2, 4, **cut)
+    before = [w.copy() for w in two.get_weights()]
+    whole, halves = stage_peaks(one, x), stage_peaks(two, x)
+    # GPipe: every micro-batch's activations are held until the backward passes start.
+    assert whole[0] >= held(one, 0) and all(halves[k] >= held(two, k) for k in range(2))
+    assert max(halves) < whole[0]
+    recomputed = stage_peaks(_pipelined(model, 2, 4, remat=True, **cut), x)
+    assert all(r < held(two, k) for k, r in enumerate(recomputed))
+    # 1F1B: the last stage holds one micro-batch of the four.
+    assert stage_peaks(_pipelined(model, 2, 4, schedule="1f1b", **cut), x)[1] < held(two, 1)
+    budget = (max(halves) + whole[0]) / 2 / 2**20
+    with pytest.raises(ConfigError, match=r"stage 1 of 1 \(bn\.\.logits\) needs"):
+        check_budget(one, x, budget)
+    assert check_budget(two, x, budget) == pytest.approx(halves, rel=0.1)
+    # Training-mode passes moved the BatchNormalization statistics; the weights are put back.
+    for a, b in zip(two.get_weights(), before, strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -143,6 +143,32 @@ COVERED_LAUNCHES = {
 }
 
 
+#: README runs of one process a dedicated test already makes with the same option (stage, flag,
+#: value): the chains parse them instead of running them again.
+COVERED_RUNS = {
+    ("tfopt.federated", "--engine", "simulation"): (
+        "test_federated.py",
+        "test_the_simulation_engine_runs_the_clients_in_the_superlink_and_computes_the_same_fedavg",
+    ),
+    ("tfopt.federated", "--client-runtime", "litert"): (
+        "test_federated.py",
+        "test_litert_clients_train_the_head_in_the_tflite_signature_as_fedavg_computed_here",
+    ),
+}
+
+
+def run_key(command: str) -> tuple | None:
+    """``(stage, flag, value)`` of a command that a ``COVERED_RUNS`` entry names."""
+    words = shlex.split(command)
+    if "-m" not in words or "tfopt.launch" in words:
+        return None
+    stage = words[words.index("-m") + 1]
+    for key in COVERED_RUNS:
+        if key[0] == stage and key[1] in words and words[words.index(key[1]) + 1] == key[2]:
+            return key
+    return None
+
+
 def launch_key(command: str) -> tuple | None:
     """``(launcher flags, stage, strategy)`` of a ``tfopt.launch`` command that runs a cluster."""
     words = shlex.split(command)
@@ -157,7 +183,7 @@ def launch_key(command: str) -> tuple | None:
 
 
 def _covered(command: str) -> bool:
-    return launch_key(command) in COVERED_LAUNCHES
+    return launch_key(command) in COVERED_LAUNCHES or run_key(command) is not None
 
 
 def _outputs(command: str) -> set[str]:
@@ -473,7 +499,7 @@ def test_a_launch_a_dedicated_test_runs_is_parsed_and_that_test_runs_the_same_la
     from tfopt.config import cli
     from tfopt.launch.cli import build_parser as launch_parser
 
-    covered = [c for c in section_commands(pipelines=False) if _covered(c)]
+    covered = [c for c in section_commands(pipelines=False) if launch_key(c) in COVERED_LAUNCHES]
     assert len(covered) == len(COVERED_LAUNCHES), covered  # each entry is still in the docs
     for command in covered:
         words = shlex.split(command)
@@ -493,6 +519,20 @@ def test_a_launch_a_dedicated_test_runs_is_parsed_and_that_test_runs_the_same_la
         assert name in tests, (file, name)
         for needed in (*own, stage, strategy):
             assert f'"{needed}"' in source or f"{needed} " in source, (command, file, needed)
+    runs = [c for c in section_commands(pipelines=False) if run_key(c)]
+    assert sorted(map(run_key, runs)) == sorted(COVERED_RUNS), runs  # each is still in the docs
+    for command in runs:
+        words = shlex.split(command)
+        stage = words[words.index("-m") + 1]
+        parser = importlib.import_module(f"{stage}.cli").build_parser()
+        cli.config_from_args(parser.parse_args(words[words.index("-m") + 2 :]))
+        file, name = COVERED_RUNS[run_key(command)]
+        with open(os.path.join(REPO, "tests", file), encoding="utf-8") as f:
+            source = f.read()
+        assert name in {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+        test = source[source.index(f"def {name}(") :].split("\ndef ", 1)[0]
+        _, flag, value = run_key(command)
+        assert re.search(rf'"{flag}",\s*"{value}"', test), (command, file, name)
     # the key reads the launcher's own flags, the stage and the strategy
     assert launch_key(
         "python -m tfopt.launch --workers 2 --max-restarts 3 -- python -m tfopt.train "

@@ -186,6 +186,11 @@ def _check_pipeline(cfg: Any) -> None:
     """What strategy ``pipeline`` does not combine with, in one line each."""
     if cfg.runtime.stages < 1:
         raise ConfigError(f"runtime.stages={cfg.runtime.stages} must be >= 1, e.g. --stages 2")
+    if cfg.runtime.device_memory_mib < 0:
+        raise ConfigError(
+            f"runtime.device_memory_mib={cfg.runtime.device_memory_mib:g} must be >= 0 "
+            "(0 = no budget), e.g. --device-memory-mib 4096"
+        )
     microbatches = cfg.runtime.microbatches or 4 * cfg.runtime.stages
     if cfg.data.global_batch_size < microbatches:
         raise ConfigError(

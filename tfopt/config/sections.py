@@ -221,6 +221,15 @@ class RuntimeConfig:
         metavar="LAYERS",
         read_by=("pipeline",),
     )
+    device_memory_mib: float = flag(
+        0.0,
+        "--device-memory-mib",
+        "each stage's device memory budget (0 = none): on GPUs TensorFlow's limit of each "
+        "stage's GPU; everywhere, a split whose stage would peak over it (its weights, their "
+        "gradients and the activations it holds, measured on a batch) is refused before training",
+        metavar="MIB",
+        read_by=("pipeline",),
+    )
     # parameter_server only: shard large variables over the ps tasks (tfopt.runtime.sharding).
     variable_partitioner: str = "none"  # none | min_size | max_size
     min_shard_bytes: int = 256 << 10  # min_size: no shard smaller than this

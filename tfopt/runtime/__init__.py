@@ -17,6 +17,8 @@ _EXPORTS = {
     "stage_devices": "tfopt.runtime.gpipe",
     "measure_pipeline": "tfopt.runtime.gpipe.measure:measure",
     "median_seconds": "tfopt.runtime.gpipe.measure",
+    "stage_peaks": "tfopt.runtime.gpipe.measure",
+    "check_budget": "tfopt.runtime.gpipe.measure",
 }
 
 __all__, __getattr__ = exports(__name__, _EXPORTS)

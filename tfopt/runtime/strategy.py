@@ -95,8 +95,13 @@ def mirrored(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.dis
 
 def pipeline(runtime: RuntimeConfig, cluster: ClusterInfo | None, **_) -> tf.distribute.Strategy:
     # One process, one replica: the stages' placement is the model's (tfopt.runtime.gpipe).
-    if len(_gpus()) < runtime.stages:
+    gpus = _gpus()
+    if len(gpus) < runtime.stages:
         setup_cpu_replicas(max(runtime.stages, runtime.cpu_replicas))
+    elif runtime.device_memory_mib:  # each stage's GPU allocates at most the budget
+        limit = [tf.config.LogicalDeviceConfiguration(memory_limit=runtime.device_memory_mib)]
+        for gpu in gpus[: runtime.stages]:
+            tf.config.set_logical_device_configuration(gpu, limit)
     return tf.distribute.get_strategy()
 
 

@@ -144,6 +144,15 @@ def _placed(job: Job, cfg: RunConfig, model, copy) -> tuple:
         f"pipeline: {len(part.stages)} stages balanced by {part.by}: "
         + " | ".join(n[0] if len(n) == 1 else f"{n[0]}..{n[-1]}" for n in part.stages)
     )
+    if cfg.runtime.device_memory_mib:
+        from tfopt.runtime.gpipe.measure import check_budget
+
+        batch = next(iter(job.dataset("validation")))[0]
+        peaks = check_budget(split, batch, cfg.runtime.device_memory_mib)
+        job.say(
+            f"pipeline: peak MiB per stage {', '.join(f'{b / 2**20:.1f}' for b in peaks)}, "
+            f"within --device-memory-mib {cfg.runtime.device_memory_mib:g}"
+        )
     keras.utils.set_random_seed(cfg.train.seed)  # the split built layers: same start either way
     weights = lambda: split.unsplit_weights(copy)  # noqa: E731
     return split, PlainValidation(copy, job.dataset("validation"), job.chief, weights)
@@ -164,7 +173,12 @@ def _measured_split(job: Job, model: gpipe.Pipelined) -> dict:
         f"{measured['bubble_formula']:.2f} by GPipe's formula; peak MiB per stage "
         f"{', '.join(mib)} (unsplit {measured['unsplit_peak_bytes'] / 2**20:.1f})"
     )
-    return {**model.describe(), "measured": measured}
+    budget = job.cfg.runtime.device_memory_mib
+    return {
+        **model.describe(),
+        "measured": measured,
+        **({"device_memory_mib": budget} if budget else {}),
+    }
 
 
 def _trained_weights(model, copy) -> None:

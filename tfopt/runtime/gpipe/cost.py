@@ -36,7 +36,12 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def stage_step(stage, remat: bool):
-    """Forward and backward of ``stage`` over a list of micro-batch inputs, in one tape."""
+    """Forward and backward passes of ``stage`` over a list of micro-batch inputs, in GPipe's
+    order on one device: every forward pass, one after another, then every backward pass in
+    reverse, one after another (control dependencies make the order binding: without them the
+    executor would start a micro-batch's backward pass as soon as its forward pass ended, and
+    hold fewer activations than the step does). Returns the inputs' gradients and the summed
+    gradients of the stage's weights."""
 
     def run(h):
         return stage(h, training=True)
@@ -45,10 +50,21 @@ def stage_step(stage, remat: bool):
 
     @tf.function
     def step(parts):
-        with tf.GradientTape() as tape:
-            tape.watch(parts)
-            total = tf.add_n([tf.reduce_sum(tf.cast(call(h), tf.float32)) for h in parts])
-        return tape.gradient(total, [*parts, *stage.trainable_variables])
+        weights, taped, previous = stage.trainable_variables, [], []
+        for h in parts:
+            with tf.control_dependencies(previous), tf.GradientTape() as tape:
+                tape.watch(h)
+                total = tf.reduce_sum(tf.cast(call(h), tf.float32))
+            taped.append((tape, h, total))
+            previous = [total]
+        inputs, summed = [], [tf.zeros_like(v) for v in weights]
+        for tape, h, total in reversed(taped):
+            with tf.control_dependencies(previous):
+                grads = tape.gradient(total, [h, *weights])
+            inputs.append(grads[0])
+            summed = [s if g is None else s + g for s, g in zip(summed, grads[1:], strict=True)]
+            previous = [grads[0], *summed]
+        return inputs[::-1], summed
 
     return step
 

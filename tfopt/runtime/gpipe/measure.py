@@ -16,8 +16,9 @@
   CPU, oneDNN's allocator serves allocations under 256 KiB from a pool it does not count, so a
   small model's small micro-batches can measure 0).
 
-Measured after training, on the trained stages: the measurement runs forward passes in training
-mode (BatchNormalization statistics move), and nothing is saved after it.
+:func:`measure` runs after training, on the trained stages: its forward passes run in training
+mode (BatchNormalization statistics move), and nothing is saved after it. :func:`check_budget`
+runs before training (``--device-memory-mib``) and puts the weights back.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from tfopt.core._keras import tf
 
+from tfopt.core.errors import ConfigError
 from tfopt.runtime.gpipe.cost import median_seconds, stage_step
 from tfopt.runtime.gpipe.model import Pipelined
 from tfopt.runtime.gpipe.schedule import microbatch_sizes
@@ -40,6 +42,73 @@ def _peak_bytes(device: str, fn) -> int:
     before = tf.config.experimental.get_memory_info(device)["current"]
     tf.nest.map_structure(lambda t: t.numpy(), fn())
     return int(tf.config.experimental.get_memory_info(device)["peak"] - before)
+
+
+def _stage_inputs(pipelined: Pipelined, x) -> list[list]:
+    """Each stage's inputs on the batch ``x``: the previous stage's outputs, micro-batch by
+    micro-batch (inference mode: nothing moves)."""
+    m = min(pipelined.microbatches, int(x.shape[0]))
+    parts = tf.split(x, microbatch_sizes(tf.shape(x)[0], m), num=m)
+    inputs = []
+    for stage, device in zip(pipelined.stages, pipelined.devices, strict=True):
+        inputs.append(parts)
+        with tf.device(device):
+            parts = [stage(h, training=False) for h in parts]
+    return inputs
+
+
+def stage_peaks(pipelined: Pipelined, x: ArrayLike) -> list[int]:
+    """Each stage's peak bytes on its device in a training step on the batch ``x``, under the
+    model's schedule and rematerialization: its weights, plus the allocator's peak while it runs
+    the forward and backward passes of the micro-batches it holds at once (all M under GPipe,
+    K-k under 1F1B). The model's weights are put back afterwards (training-mode passes move
+    BatchNormalization statistics).
+
+    Args:
+        pipelined: The split model.
+        x: One batch of inputs at the training batch size.
+    """
+    x = tf.convert_to_tensor(x)
+    k = len(pipelined.stages)
+    saved = pipelined.get_weights()
+    peaks = []
+    for i, (stage, device, held) in enumerate(
+        zip(pipelined.stages, pipelined.devices, _stage_inputs(pipelined, x), strict=True)
+    ):
+        if pipelined.schedule == "1f1b":
+            held = held[: k - i]
+        weights = sum(v.shape.num_elements() * v.dtype.size for v in stage.variables)
+        with tf.device(device):
+            step = stage_step(stage, pipelined.remat)
+            peaks.append(weights + _peak_bytes(device, lambda s=step, h=held: s(h)))
+    pipelined.set_weights(saved)
+    return peaks
+
+
+def check_budget(pipelined: Pipelined, x: ArrayLike, mib: float) -> list[int]:
+    """:func:`stage_peaks`, refusing a split whose costliest stage would not fit ``mib`` MiB.
+
+    Returns:
+        Each stage's peak bytes.
+
+    Raises:
+        ConfigError: a stage's peak is over the budget (the message names the stage and the
+            ways to make it smaller).
+    """
+    peaks = stage_peaks(pipelined, x)
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
+    if peaks[worst] > mib * 2**20:
+        span = ""
+        if pipelined.partition:
+            names = pipelined.partition.stages[worst]
+            span = f" ({names[0]})" if len(names) == 1 else f" ({names[0]}..{names[-1]})"
+        raise ConfigError(
+            f"--device-memory-mib {mib:g}: stage {worst + 1} of {len(peaks)}{span} needs "
+            f"{peaks[worst] / 2**20:.1f} MiB in a step of {int(x.shape[0])} examples in "
+            f"{pipelined.microbatches} micro-batches; give more --stages, --remat, "
+            "--pipeline-schedule 1f1b or a smaller --batch-size"
+        )
+    return peaks
 
 
 def measure(pipelined: Pipelined, x: ArrayLike, y: ArrayLike, repeats: int = 5) -> dict:
@@ -61,15 +130,10 @@ def measure(pipelined: Pipelined, x: ArrayLike, y: ArrayLike, repeats: int = 5) 
     """
     x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
     k, m = len(pipelined.stages), min(pipelined.microbatches, int(x.shape[0]))
-    sizes = microbatch_sizes(tf.shape(x)[0], m)
-    parts = tf.split(x, sizes, num=m)
-    inputs = []  # each stage's inputs: the previous stage's outputs, micro-batch by micro-batch
-    for stage, device in zip(pipelined.stages, pipelined.devices, strict=True):
-        inputs.append(parts)
-        with tf.device(device):
-            parts = [stage(h, training=False) for h in parts]
     stage_seconds, peaks, peaks_remat = [], [], []
-    for stage, device, held in zip(pipelined.stages, pipelined.devices, inputs, strict=True):
+    for stage, device, held in zip(
+        pipelined.stages, pipelined.devices, _stage_inputs(pipelined, x), strict=True
+    ):
         with tf.device(device):
             plain, recomputed = stage_step(stage, False), stage_step(stage, True)
             stage_seconds.append(median_seconds(lambda s=plain, h=held: s(h), repeats))
