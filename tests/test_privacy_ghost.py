@@ -40,6 +40,14 @@ CASES = {
     ),
     "conv_gram": (lambda: keras.layers.Conv2D(64, 3, padding="same"), (3, 3, 8), "float"),
     "embedding_repeated_ids": (lambda: keras.layers.Embedding(6, 4), (9,), "ids"),
+    "layer_norm": (lambda: keras.layers.LayerNormalization(), (7,), "float"),
+    "layer_norm_sequence": (lambda: keras.layers.LayerNormalization(center=False), (3, 6), "float"),
+    "group_norm": (lambda: keras.layers.GroupNormalization(2), (5, 5, 4), "float"),
+    "group_norm_no_scale": (
+        lambda: keras.layers.GroupNormalization(4, scale=False),
+        (3, 4),
+        "float",
+    ),
 }
 
 
@@ -73,12 +81,14 @@ def _dp_cnn_with(extra: bool):
     model = build_model("dp_cnn", (28, 28, 1), 10, dropout=0.0)  # no random masks
     if not extra:
         return model
-    # a layer with trainable weights and no formula: its norms come the vectorized way
+    # a normalization layer with a formula, and a layer with trainable weights and none: its
+    # norms come the vectorized way
     x = keras.layers.LayerNormalization(name="norm")(model.get_layer("fc").output)
+    x = keras.layers.PReLU(name="prelu")(x)
     return keras.Model(model.inputs, keras.layers.Dense(10, name="head")(x))
 
 
-@pytest.mark.parametrize("extra", [False, True], ids=["dp_cnn", "dp_cnn+layernorm"])
+@pytest.mark.parametrize("extra", [False, True], ids=["dp_cnn", "dp_cnn+layernorm+prelu"])
 def test_the_ghost_step_is_the_vectorized_step(extra):
     rng = np.random.default_rng(4)
     x = rng.random((16, 28, 28, 1), dtype=np.float32)
@@ -97,11 +107,12 @@ def test_the_ghost_step_is_the_vectorized_step(extra):
     for u, v in zip(ghosted, vectorized):
         np.testing.assert_allclose(u, v, rtol=1e-3, atol=1e-6)
     assert set(plain.values()) == {"vectorized: " + t for t in ("Conv2D", "Dense")} | (
-        {"vectorized: LayerNormalization"} if extra else set()
+        {"vectorized: LayerNormalization", "vectorized: PReLU"} if extra else set()
     )
     assert methods["conv0"] == "ghost: input patches x output gradients"
     assert methods["fc"] == "ghost: activations x output gradients"
-    assert methods.get("norm") == ("vectorized: LayerNormalization" if extra else None)
+    assert methods.get("norm") == ("ghost: normalized inputs x output gradients" if extra else None)
+    assert methods.get("prelu") == ("vectorized: PReLU" if extra else None)
 
 
 def test_a_layer_called_twice_is_not_ghosted():

@@ -38,17 +38,31 @@ def _logits(x, num_classes: int):
 @register("cnn")
 def cnn(input_shape, num_classes: int, dropout: float = 0.25) -> keras.Model:
     """The default CNN: two 3x3 conv blocks with batch norm (momentum 0.9, so short runs get usable statistics), then a dense head (~0.2M params)."""
+    return _cnn(input_shape, num_classes, dropout, "cnn")
+
+
+@register("cnn_gn")
+def cnn_gn(input_shape, num_classes: int, dropout: float = 0.25) -> keras.Model:
+    """The default CNN with GroupNormalization (8 groups) in place of batch norm: each example is
+    normalized by its own statistics, so DP-SGD can clip its gradient alone."""
+    return _cnn(input_shape, num_classes, dropout, "cnn_gn")
+
+
+def _cnn(input_shape, num_classes: int, dropout: float, name: str) -> keras.Model:
     inputs = keras.Input(shape=input_shape, name="image")
     x = inputs
     for i, filters in enumerate((32, 64)):
         x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{i}")(x)
-        x = keras.layers.BatchNormalization(momentum=0.9, name=f"bn{i}")(x)
+        if name == "cnn":
+            x = keras.layers.BatchNormalization(momentum=0.9, name=f"bn{i}")(x)
+        else:
+            x = keras.layers.GroupNormalization(8, name=f"gn{i}")(x)
         x = keras.layers.ReLU(name=f"relu{i}")(x)
         x = keras.layers.MaxPooling2D(name=f"pool{i}")(x)
     x = keras.layers.Flatten(name="flatten")(x)
     x = keras.layers.Dropout(dropout, name="dropout")(x)
     x = keras.layers.Dense(64, activation="relu", name="fc")(x)
-    return keras.Model(inputs, _logits(x, num_classes), name="cnn")
+    return keras.Model(inputs, _logits(x, num_classes), name=name)
 
 
 @register("tiny_cnn")

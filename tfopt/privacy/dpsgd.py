@@ -42,7 +42,7 @@ def check_model(model: keras.Model) -> None:
             raise ModelError(
                 f"model {model.name!r} has {type(layer).__name__} layer {layer.name!r}: its batch "
                 "statistics mix the examples of a batch, so no example's gradient can be clipped "
-                "alone (DP-SGD); use a model without it (e.g. --model dp_cnn, or GroupNormalization "
+                "alone (DP-SGD); use a model without it (e.g. --model dp_cnn or cnn_gn, or GroupNormalization "
                 "or LayerNormalization in its place)"
             )
 

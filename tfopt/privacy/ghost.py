@@ -12,6 +12,9 @@ gradients. For a layer computing ``z = a W (+ b)``, example ``i``'s kernel gradi
   per-example kernel gradient ``sum_t p_t g_t^T`` as one batched einsum, or the Gram form when
   ``T^2 (P + C)`` multiply-adds are fewer than ``T P C`` (T positions, P patch size, C filters).
 - ``Embedding``: ``sum_{t,t'} [id_t = id_t'] (g_t . g_t')``.
+- ``LayerNormalization`` and ``GroupNormalization`` over the last axis, ``y = x_hat gamma + beta``
+  per channel: example ``i``'s gradients are ``sum_t x_hat_t g_t`` and ``sum_t g_t`` (x_hat:
+  the input normalized by the example's own statistics, recomputed from the recorded input).
 
 So one forward pass records each such layer's input ``a`` and pre-activation output ``z``, one
 backward pass gives every ``g``, the norms give the clip factors ``c_i``, and a second backward
@@ -85,7 +88,22 @@ def _formula(layer) -> str:
         return "input patches x output gradients"
     if kind is keras.layers.Embedding:
         return "output gradients of equal ids"
+    if kind in _NORMALIZATIONS and _last_axis_only(layer):
+        return "normalized inputs x output gradients"
     return ""
+
+
+_NORMALIZATIONS = (keras.layers.LayerNormalization, keras.layers.GroupNormalization)
+
+
+def _last_axis_only(layer) -> bool:
+    """Whether the layer normalizes (and scales) along the last axis alone, channels last."""
+    try:
+        rank = len(layer.input_shape)
+    except (AttributeError, RuntimeError):  # not called in a layer graph: no shape to read
+        return False
+    axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+    return [a % rank for a in axes] == [rank - 1]
 
 
 @dataclass
@@ -138,6 +156,8 @@ def squared_norms(operands: list) -> tf.Tensor:
     for record, a, g in operands:
         if type(record.layer) is keras.layers.Embedding:
             part = _embedding(a, g)
+        elif type(record.layer) in _NORMALIZATIONS:
+            part = sum(tf.reduce_sum(tf.square(d), 1) for _, d in _affine(record.layer, a, g))
         else:
             part = _linear(a, g, record.layer.use_bias)
         total = part if total is None else total + part
@@ -160,6 +180,10 @@ def weighted_sums(operands: list, factor: tf.Tensor) -> dict:
             rows = tf.reshape(g, [-1, g.shape[-1]])
             table = layer.embeddings
             out[table.ref()] = tf.math.unsorted_segment_sum(rows, ids, table.shape[0])
+            continue
+        if type(layer) in _NORMALIZATIONS:
+            for weight, d in _affine(layer, a, g):
+                out[weight.ref()] = tf.reduce_sum(d, 0)
             continue
         a = tf.reshape(a, [-1, a.shape[-1]])
         g = tf.reshape(g, [-1, g.shape[-1]])
@@ -191,7 +215,33 @@ def _operands(records, grads):
         a = tf.cast(record.inputs, tf.float32)
         if kind is keras.layers.Conv2D:
             a, g = _patches(record.layer, a), _flat_positions(g)
+        elif kind in _NORMALIZATIONS:
+            a, g = _flat_positions(_normalized(record.layer, a)), _flat_positions(g)
         yield record, a, g
+
+
+def _normalized(layer, x):
+    """``x`` normalized as the layer does it before its scale and offset (its epsilon, each
+    example's statistics over the channels, or over the positions and channels of a group)."""
+    if type(layer) is keras.layers.LayerNormalization:
+        mean, variance = tf.nn.moments(x, [-1], keepdims=True)
+        return (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
+    channels = x.shape[-1]
+    grouped = tf.reshape(x, [tf.shape(x)[0], -1, layer.groups, channels // layer.groups])
+    mean, variance = tf.nn.moments(grouped, [1, 3], keepdims=True)
+    grouped = (grouped - mean) * tf.math.rsqrt(variance + layer.epsilon)
+    return tf.reshape(grouped, tf.shape(x))
+
+
+def _affine(layer, x_hat, g) -> list:
+    """``[(weight, each example's gradient [B, C])]`` of the layer's scale and offset, from
+    ``x_hat`` and ``g`` of shape ``[B, T, C]``."""
+    out = []
+    if layer.scale:
+        out.append((layer.gamma, tf.reduce_sum(x_hat * g, 1)))
+    if layer.center:
+        out.append((layer.beta, tf.reduce_sum(g, 1)))
+    return out
 
 
 def _linear(a, g, bias: bool):
