@@ -88,6 +88,13 @@ CAUSES: dict[str, dict[str, str]] = {
         "step, then 4 epochs (1 pruning, 3 distilled from the dense model) recovered most of it; "
         "the siblings, trained from scratch for 14 epochs, lose 0.9-1.0 pt themselves.",
     },
+    "B12": {
+        "a private epoch over a non-private one": "the tutorial CNN is small (26k parameters; its "
+        "non-private epoch over 12,800 images takes 0.5 s), and the private step adds work the "
+        "size of a forward pass for each convolution: its input patches (im2col) and the "
+        "per-example norms' einsum; BENCHMARKS.md's 2x goal is for the default CNN (cnn_gn), "
+        "not in this run.",
+    },
     "B14": {
         "|idle measured": "the stages run on logical CPU devices that share the two cores: a "
         "stage measured alone already uses both, so the pipelined step takes the stages' summed "
