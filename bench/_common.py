@@ -385,6 +385,16 @@ def interleaved_latency(
     return per
 
 
+def bound_cells(roof: dict) -> tuple[str, str]:
+    """A roofline's bound in microseconds and measured / bound, as table cells (``-`` where a
+    class of the model's ops has no measured peak on this CPU: no bound, never a guess)."""
+    bound, ratio = roof["bound_ms"], roof["ratio"]
+    return (
+        "-" if bound is None else f"{1e3 * bound:.0f}",
+        "-" if ratio is None else f"{ratio:.2f}x",
+    )
+
+
 def roofline_at(content: bytes, per_model: dict, settings, peaks: dict) -> dict:
     """One model's roofline at its interleaved medians (:func:`tfopt.export.roofline.measure`):
     the bound and measured / bound per setting, per kernel class at the first."""

@@ -45,6 +45,7 @@ from tqdm import tqdm  # noqa: E402
 
 from bench._common import (  # noqa: E402
     QuietGate,
+    bound_cells,
     figure,
     figures_table,
     interleaved_latency,
@@ -349,10 +350,10 @@ def summarize(p: Params, families: dict, peers: dict, per: dict, peaks: dict) ->
                 f"{name}: int8_auto p50 / compute bound (1 thread; 1.0 = the CPU's peak)",
                 [auto["roofline"]["xnnpack/1t"]["ratio"]],
                 "x",
-                detail=f"bound {1e3 * auto['roofline']['xnnpack/1t']['bound_ms']:.0f} us "
+                detail=f"bound {bound_cells(auto['roofline']['xnnpack/1t'])[0]} us "
                 f"({auto['roofline']['xnnpack/1t']['macs'] / 1e6:.1f}M MACs); "
                 f"{auto['roofline']['xnnpack/1t']['summary']}; float32 at "
-                f"{rows['float32']['roofline']['xnnpack/1t']['ratio']:.2f}x its bound",
+                f"{bound_cells(rows['float32']['roofline']['xnnpack/1t'])[1]} its bound",
             ),
             figure(
                 f"{name}: dynamic_selective speedup vs float32 (1 thread)",
@@ -481,8 +482,7 @@ def report(res: dict) -> str:
                             f"{lat[k]['p50_ms'] * 1e3:.0f} ({lat[k]['speedup_vs_float32']:.2f}x)"
                             for k, _ in SETTINGS
                         ],
-                        f"{r['roofline']['xnnpack/1t']['bound_ms'] * 1e3:.0f}",
-                        f"{r['roofline']['xnnpack/1t']['ratio']:.2f}x",
+                        *bound_cells(r["roofline"]["xnnpack/1t"]),
                         f"{100 * acc:.2f}",
                     ]
                 )

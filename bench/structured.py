@@ -47,6 +47,7 @@ from tqdm import tqdm  # noqa: E402
 from bench import edge_architecture as b9  # noqa: E402
 from bench._common import (  # noqa: E402
     QuietGate,
+    bound_cells,
     figure,
     figures_table,
     interleaved_latency,
@@ -555,8 +556,7 @@ def report(res: dict) -> str:
                             f"{lat[k]['p50_ms'] * 1e3:.0f} ({lat[k]['speedup_vs_float32']:.2f}x)"
                             for k, _ in SETTINGS
                         ],
-                        f"{r['roofline']['xnnpack/1t']['bound_ms'] * 1e3:.0f}",
-                        f"{r['roofline']['xnnpack/1t']['ratio']:.2f}x",
+                        *bound_cells(r["roofline"]["xnnpack/1t"]),
                         f"{100 * r['accuracy']:.2f}",
                     ]
                 )

@@ -82,3 +82,13 @@ def committed(name: str) -> dict:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(repo, "bench", "results", f"{name}.json"), encoding="utf-8") as fh:
         return json.load(fh)
+
+
+def check_roofline(roof: dict, peaks: dict) -> None:
+    """A timed model's roofline: measured over a positive bound, or, where a class of its ops has
+    no measured peak on this CPU (``peaks["unknown"]``, e.g. AMX's int8 tiles), no bound and no
+    ratio at all (never a guess)."""
+    if roof["bound_ms"] is None:
+        assert roof["ratio"] is None and peaks.get("unknown"), (roof, peaks)
+    else:
+        assert roof["bound_ms"] > 0 and roof["ratio"] > 1, roof

@@ -7,7 +7,7 @@ and the guide's recipes, prints its table and writes JSON whose figures follow f
 import statistics
 
 import pytest
-from bench_checks import check_figures, committed, run_smoke
+from bench_checks import check_figures, check_roofline, committed, run_smoke
 
 TFOPT_MODES = [
     "float32",
@@ -68,15 +68,11 @@ def check_result(res: dict) -> None:
                 for key in ("xnnpack/1t", "xnnpack/2t"):
                     roof = row["roofline"][key]
                     p50 = statistics.median(res["latency_rounds"][f"{name}/{arm}/{mode}"][key])
-                    assert roof["p50_ms"] == pytest.approx(p50) and roof["ratio"] > 1, (
-                        name,
-                        arm,
-                        mode,
-                        key,
-                    )
+                    assert roof["p50_ms"] == pytest.approx(p50), (name, arm, mode, key)
+                    check_roofline(roof, res["cpu_peaks"])
         bound = fam["tfopt"]["int8_auto"]["roofline"]["xnnpack/1t"]
         ratio = figure("int8_auto p50 / compute bound")
-        assert ratio["value"] == pytest.approx(bound["ratio"])
+        assert ratio["value"] == (None if bound["ratio"] is None else pytest.approx(bound["ratio"]))
         # The dynamic family's figure: the fastest of its files at least 3x smaller than float32.
         rows = fam["tfopt"]
         small = [
@@ -95,7 +91,9 @@ def check_result(res: dict) -> None:
         )
     # the first figure is the first family's int8_auto speedup
     assert res["figures"][0]["name"].startswith(f"{next(iter(res['families']))}: int8_auto speedup")
-    assert res["cpu_peaks"]["int8"]["gmacs"] > 0
+    peaks = res["cpu_peaks"]
+    assert peaks["fp32"]["gmacs"] > 0
+    assert peaks["int8"]["gmacs"] > 0 if peaks["int8"] else "amx_int8" in peaks["unknown"], peaks
     check_figures(res)  # every verdict follows from its numbers
 
 

@@ -7,7 +7,7 @@ runs both tfmot peers, prints its table and writes JSON whose figures follow fro
 import statistics
 
 import pytest
-from bench_checks import check_figures, committed, run_smoke
+from bench_checks import check_figures, check_roofline, committed, run_smoke
 
 ARMS = [
     "dense",
@@ -72,10 +72,9 @@ def check_result(res: dict) -> None:
             statistics.median(cp["latency_interleaved"]["xnnpack/1t"]["speedup_rounds"])
         ), family
         # Every timed model has its roofline; pruned to fewer multiply-adds, a lower bound.
-        for name, arm in arms.items():
-            for mode, row in arm.get("modes", {}).items():
-                roof = row["roofline"]["xnnpack/1t"]
-                assert roof["ratio"] > 1 and roof["bound_ms"] > 0, (family, name, mode)
+        for arm in arms.values():
+            for row in arm.get("modes", {}).values():
+                check_roofline(row["roofline"]["xnnpack/1t"], res["cpu_peaks"])
         dense_bound = arms["dense"]["modes"]["float32"]["roofline"]["xnnpack/1t"]["bound_ms"]
         assert cp["roofline"]["xnnpack/1t"]["bound_ms"] < dense_bound, family
     # the first figure is the first family's channel_prune speedup
