@@ -11,8 +11,10 @@ from tfopt.core._keras import keras, tf
 
 import numpy as np
 import pytest
+from bench_checks import check_roofline
 from export_fixtures import keras_macs, sensitive_run
 
+from tfopt.core import peaks
 from tfopt.core.errors import ConfigError, DataError, ModelError
 from tfopt.core.fileio import write_json
 from tfopt.export import benchmark, fidelity, metadata, parse_modes, summary, tflite
@@ -77,7 +79,8 @@ def test_every_mode_converts_evaluates_and_is_recorded(exported, mnist_run, mode
             assert 0 < row["latency"][key]["p50_ms"] <= row["latency"][key]["p95_ms"]
             # The roofline: the Keras layers' multiply-adds, and a bound no measured time beats.
             roof = row["roofline"][key]
-            assert roof["macs"] == macs and roof["ratio"] > 1, (mode, key, roof)
+            assert roof["macs"] == macs, (mode, key, roof)
+            check_roofline(roof, peaks())  # no bound where this CPU's int8 peak is unknown (AMX)
         roof = row["roofline"]["xnnpack/1t"]
         assert sum(c["ms"] for c in roof["classes"].values()) == pytest.approx(roof["p50_ms"])
         assert roof["summary"].startswith("time: conv/FC "), roof["summary"]
