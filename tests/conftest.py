@@ -75,6 +75,34 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: the order within a file and among the rest is kept
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for."""
+    import resource
+
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+
+
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_SETUP] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Records each test's CPU seconds (set-up + call + tear-down, with the processes it started
+    and waited for) as the junit property ``cpu_seconds`` (``.ci/durations.py`` tabulates it)."""
+    if call.when == "teardown" and _CPU_AT_SETUP in item.stash:
+        spent = _cpu_seconds() - item.stash[_CPU_AT_SETUP]
+        item.user_properties.append(("cpu_seconds", round(spent, 2)))
+    yield
+
+
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's ``loadfile`` (one worker runs a file's tests: they share module fixtures),
     except that the tests of ``SPREAD`` (the README's chains, the notebooks), independent of

@@ -13,9 +13,10 @@ their own (``test_readme_pipelines.py``, beside this test under pytest-xdist). B
 ``text`` show commands that need what a test machine lacks (your files, docker, kubectl); the
 phone of docs/export.md is the stand-in ``adb`` of ``tests/fake_adb``.
 Work is kept small by adding flags right after the command's name (the command's own flags come
-later and win): ``--limit`` for the training-like stages (``TFOPT_README_LIMIT`` records per
-split, default 512), the smoke variant for the pipelines (under their default strategy) and fewer
-evaluation examples and timing runs for the export.
+later and win), and by lowering a documented ``--epochs`` to at most ``EPOCHS``: ``--limit`` for
+the training-like stages (``TFOPT_README_LIMIT`` records per split, default 512), the smoke
+variant for the pipelines (under their default strategy) and fewer evaluation examples and timing
+runs for the export.
 """
 
 import glob
@@ -285,11 +286,19 @@ def _export_small(args: list[str]) -> list[str]:
 SHELL_OPERATORS = (">", ">>", "|", "&&", "2>&1")
 
 
+#: The most epochs a command of the small slice trains (a documented ``--epochs N`` above it is
+#: lowered to it): the slice checks that a command runs as written, not what N epochs reach.
+EPOCHS = 2
+
+
 def shrink(command: str) -> str:
-    """``command`` with the small-slice flags added after every ``python -m tfopt.X``."""
+    """``command`` with the small-slice flags added after every ``python -m tfopt.X`` and its
+    ``--epochs`` at most ``EPOCHS``."""
     words = shlex.split(command)
     out = []
     for i, word in enumerate(words):
+        if i >= 1 and words[i - 1] == "--epochs" and int(word) > EPOCHS:
+            word = str(EPOCHS)
         out.append(word)
         if i >= 1 and words[i - 1] == "-m" and word in SMALL:
             if word == "tfopt.export" and "--from" not in words[i + 1 :]:
@@ -315,6 +324,8 @@ def test_readme_commands_are_extracted():
     assert shrink("python -m tfopt.launch --workers 2 -- python -m tfopt.train -o r").endswith(
         f"python -m tfopt.train --limit {LIMIT} --quiet -o r"
     )
+    assert shrink("python -m tfopt.train --epochs 10 -o r").endswith("--epochs 2 -o r")
+    assert shrink("python -m tfopt.train --epochs 1 -o r").endswith("--epochs 1 -o r")
 
 
 def test_every_document_with_commands_is_run():
@@ -423,12 +434,19 @@ def run_in_order(commands: list[str], tmp_path, after=None, share=None) -> None:
             after(i, command)
 
 
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _run_one(command: str, i: int, n: int, tmp_path, env: dict) -> None:
     """Runs one command of a chain (shrunk) in ``tmp_path``; fails the test on a non-zero exit."""
     small = shrink(command)
     # Commands that start TensorFlow servers run in a private network namespace where possible.
     prefix = ISOLATED if "tfopt.launch" in small else []
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu()
     proc = subprocess.run(
         [*prefix, "bash", "-c", small],
         cwd=tmp_path,
@@ -438,7 +456,8 @@ def _run_one(command: str, i: int, n: int, tmp_path, env: dict) -> None:
         timeout=600,
     )
     print(
-        f"[{i}/{n}] exit {proc.returncode} in {time.monotonic() - started:.0f} s: {command}",
+        f"[{i}/{n}] exit {proc.returncode} in {time.monotonic() - started:.0f} s "
+        f"({_children_cpu() - cpu:.0f} CPU s): {command}",
         flush=True,
     )
     assert proc.returncode == 0, (
