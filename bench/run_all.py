@@ -64,6 +64,7 @@ BENCHES = (
     Bench("B10", "structured.py", "compression that buys speed"),
     Bench("B11", "sibling.py", "structured compression vs the narrower sibling"),
     Bench("B12", "dp_mnist.py", "differential privacy"),
+    Bench("B13", "fedavg_mnist.py", "federated averaging"),
     Bench("B14", "pipeline_parallel.py", "pipeline parallelism"),
     Bench("S1", "soak.py", "soak: 10,000 steps with backups"),
 )

@@ -23,7 +23,7 @@ def test_registry_builds_every_model_with_float32_logits():
         assert m.layers[-1].dtype == "float32"
     with pytest.raises(
         Exception,
-        match="unknown model 'resnet9000'; choose one of cnn, cnn_gn, dp_cnn, mlp, mobilenet_tiny, small_cnn, tiny_cnn, wide_cnn",
+        match="unknown model 'resnet9000'; choose one of cnn, cnn_gn, dp_cnn, fedavg_cnn, mlp, mobilenet_tiny, small_cnn, tiny_cnn, wide_cnn",
     ):
         build_model("resnet9000", (28, 28, 1), 10)
 

@@ -160,6 +160,23 @@ def dp_cnn(input_shape, num_classes: int, dropout: float = 0.0) -> keras.Model:
     return keras.Model(inputs, _logits(x, num_classes), name="dp_cnn")
 
 
+@register("fedavg_cnn")
+def fedavg_cnn(input_shape, num_classes: int, dropout: float = 0.0) -> keras.Model:
+    """The MNIST CNN of McMahan et al. 2017, the paper that introduced FedAvg (~1.66M params): two
+    5x5 convolutions (32 and 64 channels, ReLU), each followed by 2x2 max pooling, a 512-unit ReLU
+    layer and the logits; its rounds-to-99% table is benchmark B13's anchor (docs/federated.md)."""
+    inputs = keras.Input(shape=input_shape, name="image")
+    x = inputs
+    for i, filters in enumerate((32, 64)):
+        x = keras.layers.Conv2D(filters, 5, padding="same", activation="relu", name=f"conv{i}")(x)
+        x = keras.layers.MaxPool2D(2, name=f"pool{i}")(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    x = keras.layers.Dense(512, activation="relu", name="fc")(x)
+    if dropout:
+        x = keras.layers.Dropout(dropout, name="dropout")(x)
+    return keras.Model(inputs, _logits(x, num_classes), name="fedavg_cnn")
+
+
 def check_model_name(name: str) -> None:
     """Raises ConfigError naming the valid choices when ``name`` is not a registered model."""
     if name not in _REGISTRY:
