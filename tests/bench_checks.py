@@ -92,3 +92,15 @@ def check_roofline(roof: dict, peaks: dict) -> None:
         assert roof["ratio"] is None and peaks.get("unknown"), (roof, peaks)
     else:
         assert roof["bound_ms"] > 0 and roof["ratio"] > 1, roof
+
+
+def rdp_epsilon(noise: float, rate: float, steps: int, delta: float) -> float:
+    """The epsilon ``dp-accounting``'s RDP accountant gives ``steps`` Poisson-sampled Gaussian
+    events (noise multiplier ``noise``, sampling ``rate``) at ``delta``: called here, not through
+    tfopt."""
+    import dp_accounting
+
+    accountant = dp_accounting.rdp.RdpAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(noise))
+    accountant.compose(event, steps)  # the event, composed steps times
+    return accountant.get_epsilon(delta)

@@ -10,7 +10,7 @@ import os
 import statistics
 
 import pytest
-from bench_checks import committed, run_smoke
+from bench_checks import committed, rdp_epsilon, run_smoke
 
 TABLE = {1.20: 95.0, 2.92: 96.6, 9.74: 97.3}
 
@@ -24,15 +24,6 @@ def test_dp_mnist_benchmark_smoke(tmp_path):
     check_result(res)
 
 
-def _rdp_epsilon(noise: float, rate: float, steps: int, delta: float) -> float:
-    import dp_accounting
-
-    accountant = dp_accounting.rdp.RdpAccountant()
-    event = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(noise))
-    accountant.compose(event, steps)  # the event, composed steps times
-    return accountant.get_epsilon(delta)
-
-
 def check_result(res: dict) -> None:
     """Everything a B12 result must get right whatever its figures."""
     assert res["id"] == "B12" and res["lscpu"]["flags"]
@@ -41,7 +32,7 @@ def check_result(res: dict) -> None:
     assert len(runs) == len(p["models"]) * len(p["epsilons"]) * len(p["seeds"])
     for r in runs:
         rate = 256 / r["examples"]
-        spent = _rdp_epsilon(r["noise_multiplier"], rate, r["steps"], 1e-5)
+        spent = rdp_epsilon(r["noise_multiplier"], rate, r["steps"], 1e-5)
         assert r["epsilon"] == pytest.approx(spent, rel=1e-6), r
         assert spent <= r["target_epsilon"] * (1 + 1e-6), r  # the budget held
     by_name = {f["name"]: f for f in res["figures"]}

@@ -10,7 +10,7 @@ tfopt; and it checks that each verdict follows from its number.
 import os
 
 import pytest
-from bench_checks import committed, run_smoke
+from bench_checks import committed, rdp_epsilon, run_smoke
 
 PAPER = {"iid": 20, "noniid": 229}
 PARAMS = 1_663_370  # McMahan et al.'s MNIST CNN
@@ -23,15 +23,6 @@ def test_fedavg_mnist_benchmark_smoke(tmp_path):
     assert "## B13: federated averaging" in proc.stdout
     assert res["params"]["smoke"] is True
     check_result(res)
-
-
-def _epsilon(noise: float, rate: float, rounds: int, delta: float) -> float:
-    import dp_accounting
-
-    accountant = dp_accounting.rdp.RdpAccountant()
-    event = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(noise))
-    accountant.compose(event, rounds)
-    return accountant.get_epsilon(delta)
 
 
 def check_result(res: dict) -> None:
@@ -67,7 +58,7 @@ def check_result(res: dict) -> None:
     if "dp" in res["runs"]:
         dp = res["runs"]["dp"]
         privacy = dp["privacy"]
-        spent = _epsilon(privacy["noise_multiplier"], sampled / p["clients"], dp["rounds"], 1e-5)
+        spent = rdp_epsilon(privacy["noise_multiplier"], sampled / p["clients"], dp["rounds"], 1e-5)
         assert privacy["epsilon"]["rdp"] == pytest.approx(spent, rel=1e-6)
 
 
