@@ -194,6 +194,32 @@ def _alive(pid):
         return f.read().split()[2] != "Z"
 
 
+def test_the_watchdog_stops_what_carries_the_runs_flwr_home_once_the_chief_is_gone(tmp_path):
+    """What the watchdog does when a run's chief dies, with stand-ins: a "chief" that ends and
+    two processes of "its run" (one carrying another run's FLWR_HOME, which is left alone)."""
+    home, other = str(tmp_path / "flwr"), str(tmp_path / "other")
+    chief = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    left = [
+        subprocess.Popen(["sleep", "300"], env={**os.environ, "FLWR_HOME": h})
+        for h in (home, other)
+    ]
+    dog = subprocess.Popen([sys.executable, "-m", "tfopt.federated.watchdog", str(chief.pid), home])
+    try:
+        time.sleep(1)
+        assert dog.poll() is None and left[0].poll() is None  # the chief lives: nothing stopped
+        chief.stdin.close()
+        chief.wait()
+        assert dog.wait(timeout=30) == 0
+        assert left[0].wait(timeout=10) == -signal.SIGKILL
+        assert left[1].poll() is None and _carrying(f"FLWR_HOME={other}") == [left[1].pid]
+    finally:
+        for p in (chief, dog, *left):
+            p.kill()
+            p.wait()
+
+
 def _finished(out, *argv) -> dict:
     """``tfopt federated *argv -o out`` run to its end; its ``run.json``."""
     done = subprocess.run(
@@ -246,11 +272,17 @@ def test_a_killed_server_resumes_from_its_last_round_and_equals_fedavg_computed_
     while any(map(_alive, [pids["superlink"], *pids["clients"]])) and time.time() < deadline:
         time.sleep(0.2)
     assert not any(map(_alive, [pids["superlink"], *pids["clients"]])), pids
+    # Nor does its ServerApp (not the chief's child): the run's watchdog stops it, so a run
+    # killed and never started again leaves nothing running.
+    deadline = time.time() + 20
+    while _carrying(f"FLWR_HOME={work}/flwr") and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _carrying(f"FLWR_HOME={work}/flwr")
 
     second = _start(out, *skewed)
     log = second.communicate(timeout=600)[0]
     assert second.returncode == 0, log[-3000:]
-    # Nothing of the first attempt lives on (its ServerApp outlived its SuperLink's SIGKILL).
+    # Nothing of either attempt lives on.
     assert not _carrying(f"FLWR_HOME={work}/flwr"), log[-2000:]
     assert "resuming after round 1" in log and "round 1/2" not in log and "round 2/2" in log, log
     record = json.load(open(out / "run.json"))

@@ -3,7 +3,8 @@ the run submitted with ``flwr run``, and all of them stopped at the end.
 
 Every process is a child of this one that dies with it (:func:`tfopt.core.children.die_with_parent`)
 in a session of its own (stopping one stops the ClientApp processes its SuperNode started), with
-its output in ``logs/``. Flower's state (its ``config.toml``, the app it unpacks) lives in a
+its output in ``logs/``; a watchdog (:mod:`tfopt.federated.watchdog`) stops what is not this
+process's child (the ServerApp the SuperLink starts) if this process dies. Flower's state (its ``config.toml``, the app it unpacks) lives in a
 ``FLWR_HOME`` of the run's own, so runs side by side do not meet. The SuperLink listens on
 127.0.0.1 only, without TLS: the clients are processes of this machine.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 from tfopt.core.children import die_with_parent
 from tfopt.core.errors import ConfigError, TfoptError
+from tfopt.federated.watchdog import stop_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -81,26 +83,6 @@ def require_flower() -> str:
     return os.path.dirname(found)
 
 
-def _stop_leftovers(home: str) -> None:
-    """Kills what an earlier attempt of this run left behind: its SuperLink and SuperNodes die
-    with the chief, but a ServerApp whose SuperLink was killed can hang on in its shutdown.
-    They are found by the run's own ``FLWR_HOME`` in their environment (the run directory's
-    lock keeps any other process of this run away)."""
-    needle = b"\0" + f"FLWR_HOME={home}".encode() + b"\0"
-    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else ()):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                found = needle in b"\0" + f.read() + b"\0"
-        except OSError:  # gone, or not ours
-            continue
-        if found and int(pid) != os.getpid():
-            log.info("stopping process %s, left by an earlier attempt of this run", pid)
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 class Flower:
     """The SuperLink and ``clients`` SuperNodes of one run, under ``home``.
 
@@ -140,6 +122,7 @@ class Flower:
         self.port, *self.node_ports = _free_ports(1 if simulation else clients + 1)
         self.superlink: subprocess.Popen | None = None
         self.nodes: list[subprocess.Popen] = []
+        self.watchdog: subprocess.Popen | None = None
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         out = open(os.path.join(self.logs, f"{name}.log"), "ab")
@@ -172,7 +155,21 @@ class Flower:
             )
         if self.external:
             return
-        _stop_leftovers(self.env["FLWR_HOME"])
+        stop_leftovers(self.env["FLWR_HOME"])
+        # Stops what outlives this process (its ServerApp) if it dies before stop().
+        self.watchdog = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tfopt.federated.watchdog",
+                str(os.getpid()),
+                self.env["FLWR_HOME"],
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.superlink = self._start(
             "superlink",
             [
@@ -299,7 +296,8 @@ class Flower:
         ]
 
     def stop(self) -> None:
-        """Stops every process (SIGTERM, then SIGKILL after 10 s) with what it started."""
+        """Stops every process (SIGTERM, then SIGKILL after 10 s) with what it started, and the
+        watchdog."""
         procs = [p for p in (*self.nodes, self.superlink) if p is not None]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for p in procs:
@@ -311,3 +309,6 @@ class Flower:
             deadline = time.monotonic() + 10
             while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
                 time.sleep(0.1)
+        if self.watchdog is not None:  # everything stopped: nothing left to watch for
+            self.watchdog.kill()
+            self.watchdog.wait()
