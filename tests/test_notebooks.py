@@ -28,6 +28,8 @@ EXPECTED = [
     "03_compression_and_distillation.ipynb",
     "04_tflite_export_and_report.ipynb",
     "05_your_model_your_data.ipynb",
+    "06_private_training.ipynb",
+    "07_federated_averaging.ipynb",
 ]
 CELL_TIMEOUT = 600  # seconds per cell
 SKIP_TAG = "skip-execution"
@@ -285,9 +287,43 @@ def check_05(nb, text: str, cwd: str) -> None:
     assert "edge model:" in text and images_in(nb) >= 1
 
 
-CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05}
-# The notebooks that read MNIST (05 reads its own image folder).
-MNIST_NOTEBOOKS = ("01", "02", "03", "04")
+def check_06(nb, text: str, cwd: str) -> None:
+    private = _figures(r"(?m)^private: test accuracy ([0-9.]+), epsilon ([0-9.]+)", text)
+    assert len(private) == 1 and "plain: test accuracy" in text, text[-2000:]
+    with open(os.path.join(cwd, "runs", "private", "dp", "run.json"), encoding="utf-8") as f:
+        record = json.load(f)
+    spent = record["train"]["privacy"]
+    # The printed epsilon is the record's, within the budget the notebook set (smoke: 3).
+    assert list(private.values()) == [round(spent["epsilon_rdp"], 3)] and spent["epsilon_rdp"] <= 3
+    with open(os.path.join(cwd, "runs", "private", "plain", "run.json"), encoding="utf-8") as f:
+        assert "privacy" not in json.load(f)["train"]
+    # B12's committed figures, read from this checkout, and the plot of them.
+    assert "dp_cnn, epsilon 1.2: test accuracy" in text and images_in(nb) == 1, text[-2000:]
+
+
+def check_07(nb, text: str, cwd: str) -> None:
+    done = re.search(r"(?m)^federated: test accuracy ([0-9.]+) after (\d+) rounds", text)
+    assert done and done.group(2) == "2", text[-2000:]
+    with open(os.path.join(cwd, "runs", "federated", "iid", "run.json"), encoding="utf-8") as f:
+        record = json.load(f)
+    assert [(r["sampled"], r["replies"], r["failed"]) for r in record["history"]] == [(3, 3, 0)] * 2
+    assert record["federated"]["engine"] == "simulation"
+    assert f"sent per round: {record['federated']['bytes_per_round'] / 1e6:.2f} MB" in text
+    # B13's committed figures, read from this checkout, and the plot of them.
+    assert "FedAvg IID: rounds to 99%" in text and images_in(nb) == 1, text[-2000:]
+
+
+CHECKS = {
+    "01": check_01,
+    "02": check_02,
+    "03": check_03,
+    "04": check_04,
+    "05": check_05,
+    "06": check_06,
+    "07": check_07,
+}
+# The notebooks that read MNIST's smoke slice (05 reads its own image folder, 07 a smaller slice).
+MNIST_NOTEBOOKS = ("01", "02", "03", "04", "06")
 
 
 @pytest.mark.slow
@@ -390,6 +426,7 @@ def test_the_defaults_the_notebooks_quote_are_the_librarys():
             "MIN_AGREEMENT": gate.min_agreement,
             "MAX_ACCURACY_DROP": gate.max_accuracy_drop_pt,
         },
+        "07_federated_averaging.ipynb": {"PARTITION": C.FederatedConfig().partition},
     }
     for name, defaults in expected.items():
         params = _parameters(name)
