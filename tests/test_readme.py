@@ -13,7 +13,7 @@ their own (``test_readme_pipelines.py``, beside this test under pytest-xdist). B
 ``text`` show commands that need what a test machine lacks (your files, docker, kubectl); the
 phone of docs/export.md is the stand-in ``adb`` of ``tests/fake_adb``.
 Work is kept small by adding flags right after the command's name (the command's own flags come
-later and win), and by lowering a documented ``--epochs`` to at most ``EPOCHS``: ``--limit`` for
+later and win), and by lowering a documented ``--epochs`` (or ``--rounds``) to at most ``EPOCHS``: ``--limit`` for
 the training-like stages (``TFOPT_README_LIMIT`` records per split, default 512), the smoke
 variant for the pipelines (under their default strategy) and fewer evaluation examples and timing
 runs for the export.
@@ -286,18 +286,21 @@ def _export_small(args: list[str]) -> list[str]:
 SHELL_OPERATORS = (">", ">>", "|", "&&", "2>&1")
 
 
-#: The most epochs a command of the small slice trains (a documented ``--epochs N`` above it is
-#: lowered to it): the slice checks that a command runs as written, not what N epochs reach.
+#: The most epochs (or federated rounds) a command of the small slice trains (a documented
+#: ``--epochs N`` above it is lowered to it): the slice checks that a command runs as written, not
+#: what N epochs reach.
 EPOCHS = 2
+#: The flags ``EPOCHS`` caps.
+CAPPED = ("--epochs", "--rounds", "--local-epochs")
 
 
 def shrink(command: str) -> str:
     """``command`` with the small-slice flags added after every ``python -m tfopt.X`` and its
-    ``--epochs`` at most ``EPOCHS``."""
+    ``CAPPED`` flags at most ``EPOCHS``."""
     words = shlex.split(command)
     out = []
     for i, word in enumerate(words):
-        if i >= 1 and words[i - 1] == "--epochs" and int(word) > EPOCHS:
+        if i >= 1 and words[i - 1] in CAPPED and int(word) > EPOCHS:
             word = str(EPOCHS)
         out.append(word)
         if i >= 1 and words[i - 1] == "-m" and word in SMALL:
@@ -326,6 +329,9 @@ def test_readme_commands_are_extracted():
     )
     assert shrink("python -m tfopt.train --epochs 10 -o r").endswith("--epochs 2 -o r")
     assert shrink("python -m tfopt.train --epochs 1 -o r").endswith("--epochs 1 -o r")
+    assert shrink("python -m tfopt.federated --rounds 3 --local-epochs 2").endswith(
+        "--rounds 2 --local-epochs 2"
+    )
 
 
 def test_every_document_with_commands_is_run():
