@@ -4,8 +4,9 @@ the run submitted with ``flwr run``, and all of them stopped at the end.
 Every process is a child of this one that dies with it (:func:`tfopt.core.children.die_with_parent`)
 in a session of its own (stopping one stops the ClientApp processes its SuperNode started), with
 its output in ``logs/``; a watchdog (:mod:`tfopt.federated.watchdog`) stops what is not this
-process's child (the ServerApp the SuperLink starts) if this process dies. Flower's state (its ``config.toml``, the app it unpacks) lives in a
-``FLWR_HOME`` of the run's own, so runs side by side do not meet. The SuperLink listens on
+process's child (the ServerApp the SuperLink starts) if this process dies. Flower's state (its
+``config.toml``, the app it unpacks) lives in a ``FLWR_HOME`` of the run's own, so runs side by
+side do not meet. The SuperLink listens on
 127.0.0.1 only, without TLS: the clients are processes of this machine.
 """
 
